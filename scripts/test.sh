@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds pdgate with its tests and runs them all:
+# every ctest test (unit, sim, integration; integration tests start their
+# own engines and gateways) and the OpenAI Node SDK test in tests/node.
+# Exits non-zero on any failure.
+#
+# Usage: bash scripts/test.sh [--sanitize] [--no-deps] [-- CTEST_ARGS...]
+#   --sanitize  ASan + UBSan build in build-asan/, the whole suite under it
+#   --no-deps   skip scripts/install-deps.sh (packages already installed)
+#   -- ARGS     extra ctest arguments, e.g. -- -R Pipeline -L integration
+# Environment: BUILD_DIR overrides the build tree; JOBS the build parallelism;
+# CTEST_JOBS the number of tests run at once (2); CTEST_TIMEOUT the default
+# per-test timeout in seconds for tests that set none (300).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+sanitize=0
+deps=1
+ctest_extra=()
+
+usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+while (($#)); do
+  case "$1" in
+    --sanitize) sanitize=1 ;;
+    --no-deps) deps=0 ;;
+    -h | --help) usage; exit 0 ;;
+    --) shift; ctest_extra=("$@"); break ;;
+    *) echo "test.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+
+section() { printf '\n==== test.sh: %s ====\n' "$*"; }
+
+build_args=()
+if ((sanitize)); then
+  build_dir="${BUILD_DIR:-$ROOT/build-asan}"
+  build_args+=(--sanitize)
+  # Leaks are reported at exit; UBSan stops at the first finding so a test
+  # fails instead of printing a warning nobody reads.
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:check_initialization_order=1}"
+  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+else
+  build_dir="${BUILD_DIR:-$ROOT/build}"
+fi
+build_args+=(--build-dir "$build_dir")
+
+if ((deps)); then
+  section "dependencies"
+  bash "$ROOT/scripts/install-deps.sh"
+fi
+
+# The Node SDK test's packages, before configuring: tests/node registers its
+# ctest entry only when node_modules is there.
+node_dir="$ROOT/tests/node"
+have_node=0
+if [[ -f "$node_dir/package.json" ]] && command -v node >/dev/null 2>&1; then
+  have_node=1
+  if [[ ! -d "$node_dir/node_modules" || "$node_dir/package-lock.json" -nt "$node_dir/node_modules/.package-lock.json" ]]; then
+    section "npm ci (tests/node)"
+    (cd "$node_dir" && npm ci --no-audit --no-fund)
+  fi
+fi
+
+section "build ($build_dir)"
+bash "$ROOT/scripts/build.sh" "${build_args[@]}" -- -DPDGATE_BUILD_TESTS=ON
+
+status=0
+
+section "ctest"
+ctest_args=(--test-dir "$build_dir" --output-on-failure -j "${CTEST_JOBS:-2}"
+  --timeout "${CTEST_TIMEOUT:-300}")
+ctest "${ctest_args[@]}" "${ctest_extra[@]}" || status=1
+
+# The Node SDK test runs under ctest once tests/CMakeLists.txt adds
+# tests/node; until then (or when ctest was filtered) run it here.
+node_in_ctest=0
+if ctest --test-dir "$build_dir" -N -R '^node_sdk$' 2>/dev/null | grep -q 'Total Tests: 1'; then
+  node_in_ctest=1
+fi
+if ((have_node)) && ((!node_in_ctest)) && ((${#ctest_extra[@]} == 0)); then
+  section "node --test (tests/node, OpenAI Node SDK)"
+  (cd "$node_dir" && PDGATE_BUILD_DIR="$build_dir" node --test sdk.test.mjs) || status=1
+elif ((!have_node)); then
+  echo "test.sh: node not found; the Node SDK test was not run" >&2
+  status=1
+fi
+
+if ((status)); then
+  section "FAILED"
+else
+  section "all tests passed"
+fi
+exit "$status"
