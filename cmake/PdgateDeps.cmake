@@ -1,0 +1,15 @@
+# Every dependency comes from Debian 12's packages (scripts/install-deps.sh).
+find_package(Boost 1.81 REQUIRED COMPONENTS url)
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(LUAJIT REQUIRED IMPORTED_TARGET luajit)
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+
+# Asio and Beast, compiled once and shared by the gateway, the simulated
+# engine and the tests.
+add_library(pdgate_asio STATIC ${PROJECT_SOURCE_DIR}/core/asio_impl.cpp)
+add_library(pdgate::asio ALIAS pdgate_asio)
+target_link_libraries(pdgate_asio PUBLIC pdgate::options Boost::headers Threads::Threads)

@@ -1,0 +1,86 @@
+// Everything the gateway can be told, from the command line (three
+// drop-in forms, see README) and from a YAML file (--config). Parsing is a
+// pure function so every flag is unit-tested without starting a server.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/result.hpp"
+
+namespace pdgate {
+
+enum class Role { prefill, decode, encode, both };
+
+const char* to_string(Role r);
+
+// One engine instance as configured. `url` is normalized to
+// "http://host:port" (no trailing slash, no path).
+struct UpstreamSpec {
+  Role role = Role::decode;
+  std::string url;
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+struct Config {
+  // Client listener.
+  std::string host = "0.0.0.0";
+  std::uint16_t port = 8000;
+  unsigned workers = 0;  // 0: one per core
+
+  // Engines.
+  std::string model;  // optional; the demo proxy's --model
+  std::vector<UpstreamSpec> prefill;
+  std::vector<UpstreamSpec> decode;
+  std::vector<UpstreamSpec> encode;
+  // --prefill-servers-urls disable|none|"": one hop to a combined P+D
+  // instance (the decode list), body untouched.
+  bool prefill_disabled = false;
+  std::string kv_connector = "nixl";
+
+  // Client-side limits.
+  std::size_t max_body_bytes = 64u << 20;
+  std::size_t max_header_bytes = 64u << 10;
+  std::chrono::milliseconds header_timeout{10'000};
+  std::chrono::milliseconds client_idle_timeout{75'000};
+
+  // Upstream behaviour.
+  std::chrono::milliseconds connect_timeout{5'000};
+  std::chrono::milliseconds first_byte_timeout{600'000};
+  std::chrono::milliseconds upstream_idle_timeout{60'000};
+  std::size_t upstream_max_idle = 64;  // idle keep-alive connections per instance per worker
+
+  std::string log_level = "info";
+  std::string config_file;  // the --config path, if any
+};
+
+// What the command line asked for: run with a config, or print help.
+struct CommandLine {
+  Config config;
+  bool help = false;
+};
+
+// Parses argv (argv[0] is skipped). Loads --config first, then applies the
+// flags on top of it, so flags override the file. Returns a message naming
+// the offending flag on any mistake.
+Result<CommandLine> parse_command_line(int argc, const char* const* argv);
+
+// Parses a YAML document (the --config file's text) into `base`.
+Result<Config> apply_yaml(Config base, const std::string& yaml_text);
+
+// Parses "host:port", "http://host:port" or "http://host:port/" into a spec.
+// An empty host ("http://:8100") means localhost, as vLLM's scripts assume.
+Result<UpstreamSpec> parse_upstream(Role role, const std::string& text);
+
+// The --help text, one paragraph per flag.
+std::string help_text();
+
+// Checks cross-field rules (at least one decode, ports given, ...).
+Result<Config> validate(Config c);
+
+}  // namespace pdgate

@@ -1,0 +1,394 @@
+#include "core/pipeline.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/uuid/uuid_io.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/body_rewrite.hpp"
+#include "core/errors.hpp"
+#include "core/json_body.hpp"
+#include "core/sse.hpp"
+
+namespace pdgate {
+
+namespace {
+
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+
+// A prefill answer is one token of JSON plus the transfer params; anything
+// near this size is not a prefill answer.
+constexpr std::size_t kMaxPrefillResponse = 16u << 20;
+// Engines' error bodies are short messages.
+constexpr std::size_t kMaxErrorBody = 1u << 20;
+constexpr std::size_t kMaxRequestIdLength = 256;
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i])))
+      return false;
+  }
+  return true;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// "application/json", optionally with parameters ("; charset=utf-8").
+bool is_json_content_type(std::string_view ct) {
+  return iequals(trim(ct.substr(0, ct.find(';'))), "application/json");
+}
+
+// The client's X-Request-Id when it is a sane token, else a new UUID.
+// Engines key requests by it, so it must be unique and printable.
+std::string request_id_for(WorkerContext& w, const http::request<http::string_body>& req) {
+  auto it = req.find("x-request-id");
+  if (it != req.end()) {
+    std::string_view v = it->value();
+    bool ok = !v.empty() && v.size() <= kMaxRequestIdLength;
+    for (char c : v) ok = ok && c > 0x20 && c < 0x7f;
+    if (ok) return std::string(v);
+  }
+  return boost::uuids::to_string(w.uuids());
+}
+
+std::string authorization_for(const WorkerContext& w, const http::request<http::string_body>& req) {
+  auto it = req.find(http::field::authorization);
+  if (it != req.end()) return std::string(it->value());
+  return w.default_authorization;
+}
+
+http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
+                                                  std::string_view target, std::string body,
+                                                  const std::string& request_id,
+                                                  const std::string& authorization) {
+  http::request<http::string_body> r{method, target, 11};
+  r.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
+  r.set(http::field::user_agent, "pdgate");
+  r.set("X-Request-Id", request_id);
+  if (!authorization.empty()) r.set(http::field::authorization, authorization);
+  if (method == http::verb::post) r.set(http::field::content_type, "application/json");
+  r.keep_alive(true);
+  r.body() = std::move(body);
+  r.prepare_payload();
+  return r;
+}
+
+std::string snippet(std::string_view s, std::size_t max = 300) {
+  std::string out(s.substr(0, max));
+  if (s.size() > max) out += "...";
+  return out;
+}
+
+GatewayError stage_failure(Stage stage, const UpstreamError& e) {
+  return upstream_error(502, std::string(to_string(stage)) + " stage failed: " + e.detail);
+}
+
+GatewayError no_instance(Stage stage) {
+  return upstream_error(503, std::string("no healthy ") + to_string(stage) +
+                                 " instance is available");
+}
+
+// An engine answered with an error status. Its own 4xx goes to the client
+// verbatim (the request is at fault: prompt too long, unknown model); a
+// 5xx means the engine is at fault and becomes a 502 naming the stage.
+net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& ex,
+                                                 const Instance& inst) {
+  std::string body;
+  auto err = co_await ex.read_all(body, kMaxErrorBody);
+  const unsigned status = ex.status();
+  if (status >= 400 && status < 500) {
+    GatewayError g = upstream_error(status, std::string(to_string(stage)) + " stage: " +
+                                                inst.spec.url + " answered " +
+                                                std::to_string(status));
+    if (!err && !body.empty()) {
+      g.passthrough_body = std::move(body);
+      auto ct = ex.header().find(http::field::content_type);
+      if (ct != ex.header().end()) g.passthrough_content_type = std::string(ct->value());
+    }
+    co_return g;
+  }
+  co_return upstream_error(502, std::string(to_string(stage)) + " stage failed: " + inst.spec.url +
+                                    " answered " + std::to_string(status) + ": " + snippet(body));
+}
+
+net::awaitable<bool> send_error(beast::tcp_stream& client,
+                                const http::request<http::string_body>& req,
+                                const GatewayError& err, const std::string& request_id) {
+  auto res = make_error_response(err, req.version(), req.keep_alive());
+  if (!request_id.empty()) res.set("X-Request-Id", request_id);
+  if (err.status >= 500) {
+    spdlog::warn("request {} -> {}: {}", request_id, err.status, err.message);
+  } else {
+    spdlog::debug("request {} -> {}: {}", request_id, err.status, err.message);
+  }
+  co_return co_await write_response(client, res) && req.keep_alive();
+}
+
+void copy_answer_headers(const http::response_header<>& from, http::response_header<>& to) {
+  // Only what describes the body travels: hop-by-hop and framing headers
+  // belong to the upstream connection, not to the client's.
+  for (auto field : {http::field::content_type, http::field::cache_control}) {
+    auto it = from.find(field);
+    if (it != from.end()) to.set(field, it->value());
+  }
+}
+
+// Writes one piece of the relayed stream as an HTTP chunk.
+net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view data,
+                                 const Config& cfg) {
+  client.expires_after(cfg.client_idle_timeout);
+  auto [ec, n] =
+      co_await net::async_write(client, http::make_chunk(net::buffer(data)), use_tuple);
+  co_return !ec;
+}
+
+// Relays decode's event stream: every complete SSE event is written to the
+// client as soon as it has arrived, never held for more. If decode breaks
+// off mid-stream, the client gets an in-band error event and the stream
+// ends: never an invented finish_reason or [DONE].
+net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
+                                  const http::request<http::string_body>& req,
+                                  UpstreamExchange& ex, const Instance& decode,
+                                  const std::string& request_id, RequestScope& scope) {
+  http::response<http::empty_body> res{static_cast<http::status>(ex.status()), req.version()};
+  res.set(http::field::server, "pdgate");
+  copy_answer_headers(ex.header(), res);
+  if (res.find(http::field::content_type) == res.end()) {
+    res.set(http::field::content_type, "text/event-stream");
+  }
+  res.set("X-Request-Id", request_id);
+  res.chunked(true);
+  res.keep_alive(req.keep_alive());
+  http::response_serializer<http::empty_body> sr{res};
+  client.expires_after(w.cfg.client_idle_timeout);
+  if (auto [ec, n] = co_await http::async_write_header(client, sr, use_tuple); ec) {
+    scope.on_client_gone();
+    co_return false;
+  }
+
+  SseScanner scanner;
+  SseEvent event;
+  std::string in;
+  std::string out;
+  std::string failure;
+  while (!ex.done()) {
+    in.clear();
+    if (auto err = co_await ex.read_some(in); err) {
+      if (err.kind == UpstreamFailure::aborted) co_return false;
+      failure = err.detail;
+      break;
+    }
+    if (!scanner.feed(in)) {
+      failure = "decode stream from " + decode.spec.url + " is malformed: " + scanner.error();
+      break;
+    }
+    out.clear();
+    while (scanner.next(event)) out += event.raw;
+    if (!out.empty() && !co_await write_chunk(client, out, w.cfg)) {
+      scope.on_client_gone();
+      co_return false;
+    }
+  }
+  if (!failure.empty()) {
+    spdlog::warn("request {}: decode stream broke off: {}", request_id, failure);
+    decode.failures_total.fetch_add(1, std::memory_order_relaxed);
+    const std::string ev = sse_data_event(error_json(502, "decode stage failed mid-stream: " + failure));
+    if (!co_await write_chunk(client, ev, w.cfg)) co_return false;
+  } else {
+    ex.finish();
+  }
+  client.expires_after(w.cfg.client_idle_timeout);
+  auto [ec, n] = co_await net::async_write(client, http::make_chunk_last(), use_tuple);
+  co_return !ec && req.keep_alive();
+}
+
+// Relays a non-streaming answer: status, the headers that describe the
+// body, the body.
+net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
+                                 const http::request<http::string_body>& req,
+                                 UpstreamExchange& ex, const Instance& inst, Stage stage,
+                                 const std::string& request_id) {
+  std::string body;
+  if (auto err = co_await ex.read_all(body, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
+      err) {
+    if (err.kind == UpstreamFailure::aborted) co_return false;
+    inst.failures_total.fetch_add(1, std::memory_order_relaxed);
+    co_return co_await send_error(client, req, stage_failure(stage, err), request_id);
+  }
+  ex.finish();
+  http::response<http::string_body> res{static_cast<http::status>(ex.status()), req.version()};
+  res.set(http::field::server, "pdgate");
+  copy_answer_headers(ex.header(), res);
+  res.set("X-Request-Id", request_id);
+  res.keep_alive(req.keep_alive());
+  res.body() = std::move(body);
+  res.prepare_payload();
+  co_return co_await write_response(client, res) && req.keep_alive();
+}
+
+struct PrefillResult {
+  std::optional<GatewayError> error;
+  std::optional<std::string> kv_params;  // raw JSON of kv_transfer_params, if not null
+  InstancePtr instance;
+};
+
+// Stage 1 of the NIXL handshake: the prefill computes the prompt's KV
+// cache (max_tokens 1) and answers with the kv_transfer_params that let a
+// decode pull it.
+net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& set,
+                                          const http::request<http::string_body>& req,
+                                          std::string body, const PickContext& base,
+                                          const std::string& request_id,
+                                          const std::string& authorization, RequestScope& scope) {
+  PrefillResult r;
+  PickContext ctx = base;
+  ctx.stage = Stage::prefill;
+  r.instance = w.picker.pick(set.prefill, ctx);
+  if (!r.instance) {
+    r.error = no_instance(Stage::prefill);
+    co_return r;
+  }
+  InFlightGuard guard(r.instance);
+  auto up = upstream_request(http::verb::post, *r.instance, req.target(), std::move(body),
+                             request_id, authorization);
+  auto& pool = w.pools.for_instance(r.instance);
+  auto [err, ex] = co_await UpstreamExchange::start(pool, up, scope, w.timeouts());
+  if (err) {
+    if (err.kind != UpstreamFailure::aborted) {
+      r.instance->failures_total.fetch_add(1, std::memory_order_relaxed);
+    }
+    r.error = stage_failure(Stage::prefill, err);
+    co_return r;
+  }
+  if (ex->status() < 200 || ex->status() >= 300) {
+    if (ex->status() >= 500) r.instance->failures_total.fetch_add(1, std::memory_order_relaxed);
+    r.error = co_await engine_status_error(Stage::prefill, *ex, *r.instance);
+    co_return r;
+  }
+  std::string answer;
+  if (auto rerr = co_await ex->read_all(answer, kMaxPrefillResponse); rerr) {
+    r.error = stage_failure(Stage::prefill, rerr);
+    co_return r;
+  }
+  ex->finish();
+  auto params = extract_kv_params(answer);
+  if (!params) {
+    r.error = upstream_error(502, "prefill stage failed: " + r.instance->spec.url +
+                                      " answered with invalid JSON: " + params.error());
+    co_return r;
+  }
+  r.kv_params = std::move(*params);
+  if (!r.kv_params) {
+    // The one token was EOS, or the engine aborted: decode prefills locally.
+    spdlog::debug("request {}: prefill returned no kv_transfer_params", request_id);
+  }
+  co_return r;
+}
+
+}  // namespace
+
+net::awaitable<bool> write_response(beast::tcp_stream& client,
+                                    http::response<http::string_body>& res) {
+  // A client that stops reading must not pin the connection forever.
+  client.expires_after(std::chrono::seconds(60));
+  auto [ec, n] = co_await http::async_write(client, res, use_tuple);
+  co_return !ec;
+}
+
+net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
+                                      http::request<http::string_body>& req, RequestScope& scope,
+                                      bool is_chat) {
+  const std::string request_id = request_id_for(w, req);
+  auto ct = req.find(http::field::content_type);
+  if (ct == req.end() || !is_json_content_type(ct->value())) {
+    co_return co_await send_error(
+        client, req,
+        client_error(415, "Unsupported Media Type: Content-Type must be application/json"),
+        request_id);
+  }
+  const std::string_view body = req.body();
+  auto index = index_json_object(body);
+  if (!index) {
+    co_return co_await send_error(
+        client, req, client_error(400, "request body is not valid JSON: " + index.error()),
+        request_id);
+  }
+  auto facts = read_facts(body, *index, is_chat);
+  if (!facts) co_return co_await send_error(client, req, client_error(400, facts.error()), request_id);
+
+  const std::string authorization = authorization_for(w, req);
+  const auto set = w.registry.snapshot();
+  PickContext ctx;
+  ctx.model = facts->model;
+  ctx.stream = facts->stream;
+  ctx.is_chat = is_chat;
+
+  // Stage 1: prefill, unless the decode instances are combined P+D ones.
+  const bool one_hop = w.cfg.prefill_disabled || w.cfg.kv_connector == "none";
+  std::string decode_body;
+  InstancePtr prefill;
+  if (one_hop) {
+    decode_body = make_passthrough_body(body, *index);
+  } else {
+    auto pre = co_await run_prefill(w, *set, req, make_prefill_body(body, *index), ctx,
+                                    request_id, authorization, scope);
+    if (scope.client_gone()) co_return false;
+    if (pre.error) co_return co_await send_error(client, req, *pre.error, request_id);
+    prefill = pre.instance;
+    decode_body = make_decode_body(body, *index, pre.kv_params);
+  }
+
+  // Stage 2: decode, with the prefill's params attached.
+  ctx.stage = Stage::decode;
+  ctx.chosen_prefill = prefill.get();
+  InstancePtr decode = w.picker.pick(set->decode, ctx);
+  if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
+  InFlightGuard guard(decode);
+  auto up = upstream_request(http::verb::post, *decode, req.target(), std::move(decode_body),
+                             request_id, authorization);
+  auto [err, ex] =
+      co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
+  if (err) {
+    if (err.kind == UpstreamFailure::aborted) co_return false;
+    decode->failures_total.fetch_add(1, std::memory_order_relaxed);
+    co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id);
+  }
+  if (ex->status() < 200 || ex->status() >= 300) {
+    if (ex->status() >= 500) decode->failures_total.fetch_add(1, std::memory_order_relaxed);
+    auto e = co_await engine_status_error(Stage::decode, *ex, *decode);
+    if (scope.client_gone()) co_return false;
+    co_return co_await send_error(client, req, e, request_id);
+  }
+  if (facts->stream) {
+    co_return co_await relay_stream(w, client, req, *ex, *decode, request_id, scope);
+  }
+  co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id);
+}
+
+net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
+                                  http::request<http::string_body>& req, RequestScope& scope) {
+  const std::string request_id = request_id_for(w, req);
+  const auto set = w.registry.snapshot();
+  PickContext ctx;
+  ctx.stage = Stage::decode;
+  InstancePtr decode = w.picker.pick(set->decode, ctx);
+  if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
+  auto up = upstream_request(http::verb::get, *decode, "/v1/models", {}, request_id,
+                             authorization_for(w, req));
+  auto [err, ex] =
+      co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
+  if (err) {
+    if (err.kind == UpstreamFailure::aborted) co_return false;
+    co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id);
+  }
+  co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id);
+}
+
+}  // namespace pdgate

@@ -1,0 +1,46 @@
+// What one client request holds open upstream, so that a client that goes
+// away can take it all down at once: engines see their connections close
+// and abort the work (freeing KV blocks) instead of generating for nobody.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+
+namespace pdgate {
+
+class RequestScope {
+ public:
+  bool client_gone() const { return client_gone_; }
+
+  // Called when the client's connection closes mid-request.
+  void on_client_gone() {
+    client_gone_ = true;
+    // Copy: closing a stream completes its pending operation, whose
+    // continuation may unregister it while we iterate.
+    auto streams = streams_;
+    for (auto* s : streams) {
+      boost::beast::error_code ec;
+      s->socket().shutdown(boost::asio::ip::tcp::socket::shutdown_both, ec);
+      s->close();
+    }
+  }
+
+  void add(boost::beast::tcp_stream* s) { streams_.push_back(s); }
+  void remove(boost::beast::tcp_stream* s) {
+    streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
+  }
+  std::size_t open_upstreams() const { return streams_.size(); }
+
+  // Cancels the watch on the client's socket when the request completes.
+  boost::asio::cancellation_signal& watch_cancel() { return watch_cancel_; }
+
+ private:
+  bool client_gone_ = false;
+  std::vector<boost::beast::tcp_stream*> streams_;
+  boost::asio::cancellation_signal watch_cancel_;
+};
+
+}  // namespace pdgate

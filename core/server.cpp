@@ -1,0 +1,398 @@
+#include "core/server.hpp"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/errors.hpp"
+#include "core/pipeline.hpp"
+
+namespace pdgate {
+
+namespace {
+
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+using reuse_port = net::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
+// How long SIGTERM waits for in-flight requests before exiting anyway.
+constexpr auto kDrainDeadline = std::chrono::seconds(30);
+constexpr auto kSweepInterval = std::chrono::seconds(5);
+
+std::string default_authorization() {
+  const char* key = std::getenv("OPENAI_API_KEY");
+  if (key == nullptr || *key == '\0') return {};
+  return std::string("Bearer ") + key;
+}
+
+// Watches the client's socket while its request is being served: the
+// client must not send anything until it has its answer, so readability
+// means it closed the connection (or pipelined a request, which we leave
+// in the socket). On close, every upstream connection of the request is
+// closed at once so the engines abort.
+void watch_client(tcp::socket& socket, std::shared_ptr<RequestScope> scope,
+                  std::shared_ptr<bool> done) {
+  auto slot = scope->watch_cancel().slot();
+  socket.async_wait(
+      tcp::socket::wait_read,
+      net::bind_cancellation_slot(slot, [&socket, scope, done](const beast::error_code& ec) {
+        // `done` is checked first: once the request completed, the session
+        // may already have moved on and `socket` must not be touched.
+        if (ec || *done) return;
+        char c;
+        const auto n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) return;  // pipelined bytes: the client is still there
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+          watch_client(socket, scope, done);
+          return;
+        }
+        scope->on_client_gone();
+      }));
+}
+
+std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
+
+nlohmann::json instances_json(const std::vector<InstancePtr>& list) {
+  auto arr = nlohmann::json::array();
+  for (const auto& i : list) {
+    arr.push_back({{"id", i->id},
+                   {"url", i->spec.url},
+                   {"role", to_string(i->spec.role)},
+                   {"healthy", i->healthy.load()},
+                   {"in_flight", i->in_flight.load()},
+                   {"requests_total", i->requests_total.load()},
+                   {"failures_total", i->failures_total.load()}});
+  }
+  return arr;
+}
+
+nlohmann::json host_ports(const std::vector<InstancePtr>& list) {
+  auto arr = nlohmann::json::array();
+  for (const auto& i : list) arr.push_back(i->spec.host + ":" + std::to_string(i->spec.port));
+  return arr;
+}
+
+http::response<http::string_body> json_response(const http::request<http::string_body>& req,
+                                                 http::status status, const nlohmann::json& j) {
+  http::response<http::string_body> res{status, req.version()};
+  res.set(http::field::server, "pdgate");
+  res.set(http::field::content_type, "application/json");
+  res.keep_alive(req.keep_alive());
+  res.body() = j.dump();
+  res.prepare_payload();
+  return res;
+}
+
+}  // namespace
+
+struct Gateway::Worker {
+  Worker(Gateway& g, std::size_t index_)
+      : index(index_),
+        ctx(g.cfg_, g.registry_, *g.picker_, ioc.get_executor(), default_authorization(),
+            g.active_requests_),
+        sweep_timer(ioc) {}
+
+  std::size_t index;
+  net::io_context ioc{1};
+  WorkerContext ctx;
+  std::optional<tcp::acceptor> acceptor;
+  net::steady_timer sweep_timer;
+  std::thread thread;
+};
+
+Gateway::Gateway(Config cfg)
+    : cfg_(std::move(cfg)), registry_(cfg_), picker_(std::make_unique<RoundRobinPicker>()) {
+  unsigned n = cfg_.workers;
+  if (n == 0) n = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
+}
+
+Gateway::~Gateway() {
+  for (auto& w : workers_) {
+    w->ioc.stop();
+    if (w->thread.joinable()) w->thread.join();
+  }
+}
+
+Result<std::uint16_t> Gateway::bind() {
+  beast::error_code ec;
+  auto address = net::ip::make_address(cfg_.host, ec);
+  if (ec) {
+    // A host name: resolved once here, at start-up, never on a worker loop.
+    net::io_context tmp;
+    tcp::resolver resolver(tmp);
+    auto results = resolver.resolve(cfg_.host, std::to_string(cfg_.port), ec);
+    if (ec || results.empty()) return fail("cannot resolve --host " + cfg_.host + ": " + ec.message());
+    address = results.begin()->endpoint().address();
+  }
+  std::uint16_t port = cfg_.port;
+  for (auto& w : workers_) {
+    tcp::endpoint ep(address, port);
+    auto& acc = w->acceptor.emplace(w->ioc);
+    acc.open(ep.protocol(), ec);
+    if (!ec) acc.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acc.set_option(reuse_port(true), ec);
+    if (!ec) acc.bind(ep, ec);
+    if (!ec) acc.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return fail("cannot listen on " + cfg_.host + ":" + std::to_string(port) + ": " +
+                  ec.message());
+    }
+    // With --port 0 the first listener picks the port and the others join it.
+    port = acc.local_endpoint().port();
+  }
+  return port;
+}
+
+int Gateway::run() {
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    net::co_spawn(w.ioc, accept_loop(w), net::detached);
+    std::function<void()> arm_sweep;
+    net::co_spawn(
+        w.ioc,
+        [&w]() -> net::awaitable<void> {
+          for (;;) {
+            w.sweep_timer.expires_after(kSweepInterval);
+            auto [ec] = co_await w.sweep_timer.async_wait(use_tuple);
+            if (ec) co_return;
+            w.ctx.pools.sweep();
+          }
+        },
+        net::detached);
+    w.thread = std::thread([&w] {
+      // A request handler must never take the worker down with an
+      // exception; log it and keep serving the other connections.
+      for (;;) {
+        try {
+          w.ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          spdlog::error("worker {}: unexpected exception: {}", w.index, e.what());
+        }
+      }
+    });
+  }
+
+  net::io_context control;
+  net::signal_set signals(control, SIGINT, SIGTERM);
+  signals.async_wait([this](const beast::error_code& ec, int sig) {
+    if (ec) return;
+    spdlog::info("signal {}: no longer accepting; draining {} in-flight request(s)", sig,
+                 active_requests_.load());
+    stop_gracefully();
+  });
+  net::steady_timer drain(control);
+  std::function<void(std::chrono::steady_clock::time_point)> poll =
+      [&](std::chrono::steady_clock::time_point deadline) {
+        drain.expires_after(std::chrono::milliseconds(50));
+        drain.async_wait([&, deadline](const beast::error_code& ec) {
+          if (ec) return;
+          if (!stopping_.load()) {
+            poll(deadline);
+            return;
+          }
+          if (active_requests_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+            poll(deadline);
+            return;
+          }
+          if (active_requests_.load() > 0) {
+            spdlog::warn("drain deadline passed with {} request(s) in flight",
+                         active_requests_.load());
+          }
+          for (auto& w : workers_) w->ioc.stop();
+          control.stop();
+        });
+      };
+  // The deadline is taken when the signal arrives; until then the poll
+  // only waits for `stopping_`.
+  std::function<void()> wait_for_stop = [&] {
+    drain.expires_after(std::chrono::milliseconds(50));
+    drain.async_wait([&](const beast::error_code& ec) {
+      if (ec) return;
+      if (stopping_.load()) {
+        poll(std::chrono::steady_clock::now() + kDrainDeadline);
+      } else {
+        wait_for_stop();
+      }
+    });
+  };
+  wait_for_stop();
+  control.run();
+  for (auto& w : workers_) {
+    if (w->thread.joinable()) w->thread.join();
+  }
+  spdlog::info("pdgate stopped");
+  return 0;
+}
+
+void Gateway::stop_gracefully() {
+  stopping_.store(true);
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    net::post(w.ioc, [&w] {
+      beast::error_code ec;
+      if (w.acceptor) w.acceptor->close(ec);
+    });
+  }
+}
+
+net::awaitable<void> Gateway::accept_loop(Worker& w) {
+  for (;;) {
+    auto [ec, socket] = co_await w.acceptor->async_accept(use_tuple);
+    if (ec) {
+      if (ec == net::error::operation_aborted || !w.acceptor->is_open()) co_return;
+      // Out of file descriptors and the like: back off instead of spinning.
+      spdlog::warn("accept failed: {}", ec.message());
+      net::steady_timer t(w.ioc, std::chrono::milliseconds(50));
+      co_await t.async_wait(use_tuple);
+      continue;
+    }
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    net::co_spawn(w.ioc, session(w, std::move(socket)), net::detached);
+  }
+}
+
+net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
+  WorkerContext& w = worker.ctx;
+  const Config& cfg = cfg_;
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  bool first = true;
+
+  // Answers a request that cannot be read to the end, then closes the way
+  // nginx's lingering close does: stop sending, and read (and drop) what
+  // the client is still sending for a moment. Closing with unread bytes in
+  // the socket would make the kernel send a reset, and the client could
+  // lose the answer that explains the refusal.
+  auto refuse = [&](unsigned status, std::string message) -> net::awaitable<void> {
+    auto res = make_error_response(client_error(status, std::move(message)), 11, false);
+    if (!co_await write_response(stream, res)) co_return;
+    beast::error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream.expires_after(std::chrono::seconds(2));
+    std::size_t drained = 0;
+    while (drained < cfg.max_body_bytes + (1u << 20)) {
+      buffer.clear();
+      auto [rec, n] = co_await stream.async_read_some(buffer.prepare(64 * 1024), use_tuple);
+      if (rec) break;
+      drained += n;
+    }
+  };
+
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    // Between requests a keep-alive connection may idle; once bytes of a
+    // request arrive, the whole header must follow within header_timeout.
+    if (buffer.size() == 0) {
+      stream.expires_after(first ? cfg.header_timeout : cfg.client_idle_timeout);
+      auto [ec, n] = co_await stream.async_read_some(buffer.prepare(4096), use_tuple);
+      if (ec) break;
+      buffer.commit(n);
+    }
+    first = false;
+
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
+    parser.body_limit(cfg.max_body_bytes);
+    stream.expires_after(cfg.header_timeout);
+    if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
+      if (ec == http::error::header_limit) {
+        co_await refuse(431, "request header exceeds " + std::to_string(cfg.max_header_bytes) +
+                                 " bytes");
+      } else if (ec == beast::error::timeout) {
+        co_await refuse(408, "request header not received within the header timeout");
+      } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
+                 ec != net::error::connection_reset) {
+        co_await refuse(400, "malformed HTTP request: " + ec.message());
+      }
+      break;
+    }
+    if (auto len = parser.content_length(); len && *len > cfg.max_body_bytes) {
+      co_await refuse(413, "request body of " + std::to_string(*len) + " bytes exceeds the limit of " +
+                               std::to_string(cfg.max_body_bytes) + " bytes");
+      break;
+    }
+    if (auto it = parser.get().find(http::field::expect);
+        it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
+      if (ec) break;
+    }
+    stream.expires_after(cfg.client_idle_timeout);
+    if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple); ec) {
+      if (ec == http::error::body_limit) {
+        co_await refuse(413, "request body exceeds the limit of " +
+                                 std::to_string(cfg.max_body_bytes) + " bytes");
+      } else if (ec == beast::error::timeout) {
+        co_await refuse(408, "request body not received in time");
+      }
+      break;
+    }
+    stream.expires_never();
+    http::request<http::string_body> req = parser.release();
+
+    active_requests_.fetch_add(1);
+    auto scope = std::make_shared<RequestScope>();
+    auto done = std::make_shared<bool>(false);
+    if (buffer.size() == 0) watch_client(stream.socket(), scope, done);
+    bool keep_alive = false;
+    const std::string_view path = path_of(req.target());
+    const auto method = req.method();
+    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+      if (method == http::verb::post) {
+        keep_alive = co_await serve_completion(w, stream, req, *scope, path != "/v1/completions");
+      } else {
+        auto res = make_error_response(client_error(405, "use POST for " + std::string(path)),
+                                       req.version(), req.keep_alive());
+        res.set(http::field::allow, "POST");
+        keep_alive = co_await write_response(stream, res) && req.keep_alive();
+      }
+    } else if (path == "/v1/models" && method == http::verb::get) {
+      keep_alive = co_await serve_models(w, stream, req, *scope);
+    } else if (path == "/health" && method == http::verb::get) {
+      auto res = json_response(req, http::status::ok, {{"status", "ok"}});
+      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+    } else if (path == "/status" && method == http::verb::get) {
+      const auto set = registry_.snapshot();
+      nlohmann::json j = {{"prefill_node_count", set->prefill.size()},
+                          {"decode_node_count", set->decode.size()},
+                          {"prefill_nodes", host_ports(set->prefill)},
+                          {"decode_nodes", host_ports(set->decode)},
+                          {"prefill_disabled", cfg.prefill_disabled},
+                          {"kv_connector", cfg.kv_connector},
+                          {"active_requests", active_requests_.load()},
+                          {"instances",
+                           {{"prefill", instances_json(set->prefill)},
+                            {"decode", instances_json(set->decode)},
+                            {"encode", instances_json(set->encode)}}}};
+      auto res = json_response(req, http::status::ok, j);
+      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+    } else {
+      auto res = make_error_response(
+          client_error(404, "no route for " + std::string(req.method_string()) + " " +
+                                std::string(path)),
+          req.version(), req.keep_alive());
+      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+    }
+    *done = true;
+    scope->watch_cancel().emit(net::cancellation_type::all);
+    active_requests_.fetch_sub(1);
+    if (!keep_alive || scope->client_gone()) break;
+  }
+  beast::error_code ec;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream.close();
+}
+
+}  // namespace pdgate

@@ -1,0 +1,229 @@
+#include "core/upstream.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace pdgate {
+
+namespace {
+
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+// Resolved addresses are reused for a while so a request does not pay a
+// DNS round trip, but re-resolved often enough to follow a moved engine.
+constexpr auto kResolveTtl = std::chrono::seconds(30);
+
+bool is_closed_error(const beast::error_code& ec) {
+  return ec == http::error::end_of_stream || ec == net::error::eof ||
+         ec == net::error::connection_reset || ec == net::error::broken_pipe ||
+         ec == net::error::connection_aborted || ec == http::error::partial_message;
+}
+
+}  // namespace
+
+UpstreamPool::UpstreamPool(net::any_io_executor ex, InstancePtr instance, std::size_t max_idle,
+                           Millis idle_timeout)
+    : ex_(std::move(ex)),
+      instance_(std::move(instance)),
+      max_idle_(max_idle),
+      idle_timeout_(idle_timeout) {}
+
+std::unique_ptr<UpstreamConnection> UpstreamPool::take_idle() {
+  const auto now = std::chrono::steady_clock::now();
+  // Most recently used first: it is the least likely to have been closed
+  // by the engine's own keep-alive timeout.
+  while (!idle_.empty()) {
+    auto c = std::move(idle_.back());
+    idle_.pop_back();
+    if (now - c->idle_since < idle_timeout_ && c->stream.socket().is_open()) {
+      c->reused = true;
+      return c;
+    }
+  }
+  return nullptr;
+}
+
+void UpstreamPool::give_back(std::unique_ptr<UpstreamConnection> c) {
+  if (idle_.size() >= max_idle_) return;  // bounded: the surplus connection closes
+  c->idle_since = std::chrono::steady_clock::now();
+  c->buffer.clear();
+  idle_.push_back(std::move(c));
+}
+
+void UpstreamPool::sweep() {
+  const auto now = std::chrono::steady_clock::now();
+  while (!idle_.empty() && now - idle_.front()->idle_since >= idle_timeout_) idle_.pop_front();
+}
+
+net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> UpstreamPool::connect(
+    Millis timeout, RequestScope* scope) {
+  const auto& spec = instance_->spec;
+  const auto now = std::chrono::steady_clock::now();
+  if (!resolved_ || now - resolved_at_ > kResolveTtl) {
+    // Asio resolves on its own internal thread: the event loop never
+    // blocks on getaddrinfo.
+    tcp::resolver resolver(ex_);
+    auto [ec, results] =
+        co_await resolver.async_resolve(spec.host, std::to_string(spec.port), use_tuple);
+    if (ec) {
+      co_return std::pair{UpstreamError{UpstreamFailure::connect,
+                                        "cannot resolve " + spec.host + ": " + ec.message()},
+                          nullptr};
+    }
+    resolved_ = results;
+    resolved_at_ = now;
+  }
+  auto conn = std::make_unique<UpstreamConnection>(ex_);
+  if (scope) scope->add(&conn->stream);
+  conn->stream.expires_after(timeout);
+  auto [ec, ep] = co_await conn->stream.async_connect(*resolved_, use_tuple);
+  if (scope) scope->remove(&conn->stream);
+  if (ec) {
+    resolved_.reset();  // the address may have changed
+    UpstreamError err{UpstreamFailure::connect, ""};
+    if (ec == beast::error::timeout) {
+      err.detail = "connect to " + spec.url + " timed out after " +
+                   std::to_string(timeout.count()) + " ms";
+    } else if (scope && scope->client_gone()) {
+      err = {UpstreamFailure::aborted, "client went away"};
+    } else {
+      err.detail = "cannot connect to " + spec.url + ": " + ec.message();
+    }
+    co_return std::pair{err, nullptr};
+  }
+  conn->stream.expires_never();
+  beast::error_code ignored;
+  conn->stream.socket().set_option(tcp::no_delay(true), ignored);
+  co_return std::pair{UpstreamError{}, std::move(conn)};
+}
+
+UpstreamPool& UpstreamPools::for_instance(const InstancePtr& inst) {
+  auto& slot = pools_[inst->id];
+  if (!slot) slot = std::make_unique<UpstreamPool>(ex_, inst, max_idle_, idle_timeout_);
+  return *slot;
+}
+
+void UpstreamPools::sweep() {
+  for (auto& [id, pool] : pools_) pool->sweep();
+}
+
+UpstreamExchange::UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
+                                   RequestScope& scope, UpstreamTimeouts timeouts)
+    : pool_(pool), conn_(std::move(conn)), scope_(scope), timeouts_(timeouts) {
+  scope_.add(&conn_->stream);
+}
+
+UpstreamExchange::~UpstreamExchange() {
+  if (conn_) {
+    scope_.remove(&conn_->stream);
+    beast::error_code ec;
+    conn_->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    conn_->stream.close();
+  }
+}
+
+UpstreamError UpstreamExchange::classify(const beast::error_code& ec, const char* during) const {
+  const auto& url = pool_.instance()->spec.url;
+  if (scope_.client_gone()) return {UpstreamFailure::aborted, "client went away"};
+  if (ec == beast::error::timeout) {
+    return {UpstreamFailure::timeout, std::string("timed out ") + during + " from " + url};
+  }
+  if (is_closed_error(ec)) {
+    return {UpstreamFailure::closed, url + " closed the connection " + during};
+  }
+  if (ec == http::error::body_limit || ec == http::error::header_limit) {
+    return {UpstreamFailure::too_large, std::string("response too large ") + during + " from " + url};
+  }
+  return {UpstreamFailure::protocol, std::string("error ") + during + " from " + url + ": " +
+                                         ec.message()};
+}
+
+net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> UpstreamExchange::start(
+    UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
+    UpstreamTimeouts timeouts) {
+  for (int attempt = 0;; ++attempt) {
+    if (scope.client_gone()) {
+      co_return std::pair{UpstreamError{UpstreamFailure::aborted, "client went away"}, nullptr};
+    }
+    auto conn = attempt == 0 ? pool.take_idle() : nullptr;
+    if (!conn) {
+      auto [err, fresh] = co_await pool.connect(timeouts.connect, &scope);
+      if (err) co_return std::pair{err, nullptr};
+      conn = std::move(fresh);
+    }
+    const bool reused = conn->reused;
+    std::unique_ptr<UpstreamExchange> ex(
+        new UpstreamExchange(pool, std::move(conn), scope, timeouts));
+    ex->parser_ = std::make_unique<http::response_parser<http::buffer_body>>();
+    ex->parser_->body_limit(boost::none);
+
+    auto& stream = ex->conn_->stream;
+    stream.expires_after(timeouts.first_byte);
+    auto [wec, wn] = co_await http::async_write(stream, req, use_tuple);
+    beast::error_code ec = wec;
+    if (!ec) {
+      auto [rec, rn] =
+          co_await http::async_read_header(stream, ex->conn_->buffer, *ex->parser_, use_tuple);
+      ec = rec;
+    }
+    if (!ec) co_return std::pair{UpstreamError{}, std::move(ex)};
+
+    // The engine may close an idle keep-alive connection at any moment; if
+    // it did so before answering anything, the request never started there.
+    if (reused && attempt == 0 && is_closed_error(ec) && !ex->parser_->got_some() &&
+        !scope.client_gone()) {
+      continue;
+    }
+    co_return std::pair{ex->classify(ec, ex->parser_->got_some() ? "reading the response header"
+                                                                  : "waiting for the first byte"),
+                        nullptr};
+  }
+}
+
+net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std::size_t max) {
+  if (parser_->is_done()) co_return UpstreamError{};
+  const std::size_t old = out.size();
+  out.resize(old + max);
+  auto& body = parser_->get().body();
+  body.data = out.data() + old;
+  body.size = max;
+  conn_->stream.expires_after(timeouts_.first_byte);
+  auto [ec, n] =
+      co_await http::async_read_some(conn_->stream, conn_->buffer, *parser_, use_tuple);
+  const std::size_t got = max - body.size;
+  out.resize(old + got);
+  body.data = nullptr;
+  body.size = 0;
+  if (ec == http::error::need_buffer) ec = {};
+  if (ec) co_return classify(ec, "while reading the response body");
+  co_return UpstreamError{};
+}
+
+net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::size_t limit) {
+  while (!parser_->is_done()) {
+    auto err = co_await read_some(out, 64 * 1024);
+    if (err) co_return err;
+    if (out.size() > limit) {
+      co_return UpstreamError{UpstreamFailure::too_large,
+                              "response body from " + pool_.instance()->spec.url +
+                                  " exceeds " + std::to_string(limit) + " bytes"};
+    }
+  }
+  co_return UpstreamError{};
+}
+
+void UpstreamExchange::finish() {
+  if (!conn_) return;
+  scope_.remove(&conn_->stream);
+  if (parser_->is_done() && parser_->keep_alive() && conn_->buffer.size() == 0 &&
+      !scope_.client_gone()) {
+    conn_->stream.expires_never();
+    pool_.give_back(std::move(conn_));
+  } else {
+    beast::error_code ec;
+    conn_->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    conn_->stream.close();
+    conn_.reset();
+  }
+}
+
+}  // namespace pdgate

@@ -1,0 +1,139 @@
+// Keep-alive connection pools to engine instances and one HTTP/1.1
+// exchange over them. A pool belongs to one worker thread (no locks); each
+// worker has its own pool per instance.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+
+#include "core/instance.hpp"
+#include "core/request_scope.hpp"
+
+namespace pdgate {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Millis = std::chrono::milliseconds;
+
+struct UpstreamTimeouts {
+  Millis connect{5'000};
+  Millis first_byte{600'000};
+};
+
+enum class UpstreamFailure { none, connect, timeout, closed, protocol, aborted, too_large };
+
+struct UpstreamError {
+  UpstreamFailure kind = UpstreamFailure::none;
+  std::string detail;  // human-readable, names the cause ("connection refused")
+  explicit operator bool() const { return kind != UpstreamFailure::none; }
+};
+
+struct UpstreamConnection {
+  explicit UpstreamConnection(const net::any_io_executor& ex) : stream(ex) {}
+  beast::tcp_stream stream;
+  // Bounded: engine response headers are small, and body bytes pass
+  // through it on their way to the relay.
+  beast::flat_buffer buffer{64 * 1024};
+  std::chrono::steady_clock::time_point idle_since{};
+  bool reused = false;
+};
+
+class UpstreamPool {
+ public:
+  UpstreamPool(net::any_io_executor ex, InstancePtr instance, std::size_t max_idle,
+               Millis idle_timeout);
+
+  const InstancePtr& instance() const { return instance_; }
+
+  // An idle keep-alive connection, or nullptr.
+  std::unique_ptr<UpstreamConnection> take_idle();
+  // Returns a connection whose last response completed cleanly.
+  void give_back(std::unique_ptr<UpstreamConnection> c);
+  // Opens a new connection (async DNS, bounded connect time).
+  net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> connect(
+      Millis timeout, RequestScope* scope);
+  // Drops idle connections older than the idle timeout.
+  void sweep();
+  std::size_t idle_count() const { return idle_.size(); }
+
+ private:
+  net::any_io_executor ex_;
+  InstancePtr instance_;
+  std::size_t max_idle_;
+  Millis idle_timeout_;
+  std::deque<std::unique_ptr<UpstreamConnection>> idle_;
+  std::optional<tcp::resolver::results_type> resolved_;
+  std::chrono::steady_clock::time_point resolved_at_{};
+};
+
+// The pools of one worker, created on first use.
+class UpstreamPools {
+ public:
+  UpstreamPools(net::any_io_executor ex, std::size_t max_idle, Millis idle_timeout)
+      : ex_(std::move(ex)), max_idle_(max_idle), idle_timeout_(idle_timeout) {}
+  UpstreamPool& for_instance(const InstancePtr& inst);
+  void sweep();
+
+ private:
+  net::any_io_executor ex_;
+  std::size_t max_idle_;
+  Millis idle_timeout_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<UpstreamPool>> pools_;
+};
+
+// One request/response on a pooled connection: send, read the header, then
+// read the body in pieces. Destroying it before the body is complete closes
+// the connection (the engine sees the request aborted).
+class UpstreamExchange {
+ public:
+  ~UpstreamExchange();
+  UpstreamExchange(const UpstreamExchange&) = delete;
+  UpstreamExchange& operator=(const UpstreamExchange&) = delete;
+
+  // Sends `req` and waits for the response header (bounded by the
+  // first-byte timeout). A reused keep-alive connection that turns out to
+  // be closed before any response byte is retried once on a new one.
+  static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
+      UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
+      UpstreamTimeouts timeouts);
+
+  unsigned status() const { return parser_->get().result_int(); }
+  const http::response_header<>& header() const { return parser_->get().base(); }
+  bool done() const { return parser_->is_done(); }
+
+  // Appends whatever body bytes are available now (at least one unless the
+  // body is done) to `out`, up to `max` bytes.
+  net::awaitable<UpstreamError> read_some(std::string& out, std::size_t max = 16 * 1024);
+  // Reads the rest of the body into `out`, failing past `limit` bytes.
+  net::awaitable<UpstreamError> read_all(std::string& out, std::size_t limit);
+
+  // Hands the connection back to the pool when the response completed and
+  // the engine allows keep-alive; closes it otherwise.
+  void finish();
+
+ private:
+  UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn, RequestScope& scope,
+                   UpstreamTimeouts timeouts);
+  UpstreamError classify(const beast::error_code& ec, const char* during) const;
+
+  UpstreamPool& pool_;
+  std::unique_ptr<UpstreamConnection> conn_;
+  RequestScope& scope_;
+  UpstreamTimeouts timeouts_;
+  std::unique_ptr<http::response_parser<http::buffer_body>> parser_;
+};
+
+}  // namespace pdgate

@@ -1,0 +1,40 @@
+// Everything one worker thread's requests share. Each worker runs its own
+// io_context on one thread, so nothing here needs a lock; what is shared
+// across workers (config, registry, picker) is read-only or atomic.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include <boost/uuid/random_generator.hpp>
+
+#include "core/config.hpp"
+#include "core/instance.hpp"
+#include "core/upstream.hpp"
+
+namespace pdgate {
+
+struct WorkerContext {
+  WorkerContext(const Config& c, Registry& r, InstancePicker& p, net::any_io_executor ex,
+                std::string default_auth, std::atomic<std::int64_t>& active)
+      : cfg(c),
+        registry(r),
+        picker(p),
+        pools(std::move(ex), c.upstream_max_idle, c.upstream_idle_timeout),
+        default_authorization(std::move(default_auth)),
+        active_requests(active) {}
+
+  const Config& cfg;
+  Registry& registry;
+  InstancePicker& picker;
+  UpstreamPools pools;
+  boost::uuids::random_generator uuids;
+  // "Bearer $OPENAI_API_KEY" when the variable was set at start-up and the
+  // client sent no Authorization of its own.
+  const std::string default_authorization;
+  std::atomic<std::int64_t>& active_requests;
+
+  UpstreamTimeouts timeouts() const { return {cfg.connect_timeout, cfg.first_byte_timeout}; }
+};
+
+}  // namespace pdgate

@@ -1,0 +1,318 @@
+// The P/D pipeline end to end: real pdgate in front of real pdgate-sim
+// prefill and decode processes. Each test checks what the engines received
+// and what the client got.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/integration/harness.hpp"
+
+namespace pdgate::test {
+namespace {
+
+Json chat_body(bool stream, int max_tokens = 5) {
+  Json b = {{"model", "sim-model"},
+            {"messages", {{{"role", "user"}, {"content", "Tell me about disaggregated serving."}}}},
+            {"max_tokens", max_tokens},
+            {"stream", stream}};
+  return b;
+}
+
+Json completion_body(bool stream, int max_tokens = 5) {
+  return {{"model", "sim-model"},
+          {"prompt", "The capital of France is"},
+          {"max_tokens", max_tokens},
+          {"stream", stream}};
+}
+
+// Two prefill and two decode engines behind one gateway.
+class PdPipeline : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    p1 = new Sim("prefill");
+    p2 = new Sim("prefill");
+    d1 = new Sim("decode", {"--itl-ms", "2"});
+    d2 = new Sim("decode", {"--itl-ms", "2"});
+    gw = new Gateway({"--model", "sim-model", "--prefill", p1->hostport(), p2->hostport(),
+                      "--decode", d1->hostport(), d2->hostport()},
+                     {{"OPENAI_API_KEY", "sk-from-env"}});
+  }
+  static void TearDownTestSuite() {
+    delete gw;
+    delete p1;
+    delete p2;
+    delete d1;
+    delete d2;
+  }
+  void SetUp() override {
+    for (auto* s : {p1, p2, d1, d2}) s->clear();
+  }
+  // All completion requests the engines of one role saw, in order.
+  static Json seen(Sim* a, Sim* b) {
+    Json all = a->requests();
+    for (auto& r : b->requests()) all.push_back(r);
+    return all;
+  }
+
+  static inline Sim* p1 = nullptr;
+  static inline Sim* p2 = nullptr;
+  static inline Sim* d1 = nullptr;
+  static inline Sim* d2 = nullptr;
+  static inline Gateway* gw = nullptr;
+};
+
+// A non-streaming completion runs prefill (rewritten body) then decode (the
+// client's body plus the prefill's params); the client gets decode's answer.
+TEST_F(PdPipeline, CompletionNonStreamingRunsTheHandshake) {
+  Json body = completion_body(false, 7);
+  body["min_tokens"] = 2;
+  body["stream_options"] = {{"include_usage", true}};
+  auto r = post_json(gw->port(), "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = r.json();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 7);
+
+  Json pre = seen(p1, p2);
+  Json dec = seen(d1, d2);
+  ASSERT_EQ(pre.size(), 1u);
+  ASSERT_EQ(dec.size(), 1u);
+  Json pb = Json::parse(pre[0]["body"].get<std::string>());
+  EXPECT_EQ(pb["stream"], false);
+  EXPECT_EQ(pb["max_tokens"], 1);
+  EXPECT_FALSE(pb.contains("min_tokens"));
+  EXPECT_FALSE(pb.contains("stream_options"));
+  EXPECT_EQ(pb["kv_transfer_params"]["do_remote_decode"], true);
+  EXPECT_EQ(pb["kv_transfer_params"]["do_remote_prefill"], false);
+  EXPECT_TRUE(pb["kv_transfer_params"]["remote_engine_id"].is_null());
+  EXPECT_EQ(pb["prompt"], body["prompt"]);
+
+  Json db = Json::parse(dec[0]["body"].get<std::string>());
+  EXPECT_EQ(db["max_tokens"], 7);
+  EXPECT_EQ(db["min_tokens"], 2);
+  EXPECT_EQ(db["stream_options"], body["stream_options"]);
+  EXPECT_EQ(db["kv_transfer_params"]["do_remote_prefill"], true);
+  // The decode pulled the blocks the prefill issued, exactly once.
+  EXPECT_EQ(dec[0]["kv_result"], "valid");
+  EXPECT_EQ(dec[0]["outcome"], "completed");
+}
+
+// A streaming chat request: every SSE event reaches the client, including
+// the first role delta, the usage chunk and [DONE].
+TEST_F(PdPipeline, ChatStreamingRelaysEveryEvent) {
+  Json body = chat_body(true, 6);
+  body["stream_options"] = {{"include_usage", true}};
+  auto r = post_json(gw->port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.header("content-type").find("text/event-stream"), std::string::npos);
+  auto events = sse_data(r.body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  auto first = Json::parse(events.front());
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  auto usage = Json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 6);
+  int content_chunks = 0;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    auto e = Json::parse(events[i]);
+    if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content") &&
+        !e["choices"][0]["delta"]["content"].get<std::string>().empty())
+      ++content_chunks;
+  }
+  EXPECT_EQ(content_chunks, 6);
+
+  Json pre = seen(p1, p2);
+  ASSERT_EQ(pre.size(), 1u);
+  Json pb = Json::parse(pre[0]["body"].get<std::string>());
+  EXPECT_EQ(pb["stream"], false);
+  EXPECT_FALSE(pb.contains("stream_options"));
+  Json dec = seen(d1, d2);
+  ASSERT_EQ(dec.size(), 1u);
+  Json db = Json::parse(dec[0]["body"].get<std::string>());
+  EXPECT_EQ(db["stream"], true);
+  EXPECT_EQ(db["messages"], body["messages"]);
+  EXPECT_EQ(dec[0]["kv_result"], "valid");
+}
+
+// A non-streaming chat request returns decode's JSON answer.
+TEST_F(PdPipeline, ChatNonStreaming) {
+  auto r = post_json(gw->port(), "/v1/chat/completions", chat_body(false, 4));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = r.json();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(seen(d1, d2)[0]["kv_result"], "valid");
+}
+
+// A streaming completion passes the text chunks and [DONE] through.
+TEST_F(PdPipeline, CompletionStreaming) {
+  auto r = post_json(gw->port(), "/v1/completions", completion_body(true, 5));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto events = sse_data(r.body);
+  ASSERT_EQ(events.back(), "[DONE]");
+  std::string finish;
+  int texts = 0;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    auto e = Json::parse(events[i]);
+    if (e["choices"].empty()) continue;
+    if (e["choices"][0].contains("text") && !e["choices"][0]["text"].get<std::string>().empty())
+      ++texts;
+    if (!e["choices"][0]["finish_reason"].is_null())
+      finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(texts, 5);
+  EXPECT_EQ(finish, "length");
+}
+
+// Round-robin spreads requests evenly over both prefills and both decodes.
+TEST_F(PdPipeline, RoundRobinUsesEveryInstance) {
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(post_json(gw->port(), "/v1/completions", completion_body(false, 1)).status, 200);
+  }
+  EXPECT_EQ(p1->requests().size(), 2u);
+  EXPECT_EQ(p2->requests().size(), 2u);
+  EXPECT_EQ(d1->requests().size(), 2u);
+  EXPECT_EQ(d2->requests().size(), 2u);
+}
+
+// The client's X-Request-Id goes to prefill and decode and comes back.
+TEST_F(PdPipeline, ClientRequestIdReachesBothStages) {
+  auto r = post_json(gw->port(), "/v1/completions", completion_body(false, 2),
+                     {{"X-Request-Id", "client-rid-42"}});
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("x-request-id"), "client-rid-42");
+  EXPECT_EQ(seen(p1, p2)[0]["headers"]["x-request-id"], "client-rid-42");
+  EXPECT_EQ(seen(d1, d2)[0]["headers"]["x-request-id"], "client-rid-42");
+}
+
+// Without a client id, one fresh UUID is shared by both stages and returned.
+TEST_F(PdPipeline, GeneratedRequestIdIsSharedAndReturned) {
+  auto r = post_json(gw->port(), "/v1/completions", completion_body(false, 2));
+  ASSERT_EQ(r.status, 200);
+  const std::string rid = r.header("x-request-id");
+  EXPECT_EQ(rid.size(), 36u);
+  EXPECT_EQ(seen(p1, p2)[0]["headers"]["x-request-id"], rid);
+  EXPECT_EQ(seen(d1, d2)[0]["headers"]["x-request-id"], rid);
+  auto r2 = post_json(gw->port(), "/v1/completions", completion_body(false, 2));
+  EXPECT_NE(r2.header("x-request-id"), rid);
+}
+
+// The client's Authorization is forwarded; without one, OPENAI_API_KEY is.
+TEST_F(PdPipeline, AuthorizationForwardedOrTakenFromEnvironment) {
+  ASSERT_EQ(post_json(gw->port(), "/v1/completions", completion_body(false, 1),
+                      {{"Authorization", "Bearer client-key"}})
+                .status,
+            200);
+  EXPECT_EQ(seen(p1, p2)[0]["headers"]["authorization"], "Bearer client-key");
+  EXPECT_EQ(seen(d1, d2)[0]["headers"]["authorization"], "Bearer client-key");
+  for (auto* s : {p1, p2, d1, d2}) s->clear();
+  ASSERT_EQ(post_json(gw->port(), "/v1/completions", completion_body(false, 1)).status, 200);
+  EXPECT_EQ(seen(p1, p2)[0]["headers"]["authorization"], "Bearer sk-from-env");
+  EXPECT_EQ(seen(d1, d2)[0]["headers"]["authorization"], "Bearer sk-from-env");
+}
+
+// A body that is not JSON is refused with 400 and never reaches an engine.
+TEST_F(PdPipeline, InvalidJsonIs400) {
+  auto r = http_request(gw->port(), "POST", "/v1/completions", "{\"model\": ",
+                        {{"Content-Type", "application/json"}});
+  EXPECT_EQ(r.status, 400);
+  auto j = r.json();
+  EXPECT_EQ(j["error"]["code"], 400);
+  EXPECT_EQ(j["error"]["type"], "BadRequestError");
+  EXPECT_TRUE(j["error"].contains("param"));
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("JSON"), std::string::npos);
+  EXPECT_TRUE(seen(p1, p2).empty());
+}
+
+// A Content-Type other than JSON is refused with 415.
+TEST_F(PdPipeline, WrongContentTypeIs415) {
+  auto r = http_request(gw->port(), "POST", "/v1/completions", completion_body(false).dump(),
+                        {{"Content-Type", "text/plain"}});
+  EXPECT_EQ(r.status, 415);
+  EXPECT_EQ(r.json()["error"]["code"], 415);
+  EXPECT_TRUE(seen(p1, p2).empty());
+}
+
+// A prefill 4xx (unknown model) reaches the client with its status and body.
+TEST_F(PdPipeline, PrefillClientErrorPassesThrough) {
+  Json body = completion_body(false);
+  body["model"] = "no-such-model";
+  auto r = post_json(gw->port(), "/v1/completions", body);
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.body.find("no-such-model"), std::string::npos) << r.body;
+  EXPECT_TRUE(seen(d1, d2).empty());
+}
+
+// Unknown routes and wrong methods get OpenAI-style errors.
+TEST_F(PdPipeline, UnknownRouteAndWrongMethod) {
+  auto r = get(gw->port(), "/v1/nothing");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.json()["error"]["code"], 404);
+  auto m = get(gw->port(), "/v1/completions");
+  EXPECT_EQ(m.status, 405);
+}
+
+// /v1/models comes from a decode instance; /health and /status answer.
+TEST_F(PdPipeline, ModelsHealthStatus) {
+  auto m = get(gw->port(), "/v1/models");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(m.json()["data"][0]["id"], "sim-model");
+  EXPECT_EQ(get(gw->port(), "/health").status, 200);
+  auto s = gw->status();
+  EXPECT_EQ(s["prefill_node_count"], 2);
+  EXPECT_EQ(s["decode_node_count"], 2);
+  EXPECT_EQ(s["instances"]["decode"].size(), 2u);
+  EXPECT_EQ(s["instances"]["decode"][0]["in_flight"], 0);
+}
+
+// Several requests share one client connection (HTTP/1.1 keep-alive), and
+// the gateway reuses its upstream connections instead of opening new ones.
+TEST_F(PdPipeline, KeepAliveClientAndUpstream) {
+  Connection c(gw->port());
+  for (int i = 0; i < 6; ++i) {
+    c.send_request("POST", "/v1/completions", completion_body(i % 2 == 0, 2).dump());
+    auto r = c.read_response();
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  // 6 requests over 2 decodes and 2 workers: far fewer than 6 connections each.
+  for (auto* s : {d1, d2}) {
+    auto st = s->stats();
+    EXPECT_LE(st["connections_total"].get<int>(), 4) << st.dump();
+  }
+}
+
+// A request body over --max-body-size is refused with 413; a header over
+// the header limit with 431.
+TEST(Limits, BodyAndHeaderLimits) {
+  Sim p("prefill"), d("decode");
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport(), "--max-body-size", "1KiB",
+              "--max-header-size", "2KiB"});
+  Json big = completion_body(false);
+  big["prompt"] = std::string(4096, 'x');
+  auto r = post_json(gw.port(), "/v1/completions", big);
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(r.json()["error"]["code"], 413);
+  auto h = http_request(gw.port(), "POST", "/v1/completions", completion_body(false).dump(),
+                        {{"X-Big", std::string(4096, 'y')}});
+  EXPECT_EQ(h.status, 431);
+  EXPECT_TRUE(p.requests().empty());
+  // The gateway still serves normal requests afterwards.
+  EXPECT_EQ(post_json(gw.port(), "/v1/completions", completion_body(false, 1)).status, 200);
+}
+
+// A client that sends half a header and stalls is cut off by the header timeout.
+TEST(Limits, HeaderTimeout) {
+  Sim d("decode");
+  Gateway gw({"--decode", d.hostport(), "--prefill-servers-urls", "disable",
+              "--header-timeout", "300ms"});
+  Connection c(gw.port());
+  const auto start = Clock::now();
+  c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
+  EXPECT_TRUE(c.peer_closed(std::chrono::seconds(5)));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+}  // namespace
+}  // namespace pdgate::test
