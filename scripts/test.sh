@@ -39,7 +39,7 @@ if ((sanitize)); then
   build_args+=(--sanitize)
   # Leaks are reported at exit; UBSan stops at the first finding so a test
   # fails instead of printing a warning nobody reads.
-  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:check_initialization_order=1}"
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:check_initialization_order=1}"
   export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 else
   build_dir="${BUILD_DIR:-$ROOT/build}"
