@@ -1,0 +1,929 @@
+#include "core/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+namespace pdgate {
+namespace {
+
+// Every option, once: the command-line parser, the YAML loader and the help
+// text all read this table, so a flag cannot exist in one and not the others.
+struct Option {
+  std::string_view key;      // canonical name: the long flag without dashes
+  std::string_view alias;    // a second long name (the Python proxies' plural forms)
+  char short_name;           // 0 when there is none
+  bool list;                 // takes one or more values (argparse nargs="+")
+  bool cli_only;             // meaningless in a config file
+  std::string_view group;    // help section
+  std::string_view metavar;  // value placeholder in the help
+  std::string_view help;     // one line, ends with the default when there is one
+};
+
+constexpr std::string_view kListener = "Listener";
+constexpr std::string_view kEngines = "Engines";
+constexpr std::string_view kLimits = "Client limits";
+constexpr std::string_view kUpstream = "Upstream";
+constexpr std::string_view kGeneral = "General";
+
+constexpr std::array kOptions = {
+    Option{"host", "", 0, false, false, kListener, "HOST",
+           "Address to listen on for clients (default: 0.0.0.0)."},
+    Option{"port", "", 0, false, false, kListener, "PORT",
+           "Port to listen on; 0 picks a free one (default: 8000)."},
+    Option{"workers", "", 0, false, false, kListener, "N",
+           "Worker threads, at most 1024; 0 means one per CPU core (default: 0)."},
+
+    Option{"model", "", 'm', false, false, kEngines, "NAME",
+           "Model name, as the demo proxy's --model; optional (default: none)."},
+    Option{"prefill", "", 'p', true, false, kEngines, "HOST:PORT",
+           "Demo-proxy form: prefill instances, one or more (default: none)."},
+    Option{"decode", "", 'd', true, false, kEngines, "HOST:PORT",
+           "Demo-proxy form: decode instances, one or more (default: none)."},
+    Option{"prefiller-host", "prefiller-hosts", 0, true, false, kEngines, "HOST",
+           "Multi-turn form: prefill hosts, paired with --prefiller-port (default: localhost)."},
+    Option{"prefiller-port", "prefiller-ports", 0, true, false, kEngines, "PORT",
+           "Multi-turn form: prefill ports, one per host (default: 8100)."},
+    Option{"decoder-host", "decoder-hosts", 0, true, false, kEngines, "HOST",
+           "Multi-turn form: decode hosts, paired with --decoder-port (default: localhost)."},
+    Option{"decoder-port", "decoder-ports", 0, true, false, kEngines, "PORT",
+           "Multi-turn form: decode ports, one per host (default: 8200)."},
+    Option{"encode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
+           "EPD form: comma-separated encoder URLs for multimodal items (default: none)."},
+    Option{"prefill-servers-urls", "", 0, false, false, kEngines, "URL,URL|disable",
+           "EPD form: comma-separated prefill URLs; disable, none or \"\" sends each request "
+           "in one hop to a combined P+D instance (default: none)."},
+    Option{"decode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
+           "EPD form: comma-separated decode URLs (default: none)."},
+    Option{"kv-connector", "", 0, false, false, kEngines, "nixl|p2p-nccl|lmcache|none",
+           "How prefill hands KV blocks to decode; none sends one hop (default: nixl)."},
+
+    Option{"max-body-size", "", 0, false, false, kLimits, "SIZE",
+           "Largest request body accepted; bytes or K/KiB/M/MiB/G/GiB (default: 64MiB)."},
+    Option{"max-header-size", "", 0, false, false, kLimits, "SIZE",
+           "Largest request header block accepted (default: 64KiB)."},
+    Option{"header-timeout", "", 0, false, false, kLimits, "DURATION",
+           "Time allowed to receive a request's headers; 500ms, 10s, 2m or seconds "
+           "(default: 10s)."},
+    Option{"client-idle-timeout", "", 0, false, false, kLimits, "DURATION",
+           "Idle keep-alive client connections are closed after this (default: 75s)."},
+
+    Option{"connect-timeout", "", 0, false, false, kUpstream, "DURATION",
+           "Time allowed to connect to an engine (default: 5s)."},
+    Option{"first-byte-timeout", "", 0, false, false, kUpstream, "DURATION",
+           "Time allowed for an engine's first response byte, prefill included "
+           "(default: 600s)."},
+    Option{"upstream-idle-timeout", "", 0, false, false, kUpstream, "DURATION",
+           "Longest silence allowed inside an engine's response (default: 60s)."},
+    Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
+           "Idle keep-alive connections kept per engine per worker (default: 64)."},
+
+    Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
+           "trace, debug, info, warn or error (default: info)."},
+    Option{"config", "", 0, false, true, kGeneral, "FILE",
+           "YAML file with any of these options (names without dashes); flags override it."},
+    Option{"help", "", 'h', false, true, kGeneral, "", "Print this help and exit."},
+};
+
+// '_' and '-' are interchangeable in names, as in vLLM's own CLI, so
+// `max_body_size` in YAML and `--max-body-size` mean the same thing.
+std::string normalize_name(std::string_view name) {
+  std::string out(name);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+const Option* find_option(std::string_view name) {
+  const std::string n = normalize_name(name);
+  for (const auto& o : kOptions) {
+    if (o.key == n || (!o.alias.empty() && o.alias == n))
+      return &o;
+  }
+  return nullptr;
+}
+
+const Option* find_short(char c) {
+  for (const auto& o : kOptions) {
+    if (o.short_name != 0 && o.short_name == c)
+      return &o;
+  }
+  return nullptr;
+}
+
+// The values given for one option, and where they came from (the flag as
+// the user spelled it, or the config key) so errors point at the culprit.
+struct RawValue {
+  std::string origin;
+  std::vector<std::string> values;
+};
+using RawMap = std::map<std::string, RawValue, std::less<>>;
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
+  return s;
+}
+
+Result<std::uint64_t> parse_uint(std::string_view text, std::uint64_t max) {
+  std::uint64_t v = 0;
+  const auto* first = text.data();
+  const auto* last = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(first, last, v);
+  if (text.empty() || ec == std::errc::invalid_argument || ptr != last) {
+    return fail("'" + std::string(text) + "' is not a non-negative integer");
+  }
+  if (ec == std::errc::result_out_of_range || v > max) {
+    return fail("'" + std::string(text) + "' is too large (at most " + std::to_string(max) + ")");
+  }
+  return v;
+}
+
+Result<std::uint16_t> parse_port_number(std::string_view text, bool allow_zero) {
+  std::uint64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  const std::uint64_t min = allow_zero ? 0 : 1;
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < min ||
+      v > 65535) {
+    return fail("invalid port '" + std::string(text) + "' (expected " + std::to_string(min) +
+                "-65535)");
+  }
+  return static_cast<std::uint16_t>(v);
+}
+
+// Splits "1.5" into its value times 1000, so durations keep millisecond
+// precision without floating point.
+Result<std::uint64_t> parse_milli_units(std::string_view number) {
+  const std::size_t dot = number.find('.');
+  const std::string_view whole = number.substr(0, dot);
+  std::string_view frac = dot == std::string_view::npos ? "" : number.substr(dot + 1);
+  if (whole.empty() && frac.empty())
+    return fail("missing number");
+  std::uint64_t w = 0;
+  if (!whole.empty()) {
+    auto r = parse_uint(whole, std::numeric_limits<std::uint32_t>::max());
+    if (!r)
+      return fail(r.error());
+    w = *r;
+  }
+  if (frac.size() > 3)
+    return fail("more than millisecond precision");
+  std::uint64_t f = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const char c = i < frac.size() ? frac[i] : '0';
+    if (c < '0' || c > '9')
+      return fail("not a number");
+    f = f * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return w * 1000 + f;
+}
+
+Result<std::chrono::milliseconds> parse_duration(std::string_view text) {
+  const std::string_view t = trim(text);
+  std::size_t unit_at = 0;
+  while (unit_at < t.size() &&
+         (std::isdigit(static_cast<unsigned char>(t[unit_at])) != 0 || t[unit_at] == '.')) {
+    ++unit_at;
+  }
+  const std::string unit = lower(trim(t.substr(unit_at)));
+  std::uint64_t per_unit_ms = 0;  // milliseconds per unit
+  if (unit.empty() || unit == "s") {
+    per_unit_ms = 1000;
+  } else if (unit == "ms") {
+    per_unit_ms = 1;
+  } else if (unit == "m" || unit == "min") {
+    per_unit_ms = 60'000;
+  } else if (unit == "h") {
+    per_unit_ms = 3'600'000;
+  } else {
+    return fail("invalid duration '" + std::string(text) +
+                "' (expected e.g. 500ms, 10s, 2m or a number of seconds)");
+  }
+  auto milli = parse_milli_units(t.substr(0, unit_at));
+  if (!milli) {
+    return fail("invalid duration '" + std::string(text) +
+                "' (expected e.g. 500ms, 10s, 2m or a number of seconds)");
+  }
+  // milli is the number times 1000; the product stays far below 2^63 since
+  // the whole part is capped at 2^32.
+  const std::uint64_t ms = *milli * per_unit_ms / 1000;
+  if (ms == 0)
+    return fail("duration '" + std::string(text) + "' must be at least 1ms");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
+}
+
+Result<std::size_t> parse_size(std::string_view text) {
+  const std::string_view t = trim(text);
+  std::size_t unit_at = 0;
+  while (unit_at < t.size() && std::isdigit(static_cast<unsigned char>(t[unit_at])) != 0) {
+    ++unit_at;
+  }
+  const std::string unit = lower(trim(t.substr(unit_at)));
+  std::uint64_t mult = 0;
+  if (unit.empty() || unit == "b") {
+    mult = 1;
+  } else if (unit == "k" || unit == "kib") {
+    mult = 1ull << 10;
+  } else if (unit == "m" || unit == "mib") {
+    mult = 1ull << 20;
+  } else if (unit == "g" || unit == "gib") {
+    mult = 1ull << 30;
+  }
+  const auto n = parse_uint(t.substr(0, unit_at), std::numeric_limits<std::uint32_t>::max());
+  if (mult == 0 || !n) {
+    return fail("invalid size '" + std::string(text) +
+                "' (expected bytes or a number with K, KiB, M, MiB, G or GiB)");
+  }
+  const std::uint64_t bytes = *n * mult;
+  if (bytes == 0)
+    return fail("size '" + std::string(text) + "' must be at least 1 byte");
+  if (bytes > std::numeric_limits<std::size_t>::max()) {
+    return fail("size '" + std::string(text) + "' is too large");
+  }
+  return static_cast<std::size_t>(bytes);
+}
+
+Result<std::string> parse_log_level(std::string_view text) {
+  std::string l = lower(trim(text));
+  if (l == "warning")
+    l = "warn";
+  for (std::string_view ok : {"trace", "debug", "info", "warn", "error"}) {
+    if (l == ok)
+      return l;
+  }
+  return fail("invalid log level '" + std::string(text) +
+              "' (expected trace, debug, info, warn or error)");
+}
+
+// vLLM names connectors by class (NixlConnector, P2pNcclConnector,
+// LMCacheConnectorV1); those names are accepted too, so a value copied from
+// an engine's --kv-transfer-config works.
+Result<std::string> parse_kv_connector(std::string_view text) {
+  const std::string l = normalize_name(lower(trim(text)));
+  if (l == "nixl" || l == "nixlconnector")
+    return std::string("nixl");
+  if (l == "p2p-nccl" || l == "p2pnccl" || l == "p2pncclconnector")
+    return std::string("p2p-nccl");
+  if (l == "lmcache" || l == "lmcacheconnector" || l == "lmcacheconnectorv1") {
+    return std::string("lmcache");
+  }
+  if (l == "none")
+    return std::string("none");
+  return fail("invalid kv connector '" + std::string(text) +
+              "' (expected nixl, p2p-nccl, lmcache or none)");
+}
+
+// The EPD proxy's list syntax: comma-separated, whitespace trimmed, empty
+// items dropped.
+std::vector<std::string> split_urls(std::string_view text) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t comma = text.find(',', pos);
+    if (comma == std::string_view::npos)
+      comma = text.size();
+    const std::string_view item = trim(text.substr(pos, comma - pos));
+    if (!item.empty())
+      out.emplace_back(item);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+bool is_hostname_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '.' || c == '_';
+}
+
+std::string host_port_text(std::string_view host, std::string_view port) {
+  // Bare IPv6 addresses ("::1") need brackets before a port is appended.
+  if (host.find(':') != std::string_view::npos && host.front() != '[') {
+    return "[" + std::string(host) + "]:" + std::string(port);
+  }
+  return std::string(host) + ":" + std::string(port);
+}
+
+// Builds a Config from collected option values on top of `c`. Used for the
+// YAML file, the command line and both merged, so all share the rules.
+Result<Config> apply_raw(Config c, const RawMap& raw) {
+  const auto get = [&](std::string_view key) -> const RawValue* {
+    const auto it = raw.find(key);
+    return it == raw.end() ? nullptr : &it->second;
+  };
+  const auto err = [](const RawValue& v, const std::string& what) {
+    return fail(v.origin + ": " + what);
+  };
+  // A single value: a YAML list given to a single-valued key is an error.
+  const auto single = [&](const RawValue& v) -> Result<std::string> {
+    if (v.values.size() != 1)
+      return err(v, "expects exactly one value");
+    return v.values.front();
+  };
+
+  if (const auto* v = get("host")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    if (trim(*s).empty())
+      return err(*v, "the listen address must not be empty");
+    c.host = std::string(trim(*s));
+  }
+  if (const auto* v = get("port")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto p = parse_port_number(trim(*s), true);
+    if (!p)
+      return err(*v, p.error());
+    c.port = *p;
+  }
+  if (const auto* v = get("workers")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto n = parse_uint(trim(*s), 1024);
+    if (!n)
+      return err(*v, n.error());
+    c.workers = static_cast<unsigned>(*n);
+  }
+  if (const auto* v = get("model")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    c.model = *s;
+  }
+
+  // Engines: every form contributes to the same lists, in the order demo,
+  // multi-turn, EPD. A role's list is replaced only when some form names it.
+  const auto parse_list = [&](const RawValue& v, Role role,
+                              std::vector<UpstreamSpec>& out) -> Result<bool> {
+    for (const auto& text : v.values) {
+      auto u = parse_upstream(role, text);
+      if (!u)
+        return err(v, u.error());
+      out.push_back(std::move(*u));
+    }
+    return true;
+  };
+  std::vector<UpstreamSpec> prefill, decode, encode;
+  bool prefill_named = false, decode_named = false, encode_named = false;
+  if (const auto* v = get("prefill")) {
+    if (auto r = parse_list(*v, Role::prefill, prefill); !r)
+      return fail(r.error());
+    prefill_named = true;
+  }
+  if (const auto* v = get("decode")) {
+    if (auto r = parse_list(*v, Role::decode, decode); !r)
+      return fail(r.error());
+    decode_named = true;
+  }
+
+  // EPD form, parsed before the multi-turn defaults so that those apply
+  // only when no other form gave the role's instances.
+  std::vector<UpstreamSpec> epd_prefill, epd_decode;
+  if (const auto* v = get("encode-servers-urls")) {
+    RawValue split{v->origin, {}};
+    for (const auto& item : v->values) {
+      for (auto& u : split_urls(item))
+        split.values.push_back(std::move(u));
+    }
+    if (auto r = parse_list(split, Role::encode, encode); !r)
+      return fail(r.error());
+    encode_named = true;
+  }
+  if (const auto* v = get("decode-servers-urls")) {
+    RawValue split{v->origin, {}};
+    for (const auto& item : v->values) {
+      for (auto& u : split_urls(item))
+        split.values.push_back(std::move(u));
+    }
+    if (auto r = parse_list(split, Role::decode, epd_decode); !r)
+      return fail(r.error());
+    decode_named = true;
+  }
+  if (const auto* v = get("prefill-servers-urls")) {
+    RawValue split{v->origin, {}};
+    for (const auto& item : v->values) {
+      for (auto& u : split_urls(item))
+        split.values.push_back(std::move(u));
+    }
+    // Like the EPD proxy, "disable", "none" or nothing at all means E+PD:
+    // no prefill stage, one hop to a combined instance.
+    const std::string word = v->values.size() == 1 ? lower(trim(v->values.front())) : "";
+    if (word == "disable" || word == "none" || split.values.empty()) {
+      c.prefill_disabled = true;
+    } else {
+      c.prefill_disabled = false;
+      if (auto r = parse_list(split, Role::prefill, epd_prefill); !r)
+        return fail(r.error());
+      prefill_named = true;
+    }
+  }
+
+  // Multi-turn form: hosts and ports given separately, zipped pairwise, with
+  // the Python proxy's defaults for whichever side was left out.
+  const auto* ph = get("prefiller-host");
+  const auto* pp = get("prefiller-port");
+  const auto* dh = get("decoder-host");
+  const auto* dp = get("decoder-port");
+  std::vector<UpstreamSpec> mt_prefill, mt_decode;
+  if (ph != nullptr || pp != nullptr || dh != nullptr || dp != nullptr) {
+    const auto zip = [&](const RawValue* hosts, const RawValue* ports, std::string_view def_port,
+                         Role role, std::string_view side,
+                         std::vector<UpstreamSpec>& out) -> Result<bool> {
+      const std::vector<std::string> def_hosts{"localhost"};
+      const std::vector<std::string> def_ports{std::string(def_port)};
+      const auto& hv = hosts != nullptr ? hosts->values : def_hosts;
+      const auto& pv = ports != nullptr ? ports->values : def_ports;
+      if (hv.size() != pv.size()) {
+        return fail("Number of " + std::string(side) + " hosts must match ports (" +
+                    std::to_string(hv.size()) + " hosts, " + std::to_string(pv.size()) + " ports)");
+      }
+      for (std::size_t i = 0; i < hv.size(); ++i) {
+        const RawValue& origin = hosts != nullptr ? *hosts : *ports;
+        const std::string_view host = trim(hv[i]);
+        if (host.empty())
+          return err(origin, "empty host");
+        auto port = parse_port_number(trim(pv[i]), false);
+        if (!port)
+          return err(ports != nullptr ? *ports : origin, port.error());
+        auto u = parse_upstream(role, host_port_text(host, trim(pv[i])));
+        if (!u)
+          return err(origin, u.error());
+        out.push_back(std::move(*u));
+      }
+      return true;
+    };
+    if (ph != nullptr || pp != nullptr ||
+        (prefill.empty() && epd_prefill.empty() && !c.prefill_disabled)) {
+      if (auto r = zip(ph, pp, "8100", Role::prefill, "prefiller", mt_prefill); !r) {
+        return fail(r.error());
+      }
+      prefill_named = true;
+    }
+    if (dh != nullptr || dp != nullptr || (decode.empty() && epd_decode.empty())) {
+      if (auto r = zip(dh, dp, "8200", Role::decode, "decoder", mt_decode); !r) {
+        return fail(r.error());
+      }
+      decode_named = true;
+    }
+  }
+
+  if (prefill_named) {
+    prefill.insert(prefill.end(), mt_prefill.begin(), mt_prefill.end());
+    prefill.insert(prefill.end(), epd_prefill.begin(), epd_prefill.end());
+    c.prefill = std::move(prefill);
+  }
+  if (decode_named) {
+    decode.insert(decode.end(), mt_decode.begin(), mt_decode.end());
+    decode.insert(decode.end(), epd_decode.begin(), epd_decode.end());
+    c.decode = std::move(decode);
+  }
+  if (encode_named)
+    c.encode = std::move(encode);
+
+  if (const auto* v = get("kv-connector")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto k = parse_kv_connector(*s);
+    if (!k)
+      return err(*v, k.error());
+    c.kv_connector = *k;
+  }
+  if (const auto* v = get("max-body-size")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto n = parse_size(*s);
+    if (!n)
+      return err(*v, n.error());
+    c.max_body_bytes = *n;
+  }
+  if (const auto* v = get("max-header-size")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto n = parse_size(*s);
+    if (!n)
+      return err(*v, n.error());
+    c.max_header_bytes = *n;
+  }
+  const std::pair<std::string_view, std::chrono::milliseconds Config::*> durations[] = {
+      {"header-timeout", &Config::header_timeout},
+      {"client-idle-timeout", &Config::client_idle_timeout},
+      {"connect-timeout", &Config::connect_timeout},
+      {"first-byte-timeout", &Config::first_byte_timeout},
+      {"upstream-idle-timeout", &Config::upstream_idle_timeout},
+  };
+  for (const auto& [key, field] : durations) {
+    if (const auto* v = get(key)) {
+      auto s = single(*v);
+      if (!s)
+        return fail(s.error());
+      auto d = parse_duration(*s);
+      if (!d)
+        return err(*v, d.error());
+      c.*field = *d;
+    }
+  }
+  if (const auto* v = get("upstream-max-idle")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto n = parse_uint(trim(*s), 1u << 20);
+    if (!n)
+      return err(*v, n.error());
+    c.upstream_max_idle = static_cast<std::size_t>(*n);
+  }
+  if (const auto* v = get("log-level")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto l = parse_log_level(*s);
+    if (!l)
+      return err(*v, l.error());
+    c.log_level = *l;
+  }
+  return c;
+}
+
+// Reads a YAML document into option values. `label` names the source in
+// errors ("config file 'x.yaml'").
+Result<RawMap> yaml_to_raw(const std::string& yaml_text, const std::string& label) {
+  RawMap raw;
+  try {
+    const YAML::Node root = YAML::Load(yaml_text);
+    if (!root.IsDefined() || root.IsNull())
+      return raw;
+    if (!root.IsMap())
+      return fail(label + ": expected a mapping of option names to values");
+    for (const auto& kv : root) {
+      if (!kv.first.IsScalar())
+        return fail(label + ": option names must be plain strings");
+      const std::string name = kv.first.Scalar();
+      const Option* o = find_option(name);
+      if (o == nullptr) {
+        return fail(label + ": unknown key '" + name + "' (see --help for the option names)");
+      }
+      if (o->cli_only) {
+        return fail(label + ": '" + name + "' can only be given on the command line");
+      }
+      RawValue v{label + ", key '" + name + "'", {}};
+      const YAML::Node& node = kv.second;
+      if (node.IsNull())
+        continue;  // `key:` with nothing after it leaves the default
+      if (node.IsScalar()) {
+        v.values.push_back(node.Scalar());
+      } else if (node.IsSequence()) {
+        for (const auto& item : node) {
+          if (!item.IsScalar())
+            return fail(v.origin + ": list items must be plain values");
+          v.values.push_back(item.Scalar());
+        }
+        // The EPD keys hold comma-separated text on the command line; a YAML
+        // list of URLs is the natural spelling in a file, so join it.
+        if (o->key.ends_with("-servers-urls")) {
+          std::string joined;
+          for (const auto& item : v.values)
+            joined += (joined.empty() ? "" : ",") + item;
+          v.values = {joined};
+        } else if (!o->list) {
+          return fail(v.origin + ": expects a single value, not a list");
+        } else if (v.values.empty()) {
+          return fail(v.origin + ": the list must not be empty");
+        }
+      } else {
+        return fail(v.origin + ": expects a value or a list, not a mapping");
+      }
+      raw[std::string(o->key)] = std::move(v);
+    }
+  } catch (const YAML::Exception& e) {
+    return fail(label + ": " + e.what());
+  }
+  return raw;
+}
+
+bool looks_like_option(std::string_view tok) {
+  if (tok.size() > 2 && tok.starts_with("--"))
+    return true;
+  return tok.size() >= 2 && tok[0] == '-' && std::isalpha(static_cast<unsigned char>(tok[1])) != 0;
+}
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return fail("--config: cannot read '" + path + "': " + std::generic_category().message(errno));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad())
+    return fail("--config: error reading '" + path + "'");
+  return ss.str();
+}
+
+}  // namespace
+
+const char* to_string(Role r) {
+  switch (r) {
+    case Role::prefill:
+      return "prefill";
+    case Role::decode:
+      return "decode";
+    case Role::encode:
+      return "encode";
+    case Role::both:
+      return "both";
+  }
+  return "unknown";
+}
+
+Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
+  const std::string_view t = trim(text);
+  const auto bad = [&](const std::string& why) {
+    return fail("invalid " + std::string(to_string(role)) + " address '" + std::string(t) +
+                "': " + why);
+  };
+  if (t.empty())
+    return bad("empty address (expected host:port or http://host:port)");
+  std::string_view rest = t;
+  if (const auto sep = t.find("://"); sep != std::string_view::npos) {
+    const std::string scheme = lower(t.substr(0, sep));
+    if (scheme != "http") {
+      return bad("unsupported scheme '" + scheme +
+                 "': only http:// is supported (pdgate speaks plain HTTP to engines)");
+    }
+    rest = t.substr(sep + 3);
+  }
+  const std::size_t auth_end = rest.find_first_of("/?#");
+  const std::string_view authority = rest.substr(0, auth_end);
+  if (auth_end != std::string_view::npos) {
+    const std::string_view tail = rest.substr(auth_end);
+    if (tail != "/") {
+      return bad("paths, queries and fragments are not supported ('" + std::string(tail) +
+                 "'): give the engine's base address, e.g. http://host:8100");
+    }
+  }
+  if (authority.find('@') != std::string_view::npos)
+    return bad("user info is not supported");
+
+  std::string_view host;
+  std::string_view port;
+  bool ipv6 = false;
+  if (!authority.empty() && authority.front() == '[') {
+    const std::size_t close = authority.find(']');
+    if (close == std::string_view::npos)
+      return bad("missing ']' after the IPv6 address");
+    host = authority.substr(1, close - 1);
+    ipv6 = true;
+    const std::string_view after = authority.substr(close + 1);
+    if (after.empty())
+      return bad("missing port (expected [addr]:port)");
+    if (after.front() != ':')
+      return bad("expected ':' and a port after ']'");
+    port = after.substr(1);
+    if (host.empty() || host.find(':') == std::string_view::npos ||
+        !std::all_of(host.begin(), host.end(), [](char c) {
+          return std::isxdigit(static_cast<unsigned char>(c)) != 0 || c == ':' || c == '.';
+        })) {
+      return bad("invalid IPv6 address '" + std::string(host) + "'");
+    }
+  } else {
+    const std::size_t colon = authority.rfind(':');
+    if (colon == std::string_view::npos)
+      return bad("missing port (expected host:port)");
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return bad("IPv6 addresses must be in brackets, e.g. [::1]:8100");
+    }
+    if (!std::all_of(host.begin(), host.end(), is_hostname_char)) {
+      return bad("invalid host name '" + std::string(host) + "'");
+    }
+  }
+  if (port.empty())
+    return bad("missing port (expected host:port)");
+  auto p = parse_port_number(port, false);
+  if (!p)
+    return bad(p.error());
+
+  UpstreamSpec u;
+  u.role = role;
+  // vLLM's example scripts write "http://:8100" for a local engine.
+  u.host = host.empty() ? "localhost" : std::string(host);
+  u.port = *p;
+  u.url = "http://" + (ipv6 ? "[" + u.host + "]" : u.host) + ":" + std::to_string(u.port);
+  return u;
+}
+
+Result<Config> apply_yaml(Config base, const std::string& yaml_text) {
+  auto raw = yaml_to_raw(yaml_text, "config");
+  if (!raw)
+    return fail(raw.error());
+  return apply_raw(std::move(base), *raw);
+}
+
+Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
+  CommandLine cl;
+  // Help wins over every other mistake, so `pdgate --typo --help` helps.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view tok = argv[i] == nullptr ? "" : argv[i];
+    if (tok == "-h" || tok == "--help") {
+      cl.help = true;
+      return cl;
+    }
+  }
+
+  RawMap flags;
+  std::string config_path;
+  bool config_given = false;
+  int i = 1;
+  while (i < argc) {
+    const std::string tok = argv[i] == nullptr ? "" : argv[i];
+    ++i;
+    const Option* o = nullptr;
+    std::optional<std::string> inline_value;
+    std::string spelled;
+    if (tok.size() > 2 && tok.starts_with("--")) {
+      const std::size_t eq = tok.find('=');
+      spelled = tok.substr(0, eq);
+      if (eq != std::string::npos)
+        inline_value = tok.substr(eq + 1);
+      o = find_option(std::string_view(spelled).substr(2));
+    } else if (looks_like_option(tok)) {
+      spelled = tok.substr(0, 2);
+      o = find_short(tok[1]);
+      if (tok.size() > 2)
+        inline_value = tok.substr(tok[2] == '=' ? 3 : 2);
+    } else {
+      return fail("unexpected argument '" + tok + "' (options start with --; see --help)");
+    }
+    if (o == nullptr)
+      return fail("unknown option '" + spelled + "' (see --help)");
+    if (o->key == "help") {
+      cl.help = true;
+      return cl;
+    }
+
+    RawValue v{spelled, {}};
+    if (inline_value)
+      v.values.push_back(*inline_value);
+    // argparse's nargs="+": a list option takes every following token up
+    // to the next option; a single-valued one takes exactly one.
+    while (i < argc && (v.values.empty() || o->list)) {
+      const std::string_view next = argv[i] == nullptr ? "" : argv[i];
+      if (looks_like_option(next))
+        break;
+      v.values.emplace_back(next);
+      ++i;
+    }
+    if (v.values.empty()) {
+      return fail("missing value for " + spelled + " (expected " + std::string(o->metavar) +
+                  (o->list ? " ..." : "") + ")");
+    }
+    if (o->key == "config") {
+      config_path = v.values.front();
+      config_given = true;
+      continue;
+    }
+    // Repeating an option replaces its earlier values, as with argparse.
+    flags[std::string(o->key)] = std::move(v);
+  }
+
+  RawMap merged;
+  if (config_given) {
+    auto text = read_file(config_path);
+    if (!text)
+      return fail(text.error());
+    auto file = yaml_to_raw(*text, "config file '" + config_path + "'");
+    if (!file)
+      return fail(file.error());
+    merged = std::move(*file);
+  }
+  for (auto& [key, value] : flags)
+    merged[key] = std::move(value);
+
+  auto config = apply_raw(Config{}, merged);
+  if (!config)
+    return fail(config.error());
+  config->config_file = config_path;
+  auto valid = validate(std::move(*config));
+  if (!valid)
+    return fail(valid.error());
+  cl.config = std::move(*valid);
+  return cl;
+}
+
+Result<Config> validate(Config c) {
+  if (c.decode.empty()) {
+    return fail(
+        "no decode instances: give --decode, --decoder-host/--decoder-port or "
+        "--decode-servers-urls");
+  }
+  if (c.prefill_disabled && !c.prefill.empty()) {
+    return fail(
+        "--prefill-servers-urls disables prefill, but prefill instances were also given "
+        "(--prefill or --prefiller-host)");
+  }
+  if (c.prefill.empty() && !c.prefill_disabled && c.kv_connector != "none") {
+    return fail(
+        "no prefill instances: give --prefill, --prefiller-host/--prefiller-port or "
+        "--prefill-servers-urls, or send requests in one hop with --prefill-servers-urls "
+        "disable");
+  }
+  if (c.host.empty())
+    return fail("--host must not be empty");
+  if (c.workers > 1024) {
+    return fail("--workers: at most 1024 (got " + std::to_string(c.workers) + ")");
+  }
+  if (auto k = parse_kv_connector(c.kv_connector); !k)
+    return fail("--kv-connector: " + k.error());
+  if (auto l = parse_log_level(c.log_level); !l)
+    return fail("--log-level: " + l.error());
+  if (c.max_body_bytes == 0)
+    return fail("--max-body-size must be at least 1 byte");
+  if (c.max_header_bytes < 1024) {
+    return fail("--max-header-size must be at least 1KiB (got " +
+                std::to_string(c.max_header_bytes) + " bytes)");
+  }
+  const std::pair<const char*, std::chrono::milliseconds> durations[] = {
+      {"--header-timeout", c.header_timeout},
+      {"--client-idle-timeout", c.client_idle_timeout},
+      {"--connect-timeout", c.connect_timeout},
+      {"--first-byte-timeout", c.first_byte_timeout},
+      {"--upstream-idle-timeout", c.upstream_idle_timeout},
+  };
+  for (const auto& [name, d] : durations) {
+    if (d.count() <= 0)
+      return fail(std::string(name) + " must be positive");
+  }
+  for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
+    for (const auto& u : *list) {
+      if (u.port == 0 || u.host.empty()) {
+        return fail("invalid " + std::string(to_string(u.role)) + " instance '" + u.url + "'");
+      }
+    }
+  }
+  return c;
+}
+
+std::string help_text() {
+  std::string out =
+      "usage: pdgate [--config FILE] [--host HOST] [--port PORT] [options]\n"
+      "              (--decode HOST:PORT ... | --decoder-host HOST ... --decoder-port PORT ...\n"
+      "               | --decode-servers-urls URL,URL) [prefill instances]\n"
+      "\n"
+      "A gateway for disaggregated prefill/decode vLLM serving. It accepts the command\n"
+      "lines of vLLM's proxies: disagg_proxy_demo.py (--model, --prefill, --decode),\n"
+      "disagg_proxy_multiturn.py (--prefiller-host/--prefiller-port, --decoder-host/\n"
+      "--decoder-port) and disagg_epd_proxy.py (--*-servers-urls). Instances are host:port\n"
+      "or http://host:port. Every option can also be set in the --config YAML file under\n"
+      "its name without dashes ('-' or '_'); flags override the file.\n";
+  constexpr std::string_view groups[] = {kListener, kEngines, kLimits, kUpstream, kGeneral};
+  for (const auto group : groups) {
+    out += "\n";
+    out += group;
+    out += ":\n";
+    for (const auto& o : kOptions) {
+      if (o.group != group)
+        continue;
+      std::string left = "  --" + std::string(o.key);
+      if (!o.alias.empty())
+        left += ", --" + std::string(o.alias);
+      if (o.short_name != 0)
+        left += std::string(", -") + o.short_name;
+      if (!o.metavar.empty())
+        left += " " + std::string(o.metavar) + (o.list ? " ..." : "");
+      out += left;
+      constexpr std::size_t kColumn = 40;
+      if (left.size() + 2 > kColumn) {
+        out += "\n" + std::string(kColumn, ' ');
+      } else {
+        out += std::string(kColumn - left.size(), ' ');
+      }
+      out += o.help;
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace pdgate

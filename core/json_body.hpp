@@ -1,0 +1,105 @@
+// Request bodies reach 64 MiB and every one of them is rewritten (prefill
+// and decode copies), so the gateway never builds a DOM for a body: it
+// validates the text in one linear pass, remembers where each top-level
+// member lies, and splices the few fields it changes. Bytes it does not
+// touch (prompts, images, unknown fields) are copied verbatim, which also
+// keeps multimodal items byte-identical for the encoder cache.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/result.hpp"
+
+namespace pdgate {
+
+// Nesting deeper than this is rejected: it bounds the validator's memory
+// and matches what common JSON parsers (Python's included) tolerate.
+inline constexpr std::size_t kMaxJsonDepth = 512;
+
+// One top-level member of the object.
+struct JsonMember {
+  std::string key;  // decoded key ("max\u005ftokens" is stored as max_tokens)
+  // Byte range of `"key": value` (no comma, no surrounding whitespace).
+  std::size_t begin = 0;
+  std::size_t end = 0;
+  // Byte range of the raw value text.
+  std::size_t value_begin = 0;
+  std::size_t value_end = 0;
+};
+
+struct JsonObjectIndex {
+  std::vector<JsonMember> members;  // in text order, duplicates included
+  std::size_t open_brace = 0;       // offset of the opening '{'
+  std::size_t close_brace = 0;      // offset of the final '}'
+};
+
+// Validates the whole text strictly per RFC 8259 (escapes, \u surrogate
+// pairs, number grammar, nesting up to kMaxJsonDepth, UTF-8 validity, only
+// whitespace after the value) in one linear pass and indexes the top-level
+// members. Fails unless the top level is an object. The error message says
+// what is wrong and at which byte offset.
+Result<JsonObjectIndex> index_json_object(std::string_view text);
+
+// Validates any JSON text (not only objects) with the same rules.
+Result<bool> validate_json(std::string_view text);
+
+// Raw value text of the last member named `key` (duplicate keys: the last
+// wins, as in most parsers), if any. `text` must be the indexed text.
+std::optional<std::string_view> raw_member(std::string_view text, const JsonObjectIndex& index,
+                                           std::string_view key);
+
+// The member's value when it is `true` or `false`; nullopt otherwise.
+std::optional<bool> bool_member(std::string_view text, const JsonObjectIndex& index,
+                                std::string_view key);
+
+// The member's decoded value when it is a JSON string; nullopt otherwise.
+std::optional<std::string> string_member(std::string_view text, const JsonObjectIndex& index,
+                                         std::string_view key);
+
+// Decodes a JSON string literal (quotes included) that index_json_object
+// accepted. Returns nullopt if `literal` is not a valid string literal.
+std::optional<std::string> decode_json_string(std::string_view literal);
+
+// A JSON string literal for `s`: quotes, backslashes and control characters
+// are escaped; bytes that are not valid UTF-8 become U+FFFD so the output
+// is always valid JSON.
+std::string json_quote(std::string_view s);
+
+// Collects edits of top-level members and renders the edited body once,
+// with one allocation of the right size. The text and the index must
+// outlive the editor. Values passed to set() must be valid JSON: they are
+// spliced in as they are.
+class JsonBodyEditor {
+ public:
+  JsonBodyEditor(std::string_view text, const JsonObjectIndex& index);
+
+  // Replaces every member named `key`: the first occurrence keeps its
+  // position (and its key spelling), later duplicates are dropped. Appends
+  // the member at the end of the object when there is none.
+  void set(std::string_view key, std::string raw_value);
+
+  // Removes every member named `key`.
+  void remove(std::string_view key);
+
+  // The edited text: valid JSON whenever the input and the set() values
+  // are; bytes outside edited members are copied verbatim. Later edits of
+  // the same key override earlier ones.
+  std::string render() const;
+
+ private:
+  struct Edit {
+    std::string key;
+    std::optional<std::string> value;  // nullopt: remove
+  };
+  const Edit* find_edit(std::string_view key) const;
+
+  std::string_view text_;
+  const JsonObjectIndex* index_;
+  std::vector<Edit> edits_;
+};
+
+}  // namespace pdgate

@@ -1,0 +1,157 @@
+#include "core/sse.hpp"
+
+#include <utility>
+
+namespace pdgate {
+
+SseScanner::SseScanner(std::size_t max_event_bytes) : max_event_bytes_(max_event_bytes) {}
+
+void SseScanner::compact() {
+  // Popped bytes are dropped only when they are at least half the buffer,
+  // so each byte is moved a bounded number of times and feeding stays
+  // linear even when the caller pops one event per feed.
+  if (head_ == 0)
+    return;
+  if (head_ == buf_.size()) {
+    buf_.clear();
+  } else if (head_ * 2 >= buf_.size()) {
+    buf_.erase(0, head_);
+  } else {
+    return;
+  }
+  event_begin_ -= head_;
+  scan_ -= head_;
+  head_ = 0;
+}
+
+bool SseScanner::feed(std::string_view bytes) {
+  if (!error_.empty())
+    return false;
+  compact();
+  buf_.append(bytes);
+  const std::size_t n = buf_.size();
+  while (scan_ < n) {
+    const char c = buf_[scan_];
+    if (after_cr_) {
+      after_cr_ = false;
+      if (c == '\n') {
+        if (scan_ == event_begin_) {
+          // The '\r' before this '\n' was the blank line that ended the
+          // previous event, which was cut without waiting for this byte (to
+          // relay it at once). The '\n' completes that line ending, so it
+          // is attached to that event if it is still queued, else dropped.
+          if (ready_.empty()) {
+            ++head_;
+          } else {
+            ++ready_.back();
+          }
+          ++event_begin_;
+        }
+        ++scan_;
+        continue;
+      }
+    }
+    if (c != '\n' && c != '\r') {
+      line_empty_ = false;
+      ++scan_;
+      continue;
+    }
+    ++scan_;
+    if (c == '\r') {
+      if (scan_ < n && buf_[scan_] == '\n') {
+        ++scan_;
+      } else {
+        after_cr_ = true;
+      }
+    }
+    if (line_empty_) {
+      const std::size_t len = scan_ - event_begin_;
+      if (len > max_event_bytes_)
+        break;
+      ready_.push_back(len);
+      event_begin_ = scan_;
+    }
+    line_empty_ = true;
+  }
+  if (scan_ - event_begin_ > max_event_bytes_ || buf_.size() - event_begin_ > max_event_bytes_) {
+    error_ = "SSE event larger than " + std::to_string(max_event_bytes_) + " bytes";
+    return false;
+  }
+  return true;
+}
+
+bool SseScanner::next(SseEvent& out) {
+  if (ready_.empty())
+    return false;
+  const std::size_t len = ready_.front();
+  ready_.pop_front();
+  out.raw.assign(buf_, head_, len);
+  head_ += len;
+
+  out.data.clear();
+  out.has_data = false;
+  bool comment_seen = false;
+  bool field_seen = false;
+  const std::string_view ev(out.raw);
+  std::size_t pos = 0;
+  while (pos < ev.size()) {
+    std::size_t eol = pos;
+    while (eol < ev.size() && ev[eol] != '\n' && ev[eol] != '\r')
+      ++eol;
+    const std::string_view line = ev.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (eol < ev.size() && ev[eol] == '\r' && pos < ev.size() && ev[pos] == '\n')
+      ++pos;
+    if (line.empty())
+      break;  // the blank line that ends the event
+    if (line.front() == ':') {
+      comment_seen = true;
+      continue;
+    }
+    const std::size_t colon = line.find(':');
+    const std::string_view name = line.substr(0, colon);
+    std::string_view value;
+    if (colon != std::string_view::npos) {
+      value = line.substr(colon + 1);
+      if (!value.empty() && value.front() == ' ')
+        value.remove_prefix(1);
+    }
+    if (name == "data") {
+      out.has_data = true;
+      out.data.append(value);
+      out.data.push_back('\n');
+    } else {
+      // event, id, retry and unknown fields travel in raw; the gateway
+      // only ever looks at data.
+      field_seen = true;
+    }
+  }
+  if (out.has_data)
+    out.data.pop_back();
+  out.is_done = out.has_data && out.data == "[DONE]";
+  out.comment_only = comment_seen && !field_seen && !out.has_data;
+  return true;
+}
+
+std::string sse_data_event(std::string_view json) {
+  std::string out;
+  out.reserve(json.size() + 8);
+  std::size_t pos = 0;
+  while (true) {
+    std::size_t eol = pos;
+    while (eol < json.size() && json[eol] != '\n' && json[eol] != '\r')
+      ++eol;
+    out += "data: ";
+    out.append(json.substr(pos, eol - pos));
+    out.push_back('\n');
+    if (eol >= json.size())
+      break;
+    pos = eol + 1;
+    if (json[eol] == '\r' && pos < json.size() && json[pos] == '\n')
+      ++pos;
+  }
+  out.push_back('\n');
+  return out;
+}
+
+}  // namespace pdgate

@@ -1,0 +1,606 @@
+#include "core/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace pdgate {
+namespace {
+
+Result<CommandLine> parse(std::initializer_list<const char*> args) {
+  std::vector<const char*> argv{"pdgate"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+std::vector<std::string> urls(const std::vector<UpstreamSpec>& list) {
+  std::vector<std::string> out;
+  for (const auto& u : list)
+    out.push_back(u.url);
+  return out;
+}
+
+// Expects a failure whose message contains every fragment.
+void expect_error(const Result<CommandLine>& r, std::initializer_list<std::string> fragments) {
+  ASSERT_FALSE(r.ok()) << "unexpectedly parsed";
+  for (const auto& f : fragments) {
+    EXPECT_NE(r.error().find(f), std::string::npos) << "'" << f << "' not in: " << r.error();
+  }
+}
+
+// A temporary YAML file, removed when the test ends.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& text) {
+    path_ = (std::filesystem::temp_directory_path() /
+             ("pdgate_config_test_" + std::to_string(::getpid()) + "_" +
+              std::to_string(counter_++) + ".yaml"))
+                .string();
+    std::ofstream(path_) << text;
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const char* path() const { return path_.c_str(); }
+
+ private:
+  static inline int counter_ = 0;
+  std::string path_;
+};
+
+// --- The three seed command lines -----------------------------------------
+
+// disagg_proxy_demo.py's command line (README form) parses to its instances and port.
+TEST(ConfigSeeds, DemoProxy) {
+  const auto r =
+      parse({"--model", "meta-llama/Llama-3.1-8B-Instruct", "--prefill", "localhost:8100",
+             "localhost:8101", "--decode", "localhost:8200", "localhost:8201", "--port", "8000"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config& c = r->config;
+  EXPECT_FALSE(r->help);
+  EXPECT_EQ(c.model, "meta-llama/Llama-3.1-8B-Instruct");
+  EXPECT_EQ(urls(c.prefill),
+            (std::vector<std::string>{"http://localhost:8100", "http://localhost:8101"}));
+  EXPECT_EQ(urls(c.decode),
+            (std::vector<std::string>{"http://localhost:8200", "http://localhost:8201"}));
+  EXPECT_EQ(c.port, 8000);
+  EXPECT_EQ(c.host, "0.0.0.0");
+  EXPECT_EQ(c.prefill[1].role, Role::prefill);
+  EXPECT_EQ(c.decode[0].role, Role::decode);
+  EXPECT_EQ(c.decode[0].host, "localhost");
+  EXPECT_EQ(c.decode[0].port, 8200);
+}
+
+// The demo proxy's short flags -m/-p/-d work the same.
+TEST(ConfigSeeds, DemoProxyShortFlags) {
+  const auto r = parse({"-m", "m", "-p", "a:1", "-d", "b:2", "c:3"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.model, "m");
+  EXPECT_EQ(urls(r->config.prefill), (std::vector<std::string>{"http://a:1"}));
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://b:2", "http://c:3"}));
+}
+
+// disagg_proxy_multiturn.py's usage line parses to one prefill and one decode instance.
+TEST(ConfigSeeds, MultiTurnProxy) {
+  const auto r =
+      parse({"--host", "0.0.0.0", "--port", "8000", "--prefiller-host", "10.0.0.1",
+             "--prefiller-port", "8100", "--decoder-host", "10.0.0.2", "--decoder-port", "8200"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(urls(r->config.prefill), (std::vector<std::string>{"http://10.0.0.1:8100"}));
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://10.0.0.2:8200"}));
+  EXPECT_EQ(r->config.decode[0].host, "10.0.0.2");
+}
+
+// The multi-turn plural aliases take several hosts and ports, zipped pairwise.
+TEST(ConfigSeeds, MultiTurnPluralForms) {
+  const auto r = parse({"--prefiller-hosts", "p1", "p2", "--prefiller-ports", "8100", "8101",
+                        "--decoder-hosts", "d1", "::1", "--decoder-ports", "8200", "8201"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(urls(r->config.prefill),
+            (std::vector<std::string>{"http://p1:8100", "http://p2:8101"}));
+  EXPECT_EQ(urls(r->config.decode),
+            (std::vector<std::string>{"http://d1:8200", "http://[::1]:8201"}));
+  EXPECT_EQ(r->config.decode[1].host, "::1");
+}
+
+// With only some multi-turn flags, the Python defaults (localhost, 8100/8200) fill the rest.
+TEST(ConfigSeeds, MultiTurnDefaults) {
+  auto r = parse({"--decoder-host", "10.0.0.2"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(urls(r->config.prefill), (std::vector<std::string>{"http://localhost:8100"}));
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://10.0.0.2:8200"}));
+  r = parse({"--prefiller-port", "9100"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(urls(r->config.prefill), (std::vector<std::string>{"http://localhost:9100"}));
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://localhost:8200"}));
+}
+
+// Multi-turn defaults do not add instances to a role another form already gave.
+TEST(ConfigSeeds, MultiTurnDefaultsOnlyForEmptyLists) {
+  const auto r = parse({"--prefill", "p:1", "--decoder-host", "d"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(urls(r->config.prefill), (std::vector<std::string>{"http://p:1"}));
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://d:8200"}));
+}
+
+// Host and port counts that differ give the Python proxy's error.
+TEST(ConfigSeeds, MultiTurnCountMismatch) {
+  expect_error(parse({"--prefiller-hosts", "a", "b", "--prefiller-ports", "1"}),
+               {"Number of prefiller hosts must match ports"});
+  expect_error(parse({"--decoder-port", "1", "2"}), {"Number of decoder hosts must match ports"});
+}
+
+// The EPD proxy's E+PD example: prefill "disable" means one hop to combined instances.
+TEST(ConfigSeeds, EpdDisabledPrefill) {
+  const auto r =
+      parse({"--encode-servers-urls", "http://e1:8001,http://e2:8002", "--prefill-servers-urls",
+             "disable", "--decode-servers-urls", "http://pd1:8003,http://pd2:8004"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config& c = r->config;
+  EXPECT_TRUE(c.prefill_disabled);
+  EXPECT_TRUE(c.prefill.empty());
+  EXPECT_EQ(urls(c.encode), (std::vector<std::string>{"http://e1:8001", "http://e2:8002"}));
+  EXPECT_EQ(c.encode[0].role, Role::encode);
+  EXPECT_EQ(urls(c.decode), (std::vector<std::string>{"http://pd1:8003", "http://pd2:8004"}));
+}
+
+// The EPD proxy's E+P+D example gives all three lists.
+TEST(ConfigSeeds, EpdFull) {
+  const auto r = parse({"--encode-servers-urls", "http://e1:8001,http://e2:8001",
+                        "--prefill-servers-urls", "http://p1:8003,http://p2:8004",
+                        "--decode-servers-urls", "http://d1:8005,http://d2:8006"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_FALSE(r->config.prefill_disabled);
+  EXPECT_EQ(urls(r->config.prefill),
+            (std::vector<std::string>{"http://p1:8003", "http://p2:8004"}));
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://d1:8005", "http://d2:8006"}));
+}
+
+// The EPD launch script's form (quoted host and port, localhost URLs) parses.
+TEST(ConfigSeeds, EpdLaunchScript) {
+  const auto r =
+      parse({"--host", "0.0.0.0", "--port", "10001", "--encode-servers-urls",
+             "http://localhost:19534", "--prefill-servers-urls", "http://localhost:19535",
+             "--decode-servers-urls", "http://localhost:19536"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.port, 10001);
+  EXPECT_EQ(urls(r->config.prefill), (std::vector<std::string>{"http://localhost:19535"}));
+}
+
+// "none", "NONE" and "" disable prefill too; commas, spaces and empty items are tolerated.
+TEST(ConfigSeeds, EpdDisableSpellingsAndSplitting) {
+  for (const char* word : {"none", "NONE", "", "Disable"}) {
+    const auto r = parse(
+        {"--prefill-servers-urls", word, "--decode-servers-urls", " http://d:1 , ,http://:2/ ,"});
+    ASSERT_TRUE(r.ok()) << word << ": " << r.error();
+    EXPECT_TRUE(r->config.prefill_disabled) << word;
+    EXPECT_EQ(urls(r->config.decode),
+              (std::vector<std::string>{"http://d:1", "http://localhost:2"}));
+  }
+}
+
+// --- Syntax ------------------------------------------------------------------
+
+// --flag=value works for single, list and short flags, and underscores equal dashes.
+TEST(ConfigSyntax, EqualsForms) {
+  const auto r = parse({"--port=9000", "--prefill=a:1", "b:2", "-d=c:3", "-mname",
+                        "--log_level=debug", "--max-body-size=1MiB", "--host=::"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.port, 9000);
+  EXPECT_EQ(urls(r->config.prefill), (std::vector<std::string>{"http://a:1", "http://b:2"}));
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://c:3"}));
+  EXPECT_EQ(r->config.model, "name");
+  EXPECT_EQ(r->config.log_level, "debug");
+  EXPECT_EQ(r->config.max_body_bytes, 1u << 20);
+  EXPECT_EQ(r->config.host, "::");
+}
+
+// A repeated flag replaces its earlier values, as argparse does.
+TEST(ConfigSyntax, RepeatedFlagReplaces) {
+  const auto r = parse(
+      {"--decode", "a:1", "--prefill", "p:1", "--decode", "b:2", "--port", "1", "--port", "2"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://b:2"}));
+  EXPECT_EQ(r->config.port, 2);
+}
+
+// Every limit and timeout flag reaches its field, with each accepted unit.
+TEST(ConfigSyntax, LimitsAndTimeouts) {
+  const auto r = parse({"--decode",
+                        "d:1",
+                        "--prefill",
+                        "p:1",
+                        "--workers",
+                        "4",
+                        "--max-body-size",
+                        "2G",
+                        "--max-header-size",
+                        "32KiB",
+                        "--header-timeout",
+                        "500ms",
+                        "--client-idle-timeout",
+                        "2m",
+                        "--connect-timeout",
+                        "3",
+                        "--first-byte-timeout",
+                        "1.5s",
+                        "--upstream-idle-timeout",
+                        "1h",
+                        "--upstream-max-idle",
+                        "0",
+                        "--kv-connector",
+                        "P2pNcclConnector",
+                        "--log-level",
+                        "WARNING"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config& c = r->config;
+  using std::chrono::milliseconds;
+  EXPECT_EQ(c.workers, 4u);
+  EXPECT_EQ(c.max_body_bytes, std::size_t{2} << 30);
+  EXPECT_EQ(c.max_header_bytes, 32u << 10);
+  EXPECT_EQ(c.header_timeout, milliseconds(500));
+  EXPECT_EQ(c.client_idle_timeout, milliseconds(120'000));
+  EXPECT_EQ(c.connect_timeout, milliseconds(3'000));
+  EXPECT_EQ(c.first_byte_timeout, milliseconds(1'500));
+  EXPECT_EQ(c.upstream_idle_timeout, milliseconds(3'600'000));
+  EXPECT_EQ(c.upstream_max_idle, 0u);
+  EXPECT_EQ(c.kv_connector, "p2p-nccl");
+  EXPECT_EQ(c.log_level, "warn");
+}
+
+// Without flags beyond the engines, every field keeps its documented default.
+TEST(ConfigSyntax, Defaults) {
+  const auto r = parse({"--prefill", "p:1", "--decode", "d:2"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config d;
+  const Config& c = r->config;
+  EXPECT_EQ(c.host, "0.0.0.0");
+  EXPECT_EQ(c.port, 8000);
+  EXPECT_EQ(c.workers, 0u);
+  EXPECT_EQ(c.max_body_bytes, 64u << 20);
+  EXPECT_EQ(c.max_header_bytes, 64u << 10);
+  EXPECT_EQ(c.header_timeout, d.header_timeout);
+  EXPECT_EQ(c.first_byte_timeout, std::chrono::milliseconds(600'000));
+  EXPECT_EQ(c.kv_connector, "nixl");
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_TRUE(c.encode.empty());
+  EXPECT_FALSE(c.prefill_disabled);
+}
+
+// --port 0 (ephemeral) is allowed for the listener.
+TEST(ConfigSyntax, ListenerPortZero) {
+  const auto r = parse({"--port", "0", "--prefill", "p:1", "--decode", "d:2"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.port, 0);
+}
+
+// -h and --help ask for help even next to mistakes.
+TEST(ConfigSyntax, Help) {
+  for (const char* flag : {"-h", "--help"}) {
+    const auto r = parse({"--bogus", flag});
+    ASSERT_TRUE(r.ok()) << r.error();
+    EXPECT_TRUE(r->help);
+  }
+}
+
+// --- Errors --------------------------------------------------------------------
+
+// An unknown flag is named and --help suggested.
+TEST(ConfigErrors, UnknownFlag) {
+  expect_error(parse({"--decode", "d:1", "--frobnicate", "3"}), {"--frobnicate", "--help"});
+  expect_error(parse({"-x"}), {"-x", "--help"});
+}
+
+// A positional argument is rejected.
+TEST(ConfigErrors, PositionalArgument) {
+  expect_error(parse({"extra"}), {"extra"});
+  expect_error(parse({"--port", "1", "2"}), {"'2'"});
+}
+
+// A flag without its value (at the end or before another flag) is an error naming it.
+TEST(ConfigErrors, MissingValue) {
+  expect_error(parse({"--decode", "d:1", "--port"}), {"missing value", "--port"});
+  expect_error(parse({"--decode", "--port", "1"}), {"missing value", "--decode"});
+  expect_error(parse({"--model", "-p", "a:1"}), {"missing value", "--model"});
+}
+
+// Bad numbers, sizes, durations and enumerations are errors naming the flag.
+TEST(ConfigErrors, BadValues) {
+  const std::vector<std::pair<std::vector<const char*>, std::string>> cases = {
+      {{"--port", "abc"}, "--port"},
+      {{"--port", "65536"}, "--port"},
+      {{"--port", "-1"}, "--port"},
+      {{"--workers", "many"}, "--workers"},
+      {{"--workers", "1025"}, "--workers"},
+      {{"--max-body-size", "12XB"}, "--max-body-size"},
+      {{"--max-body-size", "0"}, "--max-body-size"},
+      {{"--max-header-size", "100"}, "--max-header-size"},
+      {{"--header-timeout", "5 fortnights"}, "--header-timeout"},
+      {{"--connect-timeout", "0"}, "--connect-timeout"},
+      {{"--connect-timeout", "0.0001"}, "--connect-timeout"},
+      {{"--log-level", "loud"}, "--log-level"},
+      {{"--kv-connector", "carrier-pigeon"}, "--kv-connector"},
+      {{"--upstream-max-idle", "-3"}, "--upstream-max-idle"},
+      {{"--prefiller-port", "0"}, "--prefiller-port"},
+      {{"--decoder-port", "x"}, "--decoder-port"},
+  };
+  for (const auto& [args, flag] : cases) {
+    std::vector<const char*> argv{"pdgate", "--prefill", "p:1", "--decode", "d:2"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto r = parse_command_line(static_cast<int>(argv.size()), argv.data());
+    ASSERT_FALSE(r.ok()) << args[0] << " " << args[1];
+    EXPECT_NE(r.error().find(flag), std::string::npos) << r.error();
+  }
+}
+
+// Without any decode instance the error lists the three ways to give one.
+TEST(ConfigErrors, NoDecode) {
+  expect_error(parse({}),
+               {"no decode instances", "--decode", "--decoder-host", "--decode-servers-urls"});
+  expect_error(parse({"--prefill", "p:1"}), {"no decode instances"});
+}
+
+// Without prefill instances (and prefill not disabled) the error says how to fix it.
+TEST(ConfigErrors, NoPrefill) {
+  expect_error(parse({"--decode", "d:1"}), {"no prefill instances", "disable"});
+  // With the connector set to none, one hop needs no prefill list.
+  EXPECT_TRUE(parse({"--decode", "d:1", "--kv-connector", "none"}).ok());
+}
+
+// Disabling prefill while also naming prefill instances is contradictory.
+TEST(ConfigErrors, DisabledPrefillWithInstances) {
+  expect_error(parse({"--prefill-servers-urls", "none", "--prefill", "p:1", "--decode", "d:1"}),
+               {"--prefill-servers-urls"});
+}
+
+// Upstream address errors reach the user with the flag and the reason.
+TEST(ConfigErrors, BadUpstreamInFlag) {
+  expect_error(parse({"--decode", "https://d:1"}), {"--decode", "https", "only http://"});
+  expect_error(parse({"--decode-servers-urls", "http://d"}), {"--decode-servers-urls", "port"});
+  expect_error(parse({"--prefill", "p:0", "--decode", "d:1"}), {"--prefill", "port"});
+}
+
+// --- parse_upstream ----------------------------------------------------------------
+
+// Accepted address forms normalize to http://host:port.
+TEST(ParseUpstream, AcceptedForms) {
+  const std::vector<std::tuple<std::string, std::string, std::string, int>> ok = {
+      {"localhost:8100", "http://localhost:8100", "localhost", 8100},
+      {"http://10.0.0.1:8100", "http://10.0.0.1:8100", "10.0.0.1", 8100},
+      {"http://10.0.0.1:8100/", "http://10.0.0.1:8100", "10.0.0.1", 8100},
+      {"HTTP://Host-1.example:1", "http://Host-1.example:1", "Host-1.example", 1},
+      {"[::1]:8100", "http://[::1]:8100", "::1", 8100},
+      {"http://[fe80::1]:65535/", "http://[fe80::1]:65535", "fe80::1", 65535},
+      {"http://:8100", "http://localhost:8100", "localhost", 8100},
+      {":8100", "http://localhost:8100", "localhost", 8100},
+      {"  d:2  ", "http://d:2", "d", 2},
+  };
+  for (const auto& [text, url, host, port] : ok) {
+    const auto r = parse_upstream(Role::prefill, text);
+    ASSERT_TRUE(r.ok()) << text << ": " << r.error();
+    EXPECT_EQ(r->url, url);
+    EXPECT_EQ(r->host, host);
+    EXPECT_EQ(r->port, port);
+    EXPECT_EQ(r->role, Role::prefill);
+  }
+}
+
+// Rejected forms give a reason: scheme, path, port, IPv6 brackets, junk.
+TEST(ParseUpstream, RejectedForms) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"https://d:1", "only http://"},
+      {"https://:8001", "only http://"},
+      {"grpc://d:1", "only http://"},
+      {"http://d:1/v1", "paths"},
+      {"http://d:1?x=1", "paths"},
+      {"d", "missing port"},
+      {"http://d", "missing port"},
+      {"d:", "missing port"},
+      {"d:0", "port"},
+      {"d:65536", "port"},
+      {"d:8x", "port"},
+      {"::1:8100", "brackets"},
+      {"[::1]", "missing port"},
+      {"[::1:8100", "]"},
+      {"[zz]:1", "IPv6"},
+      {"user@d:1", "user info"},
+      {"bad host:1", "host"},
+      {"", "empty"},
+  };
+  for (const auto& [text, fragment] : bad) {
+    const auto r = parse_upstream(Role::decode, text);
+    ASSERT_FALSE(r.ok()) << "accepted: " << text;
+    EXPECT_NE(r.error().find(fragment), std::string::npos) << text << ": " << r.error();
+    EXPECT_NE(r.error().find("decode"), std::string::npos) << r.error();
+  }
+}
+
+// to_string names every role.
+TEST(ParseUpstream, RoleNames) {
+  EXPECT_STREQ(to_string(Role::prefill), "prefill");
+  EXPECT_STREQ(to_string(Role::decode), "decode");
+  EXPECT_STREQ(to_string(Role::encode), "encode");
+  EXPECT_STREQ(to_string(Role::both), "both");
+}
+
+// --- YAML --------------------------------------------------------------------------
+
+// Every key can be set from YAML, with '-' or '_', lists and EPD URL lists.
+TEST(ConfigYaml, AllKeys) {
+  const auto r = apply_yaml(Config{}, R"(
+host: 127.0.0.1
+port: 9000
+workers: 2
+model: m
+prefill: [p1:1, "http://p2:2"]
+decode:
+  - d1:3
+encode_servers_urls: [http://e1:4, http://e2:5]
+kv_connector: lmcache
+max_body_size: 10MiB
+max-header-size: 8K
+header_timeout: 1s
+client_idle_timeout: 30
+connect_timeout: 250ms
+first_byte_timeout: 10m
+upstream_idle_timeout: 20s
+upstream_max_idle: 8
+log_level: trace
+)");
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->host, "127.0.0.1");
+  EXPECT_EQ(r->port, 9000);
+  EXPECT_EQ(r->workers, 2u);
+  EXPECT_EQ(r->model, "m");
+  EXPECT_EQ(urls(r->prefill), (std::vector<std::string>{"http://p1:1", "http://p2:2"}));
+  EXPECT_EQ(urls(r->decode), (std::vector<std::string>{"http://d1:3"}));
+  EXPECT_EQ(urls(r->encode), (std::vector<std::string>{"http://e1:4", "http://e2:5"}));
+  EXPECT_EQ(r->kv_connector, "lmcache");
+  EXPECT_EQ(r->max_body_bytes, 10u << 20);
+  EXPECT_EQ(r->max_header_bytes, 8u << 10);
+  EXPECT_EQ(r->header_timeout, std::chrono::milliseconds(1000));
+  EXPECT_EQ(r->client_idle_timeout, std::chrono::milliseconds(30'000));
+  EXPECT_EQ(r->connect_timeout, std::chrono::milliseconds(250));
+  EXPECT_EQ(r->first_byte_timeout, std::chrono::milliseconds(600'000));
+  EXPECT_EQ(r->upstream_idle_timeout, std::chrono::milliseconds(20'000));
+  EXPECT_EQ(r->upstream_max_idle, 8u);
+  EXPECT_EQ(r->log_level, "trace");
+}
+
+// The multi-turn keys work in YAML, with scalar or list values.
+TEST(ConfigYaml, MultiTurnKeys) {
+  const auto r = apply_yaml(Config{}, R"(
+prefiller_hosts: [a, b]
+prefiller_ports: [1, 2]
+decoder-host: c
+)");
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(urls(r->prefill), (std::vector<std::string>{"http://a:1", "http://b:2"}));
+  EXPECT_EQ(urls(r->decode), (std::vector<std::string>{"http://c:8200"}));
+}
+
+// An empty document changes nothing; a key with no value keeps its default.
+TEST(ConfigYaml, EmptyDocumentAndNullValue) {
+  Config base;
+  base.port = 1234;
+  auto r = apply_yaml(base, "");
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->port, 1234);
+  r = apply_yaml(base, "port:\n# comment only\n");
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->port, 1234);
+}
+
+// Flags override the file; file values not overridden stay.
+TEST(ConfigYaml, FileThenFlagsOverride) {
+  TempFile file("port: 9000\nlog-level: debug\ndecode: [d1:1]\nprefill: [p1:1]\n");
+  const auto r = parse({"--config", file.path(), "--port", "9001", "--decode", "d2:2"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.port, 9001);
+  EXPECT_EQ(r->config.log_level, "debug");
+  EXPECT_EQ(urls(r->config.decode), (std::vector<std::string>{"http://d2:2"}));
+  EXPECT_EQ(urls(r->config.prefill), (std::vector<std::string>{"http://p1:1"}));
+  EXPECT_EQ(r->config.config_file, file.path());
+}
+
+// --config works in any position, with = too, since the file is always applied first.
+TEST(ConfigYaml, ConfigFlagPosition) {
+  TempFile file("port: 9000\ndecode: [d1:1]\nprefill: [p1:1]\n");
+  const std::string eq = std::string("--config=") + file.path();
+  const auto r = parse({"--port", "9001", eq.c_str()});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.port, 9001);
+}
+
+// YAML mistakes are errors naming the key or the position.
+TEST(ConfigYaml, Errors) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"prot: 1", "prot"},
+      {"port: [1, 2]", "port"},
+      {"port: {a: 1}", "port"},
+      {"port: 70000", "port"},
+      {"decode: [[a]]", "decode"},
+      {"decode: []", "decode"},
+      {"config: other.yaml", "config"},
+      {"help: true", "help"},
+      {"- a\n- b", "mapping"},
+      {"port: [1", "line"},
+      {"max_body_size: lots", "max_body_size"},
+  };
+  for (const auto& [text, fragment] : cases) {
+    const auto r = apply_yaml(Config{}, text);
+    ASSERT_FALSE(r.ok()) << "accepted: " << text;
+    EXPECT_NE(r.error().find(fragment), std::string::npos) << text << ": " << r.error();
+  }
+}
+
+// A missing config file is an error naming the path; a bad one names the file.
+TEST(ConfigYaml, FileErrors) {
+  expect_error(parse({"--config", "/nonexistent/pdgate.yaml"}),
+               {"--config", "/nonexistent/pdgate.yaml"});
+  TempFile bad("port: nope\n");
+  expect_error(parse({"--config", bad.path()}), {bad.path(), "port"});
+}
+
+// The shipped example config parses and validates.
+TEST(ConfigYaml, ExampleFileIsValid) {
+  const char* src = std::getenv("PDGATE_SOURCE_DIR");
+  const std::string dir = src != nullptr ? src : PDGATE_TEST_SOURCE_DIR;
+  const std::string path = dir + "/config/pdgate.example.yaml";
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  const auto r = parse({"--config", path.c_str()});
+  ASSERT_TRUE(r.ok()) << r.error();
+}
+
+// --- Help ------------------------------------------------------------------------------
+
+// The help text has a usage line and mentions every flag, alias and short form.
+TEST(ConfigHelp, MentionsEveryFlag) {
+  const std::string h = help_text();
+  EXPECT_EQ(h.rfind("usage: pdgate", 0), 0u);
+  for (const char* flag : {"--host",
+                           "--port",
+                           "--workers",
+                           "--config",
+                           "--log-level",
+                           "--help",
+                           "-h",
+                           "--model",
+                           "-m",
+                           "--prefill",
+                           "-p",
+                           "--decode",
+                           "-d",
+                           "--prefiller-host",
+                           "--prefiller-hosts",
+                           "--prefiller-port",
+                           "--prefiller-ports",
+                           "--decoder-host",
+                           "--decoder-hosts",
+                           "--decoder-port",
+                           "--decoder-ports",
+                           "--encode-servers-urls",
+                           "--prefill-servers-urls",
+                           "--decode-servers-urls",
+                           "--max-body-size",
+                           "--max-header-size",
+                           "--header-timeout",
+                           "--client-idle-timeout",
+                           "--connect-timeout",
+                           "--first-byte-timeout",
+                           "--upstream-idle-timeout",
+                           "--upstream-max-idle",
+                           "--kv-connector"}) {
+    EXPECT_NE(h.find(flag), std::string::npos) << flag;
+  }
+  for (const char* group : {"Listener:", "Engines:", "Client limits:", "Upstream:", "General:"}) {
+    EXPECT_NE(h.find(group), std::string::npos) << group;
+  }
+}
+
+}  // namespace
+}  // namespace pdgate
