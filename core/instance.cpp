@@ -38,7 +38,7 @@ InstancePtr RoundRobinPicker::pick(const std::vector<InstancePtr>& candidates,
                                    const PickContext& ctx) {
   const std::size_t n = candidates.size();
   if (n == 0) return nullptr;
-  auto& counter = next_[static_cast<int>(ctx.stage)];
+  auto& counter = shared_->next[static_cast<int>(ctx.stage)];
   const std::uint64_t start = counter.fetch_add(1, std::memory_order_relaxed);
   // Skip unhealthy instances but keep the rotation fair among the rest.
   for (std::size_t i = 0; i < n; ++i) {
@@ -46,6 +46,11 @@ InstancePtr RoundRobinPicker::pick(const std::vector<InstancePtr>& candidates,
     if (c->healthy.load(std::memory_order_relaxed)) return c;
   }
   return nullptr;
+}
+
+PickerFactory RoundRobinPicker::factory() {
+  auto shared = std::make_shared<Shared>();
+  return [shared](std::size_t) { return std::make_unique<RoundRobinPicker>(shared); };
 }
 
 }  // namespace pdgate

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -79,30 +82,58 @@ class Registry {
   std::shared_ptr<const InstanceSet> set_;
 };
 
-// What a picker may look at. It grows as policies need more (the Lua
-// policy engine fills the rest); pickers never do I/O.
+// What a picker may look at, gathered before it runs: pickers never do
+// I/O. It grows as policies need more.
 struct PickContext {
   Stage stage = Stage::decode;
   std::string_view model;
   bool stream = false;
   bool is_chat = false;
+  // Raw JSON text of the prompt (`prompt`) or conversation (`messages`).
+  std::string_view prompt_raw;
+  std::optional<std::string> conversation_id;
+  std::string_view request_id;
   const Instance* chosen_prefill = nullptr;  // for decode
 };
 
+// How a routed request ended, for policies that learn.
+struct PickOutcome {
+  Stage stage = Stage::decode;
+  bool ok = false;
+  unsigned status = 0;  // HTTP status the engine answered, 0 if none
+  std::chrono::microseconds time_to_first_byte{0};
+  std::chrono::microseconds total{0};
+};
+
+// Chooses an instance for one stage of one request. Each worker thread has
+// its own picker (created by a PickerFactory), so a picker needs no locks
+// for its own state.
 class InstancePicker {
  public:
   virtual ~InstancePicker() = default;
   // Returns nullptr when no candidate is usable.
   virtual InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) = 0;
+  // Called once per pick when the stage's exchange has ended.
+  virtual void on_complete(const Instance& /*chosen*/, const PickContext& /*ctx*/,
+                           const PickOutcome& /*outcome*/) {}
 };
 
-// Round-robin per stage over healthy instances (the default policy).
+using PickerFactory = std::function<std::unique_ptr<InstancePicker>(std::size_t worker_index)>;
+
+// Round-robin per stage over healthy instances (the default policy). The
+// rotation is shared by all workers so the spread stays even.
 class RoundRobinPicker final : public InstancePicker {
  public:
+  struct Shared {
+    std::atomic<std::uint64_t> next[3] = {0, 0, 0};
+  };
+  explicit RoundRobinPicker(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
   InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) override;
 
+  static PickerFactory factory();
+
  private:
-  std::atomic<std::uint64_t> next_[3] = {0, 0, 0};
+  std::shared_ptr<Shared> shared_;
 };
 
 }  // namespace pdgate

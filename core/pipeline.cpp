@@ -233,6 +233,38 @@ net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 
+// Reports a stage's outcome to the picker that chose its instance, when the
+// stage ends however it ends (policies learn from failures too).
+class StageReport {
+ public:
+  StageReport(InstancePicker& picker, const InstancePtr& inst, const PickContext& ctx)
+      : picker_(picker), inst_(inst), ctx_(ctx), start_(std::chrono::steady_clock::now()) {
+    outcome_.stage = ctx.stage;
+  }
+  StageReport(const StageReport&) = delete;
+  StageReport& operator=(const StageReport&) = delete;
+  ~StageReport() {
+    outcome_.total = since_start();
+    picker_.on_complete(*inst_, ctx_, outcome_);
+  }
+  void first_byte(unsigned status) {
+    outcome_.status = status;
+    outcome_.time_to_first_byte = since_start();
+  }
+  void succeeded() { outcome_.ok = true; }
+
+ private:
+  std::chrono::microseconds since_start() const {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - start_);
+  }
+  InstancePicker& picker_;
+  InstancePtr inst_;
+  const PickContext& ctx_;
+  std::chrono::steady_clock::time_point start_;
+  PickOutcome outcome_;
+};
+
 struct PrefillResult {
   std::optional<GatewayError> error;
   std::optional<std::string> kv_params;  // raw JSON of kv_transfer_params, if not null
@@ -256,10 +288,12 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
     co_return r;
   }
   InFlightGuard guard(r.instance);
+  StageReport report(w.picker, r.instance, ctx);
   auto up = upstream_request(http::verb::post, *r.instance, req.target(), std::move(body),
                              request_id, authorization);
   auto& pool = w.pools.for_instance(r.instance);
   auto [err, ex] = co_await UpstreamExchange::start(pool, up, scope, w.timeouts());
+  if (ex) report.first_byte(ex->status());
   if (err) {
     if (err.kind != UpstreamFailure::aborted) {
       r.instance->failures_total.fetch_add(1, std::memory_order_relaxed);
@@ -285,6 +319,7 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
     co_return r;
   }
   r.kv_params = std::move(*params);
+  report.succeeded();
   if (!r.kv_params) {
     // The one token was EOS, or the engine aborted: decode prefills locally.
     spdlog::debug("request {}: prefill returned no kv_transfer_params", request_id);
@@ -329,6 +364,9 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   ctx.model = facts->model;
   ctx.stream = facts->stream;
   ctx.is_chat = is_chat;
+  ctx.prompt_raw = raw_member(body, *index, is_chat ? "messages" : "prompt").value_or("");
+  ctx.conversation_id = facts->conversation_id;
+  ctx.request_id = request_id;
 
   // Stage 1: prefill, unless the decode instances are combined P+D ones.
   const bool one_hop = w.cfg.prefill_disabled || w.cfg.kv_connector == "none";
@@ -351,10 +389,12 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   InstancePtr decode = w.picker.pick(set->decode, ctx);
   if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
   InFlightGuard guard(decode);
+  StageReport report(w.picker, decode, ctx);
   auto up = upstream_request(http::verb::post, *decode, req.target(), std::move(decode_body),
                              request_id, authorization);
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
+  if (ex) report.first_byte(ex->status());
   if (err) {
     if (err.kind == UpstreamFailure::aborted) co_return false;
     decode->failures_total.fetch_add(1, std::memory_order_relaxed);
@@ -366,6 +406,9 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     if (scope.client_gone()) co_return false;
     co_return co_await send_error(client, req, e, request_id);
   }
+  // The decode stage counts as succeeded once it answered 2xx: what
+  // happens while relaying is the stream's own business.
+  report.succeeded();
   if (facts->stream) {
     co_return co_await relay_stream(w, client, req, *ex, *decode, request_id, scope);
   }

@@ -98,8 +98,8 @@ http::response<http::string_body> json_response(const http::request<http::string
 struct Gateway::Worker {
   Worker(Gateway& g, std::size_t index_)
       : index(index_),
-        ctx(g.cfg_, g.registry_, *g.picker_, ioc.get_executor(), default_authorization(),
-            g.active_requests_),
+        ctx(g.cfg_, g.registry_, g.make_picker_(index_), ioc.get_executor(),
+            default_authorization(), g.active_requests_),
         sweep_timer(ioc) {}
 
   std::size_t index;
@@ -110,8 +110,8 @@ struct Gateway::Worker {
   std::thread thread;
 };
 
-Gateway::Gateway(Config cfg)
-    : cfg_(std::move(cfg)), registry_(cfg_), picker_(std::make_unique<RoundRobinPicker>()) {
+Gateway::Gateway(Config cfg, PickerFactory make_picker)
+    : cfg_(std::move(cfg)), registry_(cfg_), make_picker_(std::move(make_picker)) {
   unsigned n = cfg_.workers;
   if (n == 0) n = std::max(1u, std::thread::hardware_concurrency());
   for (unsigned i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));

@@ -20,7 +20,9 @@ namespace pdgate {
 
 class Gateway {
  public:
-  explicit Gateway(Config cfg);
+  // `make_picker` builds each worker's instance picker (default:
+  // round-robin).
+  explicit Gateway(Config cfg, PickerFactory make_picker = RoundRobinPicker::factory());
   ~Gateway();
 
   // Binds the listeners; returns an error message if the port is taken.
@@ -37,7 +39,7 @@ class Gateway {
 
   Config cfg_;
   Registry registry_;
-  std::unique_ptr<InstancePicker> picker_;
+  PickerFactory make_picker_;
   std::atomic<std::int64_t> active_requests_{0};
   std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<Worker>> workers_;

@@ -15,17 +15,20 @@
 namespace pdgate {
 
 struct WorkerContext {
-  WorkerContext(const Config& c, Registry& r, InstancePicker& p, net::any_io_executor ex,
-                std::string default_auth, std::atomic<std::int64_t>& active)
+  WorkerContext(const Config& c, Registry& r, std::unique_ptr<InstancePicker> p,
+                net::any_io_executor ex, std::string default_auth,
+                std::atomic<std::int64_t>& active)
       : cfg(c),
         registry(r),
-        picker(p),
+        picker_owner(std::move(p)),
+        picker(*picker_owner),
         pools(std::move(ex), c.upstream_max_idle, c.upstream_idle_timeout),
         default_authorization(std::move(default_auth)),
         active_requests(active) {}
 
   const Config& cfg;
   Registry& registry;
+  std::unique_ptr<InstancePicker> picker_owner;
   InstancePicker& picker;
   UpstreamPools pools;
   boost::uuids::random_generator uuids;
