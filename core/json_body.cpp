@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace pdgate {
@@ -29,6 +30,22 @@ constexpr std::array<std::uint8_t, 256> make_string_classes() {
   return t;
 }
 constexpr std::array<std::uint8_t, 256> kStringClass = make_string_classes();
+
+// True when none of the 8 bytes at `p` needs attention inside a string
+// (quote, backslash, control character or non-ASCII). Testing a word at a
+// time speeds up long plain strings such as base64 images; a word with any
+// such byte falls back to the byte table.
+bool eight_plain_bytes(const char* p) {
+  constexpr std::uint64_t kOnes = 0x0101010101010101ull;
+  constexpr std::uint64_t kHighs = 0x8080808080808080ull;
+  std::uint64_t x;
+  std::memcpy(&x, p, sizeof x);
+  const auto has_zero_byte = [&](std::uint64_t v) { return (v - kOnes) & ~v & kHighs; };
+  const std::uint64_t special = has_zero_byte(x ^ (kOnes * '"')) |
+                                has_zero_byte(x ^ (kOnes * '\\')) |
+                                ((x - kOnes * 0x20) & ~x & kHighs) | (x & kHighs);
+  return special == 0;
+}
 
 bool is_ws(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -132,6 +149,8 @@ class Scanner {
     const std::size_t n = t_.size();
     while (true) {
       std::size_t run = p_;
+      while (run + 8 <= n && eight_plain_bytes(t_.data() + run))
+        run += 8;
       while (run < n && kStringClass[static_cast<unsigned char>(t_[run])] == kPlain)
         ++run;
       if (decoded != nullptr)

@@ -205,6 +205,28 @@ TEST(JsonValidate, AgreesWithNlohmannOnMutations) {
   }
 }
 
+// Special bytes at every offset of strings up to 40 bytes long (the word-at-a-time fast path's
+// boundaries) are judged as nlohmann judges them.
+TEST(JsonValidate, SpecialBytesAtEveryOffset) {
+  const std::vector<std::string> specials = {"\"",   "\\n",      "\\u00e9",  "\x01",
+                                             "\x1f", "\xc3\xa9", "\xff",     "\x7f",
+                                             "\\",   " ",        "\xe2\x82", "\xf0\x9f\x98\x80"};
+  for (std::size_t len = 0; len <= 40; ++len) {
+    for (std::size_t pos = 0; pos <= len; ++pos) {
+      for (const auto& sp : specials) {
+        std::string body(len, 'a');
+        body.insert(pos, sp);
+        const std::string text = R"({"k":")" + body + R"("})";
+        const auto r = index_json_object(text);
+        EXPECT_EQ(r.ok(), json::accept(text)) << len << "/" << pos << ": " << text;
+        if (r.ok()) {
+          EXPECT_EQ(string_member(text, *r, "k"), json::parse(text)["k"].get<std::string>());
+        }
+      }
+    }
+  }
+}
+
 // --- Index and member access ----------------------------------------------
 
 // Members are indexed with decoded keys and exact byte ranges.
