@@ -1,0 +1,339 @@
+#include "sim/options.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <map>
+
+namespace pdgate::sim {
+
+const char* to_string(SimRole r) {
+  switch (r) {
+    case SimRole::prefill:
+      return "prefill";
+    case SimRole::decode:
+      return "decode";
+    case SimRole::both:
+      return "both";
+    case SimRole::encode:
+      return "encode";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
+    s.remove_suffix(1);
+  return std::string(s);
+}
+
+template <typename T>
+bool parse_uint(std::string_view s, T& out) {
+  if (s.empty())
+    return false;
+  T v{};
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size())
+    return false;
+  out = v;
+  return true;
+}
+
+bool parse_double(const std::string& s, double& out) {
+  if (s.empty())
+    return false;
+  try {
+    std::size_t used = 0;
+    double v = std::stod(s, &used);
+    if (used != s.size() || !std::isfinite(v))
+      return false;
+    out = v;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool parse_bool(const std::string& s, bool& out) {
+  if (s == "1" || s == "true" || s == "yes" || s == "on") {
+    out = true;
+    return true;
+  }
+  if (s == "0" || s == "false" || s == "no" || s == "off") {
+    out = false;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string usage_text() {
+  return R"(pdgate-sim: a simulated vLLM engine (OpenAI API + NIXL-like KV handshake)
+
+Usage: pdgate-sim --role prefill|decode|both|encode [options]
+
+  --role R                  prefill | decode | both | encode (required)
+  --host H                  listen address (127.0.0.1)
+  --port P                  listen port, 0 = ephemeral (0)
+  --model NAME              served model name (sim-model)
+  --engine-id ID            engine id put in kv params (random UUID)
+  --advertise-host H        remote_host put in kv params (= --host)
+  --prefill-us-per-token U  prefill cost per uncached prompt token, microseconds (50)
+  --prefill-base-ms M       fixed cost of every prefill, milliseconds (2)
+  --itl-ms M                time per output token, milliseconds (10)
+  --max-num-seqs N          requests running at once; the rest queue FIFO (16)
+  --max-waiting N           queued requests beyond which the sim answers 503 (1024)
+  --max-model-len N         longest prompt + max_tokens accepted (32768)
+  --block-size N            tokens per KV block (16)
+  --kv-blocks N             KV blocks: prefix cache capacity and usage denominator (8192)
+  --no-prefix-cache         disable prefix caching
+  --default-max-tokens N    output tokens when the request names none (16)
+  --error-rate P            fraction of completion requests answered 500 (0.0)
+  --die-after-chunks N      streaming: close the socket after N data events
+  --hang                    read requests and never answer (except /sim/*)
+  --issue-decode-kv         finished non-prefill requests issue kv params
+  --seed N                  seed for the fault RNG and generated ids
+  --log-level L             trace|debug|info|warn|error|off (info)
+  --kv-pull-ms M            fixed cost of a successful KV pull on decode (1)
+  --kv-pull-timeout-ms N    timeout of the whole pull HTTP exchange (2000)
+  --kv-expiry-s N           issued kv params expire after N seconds (480)
+  --prefill-lanes N         prefills computed concurrently, 0 = unlimited (1)
+  --help                    print this text
+
+Flags take `--flag value` or `--flag=value`; boolean flags also accept
+`--flag=true|false`.
+)";
+}
+
+ParseOutcome parse_args(const std::vector<std::string>& args) {
+  ParseOutcome out;
+  SimOptions o;
+  bool role_set = false;
+
+  using Setter = std::function<std::string(const std::string&)>;
+  auto size_flag = [](std::size_t& dst, std::size_t min) -> Setter {
+    return [&dst, min](const std::string& v) -> std::string {
+      std::size_t x = 0;
+      if (!parse_uint(v, x))
+        return "expects a non-negative integer";
+      if (x < min)
+        return "must be at least " + std::to_string(min);
+      dst = x;
+      return {};
+    };
+  };
+  auto double_flag = [](double& dst, double min, double max) -> Setter {
+    return [&dst, min, max](const std::string& v) -> std::string {
+      double x = 0;
+      if (!parse_double(v, x))
+        return "expects a number";
+      if (x < min || x > max) {
+        return "must be within [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+      }
+      dst = x;
+      return {};
+    };
+  };
+  auto string_flag = [](std::string& dst) -> Setter {
+    return [&dst](const std::string& v) -> std::string {
+      if (v.empty())
+        return "expects a non-empty value";
+      dst = v;
+      return {};
+    };
+  };
+
+  const std::map<std::string, Setter> valued = {
+      {"--role",
+       [&](const std::string& v) -> std::string {
+         if (v == "prefill") {
+           o.role = SimRole::prefill;
+         } else if (v == "decode") {
+           o.role = SimRole::decode;
+         } else if (v == "both") {
+           o.role = SimRole::both;
+         } else if (v == "encode") {
+           o.role = SimRole::encode;
+         } else {
+           return "expects prefill|decode|both|encode";
+         }
+         role_set = true;
+         return {};
+       }},
+      {"--host", string_flag(o.host)},
+      {"--port",
+       [&](const std::string& v) -> std::string {
+         std::uint32_t p = 0;
+         if (!parse_uint(v, p) || p > 65535)
+           return "expects a port number 0..65535";
+         o.port = static_cast<std::uint16_t>(p);
+         return {};
+       }},
+      {"--model", string_flag(o.model)},
+      {"--engine-id", string_flag(o.engine_id)},
+      {"--advertise-host", string_flag(o.advertise_host)},
+      {"--prefill-us-per-token", double_flag(o.prefill_us_per_token, 0, 1e9)},
+      {"--prefill-base-ms", double_flag(o.prefill_base_ms, 0, 1e9)},
+      {"--itl-ms", double_flag(o.itl_ms, 0, 1e9)},
+      {"--max-num-seqs", size_flag(o.max_num_seqs, 1)},
+      {"--max-waiting", size_flag(o.max_waiting, 0)},
+      {"--max-model-len", size_flag(o.max_model_len, 1)},
+      {"--block-size", size_flag(o.block_size, 1)},
+      {"--kv-blocks", size_flag(o.kv_blocks, 1)},
+      {"--default-max-tokens", size_flag(o.default_max_tokens, 1)},
+      {"--error-rate", double_flag(o.error_rate, 0, 1)},
+      {"--die-after-chunks",
+       [&](const std::string& v) -> std::string {
+         std::size_t n = 0;
+         if (!parse_uint(v, n))
+           return "expects a non-negative integer";
+         o.die_after_chunks = n;
+         return {};
+       }},
+      {"--seed",
+       [&](const std::string& v) -> std::string {
+         std::uint64_t s = 0;
+         if (!parse_uint(v, s))
+           return "expects a non-negative integer";
+         o.seed = s;
+         return {};
+       }},
+      {"--log-level",
+       [&](const std::string& v) -> std::string {
+         static const char* const kLevels[] = {"trace", "debug",    "info", "warn",
+                                               "error", "critical", "off"};
+         for (const char* l : kLevels) {
+           if (v == l) {
+             o.log_level = v;
+             return {};
+           }
+         }
+         return "expects trace|debug|info|warn|error|critical|off";
+       }},
+      {"--kv-pull-ms", double_flag(o.kv_pull_ms, 0, 1e9)},
+      {"--kv-pull-timeout-ms", size_flag(o.kv_pull_timeout_ms, 1)},
+      {"--kv-expiry-s", size_flag(o.kv_expiry_s, 1)},
+      {"--prefill-lanes", size_flag(o.prefill_lanes, 0)},
+  };
+  const std::map<std::string, bool*> booleans = {
+      {"--hang", &o.hang},
+      {"--issue-decode-kv", &o.issue_decode_kv},
+  };
+
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      out.help = true;
+      return out;
+    }
+    std::string name = arg;
+    std::optional<std::string> value;
+    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    }
+    if (name == "--no-prefix-cache") {
+      bool b = true;
+      if (value && !parse_bool(*value, b)) {
+        out.error = "--no-prefix-cache expects true|false";
+        return out;
+      }
+      o.prefix_cache = !b;
+      continue;
+    }
+    if (auto it = booleans.find(name); it != booleans.end()) {
+      bool b = true;
+      if (value && !parse_bool(*value, b)) {
+        out.error = name + " expects true|false";
+        return out;
+      }
+      *it->second = b;
+      continue;
+    }
+    auto it = valued.find(name);
+    if (it == valued.end()) {
+      out.error = "unknown argument: " + arg;
+      return out;
+    }
+    if (!value) {
+      if (i + 1 >= args.size()) {
+        out.error = name + " needs a value";
+        return out;
+      }
+      value = args[++i];
+    }
+    if (std::string err = it->second(*value); !err.empty()) {
+      out.error = name + " " + err + " (got '" + *value + "')";
+      return out;
+    }
+  }
+  if (!role_set) {
+    out.error = "--role is required (prefill|decode|both|encode)";
+    return out;
+  }
+  if (o.advertise_host.empty())
+    o.advertise_host = o.host;
+  out.options = std::move(o);
+  return out;
+}
+
+FaultParse parse_fault_header(std::string_view value) {
+  FaultParse out;
+  std::size_t start = 0;
+  while (start <= value.size()) {
+    std::size_t comma = value.find(',', start);
+    if (comma == std::string_view::npos)
+      comma = value.size();
+    std::string item = trim(value.substr(start, comma - start));
+    start = comma + 1;
+    if (item.empty()) {
+      if (comma >= value.size())
+        break;
+      continue;
+    }
+    std::string key = item;
+    std::string arg;
+    bool has_arg = false;
+    if (auto eq = item.find('='); eq != std::string::npos) {
+      key = trim(std::string_view(item).substr(0, eq));
+      arg = trim(std::string_view(item).substr(eq + 1));
+      has_arg = true;
+    }
+    if (key == "error") {
+      int status = 500;
+      if (has_arg && (!parse_uint(arg, status) || status < 400 || status > 599)) {
+        out.error = "X-Sim-Fault: error=N expects a status 400..599";
+        return out;
+      }
+      out.fault.error_status = status;
+    } else if (key == "hang" && !has_arg) {
+      out.fault.hang = true;
+    } else if (key == "die-after" && has_arg) {
+      std::size_t n = 0;
+      if (!parse_uint(arg, n)) {
+        out.error = "X-Sim-Fault: die-after=N expects a non-negative integer";
+        return out;
+      }
+      out.fault.die_after = n;
+    } else if (key == "delay-ms" && has_arg) {
+      std::size_t n = 0;
+      if (!parse_uint(arg, n)) {
+        out.error = "X-Sim-Fault: delay-ms=N expects a non-negative integer";
+        return out;
+      }
+      out.fault.delay_ms = n;
+    } else {
+      out.error = "X-Sim-Fault: unknown item '" + item +
+                  "' (expected error, error=NNN, hang, die-after=N, delay-ms=N)";
+      return out;
+    }
+  }
+  return out;
+}
+
+}  // namespace pdgate::sim

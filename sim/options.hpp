@@ -1,0 +1,73 @@
+// Command line of pdgate-sim and the per-request fault header. Both are pure
+// parsers so every flag and fault form is unit-tested without a server.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pdgate::sim {
+
+enum class SimRole { prefill, decode, both, encode };
+
+const char* to_string(SimRole r);
+
+struct SimOptions {
+  SimRole role = SimRole::both;
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;
+  std::string model = "sim-model";
+  std::string engine_id;       // empty: a random UUID is generated at startup
+  std::string advertise_host;  // empty: same as host
+  double prefill_us_per_token = 50.0;
+  double prefill_base_ms = 2.0;
+  double itl_ms = 10.0;
+  std::size_t max_num_seqs = 16;
+  std::size_t max_waiting = 1024;
+  std::size_t max_model_len = 32768;
+  std::size_t block_size = 16;
+  std::size_t kv_blocks = 8192;
+  bool prefix_cache = true;
+  std::size_t default_max_tokens = 16;
+  double error_rate = 0.0;
+  std::optional<std::size_t> die_after_chunks;
+  bool hang = false;
+  bool issue_decode_kv = false;
+  std::optional<std::uint64_t> seed;
+  std::string log_level = "info";
+  // Extensions beyond the vLLM-like surface, so tests can shorten timeouts.
+  double kv_pull_ms = 1.0;                // fixed cost of a successful KV pull on decode
+  std::size_t kv_pull_timeout_ms = 2000;  // whole pull HTTP exchange
+  std::size_t kv_expiry_s = 480;          // VLLM_NIXL_ABORT_REQUEST_TIMEOUT
+  std::size_t prefill_lanes = 1;          // concurrent prefills; 0 = unlimited
+};
+
+struct ParseOutcome {
+  std::optional<SimOptions> options;  // set on success
+  bool help = false;                  // --help was given
+  std::string error;                  // set on failure
+};
+
+ParseOutcome parse_args(const std::vector<std::string>& args);
+std::string usage_text();
+
+// X-Sim-Fault: comma-separated items among `error`, `error=NNN`, `hang`,
+// `die-after=N`, `delay-ms=N`.
+struct Fault {
+  std::optional<int> error_status;  // answer this status instead of working
+  bool hang = false;
+  std::optional<std::size_t> die_after;
+  std::size_t delay_ms = 0;
+};
+
+struct FaultParse {
+  Fault fault;
+  std::string error;  // non-empty: the header was malformed
+};
+
+FaultParse parse_fault_header(std::string_view value);
+
+}  // namespace pdgate::sim

@@ -1,0 +1,64 @@
+// What each engine received and how it ended, for integration tests
+// (GET /sim/requests). A bounded ring: the newest records win.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/kv_registry.hpp"
+
+namespace pdgate::sim {
+
+enum class Outcome { in_progress, completed, aborted, error };
+
+const char* to_string(Outcome o);
+
+struct RequestRecord {
+  std::uint64_t seq = 0;
+  std::string method;
+  std::string path;                                          // the request target, query included
+  std::vector<std::pair<std::string, std::string>> headers;  // lowercase names
+  std::string body;
+  std::optional<std::string> x_request_id;  // the header, when sent
+  std::string request_id;                   // the id used (header or generated)
+  std::int64_t received_at_ms = 0;
+  std::optional<std::int64_t> first_byte_at_ms;   // status line written
+  std::optional<std::int64_t> first_token_at_ms;  // first body data written
+  std::optional<std::int64_t> ended_at_ms;
+  Outcome outcome = Outcome::in_progress;
+  int status = 0;  // HTTP status answered, 0 before the answer
+  KvResult kv_result = KvResult::none;
+  bool kv_params_issued = false;
+  std::string fault;  // the X-Sim-Fault header or the flag that fired
+  std::size_t prompt_tokens = 0;
+  std::size_t cached_tokens = 0;
+  std::size_t completion_tokens = 0;
+};
+
+nlohmann::ordered_json to_json(const RequestRecord& r);
+
+class RequestLog {
+ public:
+  explicit RequestLog(std::size_t capacity = 2000) : capacity_(capacity) {}
+
+  // Records are shared: the handler keeps updating one after it is logged.
+  std::shared_ptr<RequestRecord> add(RequestRecord r);
+  void clear() { ring_.clear(); }
+  std::size_t size() const { return ring_.size(); }
+  nlohmann::ordered_json to_json() const;
+
+ private:
+  std::size_t capacity_;
+  std::uint64_t next_seq_ = 1;
+  std::deque<std::shared_ptr<RequestRecord>> ring_;
+};
+
+}  // namespace pdgate::sim

@@ -1,0 +1,56 @@
+// JSON bodies in vLLM's OpenAI-server shapes (key order included, hence
+// ordered_json): completions, chat completions, their SSE chunks, errors,
+// the model list and the NIXL kv_transfer_params object.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace pdgate::sim {
+
+using ojson = nlohmann::ordered_json;
+
+struct ResponseMeta {
+  std::string id;  // "cmpl-<rid>" or "chatcmpl-<rid>"
+  std::string model;
+  std::int64_t created = 0;
+  bool chat = false;
+};
+
+struct Usage {
+  std::size_t prompt_tokens = 0;
+  std::size_t completion_tokens = 0;
+};
+
+// Non-streaming body; kv_params is null or the params object.
+ojson make_response(const ResponseMeta& m, std::string_view text, std::string_view finish_reason,
+                    const Usage& u, const ojson& kv_params);
+
+// Chat's first chunk: delta {"role":"assistant","content":""}.
+ojson make_role_chunk(const ResponseMeta& m);
+// One output token; finish_reason empty = null.
+ojson make_token_chunk(const ResponseMeta& m, std::string_view text,
+                       std::string_view finish_reason);
+// stream_options.include_usage: choices [] and usage.
+ojson make_usage_chunk(const ResponseMeta& m, const Usage& u);
+
+std::string sse_event(const ojson& j);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// {"error": {"message", "type", "param": null, "code"}}.
+ojson make_error(std::string_view message, int code);
+const char* error_type_for(int code);
+
+ojson make_models(const std::string& model, std::size_t max_model_len, std::int64_t created,
+                  const std::string& permission_id);
+
+ojson make_kv_params(const std::vector<std::int64_t>& block_ids, const std::string& engine_id,
+                     const std::string& remote_request_id, const std::string& host,
+                     std::uint16_t port);
+
+}  // namespace pdgate::sim

@@ -1,0 +1,1030 @@
+// pdgate-sim's event loop: one io_context, one coroutine per connection.
+//
+// Shape of a generation request: validate -> faults -> admission (FIFO queue
+// bounded by --max-num-seqs) -> KV pull (decode side, or a prefill handed the
+// decode's blocks) -> prefix-cache lookup -> prefill (one of --prefill-lanes)
+// -> one decode step per output token -> issue kv params -> final answer.
+// While that runs, a second coroutine reads the socket: EOF means the client
+// left, and `||` cancels the work at whatever await it sits in.
+#include "sim/server.hpp"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+
+#include "sim/kv_registry.hpp"
+#include "sim/latency.hpp"
+#include "sim/metrics.hpp"
+#include "sim/prefix_cache.hpp"
+#include "sim/request_log.hpp"
+#include "sim/responses.hpp"
+#include "sim/tokenizer.hpp"
+
+namespace pdgate::sim {
+
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using net::awaitable;
+using nlohmann::json;
+using namespace net::experimental::awaitable_operators;
+
+constexpr auto use_nothrow = net::as_tuple(net::use_awaitable);
+using Request = http::request<http::string_body>;
+
+constexpr std::size_t kMaxBodyBytes = 64u << 20;
+constexpr std::size_t kMaxHeaderBytes = 64u << 10;
+constexpr std::size_t kMaxRecordedBody = 4u << 20;
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// A FIFO semaphore: acquire() grants a slot at once while fewer than `max`
+// are held and nobody queues; otherwise the caller waits its turn. A waiter
+// cancelled while queued (client gone) leaves the queue without a slot.
+class Scheduler {
+ public:
+  class Slot {
+   public:
+    Slot() = default;
+    explicit Slot(Scheduler* s) : s_(s) {}
+    Slot(Slot&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+    Slot& operator=(Slot&& o) noexcept {
+      if (this != &o) {
+        reset();
+        s_ = std::exchange(o.s_, nullptr);
+      }
+      return *this;
+    }
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+    ~Slot() { reset(); }
+    explicit operator bool() const { return s_ != nullptr; }
+    void reset() {
+      if (s_ != nullptr)
+        std::exchange(s_, nullptr)->release();
+    }
+
+   private:
+    Scheduler* s_ = nullptr;
+  };
+
+  Scheduler(std::size_t max_running, std::size_t max_waiting)
+      : max_running_(max_running == 0 ? std::numeric_limits<std::size_t>::max() : max_running),
+        max_waiting_(max_waiting) {}
+
+  // Checked before a request commits (streaming headers), so a full queue
+  // can still be answered with a plain 503.
+  bool would_reject() const { return running_ >= max_running_ && queue_.size() >= max_waiting_; }
+
+  awaitable<Slot> acquire() {
+    if (running_ < max_running_ && queue_.empty()) {
+      ++running_;
+      co_return Slot(this);
+    }
+    auto w = std::make_shared<Waiter>(co_await net::this_coro::executor);
+    queue_.push_back(w);
+    // Runs however the wait ends (grant, cancellation, or an exception).
+    struct Leave {
+      Scheduler* s;
+      std::shared_ptr<Waiter> w;
+      bool taken = false;
+      ~Leave() {
+        if (taken)
+          return;
+        if (w->granted) {
+          s->release();  // granted in the same turn we were cancelled
+        } else {
+          s->queue_.erase(std::remove(s->queue_.begin(), s->queue_.end(), w), s->queue_.end());
+        }
+      }
+    } leave{this, w};
+    co_await w->timer.async_wait(use_nothrow);
+    if (!w->granted)
+      co_return Slot();
+    leave.taken = true;
+    co_return Slot(this);
+  }
+
+  std::size_t running() const { return running_; }
+  std::size_t waiting() const { return queue_.size(); }
+
+ private:
+  struct Waiter {
+    explicit Waiter(const net::any_io_executor& ex)
+        : timer(ex, net::steady_timer::time_point::max()) {}
+    net::steady_timer timer;  // cancelled = woken
+    bool granted = false;
+  };
+
+  void release() {
+    --running_;
+    while (!queue_.empty() && running_ < max_running_) {
+      auto w = queue_.front();
+      queue_.pop_front();
+      w->granted = true;
+      ++running_;
+      w->timer.cancel();
+    }
+  }
+
+  std::size_t max_running_;
+  std::size_t max_waiting_;
+  std::size_t running_ = 0;
+  std::deque<std::shared_ptr<Waiter>> queue_;
+};
+
+// KV blocks a running request holds (prompt + generated so far), counted in
+// vllm:kv_cache_usage_perc.
+class BlockHold {
+ public:
+  explicit BlockHold(std::size_t& total) : total_(total) {}
+  BlockHold(const BlockHold&) = delete;
+  BlockHold& operator=(const BlockHold&) = delete;
+  ~BlockHold() { total_ -= n_; }
+  void set(std::size_t n) {
+    total_ = total_ - n_ + n;
+    n_ = n;
+  }
+
+ private:
+  std::size_t& total_;
+  std::size_t n_ = 0;
+};
+
+// One request/response exchange on a connection.
+struct Exchange {
+  Exchange(tcp::socket& s, beast::flat_buffer& b, Request& r) : sock(s), buf(b), req(r) {}
+  tcp::socket& sock;
+  beast::flat_buffer& buf;
+  Request& req;
+  std::shared_ptr<RequestRecord> rec;  // null for introspection paths
+  std::string rid;                     // X-Request-Id or generated
+  bool client_gone = false;            // a write failed
+  bool closed = false;                 // we closed the socket on purpose
+  bool response_started = false;
+  std::size_t events_written = 0;
+  std::optional<std::size_t> die_after;
+};
+
+awaitable<bool> sleep_for(std::chrono::microseconds d) {
+  net::steady_timer t(co_await net::this_coro::executor, d);
+  auto [ec] = co_await t.async_wait(use_nothrow);
+  co_return !ec;
+}
+
+awaitable<void> hang_forever() {
+  net::steady_timer t(co_await net::this_coro::executor, net::steady_timer::time_point::max());
+  co_await t.async_wait(use_nothrow);
+}
+
+// Reads the socket while a request is being worked on. Completes when the
+// peer closes (EOF/reset) or when cancelled because the work finished. Bytes
+// that arrive meanwhile (a pipelined request) are kept for the next parse.
+awaitable<void> watch_disconnect(tcp::socket& sock, beast::flat_buffer& buf) {
+  std::array<char, 4096> tmp;
+  for (;;) {
+    auto [ec, n] = co_await sock.async_read_some(net::buffer(tmp), use_nothrow);
+    if (ec)
+      co_return;
+    auto mb = buf.prepare(n);
+    net::buffer_copy(mb, net::buffer(tmp.data(), n));
+    buf.commit(n);
+  }
+}
+
+class Server {
+ public:
+  Server(const SimOptions& o, std::shared_ptr<spdlog::logger> log, std::uint16_t port)
+      : opts_(o),
+        log_(std::move(log)),
+        rng_(o.seed ? *o.seed : std::random_device{}()),
+        port_(port),
+        latency_{o.prefill_base_ms, o.prefill_us_per_token, o.itl_ms, o.kv_pull_ms},
+        cache_(o.block_size, o.kv_blocks, o.prefix_cache),
+        registry_(o.engine_id.empty() ? random_uuid() : o.engine_id,
+                  std::chrono::seconds(o.kv_expiry_s)),
+        scheduler_(o.max_num_seqs, o.max_waiting),
+        prefill_lanes_(o.prefill_lanes, std::numeric_limits<std::size_t>::max()),
+        started_at_(std::time(nullptr)),
+        permission_id_("modelperm-" + random_hex(32)) {}
+
+  const std::string& engine_id() const { return registry_.engine_id(); }
+
+  awaitable<void> listen(tcp::acceptor acceptor) {
+    for (;;) {
+      auto [ec, sock] = co_await acceptor.async_accept(use_nothrow);
+      if (ec) {
+        if (ec == net::error::operation_aborted)
+          co_return;
+        log_->warn("accept failed: {}", ec.message());
+        co_await sleep_for(std::chrono::milliseconds(10));  // e.g. EMFILE: do not spin
+        continue;
+      }
+      boost::system::error_code ignored;
+      sock.set_option(tcp::no_delay(true), ignored);
+      net::co_spawn(acceptor.get_executor(), session(std::move(sock)), net::detached);
+    }
+  }
+
+ private:
+  // ---- connection -------------------------------------------------------
+
+  awaitable<void> session(tcp::socket sock) {
+    ++open_connections_;
+    struct Dec {
+      std::size_t& n;
+      ~Dec() { --n; }
+    } dec{open_connections_};
+    try {
+      beast::flat_buffer buf;
+      for (;;) {
+        http::request_parser<http::string_body> parser;
+        parser.header_limit(kMaxHeaderBytes);
+        parser.body_limit(kMaxBodyBytes);
+        auto [ec, n] = co_await http::async_read(sock, buf, parser, use_nothrow);
+        if (ec) {
+          if (ec == http::error::body_limit || ec == http::error::header_limit) {
+            Request dummy;
+            Exchange x(sock, buf, dummy);
+            co_await reply(x, http::status::payload_too_large,
+                           dump(make_error("request too large", 413)), "application/json", false);
+          }
+          break;
+        }
+        Request req = parser.release();
+        if (!co_await dispatch(sock, buf, req))
+          break;
+      }
+    } catch (const std::exception& e) {
+      log_->error("session failed: {}", e.what());
+    }
+    boost::system::error_code ignored;
+    sock.shutdown(tcp::socket::shutdown_both, ignored);
+    sock.close(ignored);
+  }
+
+  static std::string route_label(std::string_view path) {
+    static constexpr std::string_view kKnown[] = {
+        "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+        "/start_profile",  "/stop_profile",        "/metrics",   "/sim/requests",
+        "/sim/stats",      "/sim/kv/pull"};
+    for (auto k : kKnown) {
+      if (path == k)
+        return std::string(k);
+    }
+    return "other";
+  }
+
+  // Returns whether the connection stays open.
+  awaitable<bool> dispatch(tcp::socket& sock, beast::flat_buffer& buf, Request& req) {
+    const std::string target(req.target());
+    const std::string path = target.substr(0, target.find('?'));
+    ++counters_.requests_by_path[route_label(path)];
+    const bool sim_path = path.rfind("/sim/", 0) == 0;
+    const bool introspection = sim_path || path == "/metrics" || path == "/health";
+
+    Exchange x(sock, buf, req);
+    if (auto it = req.find("x-request-id"); it != req.end() && !it->value().empty()) {
+      x.rid = std::string(it->value());
+    }
+    if (!introspection) {
+      RequestRecord r;
+      r.method = std::string(req.method_string());
+      r.path = target;
+      for (const auto& f : req)
+        r.headers.emplace_back(lower(f.name_string()), f.value());
+      r.body = req.body().size() <= kMaxRecordedBody ? req.body()
+                                                     : req.body().substr(0, kMaxRecordedBody);
+      if (!x.rid.empty())
+        r.x_request_id = x.rid;
+      r.received_at_ms = now_ms();
+      x.rec = requests_.add(std::move(r));
+    }
+    if (x.rid.empty())
+      x.rid = random_hex(32);
+    if (x.rec)
+      x.rec->request_id = x.rid;
+
+    if (opts_.hang && !sim_path) {
+      if (x.rec)
+        x.rec->fault = "--hang";
+      ++counters_.faults_injected;
+      co_return co_await watched(x, hang_forever());
+    }
+
+    const auto method = req.method();
+    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+      if (method != http::verb::post)
+        co_return co_await method_not_allowed(x);
+      co_return co_await watched(x, generate(x, path == "/v1/chat/completions"));
+    }
+    if (path == "/health") {
+      co_return co_await reply(x, http::status::ok, "", "");
+    }
+    if (path == "/v1/models") {
+      if (method != http::verb::get)
+        co_return co_await method_not_allowed(x);
+      co_return co_await reply(
+          x, http::status::ok,
+          dump(make_models(opts_.model, opts_.max_model_len, started_at_, permission_id_)),
+          "application/json");
+    }
+    if (path == "/start_profile" || path == "/stop_profile") {
+      if (method != http::verb::post)
+        co_return co_await method_not_allowed(x);
+      ++(path == "/start_profile" ? counters_.profile_start : counters_.profile_stop);
+      co_return co_await reply(x, http::status::ok, "", "");
+    }
+    if (path == "/metrics") {
+      co_return co_await reply(x, http::status::ok,
+                               render_prometheus(counters_, gauges(), opts_.model),
+                               "text/plain; version=0.0.4; charset=utf-8");
+    }
+    if (path == "/sim/requests") {
+      if (method == http::verb::get) {
+        co_return co_await reply(x, http::status::ok, dump(requests_.to_json()),
+                                 "application/json");
+      }
+      if (method == http::verb::delete_) {
+        requests_.clear();
+        co_return co_await reply(x, http::status::ok, "{\"cleared\":true}", "application/json");
+      }
+      co_return co_await method_not_allowed(x);
+    }
+    if (path == "/sim/stats") {
+      ojson s = stats_json(counters_, gauges());
+      s["role"] = to_string(opts_.role);
+      s["engine_id"] = engine_id();
+      s["model"] = opts_.model;
+      s["port"] = port_;
+      co_return co_await reply(x, http::status::ok, dump(s), "application/json");
+    }
+    if (path == "/sim/kv/pull") {
+      if (method != http::verb::post)
+        co_return co_await method_not_allowed(x);
+      co_return co_await serve_kv_pull(x);
+    }
+    co_return co_await reply(x, http::status::not_found, "{\"detail\":\"Not Found\"}",
+                             "application/json");
+  }
+
+  // Runs `work` while watching the socket for the client leaving.
+  awaitable<bool> watched(Exchange& x, awaitable<void> work) {
+    auto r = co_await (std::move(work) || watch_disconnect(x.sock, x.buf));
+    const bool gone = r.index() == 1 || x.client_gone;
+    if (x.rec && x.rec->outcome == Outcome::in_progress) {
+      x.rec->ended_at_ms = now_ms();
+      if (gone) {
+        x.rec->outcome = Outcome::aborted;
+        ++counters_.aborted;
+        log_->info("request {} aborted: client went away", x.rid);
+      } else {
+        x.rec->outcome = Outcome::error;
+      }
+    }
+    co_return !gone && !x.closed && x.req.keep_alive();
+  }
+
+  awaitable<bool> method_not_allowed(Exchange& x) {
+    co_return co_await reply(x, http::status::method_not_allowed,
+                             "{\"detail\":\"Method Not Allowed\"}", "application/json");
+  }
+
+  // A complete (non-streaming) response. Returns whether to keep the
+  // connection open.
+  awaitable<bool> reply(Exchange& x, http::status status, std::string body,
+                        std::string_view content_type, bool keep_alive = true) {
+    http::response<http::string_body> res{status, x.req.version() ? x.req.version() : 11};
+    res.set(http::field::server, "pdgate-sim");
+    if (!content_type.empty())
+      res.set(http::field::content_type, content_type);
+    if (x.rec)
+      res.set("x-request-id", x.rid);
+    res.keep_alive(keep_alive && x.req.keep_alive());
+    res.body() = std::move(body);
+    res.prepare_payload();
+    if (x.rec)
+      x.rec->first_byte_at_ms = now_ms();
+    x.response_started = true;
+    auto [ec, n] = co_await http::async_write(x.sock, res, use_nothrow);
+    if (ec) {
+      x.client_gone = true;
+      co_return false;
+    }
+    if (x.rec) {
+      x.rec->status = static_cast<int>(status);
+      x.rec->ended_at_ms = now_ms();
+      x.rec->outcome = static_cast<int>(status) < 400 ? Outcome::completed : Outcome::error;
+    }
+    co_return res.keep_alive();
+  }
+
+  awaitable<bool> send_error(Exchange& x, int code, std::string_view message) {
+    co_return co_await reply(x, static_cast<http::status>(code), dump(make_error(message, code)),
+                             "application/json");
+  }
+
+  // ---- streaming --------------------------------------------------------
+
+  awaitable<bool> write_stream_headers(Exchange& x) {
+    http::response<http::empty_body> res{http::status::ok, x.req.version()};
+    res.set(http::field::server, "pdgate-sim");
+    res.set(http::field::content_type, "text/event-stream; charset=utf-8");
+    res.set(http::field::cache_control, "no-cache");
+    res.set("x-request-id", x.rid);
+    res.keep_alive(x.req.keep_alive());
+    res.chunked(true);
+    http::response_serializer<http::empty_body> sr{res};
+    if (x.rec)
+      x.rec->first_byte_at_ms = now_ms();
+    x.response_started = true;
+    auto [ec, n] = co_await http::async_write_header(x.sock, sr, use_nothrow);
+    if (ec) {
+      x.client_gone = true;
+      co_return false;
+    }
+    if (x.rec)
+      x.rec->status = 200;
+    co_return !maybe_die(x);
+  }
+
+  // --die-after-chunks / die-after=N: once N events went out, drop the
+  // connection without the terminating chunk, like a crashed engine.
+  bool maybe_die(Exchange& x) {
+    if (!x.die_after || x.events_written < *x.die_after)
+      return false;
+    log_->info("request {}: dying after {} data events (fault)", x.rid, x.events_written);
+    ++counters_.faults_injected;
+    if (x.rec) {
+      x.rec->outcome = Outcome::error;
+      x.rec->ended_at_ms = now_ms();
+    }
+    boost::system::error_code ignored;
+    x.sock.close(ignored);
+    x.closed = true;
+    return true;
+  }
+
+  awaitable<bool> write_event(Exchange& x, std::string data) {
+    auto [ec, n] =
+        co_await net::async_write(x.sock, http::make_chunk(net::buffer(data)), use_nothrow);
+    if (ec) {
+      x.client_gone = true;
+      co_return false;
+    }
+    ++x.events_written;
+    if (x.rec && !x.rec->first_token_at_ms)
+      x.rec->first_token_at_ms = now_ms();
+    co_return !maybe_die(x);
+  }
+
+  awaitable<bool> end_stream(Exchange& x) {
+    auto [ec, n] = co_await net::async_write(x.sock, http::make_chunk_last(), use_nothrow);
+    if (ec) {
+      x.client_gone = true;
+      co_return false;
+    }
+    if (x.rec) {
+      x.rec->ended_at_ms = now_ms();
+      x.rec->outcome = Outcome::completed;
+    }
+    co_return true;
+  }
+
+  // ---- generation -------------------------------------------------------
+
+  awaitable<void> generate(Exchange& x, bool chat) {
+    bool failed = false;
+    try {
+      co_await generate_inner(x, chat);
+    } catch (const boost::system::system_error& e) {
+      // Cancellation (client gone) surfaces as operation_aborted.
+      if (e.code() != net::error::operation_aborted) {
+        log_->error("request {} failed: {}", x.rid, e.what());
+        failed = true;
+      }
+    } catch (const std::exception& e) {
+      log_->error("request {} failed: {}", x.rid, e.what());
+      failed = true;
+    }
+    if (failed && !x.response_started && !x.client_gone) {
+      co_await send_error(x, 500, "internal error in pdgate-sim");
+    }
+  }
+
+  awaitable<void> generate_inner(Exchange& x, bool chat) {
+    RequestRecord& rec = *x.rec;
+    const Request& req = x.req;
+
+    Fault fault;
+    if (auto it = req.find("x-sim-fault"); it != req.end()) {
+      FaultParse fp = parse_fault_header(it->value());
+      rec.fault = std::string(it->value());
+      if (!fp.error.empty()) {
+        co_await send_error(x, 400, fp.error);
+        co_return;
+      }
+      fault = fp.fault;
+    }
+
+    const json body = json::parse(req.body(), nullptr, false);
+    if (body.is_discarded() || !body.is_object()) {
+      co_await send_error(x, 400,
+                          body.is_discarded() ? "Invalid JSON in request body"
+                                              : "Request body must be a JSON object");
+      co_return;
+    }
+    if (body.contains("model") && !body["model"].is_null()) {
+      if (!body["model"].is_string() || body["model"].get<std::string>() != opts_.model) {
+        co_await send_error(x, 404,
+                            "The model `" +
+                                (body["model"].is_string() ? body["model"].get<std::string>()
+                                                           : body["model"].dump()) +
+                                "` does not exist.");
+        co_return;
+      }
+    }
+    bool stream = false;
+    if (body.contains("stream") && !body["stream"].is_null()) {
+      if (!body["stream"].is_boolean()) {
+        co_await send_error(x, 400, "'stream' must be a boolean");
+        co_return;
+      }
+      stream = body["stream"].get<bool>();
+    }
+    const bool has_stream_options =
+        body.contains("stream_options") && !body["stream_options"].is_null();
+    if (has_stream_options && !stream) {
+      co_await send_error(x, 400, "Stream options can only be defined when `stream=True`.");
+      co_return;
+    }
+    const bool include_usage = has_stream_options && body["stream_options"].is_object() &&
+                               body["stream_options"].value("include_usage", false);
+
+    if (opts_.role == SimRole::encode) {
+      if (std::string v = encoder_violation(body, chat); !v.empty()) {
+        ++counters_.encoder_violations;
+        log_->warn("request {}: encoder rule broken: {}", x.rid, v);
+        co_await send_error(x, 400, v);
+        co_return;
+      }
+    }
+
+    PromptResult pr = chat ? chat_prompt(body) : completion_prompt(body);
+    if (!pr.ok()) {
+      co_await send_error(x, 400, pr.error);
+      co_return;
+    }
+    const std::size_t prompt_tokens = pr.prompt.tokens;
+
+    std::size_t max_tokens = opts_.default_max_tokens;
+    for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+      if (!chat && std::string_view(key) == "max_completion_tokens")
+        continue;
+      if (!body.contains(key) || body[key].is_null())
+        continue;
+      if (!body[key].is_number_integer() || body[key].get<std::int64_t>() < 1) {
+        co_await send_error(x, 400, std::string("'") + key + "' must be an integer >= 1");
+        co_return;
+      }
+      max_tokens = body[key].get<std::size_t>();
+      break;
+    }
+    rec.prompt_tokens = prompt_tokens;
+    if (prompt_tokens > opts_.max_model_len) {
+      co_await send_error(
+          x, 400,
+          "This model's maximum context length is " + std::to_string(opts_.max_model_len) +
+              " tokens. However, your request has " + std::to_string(prompt_tokens) +
+              " input tokens. Please reduce the length of the input messages.");
+      co_return;
+    }
+    if (prompt_tokens + max_tokens > opts_.max_model_len) {
+      co_await send_error(
+          x, 400,
+          "'max_tokens' or 'max_completion_tokens' is too large: " + std::to_string(max_tokens) +
+              ". This model's maximum context length is " + std::to_string(opts_.max_model_len) +
+              " tokens and your request has " + std::to_string(prompt_tokens) + " input tokens (" +
+              std::to_string(max_tokens) + " > " + std::to_string(opts_.max_model_len) + " - " +
+              std::to_string(prompt_tokens) + ").");
+      co_return;
+    }
+
+    // The handshake role of this request, from its kv_transfer_params.
+    const json* kv = nullptr;
+    if (body.contains("kv_transfer_params") && body["kv_transfer_params"].is_object()) {
+      kv = &body["kv_transfer_params"];
+    }
+    auto flag = [&](const char* k) {
+      return kv != nullptr && kv->contains(k) && (*kv)[k].is_boolean() && (*kv)[k].get<bool>();
+    };
+    const bool kv_capable = opts_.role != SimRole::encode;
+    const bool remote_prefill = kv_capable && flag("do_remote_prefill");
+    const bool remote_decode = kv_capable && !remote_prefill && flag("do_remote_decode");
+    bool names_remote = false;
+    if (remote_decode) {
+      for (const char* k :
+           {"remote_engine_id", "remote_request_id", "remote_host", "remote_port"}) {
+        if (kv->contains(k) && !(*kv)[k].is_null())
+          names_remote = true;
+      }
+    }
+
+    // Faults fire before any work is done.
+    if (fault.delay_ms > 0) {
+      if (!co_await sleep_for(std::chrono::milliseconds(fault.delay_ms)))
+        co_return;
+    }
+    if (fault.hang) {
+      ++counters_.faults_injected;
+      co_await hang_forever();
+      co_return;
+    }
+    int error_status = fault.error_status.value_or(0);
+    if (error_status == 0 && opts_.error_rate > 0 &&
+        std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < opts_.error_rate) {
+      error_status = 500;
+      rec.fault = "--error-rate";
+    }
+    if (error_status != 0) {
+      ++counters_.faults_injected;
+      co_await send_error(x, error_status, "Simulated engine failure (pdgate-sim fault injection)");
+      co_return;
+    }
+    if (stream)
+      x.die_after = fault.die_after ? fault.die_after : opts_.die_after_chunks;
+
+    if (scheduler_.would_reject()) {
+      ++counters_.requests_rejected;
+      co_await send_error(x, 503,
+                          "The engine's waiting queue is full (" +
+                              std::to_string(opts_.max_waiting) + " requests waiting).");
+      co_return;
+    }
+
+    ResponseMeta meta{(chat ? "chatcmpl-" : "cmpl-") + x.rid, opts_.model,
+                      static_cast<std::int64_t>(std::time(nullptr)), chat};
+    // Like vLLM (a StreamingResponse), streaming headers go out as soon as
+    // the request is accepted, before it is scheduled.
+    if (stream && !co_await write_stream_headers(x))
+      co_return;
+
+    Scheduler::Slot slot = co_await scheduler_.acquire();
+    if (!slot)
+      co_return;  // cancelled while queued
+    const std::size_t bs = cache_.block_size();
+    BlockHold hold(active_blocks_);
+    hold.set((prompt_tokens + bs - 1) / bs);
+
+    // KV transfer.
+    KvResult kv_result = KvResult::none;
+    std::size_t remote_cached = 0;
+    bool skip_prefill = false;
+    if (remote_prefill || (remote_decode && names_remote)) {
+      kv_result = co_await pull_kv(*kv, x.rid);
+      counters_.count_kv(kv_result);
+      rec.kv_result = kv_result;
+      if (kv_result == KvResult::valid) {
+        if (remote_prefill) {
+          skip_prefill = opts_.role == SimRole::decode || opts_.role == SimRole::both;
+        } else {
+          const auto ids = flatten_block_ids(kv->value("remote_block_ids", json()));
+          remote_cached = cached_prefix_tokens(ids ? ids->size() : 0, bs, prompt_tokens);
+        }
+      }
+    }
+
+    // Prefix cache, then prefill.
+    const auto hashes = cache_.block_hashes(pr.prompt.text);
+    const std::size_t local_cached = cached_prefix_tokens(cache_.match(hashes), bs, prompt_tokens);
+    counters_.prefix_cache_queries += prompt_tokens;
+    counters_.prefix_cache_hits += local_cached;
+    counters_.prompt_tokens += prompt_tokens;
+    std::size_t cached = std::max(local_cached, remote_cached);
+    if (skip_prefill) {
+      cached = prompt_tokens;
+      if (!co_await sleep_for(latency_.pull()))
+        co_return;
+    } else {
+      Scheduler::Slot lane = co_await prefill_lanes_.acquire();
+      if (!lane)
+        co_return;
+      if (!co_await sleep_for(latency_.prefill(prompt_tokens - cached)))
+        co_return;
+    }
+    rec.cached_tokens = cached;
+    cache_.insert(hashes);
+
+    ojson issued = nullptr;
+    if (remote_decode)
+      issued = issue_params(x.rid, pr.prompt.text, prompt_tokens);
+
+    // Decode. The prefill produced the first token; a decode that received
+    // the KV from elsewhere runs one step for it.
+    std::string text;
+    for (std::size_t i = 0; i < max_tokens; ++i) {
+      if (i > 0 || skip_prefill) {
+        if (!co_await sleep_for(latency_.itl()))
+          co_return;
+      }
+      const std::string token = output_token(i);
+      text += token;
+      rec.completion_tokens = i + 1;
+      ++counters_.generation_tokens;
+      hold.set((prompt_tokens + i + 1 + bs - 1) / bs);
+      const bool last = i + 1 == max_tokens;
+      if (last && !remote_decode && opts_.issue_decode_kv && kv_capable) {
+        // The conversation so far (prompt + this answer) stays on this
+        // engine for the next turn's prefill to pull.
+        const std::string conv = pr.prompt.text + (chat ? "assistant" : "") + text;
+        issued = issue_params(x.rid, conv, tokens_for_bytes(conv.size()));
+      }
+      if (!stream)
+        continue;
+      if (i == 0 && chat && !co_await write_event(x, sse_event(make_role_chunk(meta))))
+        co_return;
+      ojson chunk = make_token_chunk(meta, token, last ? "length" : "");
+      // kv params ride on the last data event before [DONE].
+      if (last && !include_usage && !issued.is_null())
+        chunk["kv_transfer_params"] = issued;
+      if (!co_await write_event(x, sse_event(chunk)))
+        co_return;
+    }
+    rec.kv_params_issued = !issued.is_null();
+    const Usage usage{prompt_tokens, max_tokens};
+    ++counters_.requests_completed;
+    if (stream) {
+      if (include_usage) {
+        ojson chunk = make_usage_chunk(meta, usage);
+        if (!issued.is_null())
+          chunk["kv_transfer_params"] = issued;
+        if (!co_await write_event(x, sse_event(chunk)))
+          co_return;
+      }
+      if (!co_await write_event(x, std::string(kSseDone)))
+        co_return;
+      co_await end_stream(x);
+      co_return;
+    }
+    co_await reply(x, http::status::ok, dump(make_response(meta, text, "length", usage, issued)),
+                   "application/json");
+  }
+
+  ojson issue_params(const std::string& rid, const std::string& text, std::size_t tokens) {
+    auto ids = cache_.insert(cache_.block_hashes(text));
+    if (tokens % cache_.block_size() != 0)
+      ids.push_back(cache_.fresh_block_id());
+    const std::string remote_request_id = "cmpl-" + rid + "-0-" + random_hex(8);
+    ojson params = make_kv_params(ids, engine_id(), remote_request_id, opts_.advertise_host, port_);
+    registry_.issue(remote_request_id, std::move(ids), std::chrono::steady_clock::now());
+    ++counters_.kv_issued;
+    return params;
+  }
+
+  // ---- KV handshake -----------------------------------------------------
+
+  // Decode side (or a prefill handed the decode's previous-turn blocks):
+  // asks the issuer named in the params to hand over the blocks.
+  awaitable<KvResult> pull_kv(const json& kv, const std::string& rid) {
+    auto str = [&](const char* k) -> std::string {
+      return kv.contains(k) && kv[k].is_string() ? kv[k].get<std::string>() : std::string();
+    };
+    const std::string host = str("remote_host");
+    const std::string engine = str("remote_engine_id");
+    const std::string remote_rid = str("remote_request_id");
+    std::uint32_t port = 0;
+    if (kv.contains("remote_port") && kv["remote_port"].is_number_unsigned()) {
+      port = kv["remote_port"].get<std::uint32_t>();
+    }
+    KvResult result = KvResult::pull_failed;
+    std::string why;
+    if (host.empty() || engine.empty() || remote_rid.empty() || port == 0 || port > 65535) {
+      why =
+          "incomplete kv_transfer_params (need remote_host, remote_port, remote_engine_id, "
+          "remote_request_id)";
+    } else {
+      result = co_await pull_http(host, static_cast<std::uint16_t>(port), kv, why);
+    }
+    if (result != KvResult::valid) {
+      log_->warn("request {}: kv pull from {}:{} ({}) -> {}{}{}", rid, host, port, remote_rid,
+                 to_string(result), why.empty() ? "" : ": ", why);
+    }
+    co_return result;
+  }
+
+  awaitable<KvResult> pull_http(const std::string& host, std::uint16_t port, const json& kv,
+                                std::string& why) {
+    auto ex = co_await net::this_coro::executor;
+    beast::tcp_stream stream(ex);
+    stream.expires_after(std::chrono::milliseconds(opts_.kv_pull_timeout_ms));
+    boost::system::error_code ec;
+    const auto addr = net::ip::make_address(host, ec);
+    if (!ec) {
+      auto [cec] = co_await stream.async_connect(tcp::endpoint(addr, port), use_nothrow);
+      ec = cec;
+    } else {
+      tcp::resolver resolver(ex);
+      auto [rec, results] =
+          co_await resolver.async_resolve(host, std::to_string(port), use_nothrow);
+      ec = rec;
+      if (!ec) {
+        auto [cec, ep] = co_await stream.async_connect(results, use_nothrow);
+        ec = cec;
+      }
+    }
+    if (ec) {
+      why = "connect: " + ec.message();
+      co_return KvResult::pull_failed;
+    }
+    json payload = {{"remote_engine_id", kv["remote_engine_id"]},
+                    {"remote_request_id", kv["remote_request_id"]},
+                    {"remote_block_ids", kv.value("remote_block_ids", json())}};
+    Request rq{http::verb::post, "/sim/kv/pull", 11};
+    rq.set(http::field::host, host + ":" + std::to_string(port));
+    rq.set(http::field::content_type, "application/json");
+    rq.keep_alive(false);
+    rq.body() = payload.dump(-1, ' ', false, json::error_handler_t::replace);
+    rq.prepare_payload();
+    if (auto [wec, n] = co_await http::async_write(stream, rq, use_nothrow); wec) {
+      why = "write: " + wec.message();
+      co_return KvResult::pull_failed;
+    }
+    beast::flat_buffer b;
+    http::response<http::string_body> rs;
+    if (auto [rec, n] = co_await http::async_read(stream, b, rs, use_nothrow); rec) {
+      why = "read: " + rec.message();
+      co_return KvResult::pull_failed;
+    }
+    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    switch (rs.result_int()) {
+      case 200:
+        co_return KvResult::valid;
+      case 409:
+        co_return KvResult::reused;
+      case 404:
+        co_return KvResult::unknown;
+      default:
+        why = "issuer answered HTTP " + std::to_string(rs.result_int());
+        co_return KvResult::pull_failed;
+    }
+  }
+
+  // Issuer side: a peer pulls params we issued.
+  awaitable<bool> serve_kv_pull(Exchange& x) {
+    const json b = json::parse(x.req.body(), nullptr, false);
+    if (b.is_discarded() || !b.is_object()) {
+      co_return co_await reply(x, http::status::bad_request, "{\"result\":\"bad_request\"}",
+                               "application/json");
+    }
+    auto str = [&](const char* k) -> std::string {
+      return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
+    };
+    const auto ids = flatten_block_ids(b.value("remote_block_ids", json()));
+    const KvResult r = registry_.consume(str("remote_engine_id"), str("remote_request_id"),
+                                         ids.value_or(std::vector<std::int64_t>{}),
+                                         std::chrono::steady_clock::now());
+    ++counters_.kv_pulls_served[static_cast<std::size_t>(r)];
+    const auto status = r == KvResult::valid    ? http::status::ok
+                        : r == KvResult::reused ? http::status::conflict
+                                                : http::status::not_found;
+    co_return co_await reply(x, status, std::string("{\"result\":\"") + to_string(r) + "\"}",
+                             "application/json");
+  }
+
+  // ---- helpers ----------------------------------------------------------
+
+  Gauges gauges() {
+    const auto now = std::chrono::steady_clock::now();
+    Gauges g;
+    g.running = scheduler_.running();
+    g.waiting = scheduler_.waiting();
+    const double used = static_cast<double>(active_blocks_ + registry_.outstanding_blocks(now));
+    g.kv_cache_usage = std::min(1.0, used / static_cast<double>(opts_.kv_blocks));
+    g.open_connections = open_connections_;
+    g.issued_kv_outstanding = registry_.outstanding(now);
+    g.prefix_cache_blocks = cache_.size();
+    return g;
+  }
+
+  std::string random_hex(std::size_t n) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string s(n, '0');
+    for (char& c : s)
+      c = kHex[rng_() & 15];
+    return s;
+  }
+
+  std::string random_uuid() {
+    std::string h = random_hex(32);
+    h[12] = '4';
+    h[16] = "89ab"[rng_() & 3];
+    return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) +
+           "-" + h.substr(20);
+  }
+
+  SimOptions opts_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::mt19937_64 rng_;
+  std::uint16_t port_;
+  LatencyModel latency_;
+  PrefixCache cache_;
+  KvRegistry registry_;
+  Scheduler scheduler_;
+  Scheduler prefill_lanes_;
+  Counters counters_;
+  RequestLog requests_;
+  std::size_t open_connections_ = 0;
+  std::size_t active_blocks_ = 0;
+  std::int64_t started_at_;
+  std::string permission_id_;
+};
+
+}  // namespace
+
+int run_server(const SimOptions& opts) {
+  auto log = spdlog::stderr_color_st("pdgate-sim");
+  log->set_level(spdlog::level::from_str(opts.log_level));
+  log->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+
+  net::io_context io(1);
+  boost::system::error_code ec;
+  const auto addr = net::ip::make_address(opts.host, ec);
+  if (ec) {
+    std::fprintf(stderr, "pdgate-sim: --host %s is not an IP address\n", opts.host.c_str());
+    return 2;
+  }
+  tcp::acceptor acceptor(io);
+  const tcp::endpoint ep(addr, opts.port);
+  acceptor.open(ep.protocol(), ec);
+  if (!ec)
+    acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec)
+    acceptor.bind(ep, ec);
+  if (!ec)
+    acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    std::fprintf(stderr, "pdgate-sim: cannot listen on %s:%u: %s\n", opts.host.c_str(),
+                 static_cast<unsigned>(opts.port), ec.message().c_str());
+    return 1;
+  }
+  const std::uint16_t port = acceptor.local_endpoint().port();
+
+  Server server(opts, log, port);
+  const std::string shown = addr.is_v6() ? "[" + opts.host + "]" : opts.host;
+  std::printf("pdgate-sim listening on http://%s:%u\n", shown.c_str(), static_cast<unsigned>(port));
+  std::fflush(stdout);
+  log->info("role={} model={} engine_id={} advertise={}:{}", to_string(opts.role), opts.model,
+            server.engine_id(), opts.advertise_host, port);
+
+  net::co_spawn(io, server.listen(std::move(acceptor)), net::detached);
+  net::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&io](const boost::system::error_code&, int) { io.stop(); });
+  io.run();
+  return 0;
+}
+
+}  // namespace pdgate::sim

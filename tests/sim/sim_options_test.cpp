@@ -1,0 +1,111 @@
+#include <gtest/gtest.h>
+
+#include "sim/options.hpp"
+
+namespace pdgate::sim {
+namespace {
+
+ParseOutcome parse(std::vector<std::string> a) {
+  return parse_args(a);
+}
+
+// Only --role given: every other option takes its documented default.
+TEST(SimOptions, DefaultsWithRoleOnly) {
+  auto r = parse({"--role", "decode"});
+  ASSERT_TRUE(r.options) << r.error;
+  const SimOptions& o = *r.options;
+  EXPECT_EQ(o.role, SimRole::decode);
+  EXPECT_EQ(o.host, "127.0.0.1");
+  EXPECT_EQ(o.port, 0);
+  EXPECT_EQ(o.model, "sim-model");
+  EXPECT_EQ(o.advertise_host, "127.0.0.1");
+  EXPECT_DOUBLE_EQ(o.prefill_us_per_token, 50);
+  EXPECT_DOUBLE_EQ(o.prefill_base_ms, 2);
+  EXPECT_DOUBLE_EQ(o.itl_ms, 10);
+  EXPECT_EQ(o.max_num_seqs, 16u);
+  EXPECT_EQ(o.max_waiting, 1024u);
+  EXPECT_EQ(o.max_model_len, 32768u);
+  EXPECT_EQ(o.block_size, 16u);
+  EXPECT_EQ(o.kv_blocks, 8192u);
+  EXPECT_TRUE(o.prefix_cache);
+  EXPECT_EQ(o.default_max_tokens, 16u);
+  EXPECT_DOUBLE_EQ(o.error_rate, 0);
+  EXPECT_FALSE(o.die_after_chunks);
+  EXPECT_FALSE(o.hang);
+  EXPECT_FALSE(o.issue_decode_kv);
+  EXPECT_FALSE(o.seed);
+  EXPECT_EQ(o.log_level, "info");
+}
+
+// Both `--flag value` and `--flag=value` forms set the option.
+TEST(SimOptions, BothValueForms) {
+  auto r = parse({"--role=prefill", "--port", "8100", "--host=0.0.0.0", "--advertise-host",
+                  "10.0.0.5", "--itl-ms=2.5", "--die-after-chunks", "3", "--seed=7", "--hang",
+                  "--no-prefix-cache", "--issue-decode-kv", "--error-rate", "0.25"});
+  ASSERT_TRUE(r.options) << r.error;
+  EXPECT_EQ(r.options->role, SimRole::prefill);
+  EXPECT_EQ(r.options->port, 8100);
+  EXPECT_EQ(r.options->host, "0.0.0.0");
+  EXPECT_EQ(r.options->advertise_host, "10.0.0.5");
+  EXPECT_DOUBLE_EQ(r.options->itl_ms, 2.5);
+  EXPECT_EQ(r.options->die_after_chunks, 3u);
+  EXPECT_EQ(r.options->seed, 7u);
+  EXPECT_TRUE(r.options->hang);
+  EXPECT_FALSE(r.options->prefix_cache);
+  EXPECT_TRUE(r.options->issue_decode_kv);
+  EXPECT_DOUBLE_EQ(r.options->error_rate, 0.25);
+}
+
+// Without --role the parse fails with a message naming the flag.
+TEST(SimOptions, RoleIsRequired) {
+  auto r = parse({"--port", "1"});
+  EXPECT_FALSE(r.options);
+  EXPECT_NE(r.error.find("--role"), std::string::npos);
+}
+
+// Bad values, unknown flags and a missing value are errors, not defaults.
+TEST(SimOptions, RejectsBadInput) {
+  EXPECT_FALSE(parse({"--role", "router"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--port", "70000"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--error-rate", "1.5"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--max-num-seqs", "0"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--bogus"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--itl-ms"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--hang=maybe"}).options);
+}
+
+// --help short-circuits parsing even when other flags are invalid.
+TEST(SimOptions, Help) {
+  auto r = parse({"--bogus", "--help"});
+  EXPECT_FALSE(r.help);  // the unknown flag comes first and fails
+  r = parse({"--help", "--bogus"});
+  EXPECT_TRUE(r.help);
+  EXPECT_NE(usage_text().find("--issue-decode-kv"), std::string::npos);
+}
+
+// Every fault form is parsed; items combine with commas.
+TEST(SimFaultHeader, Forms) {
+  auto f = parse_fault_header("error");
+  EXPECT_TRUE(f.error.empty());
+  EXPECT_EQ(f.fault.error_status, 500);
+  f = parse_fault_header("error=503");
+  EXPECT_EQ(f.fault.error_status, 503);
+  f = parse_fault_header("hang");
+  EXPECT_TRUE(f.fault.hang);
+  f = parse_fault_header(" die-after=2 , delay-ms=150 ");
+  EXPECT_TRUE(f.error.empty()) << f.error;
+  EXPECT_EQ(f.fault.die_after, 2u);
+  EXPECT_EQ(f.fault.delay_ms, 150u);
+  EXPECT_FALSE(f.fault.error_status);
+}
+
+// Malformed fault items are reported instead of being ignored.
+TEST(SimFaultHeader, Malformed) {
+  EXPECT_FALSE(parse_fault_header("explode").error.empty());
+  EXPECT_FALSE(parse_fault_header("error=200").error.empty());
+  EXPECT_FALSE(parse_fault_header("die-after=x").error.empty());
+  EXPECT_FALSE(parse_fault_header("delay-ms").error.empty());
+}
+
+}  // namespace
+}  // namespace pdgate::sim

@@ -1,0 +1,122 @@
+#include <gtest/gtest.h>
+
+#include "sim/tokenizer.hpp"
+
+namespace pdgate::sim {
+namespace {
+
+using nlohmann::json;
+
+// A string prompt costs ceil(bytes/4) tokens.
+TEST(SimTokenizer, StringPromptIsBytesOverFourRoundedUp) {
+  EXPECT_EQ(completion_prompt(json{{"prompt", "abcd"}}).prompt.tokens, 1u);
+  EXPECT_EQ(completion_prompt(json{{"prompt", "abcde"}}).prompt.tokens, 2u);
+  EXPECT_EQ(completion_prompt(json{{"prompt", std::string(400, 'x')}}).prompt.tokens, 100u);
+}
+
+// A list of strings uses the first; a token-id list counts its length.
+TEST(SimTokenizer, ListPrompts) {
+  auto r = completion_prompt(json{{"prompt", {"abcdefgh", "z"}}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.prompt.text, "abcdefgh");
+  EXPECT_EQ(r.prompt.tokens, 2u);
+  r = completion_prompt(json{{"prompt", {1, 2, 3, 4, 5}}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.prompt.tokens, 5u);
+  r = completion_prompt(json{{"prompt", {{7, 8, 9}, {1}}}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.prompt.tokens, 3u);
+}
+
+// Missing, empty or wrongly typed prompts are errors (400 upstream).
+TEST(SimTokenizer, BadPrompts) {
+  EXPECT_FALSE(completion_prompt(json::object()).ok());
+  EXPECT_FALSE(completion_prompt(json{{"prompt", ""}}).ok());
+  EXPECT_FALSE(completion_prompt(json{{"prompt", 42}}).ok());
+  EXPECT_FALSE(completion_prompt(json{{"prompt", json::array()}}).ok());
+}
+
+// Chat text is role + content for every message, string or text parts.
+TEST(SimTokenizer, ChatConcatenatesRolesAndText) {
+  json body = {
+      {"messages",
+       {{{"role", "system"}, {"content", "be brief"}},
+        {{"role", "user"},
+         {"content",
+          {{{"type", "text"}, {"text", "hi "}}, {{"type", "text"}, {"text", "there"}}}}}}}};
+  auto r = chat_prompt(body);
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(r.prompt.text, "systembe briefuserhi there");
+  EXPECT_EQ(r.prompt.tokens, tokens_for_bytes(26));
+  EXPECT_EQ(r.prompt.text_items, 3u);
+  EXPECT_EQ(r.prompt.media_items, 0u);
+}
+
+// Each media part adds exactly 64 tokens and identical media share bytes.
+TEST(SimTokenizer, MediaPartsCostSixtyFourTokensAndHashTheirBytes) {
+  auto with = [](const std::string& url) {
+    return json{{"messages",
+                 {{{"role", "user"},
+                   {"content",
+                    {{{"type", "text"}, {"text", "describe"}},
+                     {{"type", "image_url"}, {"image_url", {{"url", url}}}}}}}}}};
+  };
+  auto a = chat_prompt(with("http://x/cat.png"));
+  auto b = chat_prompt(with("http://x/cat.png"));
+  auto c = chat_prompt(with("http://x/dog.png"));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a.prompt.tokens, tokens_for_bytes(std::string("userdescribe").size()) + kMediaTokens);
+  EXPECT_EQ(a.prompt.media_items, 1u);
+  EXPECT_EQ(a.prompt.text, b.prompt.text);
+  EXPECT_NE(a.prompt.text, c.prompt.text);
+  EXPECT_EQ(a.prompt.tokens, c.prompt.tokens);
+}
+
+// Unknown part types and message-less bodies are rejected.
+TEST(SimTokenizer, ChatErrors) {
+  EXPECT_FALSE(chat_prompt(json::object()).ok());
+  EXPECT_FALSE(chat_prompt(json{{"messages", json::array()}}).ok());
+  EXPECT_FALSE(
+      chat_prompt(json{{"messages", {{{"role", "user"}, {"content", {{{"type", "video"}}}}}}}})
+          .ok());
+}
+
+// Output tokens are fixed words by position, each with a leading space.
+TEST(SimTokenizer, OutputIsDeterministic) {
+  EXPECT_EQ(output_token(0), " the");
+  EXPECT_EQ(output_token(1), " quick");
+  EXPECT_EQ(output_token(16), output_token(0));
+  EXPECT_EQ(output_text(3), " the quick brown");
+}
+
+// The encoder accepts exactly one media item, no text, max_tokens 1, no stream.
+TEST(SimTokenizer, EncoderRules) {
+  json item = {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,AAAA"}}}};
+  json ok = {{"model", "m"},
+             {"messages", {{{"role", "user"}, {"content", {item}}}}},
+             {"max_tokens", 1},
+             {"stream", false}};
+  EXPECT_EQ(encoder_violation(ok, true), "");
+  EXPECT_NE(encoder_violation(ok, false), "");  // completions endpoint
+
+  json two = ok;
+  two["messages"][0]["content"].push_back(item);
+  EXPECT_NE(encoder_violation(two, true).find("exactly one"), std::string::npos);
+
+  json text = ok;
+  text["messages"][0]["content"].push_back({{"type", "text"}, {"text", "hi"}});
+  EXPECT_NE(encoder_violation(text, true).find("text"), std::string::npos);
+
+  json tokens = ok;
+  tokens["max_tokens"] = 2;
+  EXPECT_NE(encoder_violation(tokens, true).find("max_tokens"), std::string::npos);
+  tokens.erase("max_tokens");
+  EXPECT_NE(encoder_violation(tokens, true).find("max_tokens"), std::string::npos);
+
+  json stream = ok;
+  stream["stream"] = true;
+  EXPECT_NE(encoder_violation(stream, true).find("stream"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pdgate::sim
