@@ -290,8 +290,9 @@ class Server {
           if (ec == http::error::body_limit || ec == http::error::header_limit) {
             Request dummy;
             Exchange x(sock, buf, dummy);
-            co_await reply(x, http::status::payload_too_large,
-                           dump(make_error("request too large", 413)), "application/json", false);
+            std::string too_large = dump(make_error("request too large", 413));
+            co_await reply(x, http::status::payload_too_large, std::move(too_large),
+                           "application/json", false);
           }
           break;
         }
@@ -337,8 +338,7 @@ class Server {
       r.path = target;
       for (const auto& f : req)
         r.headers.emplace_back(lower(f.name_string()), f.value());
-      r.body = req.body().size() <= kMaxRecordedBody ? req.body()
-                                                     : req.body().substr(0, kMaxRecordedBody);
+      r.body = req.body().substr(0, kMaxRecordedBody);
       if (!x.rid.empty())
         r.x_request_id = x.rid;
       r.received_at_ms = now_ms();
@@ -355,45 +355,60 @@ class Server {
       ++counters_.faults_injected;
       co_return co_await watched(x, hang_forever());
     }
-
-    const auto method = req.method();
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
-      if (method != http::verb::post)
-        co_return co_await method_not_allowed(x);
-      co_return co_await watched(x, generate(x, path == "/v1/chat/completions"));
+      if (req.method() == http::verb::post) {
+        co_return co_await watched(x, generate(x, path == "/v1/chat/completions"));
+      }
     }
-    if (path == "/health") {
-      co_return co_await reply(x, http::status::ok, "", "");
+    if (path == "/sim/kv/pull" && req.method() == http::verb::post) {
+      co_return co_await serve_kv_pull(x);
     }
+    SimpleAnswer a = answer_simple(path, req.method());
+    co_return co_await reply(x, a.status, std::move(a.body), a.content_type);
+  }
+
+  struct SimpleAnswer {
+    http::status status = http::status::ok;
+    std::string body;
+    std::string content_type;
+  };
+
+  // Endpoints answered without waiting on anything.
+  SimpleAnswer answer_simple(const std::string& path, http::verb method) {
+    static const std::string kJson = "application/json";
+    const SimpleAnswer not_allowed{http::status::method_not_allowed,
+                                   "{\"detail\":\"Method Not Allowed\"}", kJson};
+    auto only = [&](http::verb v, SimpleAnswer ok) { return method == v ? ok : not_allowed; };
+    if (path == "/v1/completions" || path == "/v1/chat/completions")
+      return not_allowed;
+    if (path == "/sim/kv/pull")
+      return not_allowed;
+    if (path == "/health")
+      return {http::status::ok, "", ""};
     if (path == "/v1/models") {
-      if (method != http::verb::get)
-        co_return co_await method_not_allowed(x);
-      co_return co_await reply(
-          x, http::status::ok,
-          dump(make_models(opts_.model, opts_.max_model_len, started_at_, permission_id_)),
-          "application/json");
+      return only(http::verb::get,
+                  {http::status::ok,
+                   dump(make_models(opts_.model, opts_.max_model_len, started_at_, permission_id_)),
+                   kJson});
     }
     if (path == "/start_profile" || path == "/stop_profile") {
       if (method != http::verb::post)
-        co_return co_await method_not_allowed(x);
+        return not_allowed;
       ++(path == "/start_profile" ? counters_.profile_start : counters_.profile_stop);
-      co_return co_await reply(x, http::status::ok, "", "");
+      return {http::status::ok, "", ""};
     }
     if (path == "/metrics") {
-      co_return co_await reply(x, http::status::ok,
-                               render_prometheus(counters_, gauges(), opts_.model),
-                               "text/plain; version=0.0.4; charset=utf-8");
+      return {http::status::ok, render_prometheus(counters_, gauges(), opts_.model),
+              "text/plain; version=0.0.4; charset=utf-8"};
     }
     if (path == "/sim/requests") {
-      if (method == http::verb::get) {
-        co_return co_await reply(x, http::status::ok, dump(requests_.to_json()),
-                                 "application/json");
-      }
+      if (method == http::verb::get)
+        return {http::status::ok, dump(requests_.to_json()), kJson};
       if (method == http::verb::delete_) {
         requests_.clear();
-        co_return co_await reply(x, http::status::ok, "{\"cleared\":true}", "application/json");
+        return {http::status::ok, "{\"cleared\":true}", kJson};
       }
-      co_return co_await method_not_allowed(x);
+      return not_allowed;
     }
     if (path == "/sim/stats") {
       ojson s = stats_json(counters_, gauges());
@@ -401,15 +416,9 @@ class Server {
       s["engine_id"] = engine_id();
       s["model"] = opts_.model;
       s["port"] = port_;
-      co_return co_await reply(x, http::status::ok, dump(s), "application/json");
+      return only(http::verb::get, {http::status::ok, dump(s), kJson});
     }
-    if (path == "/sim/kv/pull") {
-      if (method != http::verb::post)
-        co_return co_await method_not_allowed(x);
-      co_return co_await serve_kv_pull(x);
-    }
-    co_return co_await reply(x, http::status::not_found, "{\"detail\":\"Not Found\"}",
-                             "application/json");
+    return {http::status::not_found, "{\"detail\":\"Not Found\"}", kJson};
   }
 
   // Runs `work` while watching the socket for the client leaving.
@@ -427,11 +436,6 @@ class Server {
       }
     }
     co_return !gone && !x.closed && x.req.keep_alive();
-  }
-
-  awaitable<bool> method_not_allowed(Exchange& x) {
-    co_return co_await reply(x, http::status::method_not_allowed,
-                             "{\"detail\":\"Method Not Allowed\"}", "application/json");
   }
 
   // A complete (non-streaming) response. Returns whether to keep the
@@ -463,8 +467,9 @@ class Server {
     co_return res.keep_alive();
   }
 
-  awaitable<bool> send_error(Exchange& x, int code, std::string_view message) {
-    co_return co_await reply(x, static_cast<http::status>(code), dump(make_error(message, code)),
+  awaitable<bool> send_error(Exchange& x, int code, std::string message) {
+    std::string body = dump(make_error(message, code));
+    co_return co_await reply(x, static_cast<http::status>(code), std::move(body),
                              "application/json");
   }
 
@@ -552,139 +557,149 @@ class Server {
       failed = true;
     }
     if (failed && !x.response_started && !x.client_gone) {
-      co_await send_error(x, 500, "internal error in pdgate-sim");
+      std::string msg = "internal error in pdgate-sim";
+      co_await send_error(x, 500, std::move(msg));
     }
   }
 
-  awaitable<void> generate_inner(Exchange& x, bool chat) {
-    RequestRecord& rec = *x.rec;
-    const Request& req = x.req;
-
+  // A generation request after validation: everything the coroutine needs.
+  struct GenRequest {
     Fault fault;
+    bool stream = false;
+    bool include_usage = false;
+    Prompt prompt;
+    std::size_t max_tokens = 0;
+    json kv;                      // kv_transfer_params, or null
+    bool remote_prefill = false;  // decode side of the handshake: pull, then decode
+    bool remote_decode = false;   // prefill side: compute, then issue params
+    bool names_remote = false;    // prefill handed a remote's blocks (multi-turn)
+  };
+
+  struct HttpError {
+    int code = 400;
+    std::string message;
+  };
+
+  // Synchronous on purpose: error messages are built here, never inside a
+  // co_await expression (GCC 12 mis-destroys conditional temporaries there).
+  std::optional<HttpError> parse_generation(const Request& req, bool chat, RequestRecord& rec,
+                                            GenRequest& g) {
     if (auto it = req.find("x-sim-fault"); it != req.end()) {
       FaultParse fp = parse_fault_header(it->value());
       rec.fault = std::string(it->value());
-      if (!fp.error.empty()) {
-        co_await send_error(x, 400, fp.error);
-        co_return;
-      }
-      fault = fp.fault;
+      if (!fp.error.empty())
+        return HttpError{400, fp.error};
+      g.fault = fp.fault;
     }
-
     const json body = json::parse(req.body(), nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
-      co_await send_error(x, 400,
-                          body.is_discarded() ? "Invalid JSON in request body"
-                                              : "Request body must be a JSON object");
-      co_return;
-    }
+    if (body.is_discarded())
+      return HttpError{400, "Invalid JSON in request body"};
+    if (!body.is_object())
+      return HttpError{400, "Request body must be a JSON object"};
     if (body.contains("model") && !body["model"].is_null()) {
-      if (!body["model"].is_string() || body["model"].get<std::string>() != opts_.model) {
-        co_await send_error(x, 404,
-                            "The model `" +
-                                (body["model"].is_string() ? body["model"].get<std::string>()
-                                                           : body["model"].dump()) +
-                                "` does not exist.");
-        co_return;
+      const json& m = body["model"];
+      if (!m.is_string() || m.get<std::string>() != opts_.model) {
+        std::string name = m.is_string() ? m.get<std::string>() : m.dump();
+        return HttpError{404, "The model `" + name + "` does not exist."};
       }
     }
-    bool stream = false;
     if (body.contains("stream") && !body["stream"].is_null()) {
-      if (!body["stream"].is_boolean()) {
-        co_await send_error(x, 400, "'stream' must be a boolean");
-        co_return;
+      if (!body["stream"].is_boolean())
+        return HttpError{400, "'stream' must be a boolean"};
+      g.stream = body["stream"].get<bool>();
+    }
+    if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+      if (!g.stream) {
+        return HttpError{400, "Stream options can only be defined when `stream=True`."};
       }
-      stream = body["stream"].get<bool>();
+      const json& so = body["stream_options"];
+      g.include_usage = so.is_object() && so.contains("include_usage") &&
+                        so["include_usage"].is_boolean() && so["include_usage"].get<bool>();
     }
-    const bool has_stream_options =
-        body.contains("stream_options") && !body["stream_options"].is_null();
-    if (has_stream_options && !stream) {
-      co_await send_error(x, 400, "Stream options can only be defined when `stream=True`.");
-      co_return;
-    }
-    const bool include_usage = has_stream_options && body["stream_options"].is_object() &&
-                               body["stream_options"].value("include_usage", false);
-
     if (opts_.role == SimRole::encode) {
       if (std::string v = encoder_violation(body, chat); !v.empty()) {
         ++counters_.encoder_violations;
-        log_->warn("request {}: encoder rule broken: {}", x.rid, v);
-        co_await send_error(x, 400, v);
-        co_return;
+        log_->warn("request {}: encoder rule broken: {}", rec.request_id, v);
+        return HttpError{400, v};
       }
     }
-
     PromptResult pr = chat ? chat_prompt(body) : completion_prompt(body);
-    if (!pr.ok()) {
-      co_await send_error(x, 400, pr.error);
-      co_return;
-    }
-    const std::size_t prompt_tokens = pr.prompt.tokens;
+    if (!pr.ok())
+      return HttpError{400, pr.error};
+    g.prompt = std::move(pr.prompt);
+    const std::size_t prompt_tokens = g.prompt.tokens;
+    rec.prompt_tokens = prompt_tokens;
 
-    std::size_t max_tokens = opts_.default_max_tokens;
+    g.max_tokens = opts_.default_max_tokens;
     for (const char* key : {"max_completion_tokens", "max_tokens"}) {
       if (!chat && std::string_view(key) == "max_completion_tokens")
         continue;
       if (!body.contains(key) || body[key].is_null())
         continue;
       if (!body[key].is_number_integer() || body[key].get<std::int64_t>() < 1) {
-        co_await send_error(x, 400, std::string("'") + key + "' must be an integer >= 1");
-        co_return;
+        return HttpError{400, std::string("'") + key + "' must be an integer >= 1"};
       }
-      max_tokens = body[key].get<std::size_t>();
+      g.max_tokens = body[key].get<std::size_t>();
       break;
     }
-    rec.prompt_tokens = prompt_tokens;
+    const std::string limit = std::to_string(opts_.max_model_len);
     if (prompt_tokens > opts_.max_model_len) {
-      co_await send_error(
-          x, 400,
-          "This model's maximum context length is " + std::to_string(opts_.max_model_len) +
-              " tokens. However, your request has " + std::to_string(prompt_tokens) +
-              " input tokens. Please reduce the length of the input messages.");
-      co_return;
+      return HttpError{400, "This model's maximum context length is " + limit +
+                                " tokens. However, your request has " +
+                                std::to_string(prompt_tokens) +
+                                " input tokens. Please reduce the length of the input messages."};
     }
-    if (prompt_tokens + max_tokens > opts_.max_model_len) {
-      co_await send_error(
-          x, 400,
-          "'max_tokens' or 'max_completion_tokens' is too large: " + std::to_string(max_tokens) +
-              ". This model's maximum context length is " + std::to_string(opts_.max_model_len) +
-              " tokens and your request has " + std::to_string(prompt_tokens) + " input tokens (" +
-              std::to_string(max_tokens) + " > " + std::to_string(opts_.max_model_len) + " - " +
-              std::to_string(prompt_tokens) + ").");
-      co_return;
+    if (prompt_tokens + g.max_tokens > opts_.max_model_len) {
+      const std::string mt = std::to_string(g.max_tokens);
+      const std::string pt = std::to_string(prompt_tokens);
+      return HttpError{400, "'max_tokens' or 'max_completion_tokens' is too large: " + mt +
+                                ". This model's maximum context length is " + limit +
+                                " tokens and your request has " + pt + " input tokens (" + mt +
+                                " > " + limit + " - " + pt + ")."};
     }
 
-    // The handshake role of this request, from its kv_transfer_params.
-    const json* kv = nullptr;
-    if (body.contains("kv_transfer_params") && body["kv_transfer_params"].is_object()) {
-      kv = &body["kv_transfer_params"];
-    }
-    auto flag = [&](const char* k) {
-      return kv != nullptr && kv->contains(k) && (*kv)[k].is_boolean() && (*kv)[k].get<bool>();
-    };
-    const bool kv_capable = opts_.role != SimRole::encode;
-    const bool remote_prefill = kv_capable && flag("do_remote_prefill");
-    const bool remote_decode = kv_capable && !remote_prefill && flag("do_remote_decode");
-    bool names_remote = false;
-    if (remote_decode) {
-      for (const char* k :
-           {"remote_engine_id", "remote_request_id", "remote_host", "remote_port"}) {
-        if (kv->contains(k) && !(*kv)[k].is_null())
-          names_remote = true;
+    // The request's side of the handshake, from its kv_transfer_params.
+    if (body.contains("kv_transfer_params") && body["kv_transfer_params"].is_object() &&
+        opts_.role != SimRole::encode) {
+      g.kv = body["kv_transfer_params"];
+      auto flag = [&](const char* k) {
+        return g.kv.contains(k) && g.kv[k].is_boolean() && g.kv[k].get<bool>();
+      };
+      g.remote_prefill = flag("do_remote_prefill");
+      g.remote_decode = !g.remote_prefill && flag("do_remote_decode");
+      if (g.remote_decode) {
+        for (const char* k :
+             {"remote_engine_id", "remote_request_id", "remote_host", "remote_port"}) {
+          if (g.kv.contains(k) && !g.kv[k].is_null())
+            g.names_remote = true;
+        }
       }
     }
+    return std::nullopt;
+  }
+
+  awaitable<void> generate_inner(Exchange& x, bool chat) {
+    RequestRecord& rec = *x.rec;
+    GenRequest g;
+    if (std::optional<HttpError> err = parse_generation(x.req, chat, rec, g)) {
+      co_await send_error(x, err->code, err->message);
+      co_return;
+    }
+    const std::size_t prompt_tokens = g.prompt.tokens;
+    const bool kv_capable = opts_.role != SimRole::encode;
 
     // Faults fire before any work is done.
-    if (fault.delay_ms > 0) {
-      if (!co_await sleep_for(std::chrono::milliseconds(fault.delay_ms)))
+    if (g.fault.delay_ms > 0) {
+      const std::chrono::milliseconds delay(g.fault.delay_ms);
+      if (!co_await sleep_for(delay))
         co_return;
     }
-    if (fault.hang) {
+    if (g.fault.hang) {
       ++counters_.faults_injected;
       co_await hang_forever();
       co_return;
     }
-    int error_status = fault.error_status.value_or(0);
+    int error_status = g.fault.error_status.value_or(0);
     if (error_status == 0 && opts_.error_rate > 0 &&
         std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < opts_.error_rate) {
       error_status = 500;
@@ -692,17 +707,18 @@ class Server {
     }
     if (error_status != 0) {
       ++counters_.faults_injected;
-      co_await send_error(x, error_status, "Simulated engine failure (pdgate-sim fault injection)");
+      const std::string msg = "Simulated engine failure (pdgate-sim fault injection)";
+      co_await send_error(x, error_status, msg);
       co_return;
     }
-    if (stream)
-      x.die_after = fault.die_after ? fault.die_after : opts_.die_after_chunks;
+    if (g.stream)
+      x.die_after = g.fault.die_after ? g.fault.die_after : opts_.die_after_chunks;
 
     if (scheduler_.would_reject()) {
       ++counters_.requests_rejected;
-      co_await send_error(x, 503,
-                          "The engine's waiting queue is full (" +
-                              std::to_string(opts_.max_waiting) + " requests waiting).");
+      const std::string msg = "The engine's waiting queue is full (" +
+                              std::to_string(opts_.max_waiting) + " requests waiting).";
+      co_await send_error(x, 503, msg);
       co_return;
     }
 
@@ -710,8 +726,10 @@ class Server {
                       static_cast<std::int64_t>(std::time(nullptr)), chat};
     // Like vLLM (a StreamingResponse), streaming headers go out as soon as
     // the request is accepted, before it is scheduled.
-    if (stream && !co_await write_stream_headers(x))
-      co_return;
+    if (g.stream) {
+      if (!co_await write_stream_headers(x))
+        co_return;
+    }
 
     Scheduler::Slot slot = co_await scheduler_.acquire();
     if (!slot)
@@ -721,25 +739,26 @@ class Server {
     hold.set((prompt_tokens + bs - 1) / bs);
 
     // KV transfer.
-    KvResult kv_result = KvResult::none;
     std::size_t remote_cached = 0;
     bool skip_prefill = false;
-    if (remote_prefill || (remote_decode && names_remote)) {
-      kv_result = co_await pull_kv(*kv, x.rid);
+    if (g.remote_prefill || (g.remote_decode && g.names_remote)) {
+      const KvResult kv_result = co_await pull_kv(g.kv, x.rid);
       counters_.count_kv(kv_result);
       rec.kv_result = kv_result;
       if (kv_result == KvResult::valid) {
-        if (remote_prefill) {
+        if (g.remote_prefill) {
           skip_prefill = opts_.role == SimRole::decode || opts_.role == SimRole::both;
         } else {
-          const auto ids = flatten_block_ids(kv->value("remote_block_ids", json()));
+          const auto ids = g.kv.contains("remote_block_ids")
+                               ? flatten_block_ids(g.kv["remote_block_ids"])
+                               : std::nullopt;
           remote_cached = cached_prefix_tokens(ids ? ids->size() : 0, bs, prompt_tokens);
         }
       }
     }
 
     // Prefix cache, then prefill.
-    const auto hashes = cache_.block_hashes(pr.prompt.text);
+    const auto hashes = cache_.block_hashes(g.prompt.text);
     const std::size_t local_cached = cached_prefix_tokens(cache_.match(hashes), bs, prompt_tokens);
     counters_.prefix_cache_queries += prompt_tokens;
     counters_.prefix_cache_hits += local_cached;
@@ -747,28 +766,31 @@ class Server {
     std::size_t cached = std::max(local_cached, remote_cached);
     if (skip_prefill) {
       cached = prompt_tokens;
-      if (!co_await sleep_for(latency_.pull()))
+      const auto pull = latency_.pull();
+      if (!co_await sleep_for(pull))
         co_return;
     } else {
       Scheduler::Slot lane = co_await prefill_lanes_.acquire();
       if (!lane)
         co_return;
-      if (!co_await sleep_for(latency_.prefill(prompt_tokens - cached)))
+      const auto prefill = latency_.prefill(prompt_tokens - cached);
+      if (!co_await sleep_for(prefill))
         co_return;
     }
     rec.cached_tokens = cached;
     cache_.insert(hashes);
 
     ojson issued = nullptr;
-    if (remote_decode)
-      issued = issue_params(x.rid, pr.prompt.text, prompt_tokens);
+    if (g.remote_decode)
+      issued = issue_params(x.rid, g.prompt.text, prompt_tokens);
 
     // Decode. The prefill produced the first token; a decode that received
     // the KV from elsewhere runs one step for it.
     std::string text;
-    for (std::size_t i = 0; i < max_tokens; ++i) {
+    const auto itl = latency_.itl();
+    for (std::size_t i = 0; i < g.max_tokens; ++i) {
       if (i > 0 || skip_prefill) {
-        if (!co_await sleep_for(latency_.itl()))
+        if (!co_await sleep_for(itl))
           co_return;
       }
       const std::string token = output_token(i);
@@ -776,42 +798,48 @@ class Server {
       rec.completion_tokens = i + 1;
       ++counters_.generation_tokens;
       hold.set((prompt_tokens + i + 1 + bs - 1) / bs);
-      const bool last = i + 1 == max_tokens;
-      if (last && !remote_decode && opts_.issue_decode_kv && kv_capable) {
+      const bool last = i + 1 == g.max_tokens;
+      if (last && !g.remote_decode && opts_.issue_decode_kv && kv_capable) {
         // The conversation so far (prompt + this answer) stays on this
         // engine for the next turn's prefill to pull.
-        const std::string conv = pr.prompt.text + (chat ? "assistant" : "") + text;
+        const std::string conv = g.prompt.text + (chat ? "assistant" : "") + text;
         issued = issue_params(x.rid, conv, tokens_for_bytes(conv.size()));
       }
-      if (!stream)
+      if (!g.stream)
         continue;
-      if (i == 0 && chat && !co_await write_event(x, sse_event(make_role_chunk(meta))))
-        co_return;
+      if (i == 0 && chat) {
+        std::string role_event = sse_event(make_role_chunk(meta));
+        if (!co_await write_event(x, std::move(role_event)))
+          co_return;
+      }
       ojson chunk = make_token_chunk(meta, token, last ? "length" : "");
       // kv params ride on the last data event before [DONE].
-      if (last && !include_usage && !issued.is_null())
+      if (last && !g.include_usage && !issued.is_null())
         chunk["kv_transfer_params"] = issued;
-      if (!co_await write_event(x, sse_event(chunk)))
+      std::string event = sse_event(chunk);
+      if (!co_await write_event(x, std::move(event)))
         co_return;
     }
     rec.kv_params_issued = !issued.is_null();
-    const Usage usage{prompt_tokens, max_tokens};
+    const Usage usage{prompt_tokens, g.max_tokens};
     ++counters_.requests_completed;
-    if (stream) {
-      if (include_usage) {
+    if (g.stream) {
+      if (g.include_usage) {
         ojson chunk = make_usage_chunk(meta, usage);
         if (!issued.is_null())
           chunk["kv_transfer_params"] = issued;
-        if (!co_await write_event(x, sse_event(chunk)))
+        std::string event = sse_event(chunk);
+        if (!co_await write_event(x, std::move(event)))
           co_return;
       }
-      if (!co_await write_event(x, std::string(kSseDone)))
+      std::string done(kSseDone);
+      if (!co_await write_event(x, std::move(done)))
         co_return;
       co_await end_stream(x);
       co_return;
     }
-    co_await reply(x, http::status::ok, dump(make_response(meta, text, "length", usage, issued)),
-                   "application/json");
+    std::string body = dump(make_response(meta, text, "length", usage, issued));
+    co_await reply(x, http::status::ok, std::move(body), "application/json");
   }
 
   ojson issue_params(const std::string& rid, const std::string& text, std::size_t tokens) {
@@ -868,8 +896,8 @@ class Server {
       ec = cec;
     } else {
       tcp::resolver resolver(ex);
-      auto [rec, results] =
-          co_await resolver.async_resolve(host, std::to_string(port), use_nothrow);
+      const std::string service = std::to_string(port);
+      auto [rec, results] = co_await resolver.async_resolve(host, service, use_nothrow);
       ec = rec;
       if (!ec) {
         auto [cec, ep] = co_await stream.async_connect(results, use_nothrow);
@@ -917,8 +945,8 @@ class Server {
   awaitable<bool> serve_kv_pull(Exchange& x) {
     const json b = json::parse(x.req.body(), nullptr, false);
     if (b.is_discarded() || !b.is_object()) {
-      co_return co_await reply(x, http::status::bad_request, "{\"result\":\"bad_request\"}",
-                               "application/json");
+      std::string bad = "{\"result\":\"bad_request\"}";
+      co_return co_await reply(x, http::status::bad_request, std::move(bad), "application/json");
     }
     auto str = [&](const char* k) -> std::string {
       return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
@@ -931,8 +959,8 @@ class Server {
     const auto status = r == KvResult::valid    ? http::status::ok
                         : r == KvResult::reused ? http::status::conflict
                                                 : http::status::not_found;
-    co_return co_await reply(x, status, std::string("{\"result\":\"") + to_string(r) + "\"}",
-                             "application/json");
+    std::string answer = std::string("{\"result\":\"") + to_string(r) + "\"}";
+    co_return co_await reply(x, status, std::move(answer), "application/json");
   }
 
   // ---- helpers ----------------------------------------------------------
