@@ -1,0 +1,86 @@
+// Differential and invariant fuzzing of the in-place JSON layer: our
+// validator must agree with nlohmann (apart from the documented
+// differences), and every rewrite of an accepted body must stay valid.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "core/body_rewrite.hpp"
+#include "core/json_body.hpp"
+
+namespace {
+
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "invariant failed: %s\n", what);
+    std::abort();
+  }
+}
+
+// nlohmann's verdict: accepted as an object, or failed only because a
+// number overflows a double (RFC 8259 grammar allows it; we accept it).
+bool nlohmann_accepts_object(std::string_view text, bool& overflow_only) {
+  overflow_only = false;
+  try {
+    return nlohmann::json::parse(text).is_object();
+  } catch (const nlohmann::json::out_of_range&) {
+    overflow_only = true;
+  } catch (const nlohmann::json::exception&) {
+  }
+  return false;
+}
+
+bool index_ok(const std::string& text) { return pdgate::index_json_object(text).ok(); }
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const auto idx = pdgate::index_json_object(text);
+  bool overflow_only = false;
+  const bool theirs = nlohmann_accepts_object(text, overflow_only);
+  if (idx.ok() && !theirs) check(overflow_only, "accepted a text nlohmann rejects");
+  if (!idx.ok() && theirs) {
+    // Known differences: nlohmann skips a UTF-8 BOM, stops reading at a NUL
+    // byte (so "{}\0junk" passes) and has no depth limit.
+    const bool bom = text.substr(0, 3) == "\xef\xbb\xbf";
+    const bool nul = text.find('\0') != std::string_view::npos;
+    const bool deep = idx.error().find("nesting") != std::string::npos;
+    check(bom || nul || deep, "rejected a text nlohmann accepts");
+  }
+  (void)pdgate::extract_kv_params(text);
+  if (!idx.ok()) return 0;
+
+  for (const auto& m : idx->members) {
+    check(pdgate::validate_json(text.substr(m.value_begin, m.value_end - m.value_begin)).ok(),
+          "member value does not validate on its own");
+    check(m.begin < m.value_begin && m.value_end == m.end && m.end <= idx->close_brace,
+          "member ranges out of order");
+  }
+  check(pdgate::JsonBodyEditor(text, *idx).render() == text, "render without edits differs");
+
+  const std::string prefill = pdgate::make_prefill_body(text, *idx);
+  const auto pidx = pdgate::index_json_object(prefill);
+  check(pidx.ok(), "prefill body invalid");
+  check(pdgate::raw_member(prefill, *pidx, "stream") == "false", "prefill stream not false");
+  check(pdgate::raw_member(prefill, *pidx, "max_tokens") == "1", "prefill max_tokens not 1");
+  check(!pdgate::raw_member(prefill, *pidx, "conversation_id"), "prefill keeps conversation_id");
+  check(!pdgate::raw_member(prefill, *pidx, "stream_options"), "prefill keeps stream_options");
+
+  const std::string decode =
+      pdgate::make_decode_body(text, *idx, std::string_view(R"({"remote_block_ids":[[1]]})"));
+  check(index_ok(decode), "decode body invalid");
+  check(index_ok(pdgate::make_passthrough_body(text, *idx)), "passthrough body invalid");
+  if (!idx->members.empty()) {
+    const auto stripped = pdgate::strip_member(text, idx->members.front().key);
+    check(stripped && index_ok(*stripped), "strip_member output invalid");
+  }
+  (void)pdgate::read_facts(text, *idx, size % 2 == 0);
+  const auto next = pdgate::kv_params_for_next_turn_prefill(text, "h");
+  check(next.ok() && index_ok(*next), "next-turn params invalid");
+  return 0;
+}

@@ -1,0 +1,72 @@
+// Splitting a stream into pieces must never change the events it yields:
+// the first byte picks the piece size, the rest is the stream.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/sse.hpp"
+
+namespace {
+
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "invariant failed: %s\n", what);
+    std::abort();
+  }
+}
+
+struct Run {
+  std::vector<pdgate::SseEvent> events;
+  std::size_t pending = 0;
+};
+
+Run scan(std::string_view stream, std::size_t piece, bool pop_each) {
+  // The cap is above libFuzzer's input sizes: cap behaviour has unit tests.
+  pdgate::SseScanner s(1u << 24);
+  Run r;
+  pdgate::SseEvent ev;
+  for (std::size_t i = 0; i < stream.size(); i += piece) {
+    check(s.feed(stream.substr(i, piece)), "feed failed under the cap");
+    while (pop_each && s.next(ev)) r.events.push_back(ev);
+  }
+  while (s.next(ev)) r.events.push_back(ev);
+  r.pending = s.pending_bytes();
+  return r;
+}
+
+std::string raw_of(const Run& r) {
+  std::string out;
+  for (const auto& e : r.events) out += e.raw;
+  return out;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const std::size_t piece = data[0] % 16 + 1;
+  const std::string_view stream(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const Run whole = scan(stream, stream.size() + 1, true);
+  const Run late = scan(stream, piece, false);
+  const Run eager = scan(stream, piece, true);
+  // One feed, or many feeds popped at the end: raw bytes are exact.
+  const std::string raw = raw_of(whole);
+  check(raw + std::string(stream.substr(raw.size())) == stream, "raw bytes differ from input");
+  check(whole.pending == stream.size() - raw.size(), "pending count wrong");
+  check(raw_of(late) == raw, "split feeding changed raw bytes");
+  check(late.pending == whole.pending, "split feeding changed pending bytes");
+  check(eager.events.size() == whole.events.size(), "eager popping changed the event count");
+  for (std::size_t i = 0; i < whole.events.size(); ++i) {
+    for (const auto* other : {&late.events[i], &eager.events[i]}) {
+      check(other->data == whole.events[i].data, "data differs");
+      check(other->has_data == whole.events[i].has_data, "has_data differs");
+      check(other->is_done == whole.events[i].is_done, "is_done differs");
+      check(other->comment_only == whole.events[i].comment_only, "comment_only differs");
+    }
+  }
+  return 0;
+}
