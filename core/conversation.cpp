@@ -1,0 +1,143 @@
+#include "core/conversation.hpp"
+
+#include <utility>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "core/json_body.hpp"
+
+namespace pdgate {
+
+namespace {
+
+constexpr std::string_view kParamsKey = "kv_transfer_params";
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
+    s.remove_suffix(1);
+  return s;
+}
+
+std::optional<std::string> bounded(std::string_view id) {
+  if (id.empty() || id.size() > kMaxConversationIdBytes)
+    return std::nullopt;
+  return std::string(id);
+}
+
+}  // namespace
+
+std::optional<std::string> conversation_key(
+    const boost::beast::http::request<boost::beast::http::string_body>& req,
+    const RequestFacts& facts) {
+  if (facts.conversation_id)
+    return bounded(*facts.conversation_id);
+  auto it = req.find("x-conversation-id");
+  if (it == req.end())
+    return std::nullopt;
+  return bounded(trim(it->value()));
+}
+
+std::optional<std::string> prefill_kv_params_from_entry(std::string_view entry) {
+  if (!index_json_object(entry))
+    return std::nullopt;
+  return std::string(entry);
+}
+
+DecodeOutputFilter::DecodeOutputFilter(std::string decode_host, bool expose)
+    : host_(std::move(decode_host)), expose_(expose) {}
+
+std::optional<std::string> DecodeOutputFilter::inspect(std::string_view json) {
+  const auto index = index_json_object(json);
+  if (!index)
+    return std::nullopt;  // not ours to judge: relay as it came
+  const auto raw = raw_member(json, *index, kParamsKey);
+  if (!raw)
+    return std::nullopt;
+  if (!raw->empty() && raw->front() == '{') {
+    if (auto next = kv_params_for_next_turn_prefill(*raw, host_)) {
+      captured_ = std::move(*next);
+      fresh_ = true;
+    }
+  }
+  if (expose_)
+    return std::nullopt;
+  JsonBodyEditor editor(json, *index);
+  editor.remove(kParamsKey);
+  return editor.render();
+}
+
+std::string_view DecodeOutputFilter::on_event(const SseEvent& event) {
+  if (!event.has_data || event.data.find(kParamsKey) == std::string::npos)
+    return event.raw;
+  auto stripped = inspect(event.data);
+  if (!stripped)
+    return event.raw;
+  // vLLM's events are a lone data field; the rewritten event is too.
+  out_ = sse_data_event(*stripped);
+  return out_;
+}
+
+void DecodeOutputFilter::on_body(std::string& body) {
+  if (body.find(kParamsKey) == std::string::npos)
+    return;
+  if (auto stripped = inspect(body))
+    body = std::move(*stripped);
+}
+
+net::awaitable<std::string> prefill_kv_params_for_turn(ConversationStore& store,
+                                                       ConversationCounters& counters,
+                                                       const std::optional<std::string>& key,
+                                                       const std::string& request_id) {
+  if (!key) {
+    spdlog::debug("request {}: no conversation_id; no multi-turn KV reuse", request_id);
+    co_return std::string(kDefaultPrefillKvParams);
+  }
+  TakeResult taken = co_await store.take(*key);
+  switch (taken.kind) {
+    case TakeResult::Kind::hit:
+      if (auto params = prefill_kv_params_from_entry(taken.params)) {
+        spdlog::debug("request {}: conversation {}: reusing the previous turn's decode blocks",
+                      request_id, *key);
+        co_return std::move(*params);
+      }
+      counters.add(counters.errors);
+      spdlog::debug("request {}: conversation {}: stored params are not a JSON object; ignored",
+                    request_id, *key);
+      break;
+    case TakeResult::Kind::miss:
+      spdlog::debug("request {}: conversation {}: nothing cached", request_id, *key);
+      break;
+    case TakeResult::Kind::error:
+      // The store warned (rate-limited); the turn just recomputes.
+      spdlog::debug("request {}: conversation {}: store error: {}", request_id, *key, taken.detail);
+      break;
+  }
+  co_return std::string(kDefaultPrefillKvParams);
+}
+
+net::awaitable<void> remember_turn(ConversationStore& store, const std::string& key,
+                                   const std::string& params, std::chrono::seconds ttl,
+                                   const std::string& request_id) {
+  const bool ok = co_await store.put(key, params, ttl);
+  spdlog::debug("request {}: conversation {}: decode params {}", request_id, key,
+                ok ? "stored for the next turn" : "not stored");
+}
+
+nlohmann::json conversation_store_json(const ConversationStores& stores) {
+  const auto h = stores.health();
+  const auto& c = stores.counters();
+  auto load = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  nlohmann::json j = {
+      {"kind", h.kind},           {"reachable", h.reachable},   {"hits", load(c.hits)},
+      {"misses", load(c.misses)}, {"expired", load(c.expired)}, {"evicted", load(c.evicted)},
+      {"errors", load(c.errors)}, {"puts", load(c.puts)}};
+  if (!h.endpoint.empty())
+    j["endpoint"] = h.endpoint;
+  j["entries"] = h.entries ? nlohmann::json(*h.entries) : nlohmann::json(nullptr);
+  return j;
+}
+
+}  // namespace pdgate

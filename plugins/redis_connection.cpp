@@ -1,0 +1,433 @@
+// All of hiredis's C interface lives in this file.
+//
+// hiredis's async API owns the socket, the parser and the queue of reply
+// callbacks; it asks its event library to watch the socket through five
+// hooks (addRead/delRead/addWrite/delWrite/cleanup). The adapter below
+// implements them with a posix::stream_descriptor on the worker's
+// executor: async_wait(wait_read|wait_write), then redisAsyncHandleRead or
+// redisAsyncHandleWrite. hiredis owns the fd and closes it, so the
+// descriptor is release()d, never closed.
+#include "plugins/redis_connection.hpp"
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace pdgate {
+
+namespace {
+
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+using Clock = std::chrono::steady_clock;
+
+// The socket watch of one hiredis context. Shared by the pending waits so
+// that a wait completing after the context is gone finds `alive` false
+// instead of a freed context.
+struct SocketWatch {
+  SocketWatch(net::any_io_executor ex, int fd) : sd(std::move(ex), fd) {}
+  net::posix::stream_descriptor sd;
+  redisAsyncContext* ac = nullptr;
+  bool alive = true;
+  bool want_read = false, want_write = false;
+  bool reading = false, writing = false;
+};
+using WatchPtr = std::shared_ptr<SocketWatch>;
+
+void arm_read(const WatchPtr& w) {
+  if (w->reading || !w->want_read || !w->alive)
+    return;
+  w->reading = true;
+  w->sd.async_wait(net::posix::stream_descriptor::wait_read,
+                   [w](const boost::system::error_code& ec) {
+                     w->reading = false;
+                     if (ec || !w->alive)
+                       return;
+                     // May free the context (EOF, protocol error): cleanup clears `alive`.
+                     if (w->want_read)
+                       redisAsyncHandleRead(w->ac);
+                     arm_read(w);
+                   });
+}
+
+void arm_write(const WatchPtr& w) {
+  if (w->writing || !w->want_write || !w->alive)
+    return;
+  w->writing = true;
+  w->sd.async_wait(net::posix::stream_descriptor::wait_write,
+                   [w](const boost::system::error_code& ec) {
+                     w->writing = false;
+                     if (ec || !w->alive)
+                       return;
+                     if (w->want_write)
+                       redisAsyncHandleWrite(w->ac);
+                     arm_write(w);
+                   });
+}
+
+WatchPtr& watch_of(void* privdata) {
+  return *static_cast<WatchPtr*>(privdata);
+}
+
+void ev_add_read(void* p) {
+  auto& w = watch_of(p);
+  w->want_read = true;
+  arm_read(w);
+}
+void ev_del_read(void* p) {
+  watch_of(p)->want_read = false;
+}
+void ev_add_write(void* p) {
+  auto& w = watch_of(p);
+  w->want_write = true;
+  arm_write(w);
+}
+void ev_del_write(void* p) {
+  watch_of(p)->want_write = false;
+}
+void ev_cleanup(void* p) {
+  auto* holder = static_cast<WatchPtr*>(p);
+  WatchPtr w = std::move(*holder);
+  delete holder;
+  w->alive = false;
+  boost::system::error_code ec;
+  w->sd.cancel(ec);
+  // hiredis closes the fd right after this hook returns.
+  w->sd.release();
+}
+
+void attach(redisAsyncContext* ac, const net::any_io_executor& ex) {
+  auto w = std::make_shared<SocketWatch>(ex, ac->c.fd);
+  w->ac = ac;
+  ac->ev.data = new WatchPtr(std::move(w));
+  ac->ev.addRead = ev_add_read;
+  ac->ev.delRead = ev_del_read;
+  ac->ev.addWrite = ev_add_write;
+  ac->ev.delWrite = ev_del_write;
+  ac->ev.cleanup = ev_cleanup;
+}
+
+RedisReply copy_reply(const redisReply* r) {
+  RedisReply out;
+  switch (r->type) {
+    case REDIS_REPLY_STRING:
+      out.type = RedisReply::Type::string;
+      break;
+    case REDIS_REPLY_ARRAY:
+      out.type = RedisReply::Type::array;
+      return out;
+    case REDIS_REPLY_INTEGER:
+      out.type = RedisReply::Type::integer;
+      out.integer = r->integer;
+      return out;
+    case REDIS_REPLY_NIL:
+      out.type = RedisReply::Type::nil;
+      return out;
+    case REDIS_REPLY_STATUS:
+      out.type = RedisReply::Type::status;
+      break;
+    case REDIS_REPLY_ERROR:
+      out.type = RedisReply::Type::error;
+      break;
+    default:
+      out.type = RedisReply::Type::none;
+      out.text = "unknown reply type";
+      return out;
+  }
+  if (r->str != nullptr)
+    out.text.assign(r->str, r->len);
+  return out;
+}
+
+RedisReply no_reply(std::string why) {
+  RedisReply r;
+  r.text = std::move(why);
+  return r;
+}
+
+// A command waiting for its reply. The waiter sleeps on `timer` until the
+// deadline; the reply callback cancels the timer to wake it early.
+struct Pending {
+  explicit Pending(const net::any_io_executor& ex) : timer(ex) {}
+  net::steady_timer timer;
+  bool done = false;
+  RedisReply reply;
+};
+using PendingPtr = std::shared_ptr<Pending>;
+
+std::string context_error(const redisAsyncContext* ac, const char* fallback) {
+  return ac->err != 0 && ac->errstr[0] != '\0' ? std::string(ac->errstr) : std::string(fallback);
+}
+
+}  // namespace
+
+// hiredis calls these with the context whose `data` is the connection.
+struct RedisConnection::Callbacks {
+  static void on_reply(redisAsyncContext* ac, void* reply, void* privdata) {
+    auto* holder = static_cast<PendingPtr*>(privdata);
+    PendingPtr p = std::move(*holder);
+    delete holder;
+    auto* conn = static_cast<RedisConnection*>(ac->data);
+    if (!conn->sent_.empty())
+      conn->sent_.pop_front();
+    // A null reply: the context is going away (disconnect or free).
+    p->reply = reply != nullptr ? copy_reply(static_cast<redisReply*>(reply))
+                                : no_reply(context_error(ac, "connection closed"));
+    p->done = true;
+    p->timer.cancel();
+  }
+
+  static void on_connect(const redisAsyncContext* ac, int status) {
+    auto* conn = static_cast<RedisConnection*>(ac->data);
+    if (status == REDIS_OK)
+      return;  // the handshake's PING says when it is usable
+    // hiredis frees the context after this callback.
+    if (conn->ac_ == ac) {
+      conn->ac_ = nullptr;
+      conn->sent_.clear();
+      conn->set_ready(false);
+      conn->last_error_ = "connect: " + context_error(ac, "failed");
+    }
+    conn->notify();
+  }
+
+  static void on_disconnect(const redisAsyncContext* ac, int /*status*/) {
+    auto* conn = static_cast<RedisConnection*>(ac->data);
+    if (conn->ac_ == ac) {
+      conn->ac_ = nullptr;
+      conn->sent_.clear();
+      conn->set_ready(false);
+      conn->last_error_ = context_error(ac, "connection closed by the server");
+    }
+    conn->notify();
+  }
+};
+
+std::shared_ptr<RedisConnection> RedisConnection::create(net::any_io_executor ex,
+                                                         RedisConnectionSettings settings,
+                                                         RedisConnectionsShared& shared) {
+  return std::shared_ptr<RedisConnection>(
+      new RedisConnection(std::move(ex), std::move(settings), shared));
+}
+
+RedisConnection::RedisConnection(net::any_io_executor ex, RedisConnectionSettings settings,
+                                 RedisConnectionsShared& shared)
+    : ex_(std::move(ex)), settings_(std::move(settings)), shared_(shared), signal_(ex_) {}
+
+RedisConnection::~RedisConnection() {
+  stopped_ = true;
+  if (ac_ != nullptr) {
+    auto* ac = ac_;
+    ac_ = nullptr;
+    redisAsyncFree(ac);
+  }
+  set_ready(false);
+}
+
+void RedisConnection::start() {
+  net::co_spawn(ex_, run(shared_from_this()), net::detached);
+}
+
+void RedisConnection::stop() {
+  stopped_ = true;
+  drop("stopping");
+  notify();
+}
+
+void RedisConnection::set_ready(bool r) {
+  if (r == ready_)
+    return;
+  ready_ = r;
+  shared_.ready_connections.fetch_add(r ? 1 : -1, std::memory_order_relaxed);
+}
+
+void RedisConnection::drop(const std::string& why) {
+  if (ac_ == nullptr)
+    return;
+  redisAsyncContext* ac = ac_;
+  ac_ = nullptr;
+  sent_.clear();
+  set_ready(false);
+  last_error_ = why;
+  // Completes every pending command with no reply; deferred by hiredis if
+  // we are inside one of its callbacks.
+  redisAsyncFree(ac);
+  notify();
+}
+
+net::awaitable<RedisReply> RedisConnection::send(const std::vector<std::string_view>& args,
+                                                 std::chrono::milliseconds wait) {
+  if (ac_ == nullptr)
+    co_return no_reply("not connected to redis");
+  if (sent_.size() >= settings_.max_in_flight) {
+    co_return no_reply("too many redis commands in flight");
+  }
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lens;
+  argv.reserve(args.size());
+  lens.reserve(args.size());
+  for (auto a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto p = std::make_shared<Pending>(ex_);
+  auto* holder = new PendingPtr(p);
+  if (redisAsyncCommandArgv(ac_, &Callbacks::on_reply, holder, static_cast<int>(argv.size()),
+                            argv.data(), lens.data()) != REDIS_OK) {
+    delete holder;
+    co_return no_reply("redis connection is closing");
+  }
+  sent_.push_back(Clock::now());
+  p->timer.expires_after(wait);
+  if (!p->done)
+    co_await p->timer.async_wait(use_tuple);
+  if (!p->done) {
+    co_return no_reply("no reply from redis within " + std::to_string(wait.count()) + " ms");
+  }
+  co_return std::move(p->reply);
+}
+
+net::awaitable<RedisReply> RedisConnection::command(std::vector<std::string_view> args) {
+  if (!ready_)
+    co_return no_reply("redis is not connected");
+  RedisReply r = co_await send(args, settings_.command_timeout);
+  if (r.type == RedisReply::Type::none && ac_ != nullptr && !sent_.empty()) {
+    // One slow reply is Redis being busy; nothing answered for many
+    // timeouts in a row is a hung server or a half-open connection:
+    // replace it rather than queue every request behind it.
+    const auto stall = std::max<std::chrono::milliseconds>(settings_.command_timeout * 10,
+                                                           std::chrono::milliseconds(500));
+    if (Clock::now() - sent_.front() > stall)
+      drop("redis stopped answering");
+  }
+  co_return r;
+}
+
+net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
+  const RedisEndpoint& ep = settings_.endpoint;
+  const auto deadline = Clock::now() + settings_.connect_timeout;
+  redisAsyncContext* ac = nullptr;
+  if (ep.is_unix) {
+    ac = redisAsyncConnectUnix(ep.path.c_str());
+  } else {
+    // hiredis would call getaddrinfo on this thread: resolve names with
+    // Asio (off the loop) and hand hiredis an address.
+    std::string address = ep.host;
+    boost::system::error_code ec;
+    net::ip::make_address(address, ec);
+    if (ec) {
+      net::ip::tcp::resolver resolver(ex_);
+      auto [rec, results] =
+          co_await resolver.async_resolve(ep.host, std::to_string(ep.port), use_tuple);
+      if (rec || results.empty()) {
+        why = "cannot resolve " + ep.host + ": " + rec.message();
+        co_return false;
+      }
+      address = results.begin()->endpoint().address().to_string();
+    }
+    ac = redisAsyncConnect(address.c_str(), ep.port);
+  }
+  if (ac == nullptr) {
+    why = "out of memory";
+    co_return false;
+  }
+  if (ac->err != 0) {
+    why = "connect: " + context_error(ac, "failed");
+    redisAsyncFree(ac);
+    co_return false;
+  }
+  ac->data = this;
+  attach(ac, ex_);
+  ac_ = ac;
+  // Hooks first: setting the connect callback arms the first write wait.
+  redisAsyncSetConnectCallback(ac, &Callbacks::on_connect);
+  redisAsyncSetDisconnectCallback(ac, &Callbacks::on_disconnect);
+
+  auto remaining = [&] {
+    return std::max<std::chrono::milliseconds>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
+        std::chrono::milliseconds(1));
+  };
+  auto step = [&](std::vector<std::string_view> args, std::string_view expect,
+                  const char* what) -> net::awaitable<bool> {
+    RedisReply r = co_await send(args, remaining());
+    if (r.type == RedisReply::Type::status && (expect.empty() || r.text == expect))
+      co_return true;
+    why = std::string(what) + ": " + (r.text.empty() ? "unexpected reply" : r.text);
+    if (ac_ == nullptr && !last_error_.empty() && r.type == RedisReply::Type::none) {
+      why = last_error_;
+    }
+    co_return false;
+  };
+  // Commands queue in hiredis until the connect completes; the handshake
+  // is pipelined and each reply checked in order.
+  // (Named vectors: GCC 12 miscompiles braced lists of literals inside a
+  // co_await expression.)
+  bool ok = true;
+  if (!ep.password.empty()) {
+    std::vector<std::string_view> auth{std::string_view("AUTH")};
+    if (!ep.username.empty())
+      auth.push_back(ep.username);
+    auth.push_back(ep.password);
+    ok = co_await step(std::move(auth), "OK", "AUTH");
+  }
+  const std::string db = std::to_string(ep.db);
+  if (ok && ep.db != 0) {
+    std::vector<std::string_view> select{std::string_view("SELECT"), db};
+    ok = co_await step(std::move(select), "OK", "SELECT");
+  }
+  if (ok) {
+    std::vector<std::string_view> ping{std::string_view("PING")};
+    ok = co_await step(std::move(ping), "PONG", "PING");
+  }
+  if (!ok) {
+    drop(why);
+    co_return false;
+  }
+  set_ready(true);
+  co_return true;
+}
+
+net::awaitable<void> RedisConnection::run(std::shared_ptr<RedisConnection> self) {
+  Backoff backoff(self->settings_.reconnect_min, self->settings_.reconnect_max);
+  const std::string where = self->settings_.endpoint.display();
+  while (!self->stopped_) {
+    std::string why;
+    if (co_await self->connect_once(why)) {
+      backoff.reset();
+      if (self->announced_down_) {
+        spdlog::info("redis {}: connected again; conversation cache in use", where);
+      } else if (!self->ever_connected_) {
+        spdlog::debug("redis {}: connected", where);
+      }
+      self->ever_connected_ = true;
+      self->announced_down_ = false;
+      while (self->ac_ != nullptr && !self->stopped_) {
+        self->signal_.expires_at(Clock::time_point::max());
+        co_await self->signal_.async_wait(use_tuple);
+      }
+      why = self->last_error_;
+    }
+    if (self->stopped_)
+      co_return;
+    // One warning per outage, not one per retry.
+    if (!self->announced_down_) {
+      spdlog::warn("redis {}: unavailable ({}); turns proceed as cache misses, reconnecting", where,
+                   why);
+      self->announced_down_ = true;
+    }
+    self->signal_.expires_after(backoff.next());
+    co_await self->signal_.async_wait(use_tuple);
+  }
+}
+
+}  // namespace pdgate

@@ -1,0 +1,102 @@
+// One asynchronous Redis connection driven by a worker's event loop:
+// hiredis's async API (its parser and command queue) with Asio doing the
+// waiting. Everything hiredis-specific is in redis_connection.cpp.
+//
+// Commands are pipelined: concurrent callers on the same worker share the
+// connection, hiredis writes their commands back to back and Redis answers
+// in order. Every command has a bounded wait; a caller that gives up does
+// not cancel the command (Redis may still run it), it just stops waiting.
+// The connection reconnects by itself with exponential backoff, so a Redis
+// that comes back is used again without restarting the gateway.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "plugins/redis_protocol.hpp"
+
+struct redisAsyncContext;
+
+namespace pdgate {
+
+struct RedisConnectionSettings {
+  RedisEndpoint endpoint;
+  std::chrono::milliseconds command_timeout{50};
+  std::chrono::milliseconds connect_timeout{1000};
+  std::chrono::milliseconds reconnect_min{100};
+  std::chrono::milliseconds reconnect_max{5000};
+  // Beyond this many unanswered commands a new one fails at once instead
+  // of queueing behind a Redis that does not answer (bounded memory).
+  std::size_t max_in_flight = 4096;
+};
+
+// What the connections of one process share (they run on different
+// threads, hence atomics).
+struct RedisConnectionsShared {
+  std::atomic<int> ready_connections{0};
+};
+
+class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
+ public:
+  static std::shared_ptr<RedisConnection> create(net::any_io_executor ex,
+                                                 RedisConnectionSettings settings,
+                                                 RedisConnectionsShared& shared);
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  // Starts connecting (and reconnecting, until stop()).
+  void start();
+  // Closes the connection; pending commands complete with no reply.
+  void stop();
+
+  bool ready() const { return ready_; }
+
+  // Sends one command and waits for its reply at most command_timeout.
+  // Never fails by exception: no reply (not connected, timed out,
+  // disconnected) is a RedisReply of type none saying why. The arguments
+  // are copied before the first suspension.
+  net::awaitable<RedisReply> command(std::vector<std::string_view> args);
+
+  // Used by hiredis's C callbacks (redis_connection.cpp).
+  struct Callbacks;
+
+ private:
+  RedisConnection(net::any_io_executor ex, RedisConnectionSettings settings,
+                  RedisConnectionsShared& shared);
+  static net::awaitable<void> run(std::shared_ptr<RedisConnection> self);
+  net::awaitable<bool> connect_once(std::string& why);
+  net::awaitable<RedisReply> send(const std::vector<std::string_view>& args,
+                                  std::chrono::milliseconds wait);
+  void drop(const std::string& why);
+  void set_ready(bool r);
+  void notify() { signal_.cancel(); }
+
+  net::any_io_executor ex_;
+  RedisConnectionSettings settings_;
+  RedisConnectionsShared& shared_;
+  redisAsyncContext* ac_ = nullptr;
+  bool ready_ = false;
+  bool stopped_ = false;
+  bool announced_down_ = false;
+  bool ever_connected_ = false;
+  std::string last_error_;
+  // Send times of unanswered commands, oldest first (Redis answers in
+  // order): a connection whose oldest command waits too long is stalled
+  // and gets replaced.
+  std::deque<std::chrono::steady_clock::time_point> sent_;
+  // Wakes the reconnect loop on connection state changes; also its sleep.
+  net::steady_timer signal_;
+};
+
+}  // namespace pdgate

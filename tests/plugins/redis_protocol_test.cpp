@@ -1,0 +1,159 @@
+// The sans-I/O half of the Redis store: URL parsing, reply meanings,
+// reconnect backoff and the warning limiter, without a socket.
+#include <gtest/gtest.h>
+
+#include "plugins/redis_protocol.hpp"
+
+namespace pdgate {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A bare host gets the default port and database 0, no AUTH.
+TEST(RedisUrl, HostOnlyDefaults) {
+  auto ep = parse_redis_url("redis://cache.internal");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_FALSE(ep->is_unix);
+  EXPECT_EQ(ep->host, "cache.internal");
+  EXPECT_EQ(ep->port, 6379);
+  EXPECT_EQ(ep->db, 0);
+  EXPECT_TRUE(ep->password.empty());
+}
+
+// Password, port and database are all read; the display hides the password.
+TEST(RedisUrl, PasswordPortAndDb) {
+  auto ep = parse_redis_url("redis://:s3cr%40t@10.0.0.7:6380/3");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_EQ(ep->host, "10.0.0.7");
+  EXPECT_EQ(ep->port, 6380);
+  EXPECT_EQ(ep->db, 3);
+  EXPECT_EQ(ep->password, "s3cr@t");
+  EXPECT_TRUE(ep->username.empty());
+  EXPECT_EQ(ep->display().find("s3cr"), std::string::npos);
+  EXPECT_EQ(ep->display(), "redis://:***@10.0.0.7:6380/3");
+}
+
+// A Redis 6 ACL user comes before the colon.
+TEST(RedisUrl, AclUser) {
+  auto ep = parse_redis_url("redis://gateway:pw@h:1");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_EQ(ep->username, "gateway");
+  EXPECT_EQ(ep->password, "pw");
+}
+
+// A bracketed IPv6 host is unbracketed, its port kept.
+TEST(RedisUrl, Ipv6Host) {
+  auto ep = parse_redis_url("redis://[::1]:7000");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_EQ(ep->host, "::1");
+  EXPECT_EQ(ep->port, 7000);
+  EXPECT_EQ(ep->display(), "redis://[::1]:7000");
+}
+
+// A trailing slash without a number means database 0.
+TEST(RedisUrl, TrailingSlash) {
+  auto ep = parse_redis_url("redis://h:6379/");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_EQ(ep->db, 0);
+}
+
+// unix:// takes an absolute path and optional db/password query items.
+TEST(RedisUrl, UnixSocket) {
+  auto ep = parse_redis_url("unix:///run/redis/redis.sock?db=2&password=p%20w");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_TRUE(ep->is_unix);
+  EXPECT_EQ(ep->path, "/run/redis/redis.sock");
+  EXPECT_EQ(ep->db, 2);
+  EXPECT_EQ(ep->password, "p w");
+  EXPECT_EQ(ep->display(), "unix:///run/redis/redis.sock?db=2");
+}
+
+// Malformed URLs are refused with a message that never repeats the password.
+TEST(RedisUrl, Rejects) {
+  for (const char* bad :
+       {"http://h:1", "redis://", "redis://h:0", "redis://h:70000", "redis://h:x", "redis://h/x",
+        "redis://h/-1", "redis://[::1", "unix://relative.sock", "unix:///s?db=x",
+        "unix:///s?color=red", "rediss://h:6379", "redis://:%zz@h", "redis://:secretpw@:1"}) {
+    auto ep = parse_redis_url(bad);
+    EXPECT_FALSE(ep) << bad;
+    if (!ep) {
+      EXPECT_EQ(ep.error().find("secretpw"), std::string::npos) << ep.error();
+    }
+  }
+}
+
+RedisReply reply(RedisReply::Type t, std::string text = {}) {
+  RedisReply r;
+  r.type = t;
+  r.text = std::move(text);
+  return r;
+}
+
+// nil is a miss, a bulk string a hit carrying the value.
+TEST(RedisReplies, TakeNilAndString) {
+  EXPECT_EQ(interpret_take_reply(reply(RedisReply::Type::nil)).kind, TakeResult::Kind::miss);
+  auto hit = interpret_take_reply(reply(RedisReply::Type::string, R"({"a":1})"));
+  EXPECT_EQ(hit.kind, TakeResult::Kind::hit);
+  EXPECT_EQ(hit.params, R"({"a":1})");
+}
+
+// Error replies, wrong types and no reply at all are errors, never hits.
+TEST(RedisReplies, TakeErrorsAndGarbage) {
+  for (auto t : {RedisReply::Type::error, RedisReply::Type::status, RedisReply::Type::integer,
+                 RedisReply::Type::array, RedisReply::Type::none}) {
+    auto r = interpret_take_reply(reply(t, "x"));
+    EXPECT_EQ(r.kind, TakeResult::Kind::error) << static_cast<int>(t);
+    EXPECT_FALSE(r.detail.empty());
+  }
+}
+
+// Only the status OK counts as a stored value.
+TEST(RedisReplies, Put) {
+  EXPECT_TRUE(interpret_put_reply(reply(RedisReply::Type::status, "OK")));
+  EXPECT_FALSE(interpret_put_reply(reply(RedisReply::Type::status, "QUEUED")));
+  EXPECT_FALSE(interpret_put_reply(reply(RedisReply::Type::string, "OK")));
+  EXPECT_FALSE(interpret_put_reply(reply(RedisReply::Type::error, "OOM")));
+  EXPECT_FALSE(interpret_put_reply(reply(RedisReply::Type::none, "timeout")));
+}
+
+// Redis < 6.2 answering GETDEL with "unknown command" is recognised.
+TEST(RedisReplies, UnknownCommand) {
+  EXPECT_TRUE(is_unknown_command_error(
+      reply(RedisReply::Type::error, "ERR unknown command 'GETDEL', with args beginning with:")));
+  EXPECT_FALSE(is_unknown_command_error(reply(RedisReply::Type::error, "WRONGTYPE")));
+  EXPECT_FALSE(is_unknown_command_error(reply(RedisReply::Type::status, "ERR unknown command")));
+}
+
+// Keys are <prefix>conv:<id>.
+TEST(RedisKeys, Layout) {
+  EXPECT_EQ(conversation_redis_key("pdgate:", "c-1"), "pdgate:conv:c-1");
+}
+
+// The reconnect delay doubles from the minimum up to the cap, and reset()
+// starts over.
+TEST(Backoff, DoublesAndCaps) {
+  Backoff b(100ms, 5000ms);
+  EXPECT_EQ(b.next(), 100ms);
+  EXPECT_EQ(b.next(), 200ms);
+  EXPECT_EQ(b.next(), 400ms);
+  for (int i = 0; i < 100; ++i)
+    EXPECT_LE(b.next(), 5000ms);
+  EXPECT_EQ(b.next(), 5000ms);
+  b.reset();
+  EXPECT_EQ(b.next(), 100ms);
+}
+
+// One warning per interval; the next one reports how many were held back.
+TEST(WarnLimiter, OnePerInterval) {
+  WarnLimiter w(1000ms);
+  std::uint64_t suppressed = 99;
+  EXPECT_TRUE(w.allow(10'000, suppressed));
+  EXPECT_EQ(suppressed, 0u);
+  EXPECT_FALSE(w.allow(10'100, suppressed));
+  EXPECT_FALSE(w.allow(10'999, suppressed));
+  EXPECT_TRUE(w.allow(11'000, suppressed));
+  EXPECT_EQ(suppressed, 2u);
+}
+
+}  // namespace
+}  // namespace pdgate
