@@ -320,6 +320,13 @@ FaultParse parse_fault_header(std::string_view value) {
         return out;
       }
       out.fault.die_after = n;
+    } else if (key == "error-after" && has_arg) {
+      std::size_t n = 0;
+      if (!parse_uint(arg, n)) {
+        out.error = "X-Sim-Fault: error-after=N expects a non-negative integer";
+        return out;
+      }
+      out.fault.error_after = n;
     } else if (key == "delay-ms" && has_arg) {
       std::size_t n = 0;
       if (!parse_uint(arg, n)) {
@@ -329,7 +336,7 @@ FaultParse parse_fault_header(std::string_view value) {
       out.fault.delay_ms = n;
     } else {
       out.error = "X-Sim-Fault: unknown item '" + item +
-                  "' (expected error, error=NNN, hang, die-after=N, delay-ms=N)";
+                  "' (expected error, error=NNN, hang, die-after=N, error-after=N, delay-ms=N)";
       return out;
     }
   }

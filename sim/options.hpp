@@ -55,11 +55,12 @@ ParseOutcome parse_args(const std::vector<std::string>& args);
 std::string usage_text();
 
 // X-Sim-Fault: comma-separated items among `error`, `error=NNN`, `hang`,
-// `die-after=N`, `delay-ms=N`.
+// `die-after=N`, `error-after=N`, `delay-ms=N`.
 struct Fault {
   std::optional<int> error_status;  // answer this status instead of working
   bool hang = false;
-  std::optional<std::size_t> die_after;
+  std::optional<std::size_t> die_after;    // streaming: drop the socket after N events
+  std::optional<std::size_t> error_after;  // streaming: error event + [DONE] after N events
   std::size_t delay_ms = 0;
 };
 

@@ -63,9 +63,12 @@ nlohmann::ordered_json to_json(const RequestRecord& r) {
 std::shared_ptr<RequestRecord> RequestLog::add(RequestRecord r) {
   r.seq = next_seq_++;
   auto p = std::make_shared<RequestRecord>(std::move(r));
+  body_bytes_ += p->body.size();
   ring_.push_back(p);
-  while (ring_.size() > capacity_)
+  while (ring_.size() > capacity_ || (ring_.size() > 1 && body_bytes_ > max_body_bytes_)) {
+    body_bytes_ -= ring_.front()->body.size();
     ring_.pop_front();
+  }
   return p;
 }
 

@@ -47,16 +47,24 @@ nlohmann::ordered_json to_json(const RequestRecord& r);
 
 class RequestLog {
  public:
-  explicit RequestLog(std::size_t capacity = 2000) : capacity_(capacity) {}
+  // Bounded by record count and by the bytes of the bodies kept, so large
+  // prompts cannot make the ring the biggest thing in memory.
+  explicit RequestLog(std::size_t capacity = 2000, std::size_t max_body_bytes = 256u << 20)
+      : capacity_(capacity), max_body_bytes_(max_body_bytes) {}
 
   // Records are shared: the handler keeps updating one after it is logged.
   std::shared_ptr<RequestRecord> add(RequestRecord r);
-  void clear() { ring_.clear(); }
+  void clear() {
+    ring_.clear();
+    body_bytes_ = 0;
+  }
   std::size_t size() const { return ring_.size(); }
   nlohmann::ordered_json to_json() const;
 
  private:
   std::size_t capacity_;
+  std::size_t max_body_bytes_;
+  std::size_t body_bytes_ = 0;
   std::uint64_t next_seq_ = 1;
   std::deque<std::shared_ptr<RequestRecord>> ring_;
 };

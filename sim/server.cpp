@@ -208,6 +208,7 @@ struct Exchange {
   bool response_started = false;
   std::size_t events_written = 0;
   std::optional<std::size_t> die_after;
+  std::optional<std::size_t> error_after;
 };
 
 awaitable<bool> sleep_for(std::chrono::microseconds d) {
@@ -285,7 +286,18 @@ class Server {
         http::request_parser<http::string_body> parser;
         parser.header_limit(kMaxHeaderBytes);
         parser.body_limit(kMaxBodyBytes);
-        auto [ec, n] = co_await http::async_read(sock, buf, parser, use_nothrow);
+        auto [ec, n] = co_await http::async_read_header(sock, buf, parser, use_nothrow);
+        if (!ec && beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+          // curl sends this for large bodies and would otherwise stall a
+          // second before sending the body.
+          static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+          auto [wec, wn] = co_await net::async_write(sock, net::buffer(kContinue), use_nothrow);
+          ec = wec;
+        }
+        if (!ec && !parser.is_done()) {
+          auto [rec, rn] = co_await http::async_read(sock, buf, parser, use_nothrow);
+          ec = rec;
+        }
         if (ec) {
           if (ec == http::error::body_limit || ec == http::error::header_limit) {
             Request dummy;
@@ -494,7 +506,13 @@ class Server {
     }
     if (x.rec)
       x.rec->status = 200;
-    co_return !maybe_die(x);
+    if (maybe_die(x))
+      co_return false;
+    if (x.error_after && *x.error_after == 0) {
+      co_await fail_stream(x);
+      co_return false;
+    }
+    co_return true;
   }
 
   // --die-after-chunks / die-after=N: once N events went out, drop the
@@ -524,7 +542,39 @@ class Server {
     ++x.events_written;
     if (x.rec && !x.rec->first_token_at_ms)
       x.rec->first_token_at_ms = now_ms();
-    co_return !maybe_die(x);
+    if (maybe_die(x))
+      co_return false;
+    if (x.error_after && x.events_written >= *x.error_after) {
+      co_await fail_stream(x);
+      co_return false;
+    }
+    co_return true;
+  }
+
+  // X-Sim-Fault error-after=N: vLLM's mid-stream failure, an error event
+  // then [DONE], with the chunked body properly terminated.
+  awaitable<void> fail_stream(Exchange& x) {
+    log_->info("request {}: failing the stream after {} data events (fault)", x.rid,
+               x.events_written);
+    ++counters_.faults_injected;
+    x.error_after.reset();
+    std::string events =
+        sse_event(make_error("Simulated engine failure mid-stream (pdgate-sim)", 500)) +
+        std::string(kSseDone);
+    auto [ec, n] =
+        co_await net::async_write(x.sock, http::make_chunk(net::buffer(events)), use_nothrow);
+    if (!ec) {
+      auto [ec2, n2] = co_await net::async_write(x.sock, http::make_chunk_last(), use_nothrow);
+      ec = ec2;
+    }
+    if (ec) {
+      x.client_gone = true;
+      co_return;
+    }
+    if (x.rec) {
+      x.rec->outcome = Outcome::error;
+      x.rec->ended_at_ms = now_ms();
+    }
   }
 
   awaitable<bool> end_stream(Exchange& x) {
@@ -711,8 +761,10 @@ class Server {
       co_await send_error(x, error_status, msg);
       co_return;
     }
-    if (g.stream)
+    if (g.stream) {
       x.die_after = g.fault.die_after ? g.fault.die_after : opts_.die_after_chunks;
+      x.error_after = g.fault.error_after;
+    }
 
     if (scheduler_.would_reject()) {
       ++counters_.requests_rejected;

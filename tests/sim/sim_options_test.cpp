@@ -96,6 +96,8 @@ TEST(SimFaultHeader, Forms) {
   EXPECT_TRUE(f.error.empty()) << f.error;
   EXPECT_EQ(f.fault.die_after, 2u);
   EXPECT_EQ(f.fault.delay_ms, 150u);
+  f = parse_fault_header("error-after=3");
+  EXPECT_EQ(f.fault.error_after, 3u);
   EXPECT_FALSE(f.fault.error_status);
 }
 

@@ -178,5 +178,16 @@ TEST(SimRequestLog, RingAndJson) {
   EXPECT_EQ(log.size(), 0u);
 }
 
+// The ring also drops the oldest records once their bodies exceed the byte budget.
+TEST(SimRequestLog, ByteBudget) {
+  RequestLog log(100, 10);
+  for (int i = 0; i < 3; ++i) {
+    RequestRecord r;
+    r.body = std::string(4, 'x');
+    log.add(std::move(r));
+  }
+  EXPECT_EQ(log.size(), 2u);
+}
+
 }  // namespace
 }  // namespace pdgate::sim
