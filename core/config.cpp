@@ -35,6 +35,7 @@ constexpr std::string_view kListener = "Listener";
 constexpr std::string_view kEngines = "Engines";
 constexpr std::string_view kLimits = "Client limits";
 constexpr std::string_view kUpstream = "Upstream";
+constexpr std::string_view kPolicies = "Policies";
 constexpr std::string_view kGeneral = "General";
 
 constexpr std::array kOptions = {
@@ -88,6 +89,31 @@ constexpr std::array kOptions = {
            "Longest silence allowed inside an engine's response (default: 60s)."},
     Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
            "Idle keep-alive connections kept per engine per worker (default: 64)."},
+
+    Option{"policy", "", 0, false, false, kPolicies, "NAME|PATH",
+           "Routing policy for every stage: round_robin, least_load, power_of_two, "
+           "session_affinity, prefix_affinity, conversation_decode, or a .lua file "
+           "(default: round_robin)."},
+    Option{"policy-prefill", "", 0, false, false, kPolicies, "NAME|PATH",
+           "Policy for the prefill stage (default: --policy)."},
+    Option{"policy-decode", "", 0, false, false, kPolicies, "NAME|PATH",
+           "Policy for the decode stage (default: --policy)."},
+    Option{"policy-encode", "", 0, false, false, kPolicies, "NAME|PATH",
+           "Policy for the encode stage (default: --policy)."},
+    Option{"policy-dir", "", 0, false, false, kPolicies, "DIR",
+           "Directory searched for NAME.lua before the shipped policies (default: none)."},
+    Option{"policy-budget-us", "", 0, false, false, kPolicies, "N",
+           "Time a policy hook may run, in microseconds; past it the request is routed "
+           "round-robin (default: 1000)."},
+    Option{"policy-memory", "", 0, false, false, kPolicies, "SIZE",
+           "Memory each worker's policy state may hold (default: 64MiB)."},
+    Option{"prefix-block-size", "", 0, false, false, kPolicies, "SIZE",
+           "Prompt bytes per prefix block hash that policies compare (default: 256)."},
+    Option{"policy-poll-interval", "", 0, false, false, kPolicies, "DURATION",
+           "How often policy files are checked for changes and reloaded (default: 1s)."},
+    Option{"metrics-interval", "", 0, false, false, kPolicies, "DURATION|off",
+           "How often each engine's /metrics is scraped for policies; off disables "
+           "(default: 1s)."},
 
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
            "trace, debug, info, warn or error (default: info)."},
@@ -557,6 +583,72 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
       return err(*v, n.error());
     c.upstream_max_idle = static_cast<std::size_t>(*n);
   }
+  const std::pair<std::string_view, std::string Config::*> policy_names[] = {
+      {"policy", &Config::policy},
+      {"policy-prefill", &Config::policy_prefill},
+      {"policy-decode", &Config::policy_decode},
+      {"policy-encode", &Config::policy_encode},
+      {"policy-dir", &Config::policy_dir},
+  };
+  for (const auto& [key, field] : policy_names) {
+    if (const auto* v = get(key)) {
+      auto s = single(*v);
+      if (!s)
+        return fail(s.error());
+      if (trim(*s).empty())
+        return err(*v, "must not be empty");
+      c.*field = std::string(trim(*s));
+    }
+  }
+  if (const auto* v = get("policy-budget-us")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto n = parse_uint(trim(*s), 10'000'000);
+    if (!n)
+      return err(*v, n.error());
+    if (*n == 0)
+      return err(*v, "must be at least 1 microsecond");
+    c.policy_budget = std::chrono::microseconds(*n);
+  }
+  const std::pair<std::string_view, std::size_t Config::*> policy_sizes[] = {
+      {"policy-memory", &Config::policy_memory},
+      {"prefix-block-size", &Config::prefix_block_size},
+  };
+  for (const auto& [key, field] : policy_sizes) {
+    if (const auto* v = get(key)) {
+      auto s = single(*v);
+      if (!s)
+        return fail(s.error());
+      auto n = parse_size(*s);
+      if (!n)
+        return err(*v, n.error());
+      c.*field = *n;
+    }
+  }
+  if (const auto* v = get("policy-poll-interval")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto d = parse_duration(*s);
+    if (!d)
+      return err(*v, d.error());
+    c.policy_poll_interval = *d;
+  }
+  if (const auto* v = get("metrics-interval")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    const std::string word = lower(trim(*s));
+    if (word == "off" || word == "0") {
+      c.metrics_interval = std::chrono::milliseconds(0);
+    } else {
+      auto d = parse_duration(*s);
+      if (!d)
+        return err(*v, d.error());
+      c.metrics_interval = *d;
+    }
+  }
   if (const auto* v = get("log-level")) {
     auto s = single(*v);
     if (!s)
@@ -863,6 +955,14 @@ Result<Config> validate(Config c) {
     return fail("--log-level: " + l.error());
   if (c.max_body_bytes == 0)
     return fail("--max-body-size must be at least 1 byte");
+  if (c.policy_memory < (1u << 20)) {
+    return fail("--policy-memory must be at least 1MiB (got " + std::to_string(c.policy_memory) +
+                " bytes)");
+  }
+  if (c.prefix_block_size < 16) {
+    return fail("--prefix-block-size must be at least 16 bytes (got " +
+                std::to_string(c.prefix_block_size) + ")");
+  }
   if (c.max_header_bytes < 1024) {
     return fail("--max-header-size must be at least 1KiB (got " +
                 std::to_string(c.max_header_bytes) + " bytes)");
@@ -900,7 +1000,8 @@ std::string help_text() {
       "--decoder-port) and disagg_epd_proxy.py (--*-servers-urls). Instances are host:port\n"
       "or http://host:port. Every option can also be set in the --config YAML file under\n"
       "its name without dashes ('-' or '_'); flags override the file.\n";
-  constexpr std::string_view groups[] = {kListener, kEngines, kLimits, kUpstream, kGeneral};
+  constexpr std::string_view groups[] = {kListener, kEngines,  kLimits,
+                                         kUpstream, kPolicies, kGeneral};
   for (const auto group : groups) {
     out += "\n";
     out += group;

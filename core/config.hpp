@@ -55,6 +55,20 @@ struct Config {
   std::chrono::milliseconds upstream_idle_timeout{60'000};
   std::size_t upstream_max_idle = 64;  // idle keep-alive connections per instance per worker
 
+  // Routing policies (docs/policies.md): a shipped policy's name or a .lua
+  // path, for all stages or per stage (empty: `policy`).
+  std::string policy = "round_robin";
+  std::string policy_prefill;
+  std::string policy_decode;
+  std::string policy_encode;
+  std::string policy_dir;  // names are looked up here before the shipped ones
+  std::chrono::microseconds policy_budget{1000};
+  std::size_t policy_memory = 64u << 20;  // per Lua state (one per worker)
+  std::size_t prefix_block_size = 256;    // bytes of prompt text per prefix block hash
+  std::chrono::milliseconds policy_poll_interval{1000};
+  // How often each engine's /metrics is scraped; 0 turns scraping off.
+  std::chrono::milliseconds metrics_interval{1000};
+
   std::string log_level = "info";
   std::string config_file;  // the --config path, if any
 };

@@ -11,6 +11,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/config.hpp"
@@ -31,6 +33,14 @@ struct Instance {
   mutable std::atomic<std::uint64_t> requests_total{0};
   mutable std::atomic<std::uint64_t> failures_total{0};
   std::atomic<bool> healthy{true};
+
+  // Engine-side load, scraped from the instance's /metrics (see
+  // policies/metrics.hpp), summed over its engine cores. metrics_at_ms is
+  // the steady-clock time of the last successful scrape, 0 before one.
+  mutable std::atomic<std::int64_t> engine_running{0};
+  mutable std::atomic<std::int64_t> engine_waiting{0};
+  mutable std::atomic<double> kv_cache_usage{0.0};
+  mutable std::atomic<std::int64_t> metrics_at_ms{0};
 };
 
 using InstancePtr = std::shared_ptr<Instance>;
@@ -94,6 +104,9 @@ struct PickContext {
   std::optional<std::string> conversation_id;
   std::string_view request_id;
   const Instance* chosen_prefill = nullptr;  // for decode
+  // Request headers a policy may read (e.g. a session header), names in
+  // lower case. Filled by the pipeline for the headers it chooses to pass.
+  std::vector<std::pair<std::string_view, std::string_view>> headers;
 };
 
 // How a routed request ended, for policies that learn.

@@ -1,11 +1,15 @@
 // pdgate: an OpenAI-compatible gateway for disaggregated (prefill/decode)
 // vLLM serving. See README.md.
 #include <cstdio>
+#include <thread>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 
 #include "core/server.hpp"
+#include "policies/engine.hpp"
 
 int main(int argc, char** argv) {
   auto parsed = pdgate::parse_command_line(argc, argv);
@@ -23,16 +27,49 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("pdgate"));
   spdlog::set_level(spdlog::level::from_str(cfg.log_level));
 
-  pdgate::Gateway gateway(cfg);
-  auto port = gateway.bind();
-  if (!port) {
-    spdlog::critical("{}", port.error());
-    return 1;
+  // A broken policy at start-up is a configuration error, reported like one.
+  auto policies = pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg));
+  if (!policies) {
+    std::fprintf(stderr, "pdgate: %s\n", policies.error().c_str());
+    return 2;
   }
-  std::printf("pdgate listening on http://%s:%u\n", cfg.host.c_str(), static_cast<unsigned>(*port));
-  std::fflush(stdout);
-  spdlog::info("{} prefill, {} decode, {} encode instance(s); connector {}{}", cfg.prefill.size(),
-               cfg.decode.size(), cfg.encode.size(), cfg.kv_connector,
-               cfg.prefill_disabled ? " (prefill disabled: one hop to P+D)" : "");
-  return gateway.run();
+  const auto engine = *policies;
+
+  // Policy reloads (SIGHUP, file changes) run on their own thread so a
+  // reload's file reads and script checks never stall a worker. SIGHUP
+  // re-reads the command line's config file, so editing its policy keys
+  // switches policies without a restart.
+  boost::asio::io_context control{1};
+  auto work = boost::asio::make_work_guard(control);
+  pdgate::policy::start_policy_reloader(
+      control, engine, cfg.policy_poll_interval,
+      [argc, argv]() -> pdgate::Result<pdgate::policy::PolicySettings> {
+        auto again = pdgate::parse_command_line(argc, argv);
+        if (!again)
+          return pdgate::fail(again.error());
+        return pdgate::policy::settings_from(again->config);
+      });
+  std::thread control_thread([&control] { control.run(); });
+
+  int rc = 0;
+  {
+    pdgate::Gateway gateway(cfg, engine->factory());
+    auto port = gateway.bind();
+    if (!port) {
+      spdlog::critical("{}", port.error());
+      rc = 1;
+    } else {
+      std::printf("pdgate listening on http://%s:%u\n", cfg.host.c_str(),
+                  static_cast<unsigned>(*port));
+      std::fflush(stdout);
+      spdlog::info("{} prefill, {} decode, {} encode instance(s); connector {}{}; policies {}",
+                   cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), cfg.kv_connector,
+                   cfg.prefill_disabled ? " (prefill disabled: one hop to P+D)" : "", cfg.policy);
+      rc = gateway.run();
+    }
+  }
+  work.reset();
+  control.stop();
+  control_thread.join();
+  return rc;
 }

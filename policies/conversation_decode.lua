@@ -1,0 +1,43 @@
+-- conversation_decode: a conversation's next turn goes to the decode that
+-- served its previous turn (it may still hold the conversation's KV
+-- blocks), when that decode is healthy and not overloaded compared with
+-- the least loaded one; otherwise, and for the other stages, the least
+-- loaded instance. The gateway remembers which decode served each
+-- conversation_id (pdgate.conversation()).
+local MAX_EXTRA = 4    -- requests above the least loaded it may carry
+local MAX_RATIO = 2.0  -- ... and by at most this factor
+
+local turn = 0
+
+local function load_of(inst)
+  local l = inst.in_flight
+  if inst.has_metrics then
+    local engine = inst.running + inst.waiting
+    if engine > l then l = engine end
+  end
+  return l
+end
+
+return {
+  pick = function(ctx, instances)
+    local n = #instances
+    turn = turn % n + 1
+    local least, least_load = nil, math.huge
+    local previous = nil
+    local conv = ctx.stage == "decode" and ctx.conversation_id and pdgate.conversation()
+    local want = conv and conv.decode
+    for k = 0, n - 1 do
+      local inst = instances[(turn + k - 1) % n + 1]
+      if inst.healthy then
+        local l = load_of(inst)
+        if l < least_load then least, least_load = inst, l end
+        if inst.id == want then previous = inst end
+      end
+    end
+    if previous ~= nil then
+      local l = load_of(previous)
+      if l - least_load <= MAX_EXTRA or l <= MAX_RATIO * least_load then return previous end
+    end
+    return least
+  end,
+}

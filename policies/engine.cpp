@@ -1,0 +1,425 @@
+#include "policies/engine.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+namespace pdgate::policy {
+namespace {
+
+namespace net = boost::asio;
+namespace fs = std::filesystem;
+
+std::int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Result<std::string> read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return fail("cannot read policy file '" + path.string() + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (!in && !in.eof())
+    return fail("cannot read policy file '" + path.string() + "'");
+  return ss.str();
+}
+
+bool is_path(const std::string& spec) {
+  return spec.find('/') != std::string::npos ||
+         (spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".lua") == 0);
+}
+
+}  // namespace
+
+PolicySettings settings_from(const Config& cfg) {
+  PolicySettings s;
+  const auto or_default = [&](const std::string& v) { return v.empty() ? cfg.policy : v; };
+  s.specs[static_cast<int>(Stage::encode)] = or_default(cfg.policy_encode);
+  s.specs[static_cast<int>(Stage::prefill)] = or_default(cfg.policy_prefill);
+  s.specs[static_cast<int>(Stage::decode)] = or_default(cfg.policy_decode);
+  s.dir = cfg.policy_dir;
+  s.budget = cfg.policy_budget;
+  s.memory_limit = cfg.policy_memory;
+  s.prefix_block_bytes = cfg.prefix_block_size;
+  return s;
+}
+
+Result<PolicySource> resolve_policy(const std::string& spec, const std::string& dir) {
+  PolicySource src;
+  src.spec = spec;
+  if (spec.empty())
+    return fail("empty policy name");
+  if (is_path(spec)) {
+    std::error_code ec;
+    const fs::path abs = fs::absolute(spec, ec);
+    src.origin = ec ? spec : abs.lexically_normal().string();
+    auto text = read_text(src.origin);
+    if (!text)
+      return fail(text.error());
+    src.text = std::move(*text);
+    return src;
+  }
+  if (!dir.empty()) {
+    const fs::path p = fs::path(dir) / (spec + ".lua");
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) {
+      src.origin = fs::absolute(p, ec).lexically_normal().string();
+      auto text = read_text(src.origin);
+      if (!text)
+        return fail(text.error());
+      src.text = std::move(*text);
+      return src;
+    }
+  }
+  std::string names;
+  for (const auto& sp : shipped_policies()) {
+    if (spec == sp.name) {
+      src.origin = std::string("builtin:") + sp.name;
+      src.text = sp.text;
+      return src;
+    }
+    names += names.empty() ? "" : ", ";
+    names += sp.name;
+  }
+  return fail("unknown policy '" + spec + "' (shipped: " + names +
+              (dir.empty() ? "" : "; nor " + dir + "/" + spec + ".lua") +
+              "; a path must contain '/' or end in .lua)");
+}
+
+// --- The per-worker picker ----------------------------------------------------
+
+namespace {
+
+class LuaPicker final : public InstancePicker {
+ public:
+  LuaPicker(std::shared_ptr<PolicyEngine> engine, std::size_t worker)
+      : engine_(std::move(engine)), worker_(worker), fallback_(engine_->round_robin_state()) {
+    refresh();
+  }
+
+  InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) override {
+    if (candidates.empty())
+      return nullptr;
+    refresh();
+    const std::shared_ptr<LuaVm>& vm = vm_for(ctx);
+    if (!vm)
+      return fallback_.pick(candidates, ctx);
+    auto& stats = engine_->stats();
+    stats.picks.fetch_add(1, std::memory_order_relaxed);
+    const PickAnswer a = vm->pick(candidates, ctx, hashes_);
+    switch (a.status) {
+      case PickStatus::chosen:
+        if (ctx.stage == Stage::prefill)
+          pin(ctx, vm);
+        return candidates[a.index];
+      case PickStatus::declined:
+        stats.declined.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case PickStatus::error:
+        stats.errors.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case PickStatus::invalid:
+        stats.invalid.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case PickStatus::budget:
+        stats.budget_exceeded.fetch_add(1, std::memory_order_relaxed);
+        break;
+    }
+    if (a.status != PickStatus::declined) {
+      engine_->log_limited(to_string(a.status), std::string("policy ") + to_string(ctx.stage) +
+                                                    " pick failed (" + to_string(a.status) +
+                                                    "), request routed round-robin: " + a.error);
+    }
+    auto chosen = fallback_.pick(candidates, ctx);
+    if (chosen && ctx.stage == Stage::prefill)
+      pin(ctx, vm);
+    return chosen;
+  }
+
+  void on_complete(const Instance& chosen, const PickContext& ctx,
+                   const PickOutcome& outcome) override {
+    if (ctx.stage == Stage::decode && outcome.ok && ctx.conversation_id) {
+      ConversationEntry e;
+      e.decode = chosen.id;
+      e.prefill = ctx.chosen_prefill != nullptr ? ctx.chosen_prefill->id : 0;
+      e.at_ms = steady_ms();
+      engine_->conversations().put(*ctx.conversation_id, e);
+    }
+    std::shared_ptr<LuaVm> vm = vm_for(ctx);
+    // The request is over for this version once its decode is reported,
+    // or its prefill failed (no decode will follow).
+    if (ctx.stage == Stage::decode || (ctx.stage == Stage::prefill && !outcome.ok))
+      unpin(ctx);
+    if (!vm || !vm->has_on_complete(ctx.stage))
+      return;
+    if (auto err = vm->on_complete(chosen, ctx, outcome, hashes_)) {
+      engine_->stats().on_complete_errors.fetch_add(1, std::memory_order_relaxed);
+      engine_->log_limited("on_complete", std::string("policy ") + to_string(ctx.stage) +
+                                              " on_complete failed: " + *err);
+    }
+  }
+
+ private:
+  // Swaps to the engine's current version between picks.
+  void refresh() {
+    const std::uint64_t gen = engine_->generation();
+    if (gen == seen_generation_)
+      return;
+    seen_generation_ = gen;
+    auto bundle = engine_->bundle();
+    auto vm = LuaVm::create(*bundle, engine_->services());
+    if (!vm) {
+      // The engine checked these scripts already; this is e.g. memory.
+      engine_->log_limited("worker-load", "worker " + std::to_string(worker_) +
+                                              " cannot load policy version " + std::to_string(gen) +
+                                              ": " + vm.error());
+      return;
+    }
+    current_ = std::shared_ptr<LuaVm>(std::move(*vm));
+  }
+
+  const std::shared_ptr<LuaVm>& vm_for(const PickContext& ctx) {
+    if (ctx.stage != Stage::prefill && !pins_.empty() && !ctx.request_id.empty()) {
+      auto it = pins_.find(std::string(ctx.request_id));
+      if (it != pins_.end())
+        return it->second;
+    }
+    return current_;
+  }
+
+  void pin(const PickContext& ctx, const std::shared_ptr<LuaVm>& vm) {
+    if (ctx.request_id.empty())
+      return;
+    // Requests that vanished without a report (client gone mid-prefill)
+    // would pin forever; the cap bounds that, at worst moving a few
+    // in-flight requests to the newer version.
+    if (pins_.size() >= kMaxPins)
+      pins_.clear();
+    pins_[std::string(ctx.request_id)] = vm;
+  }
+  void unpin(const PickContext& ctx) {
+    if (!pins_.empty() && !ctx.request_id.empty())
+      pins_.erase(std::string(ctx.request_id));
+  }
+
+  static constexpr std::size_t kMaxPins = 16384;
+  std::shared_ptr<PolicyEngine> engine_;
+  std::size_t worker_;
+  RoundRobinPicker fallback_;
+  std::uint64_t seen_generation_ = ~std::uint64_t{0};
+  std::shared_ptr<LuaVm> current_;
+  std::unordered_map<std::string, std::shared_ptr<LuaVm>> pins_;
+  PrefixHashCache hashes_;
+};
+
+}  // namespace
+
+// --- PolicyEngine -------------------------------------------------------------
+
+PolicyEngine::PolicyEngine(PolicySettings settings) : settings_(std::move(settings)) {
+  services_.budget = settings_.budget;
+  services_.memory_limit = settings_.memory_limit;
+  services_.prefix_block_bytes = settings_.prefix_block_bytes;
+  services_.kv = &kv_;
+  services_.conversations = &conversations_;
+  services_.prefixes = &prefixes_;
+}
+
+Result<std::shared_ptr<PolicyEngine>> PolicyEngine::create(PolicySettings settings) {
+  std::shared_ptr<PolicyEngine> e(new PolicyEngine(settings));
+  auto b = e->build(settings);
+  if (!b)
+    return fail(b.error());
+  e->bundle_ = std::move(*b);
+  e->stamps_ = stamps_of(*e->bundle_);
+  e->generation_.store(e->bundle_->generation, std::memory_order_release);
+  return e;
+}
+
+Result<std::shared_ptr<const PolicyBundle>> PolicyEngine::build(const PolicySettings& s) {
+  auto bundle = std::make_shared<PolicyBundle>();
+  for (int i = 0; i < 3; ++i) {
+    auto src = resolve_policy(s.specs[i], s.dir);
+    if (!src)
+      return fail(std::string(to_string(static_cast<Stage>(i))) + " policy: " + src.error());
+    bundle->stages[i] = std::move(*src);
+  }
+  bundle->generation = generation_.load() + 1;
+  VmServices svc = services_;
+  svc.budget = s.budget;
+  svc.memory_limit = s.memory_limit;
+  svc.prefix_block_bytes = s.prefix_block_bytes;
+  auto vm = LuaVm::create(*bundle, svc);
+  if (!vm)
+    return fail(vm.error());
+  if (auto ok = (*vm)->self_check(); !ok)
+    return fail(ok.error());
+  return std::shared_ptr<const PolicyBundle>(std::move(bundle));
+}
+
+std::vector<PolicyEngine::FileStamp> PolicyEngine::stamps_of(const PolicyBundle& b) {
+  std::vector<FileStamp> out;
+  for (const auto& s : b.stages) {
+    if (s.origin.starts_with("builtin:"))
+      continue;
+    FileStamp st;
+    st.path = s.origin;
+    std::error_code ec;
+    st.mtime = fs::last_write_time(st.path, ec);
+    st.size = fs::file_size(st.path, ec);
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+Result<bool> PolicyEngine::reload() {
+  return reload(settings());
+}
+
+Result<bool> PolicyEngine::reload(PolicySettings settings) {
+  std::lock_guard lock(mu_);
+  auto b = build(settings);
+  if (!b) {
+    stats_.reload_failures.fetch_add(1, std::memory_order_relaxed);
+    spdlog::error("policy reload rejected, version {} stays: {}", generation_.load(), b.error());
+    return fail(b.error());
+  }
+  // Budget and memory apply to states built from now on.
+  services_.budget = settings.budget;
+  services_.memory_limit = settings.memory_limit;
+  services_.prefix_block_bytes = settings.prefix_block_bytes;
+  settings_ = std::move(settings);
+  bundle_ = std::move(*b);
+  stamps_ = stamps_of(*bundle_);
+  generation_.store(bundle_->generation, std::memory_order_release);
+  stats_.reloads.fetch_add(1, std::memory_order_relaxed);
+  spdlog::info("policies reloaded (version {}): encode {}, prefill {}, decode {}",
+               bundle_->generation, bundle_->stages[0].origin, bundle_->stages[1].origin,
+               bundle_->stages[2].origin);
+  return true;
+}
+
+std::optional<Result<bool>> PolicyEngine::reload_if_changed() {
+  {
+    std::lock_guard lock(mu_);
+    bool changed = false;
+    for (auto& st : stamps_) {
+      std::error_code ec;
+      const auto mtime = fs::last_write_time(st.path, ec);
+      const auto size = fs::file_size(st.path, ec);
+      if (ec)
+        continue;  // being replaced (rename-over); the next poll sees it
+      if (mtime != st.mtime || size != st.size) {
+        changed = true;
+        // Remember what was tried, so a file that fails to load is not
+        // retried (and logged) on every poll until it changes again.
+        st.mtime = mtime;
+        st.size = size;
+      }
+    }
+    if (!changed)
+      return std::nullopt;
+  }
+  return reload();
+}
+
+std::shared_ptr<const PolicyBundle> PolicyEngine::bundle() const {
+  std::lock_guard lock(mu_);
+  return bundle_;
+}
+
+VmServices PolicyEngine::services() const {
+  std::lock_guard lock(mu_);
+  return services_;
+}
+
+PolicySettings PolicyEngine::settings() const {
+  std::lock_guard lock(mu_);
+  return settings_;
+}
+
+std::unique_ptr<InstancePicker> PolicyEngine::make_picker(std::size_t worker_index) {
+  return std::make_unique<LuaPicker>(shared_from_this(), worker_index);
+}
+
+PickerFactory PolicyEngine::factory() {
+  auto self = shared_from_this();
+  return [self](std::size_t worker) { return self->make_picker(worker); };
+}
+
+void PolicyEngine::log_limited(const std::string& kind, const std::string& message) {
+  const auto now = std::chrono::steady_clock::now();
+  std::uint64_t held = 0;
+  {
+    std::lock_guard lock(log_mu_);
+    LogState& st = log_state_[kind];
+    if (now - st.last < std::chrono::seconds(1)) {
+      ++st.held;
+      return;
+    }
+    st.last = now;
+    held = st.held;
+    st.held = 0;
+  }
+  if (held > 0) {
+    spdlog::warn("{} (and {} more like it in the last second)", message, held);
+  } else {
+    spdlog::warn("{}", message);
+  }
+}
+
+// --- Reload triggers ------------------------------------------------------------
+
+namespace {
+
+void wait_sighup(std::shared_ptr<net::signal_set> signals, std::shared_ptr<PolicyEngine> engine,
+                 std::function<Result<PolicySettings>()> reread) {
+  signals->async_wait([signals, engine, reread](const boost::system::error_code& ec, int) {
+    if (ec)
+      return;
+    spdlog::info("SIGHUP: reloading policies");
+    if (reread) {
+      auto s = reread();
+      if (!s) {
+        spdlog::error("SIGHUP: cannot re-read the configuration, policies unchanged: {}",
+                      s.error());
+      } else {
+        (void)engine->reload(std::move(*s));
+      }
+    } else {
+      (void)engine->reload();
+    }
+    wait_sighup(signals, engine, reread);
+  });
+}
+
+void poll_files(std::shared_ptr<net::steady_timer> timer, std::shared_ptr<PolicyEngine> engine,
+                std::chrono::milliseconds interval) {
+  timer->expires_after(interval);
+  timer->async_wait([timer, engine, interval](const boost::system::error_code& ec) {
+    if (ec)
+      return;
+    (void)engine->reload_if_changed();
+    poll_files(timer, engine, interval);
+  });
+}
+
+}  // namespace
+
+void start_policy_reloader(boost::asio::io_context& ioc, std::shared_ptr<PolicyEngine> engine,
+                           std::chrono::milliseconds poll_interval,
+                           std::function<Result<PolicySettings>()> reread_settings) {
+  auto signals = std::make_shared<net::signal_set>(ioc, SIGHUP);
+  wait_sighup(signals, engine, std::move(reread_settings));
+  poll_files(std::make_shared<net::steady_timer>(ioc), std::move(engine), poll_interval);
+}
+
+}  // namespace pdgate::policy

@@ -1,0 +1,142 @@
+// The policy engine: which script runs for each stage, reloading them, and
+// the per-worker InstancePicker that runs them. See docs/policies.md.
+//
+// Threading: one PolicyEngine per gateway, shared by all workers; each
+// worker's LuaPicker owns its own Lua state, so picks take no lock. A
+// reload builds and checks the new scripts once, then bumps a generation
+// counter; each worker notices it before its next pick and swaps states
+// between picks. A request whose prefill was picked by the old version is
+// picked (decode) and reported (on_complete) by the old version too.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "core/config.hpp"
+#include "core/instance.hpp"
+#include "core/result.hpp"
+#include "policies/lua_vm.hpp"
+#include "policies/shared_state.hpp"
+
+namespace pdgate::policy {
+
+struct PolicySettings {
+  // Per stage (indexed by Stage): a shipped policy's name or a .lua path.
+  std::array<std::string, 3> specs{"round_robin", "round_robin", "round_robin"};
+  std::string dir;  // names are looked up here first; empty: shipped ones only
+  std::chrono::microseconds budget{1000};
+  std::size_t memory_limit = 64u << 20;
+  std::size_t prefix_block_bytes = 256;
+};
+
+PolicySettings settings_from(const Config& cfg);
+
+// The shipped policies, compiled into the binary (generated from
+// policies/*.lua), so a clean checkout runs without an install step.
+struct ShippedPolicy {
+  const char* name;
+  const char* text;
+};
+const std::vector<ShippedPolicy>& shipped_policies();
+
+// Resolves a spec to its text: a path (contains '/' or ends in .lua), a
+// file NAME.lua in `dir`, or a shipped policy's name.
+Result<PolicySource> resolve_policy(const std::string& spec, const std::string& dir);
+
+// Counters for /metrics and tests. Fallbacks are requests routed by
+// round-robin because the policy failed.
+struct PolicyStats {
+  std::atomic<std::uint64_t> picks{0};
+  std::atomic<std::uint64_t> declined{0};
+  std::atomic<std::uint64_t> errors{0};
+  std::atomic<std::uint64_t> invalid{0};
+  std::atomic<std::uint64_t> budget_exceeded{0};
+  std::atomic<std::uint64_t> on_complete_errors{0};
+  std::atomic<std::uint64_t> reloads{0};
+  std::atomic<std::uint64_t> reload_failures{0};
+  std::uint64_t fallbacks() const { return errors + invalid + budget_exceeded; }
+};
+
+class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
+ public:
+  // Loads and self-checks the configured scripts; fails if any is broken
+  // (at start-up a broken policy is a configuration error).
+  static Result<std::shared_ptr<PolicyEngine>> create(PolicySettings settings);
+
+  // Re-reads the configured scripts (SIGHUP, admin API). On failure the
+  // running version stays and the error says which script and why.
+  Result<bool> reload();
+  // Switches to other scripts (e.g. the config file's policy keys changed).
+  Result<bool> reload(PolicySettings settings);
+  // Reloads if a script file's modification time or size changed since it
+  // was loaded. Returns the reload's result, or nothing if none changed.
+  std::optional<Result<bool>> reload_if_changed();
+
+  std::shared_ptr<const PolicyBundle> bundle() const;
+  std::uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  PolicySettings settings() const;
+
+  // A picker for one worker thread.
+  std::unique_ptr<InstancePicker> make_picker(std::size_t worker_index);
+  PickerFactory factory();
+
+  PolicyStats& stats() { return stats_; }
+  KvStore& kv() { return kv_; }
+  ConversationTable& conversations() { return conversations_; }
+  PrefixIndex& prefixes() { return prefixes_; }
+  VmServices services() const;
+  std::shared_ptr<RoundRobinPicker::Shared> round_robin_state() const { return rr_; }
+
+  // Logs at most one line per second per kind, with a count of the lines
+  // it held back, so a broken policy cannot flood the log.
+  void log_limited(const std::string& kind, const std::string& message);
+
+ private:
+  explicit PolicyEngine(PolicySettings settings);
+  Result<std::shared_ptr<const PolicyBundle>> build(const PolicySettings& s);
+
+  struct FileStamp {
+    std::filesystem::path path;
+    std::filesystem::file_time_type mtime{};
+    std::uintmax_t size = 0;
+  };
+  static std::vector<FileStamp> stamps_of(const PolicyBundle& b);
+
+  mutable std::mutex mu_;  // guards settings_, bundle_, stamps_; serializes reloads
+  PolicySettings settings_;
+  std::shared_ptr<const PolicyBundle> bundle_;
+  std::vector<FileStamp> stamps_;
+  std::atomic<std::uint64_t> generation_{0};
+
+  PolicyStats stats_;
+  KvStore kv_;
+  ConversationTable conversations_;
+  PrefixIndex prefixes_;
+  VmServices services_;
+  std::shared_ptr<RoundRobinPicker::Shared> rr_ = std::make_shared<RoundRobinPicker::Shared>();
+
+  std::mutex log_mu_;
+  struct LogState {
+    std::chrono::steady_clock::time_point last{};
+    std::uint64_t held = 0;
+  };
+  std::unordered_map<std::string, LogState> log_state_;
+};
+
+// Runs the engine's reload triggers on `ioc`: SIGHUP (re-reads the config
+// file's policy keys through `reread_settings` when given, then the
+// scripts) and a poll of the script files' modification times every
+// `poll_interval`. Returns at once.
+void start_policy_reloader(boost::asio::io_context& ioc, std::shared_ptr<PolicyEngine> engine,
+                           std::chrono::milliseconds poll_interval,
+                           std::function<Result<PolicySettings>()> reread_settings = {});
+
+}  // namespace pdgate::policy

@@ -1,0 +1,818 @@
+// All of pdgate's Lua/C interaction: the sandbox, the time and memory
+// limits, the instance tables kept in the state, and the `pdgate` module
+// that scripts call.
+#include "policies/lua_vm.hpp"
+
+#include <lua.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "policies/prefix_hash.hpp"
+
+namespace pdgate::policy {
+
+using Clock = std::chrono::steady_clock;
+
+const char* to_string(PickStatus s) {
+  switch (s) {
+    case PickStatus::chosen:
+      return "chosen";
+    case PickStatus::declined:
+      return "declined";
+    case PickStatus::error:
+      return "error";
+    case PickStatus::invalid:
+      return "invalid";
+    case PickStatus::budget:
+      return "budget";
+  }
+  return "?";
+}
+
+namespace {
+
+std::int64_t steady_ms(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+// Instructions between two deadline checks. A check reads the clock
+// (~20 ns); 1000 interpreted instructions take about 1-3 µs, so an
+// overrun is caught within a few µs of the deadline.
+constexpr int kHookCount = 1000;
+
+// Loading a script (its top-level code) may build tables; it runs once per
+// reload, off the pick path, so it gets a larger budget.
+constexpr auto kLoadBudget = std::chrono::milliseconds(200);
+
+}  // namespace
+
+// A few recent requests' hashes: a request's prefill and decode picks
+// happen on the same worker, with other requests' picks in between.
+const std::vector<std::uint64_t>& PrefixHashCache::get(const PickContext& ctx,
+                                                       std::size_t block_bytes) {
+  for (auto& e : slots_) {
+    if (e.data == ctx.prompt_raw.data() && e.size == ctx.prompt_raw.size() &&
+        e.request_id == ctx.request_id)
+      return e.hashes;
+  }
+  Entry& e = slots_[next_];
+  next_ = (next_ + 1) % kSlots;
+  e.request_id.assign(ctx.request_id);
+  e.data = ctx.prompt_raw.data();
+  e.size = ctx.prompt_raw.size();
+  e.hashes = prefix_block_hashes(ctx.prompt_raw, block_bytes);
+  return e.hashes;
+}
+
+struct LuaVm::Impl {
+  lua_State* L = nullptr;
+  VmServices svc;
+  std::size_t mem_used = 0;
+  std::size_t mem_limit = 0;
+
+  // The running call's deadline; the count hook compares against it.
+  Clock::time_point deadline{};
+  bool in_call = false;
+  bool timed_out = false;
+
+  struct StageScript {
+    int pick_ref = LUA_NOREF;
+    int complete_ref = LUA_NOREF;
+    std::string origin;
+  };
+  std::array<StageScript, 3> stages;
+
+  // The instance tables handed to a stage's pick, kept between picks:
+  // only numbers that changed are written, so a pick over 256 instances
+  // does not rebuild 256 tables.
+  struct Shadow {
+    std::int64_t in_flight = -1, running = -1, waiting = -1;
+    double kv = -1;
+    int healthy = -1, has_metrics = -1;
+  };
+  struct InstanceCache {
+    std::vector<const Instance*> ptrs;
+    std::vector<std::uint64_t> ids;
+    std::vector<Shadow> shadow;
+    int array_ref = LUA_NOREF;
+  };
+  std::array<InstanceCache, 3> caches;
+  int ctx_ref = LUA_NOREF;
+  int outcome_ref = LUA_NOREF;
+  int empty_ref = LUA_NOREF;  // a shared empty table (headers when none)
+
+  // The request being handled, for the pdgate.* helpers.
+  const PickContext* cur_ctx = nullptr;
+  PrefixHashCache* cur_hashes = nullptr;
+  std::size_t cur_candidates = 0;
+  bool prefix_used = false;
+
+  ~Impl() {
+    if (L != nullptr)
+      lua_close(L);
+  }
+
+  const std::vector<std::uint64_t>& hashes() {
+    prefix_used = true;
+    return cur_hashes->get(*cur_ctx, svc.prefix_block_bytes);
+  }
+};
+
+namespace {
+
+using Impl = LuaVm::Impl;
+
+Impl& impl_of(lua_State* L) {
+  void* ud = nullptr;
+  lua_getallocf(L, &ud);
+  return *static_cast<Impl*>(ud);
+}
+
+// The memory cap: LuaJIT (GC64) accepts a custom allocator, so every byte
+// the state holds goes through here and growth past the limit fails with
+// a Lua "not enough memory" error instead of taking the process down.
+void* limited_alloc(void* ud, void* ptr, std::size_t osize, std::size_t nsize) {
+  auto* I = static_cast<Impl*>(ud);
+  const std::size_t old = ptr == nullptr ? 0 : osize;
+  if (nsize == 0) {
+    std::free(ptr);
+    I->mem_used -= old;
+    return nullptr;
+  }
+  if (nsize > old && I->mem_used + (nsize - old) > I->mem_limit)
+    return nullptr;
+  void* p = std::realloc(ptr, nsize);
+  if (p == nullptr)
+    return nullptr;
+  I->mem_used = I->mem_used - old + nsize;
+  return p;
+}
+
+// The budget: JIT compilation is off for policy states (see create), so
+// the interpreter calls this every kHookCount instructions, JIT or not.
+void count_hook(lua_State* L, lua_Debug* /*ar*/) {
+  Impl& I = impl_of(L);
+  if (!I.in_call)
+    return;
+  if (I.timed_out || Clock::now() > I.deadline) {
+    I.timed_out = true;
+    luaL_error(L, "policy exceeded its time budget");
+  }
+}
+
+// pcall/xpcall for scripts: they cannot swallow the budget error, or
+// `while true do pcall(loop) end` would run forever.
+int safe_pcall(lua_State* L) {
+  luaL_checkany(L, 1);
+  const int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  if (impl_of(L).timed_out)
+    return lua_error(L);
+  lua_pushboolean(L, status == 0);
+  lua_insert(L, 1);
+  return lua_gettop(L);
+}
+
+int safe_xpcall(lua_State* L) {
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);
+  lua_insert(L, 1);  // handler below the function
+  const int status = lua_pcall(L, 0, LUA_MULTRET, 1);
+  if (impl_of(L).timed_out)
+    return lua_error(L);
+  lua_pushboolean(L, status == 0);
+  lua_replace(L, 1);
+  return lua_gettop(L);
+}
+
+// --- The pdgate module ------------------------------------------------------
+
+Impl& in_request(lua_State* L, const char* fn) {
+  Impl& I = impl_of(L);
+  if (I.cur_ctx == nullptr)
+    luaL_error(L, "pdgate.%s: only callable inside pick or on_complete", fn);
+  return I;
+}
+
+int l_prefix_hashes(lua_State* L) {
+  Impl& I = in_request(L, "prefix_hashes");
+  const auto& h = I.hashes();
+  lua_createtable(L, static_cast<int>(h.size()), 0);
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    lua_pushnumber(L, static_cast<double>(h[i]));
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+  return 1;
+}
+
+// { [instance id] = leading blocks recently routed there }, block count.
+int l_prefix_matches(lua_State* L) {
+  Impl& I = in_request(L, "prefix_matches");
+  const auto& h = I.hashes();
+  const auto m = I.svc.prefixes->matches(h, steady_ms(Clock::now()),
+                                         std::max<std::size_t>(I.cur_candidates, 1));
+  lua_createtable(L, 0, static_cast<int>(m.size()));
+  for (const auto& [id, blocks] : m) {
+    lua_pushnumber(L, static_cast<double>(blocks));
+    lua_rawseti(L, -2, static_cast<int>(id));
+  }
+  lua_pushinteger(L, static_cast<lua_Integer>(h.size()));
+  return 2;
+}
+
+int l_conversation(lua_State* L) {
+  Impl& I = in_request(L, "conversation");
+  if (!I.cur_ctx->conversation_id)
+    return 0;
+  const auto e = I.svc.conversations->get(*I.cur_ctx->conversation_id);
+  if (!e)
+    return 0;
+  lua_createtable(L, 0, 3);
+  if (e->decode != 0) {
+    lua_pushnumber(L, static_cast<double>(e->decode));
+    lua_setfield(L, -2, "decode");
+  }
+  if (e->prefill != 0) {
+    lua_pushnumber(L, static_cast<double>(e->prefill));
+    lua_setfield(L, -2, "prefill");
+  }
+  lua_pushnumber(L, static_cast<double>(steady_ms(Clock::now()) - e->at_ms));
+  lua_setfield(L, -2, "age_ms");
+  return 1;
+}
+
+// Runtime failures return nil, err (OpenResty style); caller mistakes raise.
+int push_fail(lua_State* L, const std::string& msg) {
+  lua_pushnil(L);
+  lua_pushlstring(L, msg.data(), msg.size());
+  return 2;
+}
+
+int l_kv_get(lua_State* L) {
+  Impl& I = impl_of(L);
+  std::size_t n = 0;
+  const char* k = luaL_checklstring(L, 1, &n);
+  const auto v = I.svc.kv->get({k, n}, steady_ms(Clock::now()));
+  if (!v)
+    return 0;
+  if (const auto* d = std::get_if<double>(&*v)) {
+    lua_pushnumber(L, *d);
+  } else if (const auto* s = std::get_if<std::string>(&*v)) {
+    lua_pushlstring(L, s->data(), s->size());
+  } else {
+    lua_pushboolean(L, std::get<bool>(*v) ? 1 : 0);
+  }
+  return 1;
+}
+
+int l_kv_set(lua_State* L) {
+  Impl& I = impl_of(L);
+  std::size_t n = 0;
+  const char* k = luaL_checklstring(L, 1, &n);
+  const double ttl_s = luaL_optnumber(L, 3, 0);
+  KvValue v;
+  switch (lua_type(L, 2)) {
+    case LUA_TNUMBER:
+      v = lua_tonumber(L, 2);
+      break;
+    case LUA_TBOOLEAN:
+      v = lua_toboolean(L, 2) != 0;
+      break;
+    case LUA_TSTRING: {
+      std::size_t len = 0;
+      const char* s = lua_tolstring(L, 2, &len);
+      v = std::string(s, len);
+      break;
+    }
+    case LUA_TNIL:
+    case LUA_TNONE:
+      I.svc.kv->erase({k, n});
+      lua_pushboolean(L, 1);
+      return 1;
+    default:
+      return luaL_argerror(L, 2, "number, string, boolean or nil expected");
+  }
+  auto r = I.svc.kv->set({k, n}, std::move(v), static_cast<std::int64_t>(ttl_s * 1000),
+                         steady_ms(Clock::now()));
+  if (!r)
+    return push_fail(L, r.error());
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+int l_kv_incr(lua_State* L) {
+  Impl& I = impl_of(L);
+  std::size_t n = 0;
+  const char* k = luaL_checklstring(L, 1, &n);
+  const double delta = luaL_optnumber(L, 2, 1);
+  auto r = I.svc.kv->incr({k, n}, delta, steady_ms(Clock::now()));
+  if (!r)
+    return push_fail(L, r.error());
+  lua_pushnumber(L, *r);
+  return 1;
+}
+
+// pdgate.hash(string [, seed]): seed lets rendezvous hashing score one key
+// against many instances without building strings.
+int l_hash(lua_State* L) {
+  std::size_t n = 0;
+  const char* s = luaL_checklstring(L, 1, &n);
+  const auto seed = static_cast<std::uint64_t>(luaL_optnumber(L, 2, 0));
+  lua_pushnumber(L, static_cast<double>(hash64({s, n}, seed) & kLuaExactMask));
+  return 1;
+}
+
+int l_now_ms(lua_State* L) {
+  lua_pushnumber(L, static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                            Clock::now().time_since_epoch())
+                                            .count()) /
+                        1000.0);
+  return 1;
+}
+
+const luaL_Reg kPdgateLib[] = {
+    {"prefix_hashes", l_prefix_hashes},
+    {"prefix_matches", l_prefix_matches},
+    {"conversation", l_conversation},
+    {"kv_get", l_kv_get},
+    {"kv_set", l_kv_set},
+    {"kv_incr", l_kv_incr},
+    {"hash", l_hash},
+    {"now_ms", l_now_ms},
+    {nullptr, nullptr},
+};
+
+// Globals a policy may use. Everything else (os, io, debug, ffi, jit,
+// package/require, load*, dofile, getfenv/setfenv, collectgarbage) is
+// simply not there.
+constexpr const char* kSafeGlobals[] = {
+    "assert", "error",  "ipairs", "next",   "pairs",    "select",       "tonumber",     "tostring",
+    "type",   "unpack", "rawget", "rawset", "rawequal", "setmetatable", "getmetatable", "_VERSION",
+};
+constexpr const char* kSafeLibs[] = {"string", "table", "math", "bit"};
+
+std::string pop_error(lua_State* L) {
+  const char* msg = lua_tostring(L, -1);
+  std::string out =
+      msg != nullptr ? msg : std::string("(error object is a ") + luaL_typename(L, -1) + ")";
+  lua_pop(L, 1);
+  return out;
+}
+
+// Calls the function below `nargs` arguments on the stack under the
+// budget. Returns the status; on error the message is on the stack.
+int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
+  I.deadline = Clock::now() + budget;
+  I.timed_out = false;
+  I.in_call = true;
+  const int status = lua_pcall(I.L, nargs, nresults, 0);
+  I.in_call = false;
+  return status;
+}
+
+// A fresh environment table for one script, holding only safe globals.
+void push_sandbox_env(lua_State* L) {
+  lua_createtable(L, 0, 24);
+  for (const char* name : kSafeGlobals) {
+    lua_getglobal(L, name);
+    lua_setfield(L, -2, name);
+  }
+  for (const char* name : kSafeLibs) {
+    // A copy per script, so one script cannot change math.max for another.
+    lua_getglobal(L, name);
+    lua_createtable(L, 0, 32);
+    lua_pushnil(L);
+    while (lua_next(L, -3) != 0) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_settable(L, -4);
+    }
+    lua_remove(L, -2);
+    lua_setfield(L, -2, name);
+  }
+  lua_pushcfunction(L, safe_pcall);
+  lua_setfield(L, -2, "pcall");
+  lua_pushcfunction(L, safe_xpcall);
+  lua_setfield(L, -2, "xpcall");
+  lua_getglobal(L, "pdgate");
+  lua_setfield(L, -2, "pdgate");
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -2, "_G");
+}
+
+void set_number(lua_State* L, const char* k, double v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+void set_bool(lua_State* L, const char* k, bool v) {
+  lua_pushboolean(L, v ? 1 : 0);
+  lua_setfield(L, -2, k);
+}
+void set_string(lua_State* L, const char* k, std::string_view v) {
+  lua_pushlstring(L, v.data(), v.size());
+  lua_setfield(L, -2, k);
+}
+
+// Pushes the stage's instances array, rebuilding it when the candidate
+// list changed and refreshing the numbers that changed since last time.
+void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candidates,
+                    std::int64_t now_ms) {
+  lua_State* L = I.L;
+  auto& c = I.caches[static_cast<int>(stage)];
+  // Pointer and id both: a freed instance's address may be reused.
+  bool same = c.array_ref != LUA_NOREF && c.ptrs.size() == candidates.size();
+  for (std::size_t i = 0; same && i < candidates.size(); ++i) {
+    same = c.ptrs[i] == candidates[i].get() && c.ids[i] == candidates[i]->id;
+  }
+  if (!same) {
+    luaL_unref(L, LUA_REGISTRYINDEX, c.array_ref);
+    c.ptrs.clear();
+    c.ids.clear();
+    c.shadow.assign(candidates.size(), Impl::Shadow{});
+    lua_createtable(L, static_cast<int>(candidates.size()), 0);
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      const Instance& inst = *candidates[i];
+      c.ptrs.push_back(&inst);
+      c.ids.push_back(inst.id);
+      lua_createtable(L, 0, 16);
+      set_number(L, "id", static_cast<double>(inst.id));
+      set_number(L, "index", static_cast<double>(i + 1));
+      set_string(L, "url", inst.spec.url);
+      set_string(L, "host", inst.spec.host);
+      set_number(L, "port", inst.spec.port);
+      set_string(L, "role", pdgate::to_string(inst.spec.role));
+      set_number(L, "weight", 1);
+      lua_newtable(L);
+      lua_setfield(L, -2, "labels");
+      lua_rawseti(L, -2, static_cast<int>(i + 1));
+    }
+    c.array_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c.array_ref);
+  for (std::size_t i = 0; i < c.ptrs.size(); ++i) {
+    const Instance& inst = *c.ptrs[i];
+    Impl::Shadow now;
+    now.in_flight = inst.in_flight.load(std::memory_order_relaxed);
+    now.healthy = inst.healthy.load(std::memory_order_relaxed) ? 1 : 0;
+    now.running = inst.engine_running.load(std::memory_order_relaxed);
+    now.waiting = inst.engine_waiting.load(std::memory_order_relaxed);
+    now.kv = inst.kv_cache_usage.load(std::memory_order_relaxed);
+    const std::int64_t at = inst.metrics_at_ms.load(std::memory_order_relaxed);
+    // Numbers older than 10 s describe a past the policy should not trust.
+    now.has_metrics = at != 0 && now_ms - at < 10'000 ? 1 : 0;
+    Impl::Shadow& old = c.shadow[i];
+    if (std::memcmp(&now, &old, sizeof now) == 0)
+      continue;
+    lua_rawgeti(L, -1, static_cast<int>(i + 1));
+    if (now.in_flight != old.in_flight)
+      set_number(L, "in_flight", static_cast<double>(now.in_flight));
+    if (now.healthy != old.healthy)
+      set_bool(L, "healthy", now.healthy != 0);
+    if (now.running != old.running)
+      set_number(L, "running", static_cast<double>(now.running));
+    if (now.waiting != old.waiting)
+      set_number(L, "waiting", static_cast<double>(now.waiting));
+    if (now.kv != old.kv)
+      set_number(L, "kv_usage", now.kv);
+    if (now.has_metrics != old.has_metrics)
+      set_bool(L, "has_metrics", now.has_metrics != 0);
+    lua_pop(L, 1);
+    old = now;
+  }
+}
+
+// Fills the reused ctx table from the request. The table is only valid
+// during the call: scripts copy what they keep (docs/policies.md).
+void push_ctx(Impl& I, const PickContext& ctx) {
+  lua_State* L = I.L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.ctx_ref);
+  lua_pushstring(L, pdgate::to_string(ctx.stage));
+  lua_setfield(L, -2, "stage");
+  set_string(L, "model", ctx.model);
+  set_bool(L, "stream", ctx.stream);
+  set_bool(L, "is_chat", ctx.is_chat);
+  set_number(L, "prompt_len", static_cast<double>(ctx.prompt_raw.size()));
+  if (ctx.conversation_id) {
+    set_string(L, "conversation_id", *ctx.conversation_id);
+  } else {
+    lua_pushnil(L);
+    lua_setfield(L, -2, "conversation_id");
+  }
+  set_string(L, "request_id", ctx.request_id);
+  if (ctx.chosen_prefill != nullptr) {
+    set_number(L, "prefill", static_cast<double>(ctx.chosen_prefill->id));
+  } else {
+    lua_pushnil(L);
+    lua_setfield(L, -2, "prefill");
+  }
+  if (ctx.headers.empty()) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, I.empty_ref);
+  } else {
+    lua_createtable(L, 0, static_cast<int>(ctx.headers.size()));
+    for (const auto& [k, v] : ctx.headers) {
+      lua_pushlstring(L, k.data(), k.size());
+      lua_pushlstring(L, v.data(), v.size());
+      lua_rawset(L, -3);
+    }
+  }
+  lua_setfield(L, -2, "headers");
+}
+
+// Sets up the request the pdgate.* helpers see, and clears it on exit.
+class RequestScope {
+ public:
+  RequestScope(Impl& I, const PickContext& ctx, PrefixHashCache& h, std::size_t candidates)
+      : I_(I) {
+    I.cur_ctx = &ctx;
+    I.cur_hashes = &h;
+    I.cur_candidates = candidates;
+    I.prefix_used = false;
+  }
+  ~RequestScope() {
+    I_.cur_ctx = nullptr;
+    I_.cur_hashes = nullptr;
+  }
+  RequestScope(const RequestScope&) = delete;
+  RequestScope& operator=(const RequestScope&) = delete;
+
+ private:
+  Impl& I_;
+};
+
+}  // namespace
+
+LuaVm::LuaVm(std::unique_ptr<Impl> impl, std::uint64_t generation)
+    : impl_(std::move(impl)), generation_(generation) {}
+
+LuaVm::~LuaVm() = default;
+
+std::size_t LuaVm::memory_used() const {
+  return impl_->mem_used;
+}
+
+bool LuaVm::has_on_complete(Stage s) const {
+  return impl_->stages[static_cast<int>(s)].complete_ref != LUA_NOREF;
+}
+
+Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
+                                             const VmServices& services) {
+  auto I = std::make_unique<Impl>();
+  I->svc = services;
+  I->mem_limit = services.memory_limit;
+  I->L = lua_newstate(limited_alloc, I.get());
+  if (I->L == nullptr)
+    return fail("cannot create a Lua state (memory limit too small?)");
+  lua_State* L = I->L;
+  // Hooks are not called from JIT-compiled traces, so an infinite loop
+  // that got compiled could never be stopped; policies run interpreted
+  // (bench/README.md measures what that costs).
+  luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
+  // Only pure libraries are opened; io, os, package, debug, ffi and jit
+  // never are.
+  const luaL_Reg libs[] = {{"", luaopen_base},
+                           {LUA_TABLIBNAME, luaopen_table},
+                           {LUA_STRLIBNAME, luaopen_string},
+                           {LUA_MATHLIBNAME, luaopen_math},
+                           {LUA_BITLIBNAME, luaopen_bit}};
+  for (const auto& lib : libs) {
+    const char* name = lib.name;
+    const lua_CFunction open = lib.func;
+    lua_pushcfunction(L, open);
+    lua_pushstring(L, name);
+    if (lua_pcall(L, 1, 0, 0) != 0)
+      return fail("cannot open Lua libraries: " + pop_error(L));
+  }
+  // string.dump would hand out bytecode, which can break the VM's
+  // invariants when loaded; strings' metatable shares this table.
+  lua_getglobal(L, LUA_STRLIBNAME);
+  lua_pushnil(L);
+  lua_setfield(L, -2, "dump");
+  lua_pop(L, 1);
+  lua_newtable(L);
+  luaL_register(L, nullptr, kPdgateLib);
+  lua_setglobal(L, "pdgate");
+  lua_sethook(L, count_hook, LUA_MASKCOUNT, kHookCount);
+
+  lua_createtable(L, 0, 12);
+  I->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_createtable(L, 0, 6);
+  I->outcome_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_newtable(L);
+  I->empty_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+
+  // A script named for several stages is loaded once and shares its state.
+  std::vector<std::pair<std::string, int>> loaded;  // origin -> hooks table ref
+  for (int s = 0; s < 3; ++s) {
+    const PolicySource& src = bundle.stages[s];
+    int hooks_ref = LUA_NOREF;
+    for (const auto& [origin, ref] : loaded) {
+      if (origin == src.origin)
+        hooks_ref = ref;
+    }
+    if (hooks_ref == LUA_NOREF) {
+      // Mode "t": text only, never precompiled bytecode, which LuaJIT
+      // does not verify and which can corrupt the VM.
+      if (!src.text.empty() && src.text.front() == '\x1b') {
+        return fail("policy " + src.origin +
+                    ": precompiled bytecode is not accepted; give the Lua source");
+      }
+      const std::string chunk_name = "@" + src.origin;
+      if (luaL_loadbufferx(L, src.text.data(), src.text.size(), chunk_name.c_str(), "t") != 0) {
+        return fail("policy " + src.origin + ": " + pop_error(L));
+      }
+      push_sandbox_env(L);
+      lua_setfenv(L, -2);
+      if (budgeted_call(*I, 0, 1, kLoadBudget) != 0) {
+        return fail("policy " + src.origin + ": " + pop_error(L));
+      }
+      if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        return fail("policy " + src.origin + ": the script must return a table of hooks");
+      }
+      hooks_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+      loaded.emplace_back(src.origin, hooks_ref);
+    }
+    auto& st = I->stages[s];
+    st.origin = src.origin;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, hooks_ref);
+    lua_getfield(L, -1, "pick");
+    if (!lua_isfunction(L, -1)) {
+      lua_pop(L, 2);
+      return fail("policy " + src.origin + ": the returned table has no pick function");
+    }
+    st.pick_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, -1, "on_complete");
+    if (lua_isfunction(L, -1)) {
+      st.complete_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    } else if (lua_isnil(L, -1)) {
+      lua_pop(L, 1);
+    } else {
+      lua_pop(L, 2);
+      return fail("policy " + src.origin + ": on_complete must be a function");
+    }
+    lua_pop(L, 1);
+  }
+  return std::unique_ptr<LuaVm>(new LuaVm(std::move(I), bundle.generation));
+}
+
+PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx,
+                       PrefixHashCache& hashes) {
+  Impl& I = *impl_;
+  lua_State* L = I.L;
+  PickAnswer a;
+  const auto now = Clock::now();
+  const int base = lua_gettop(L);
+  RequestScope scope(I, ctx, hashes, candidates.size());
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.stages[static_cast<int>(ctx.stage)].pick_ref);
+  push_ctx(I, ctx);
+  push_instances(I, ctx.stage, candidates, steady_ms(now));
+  const int status = budgeted_call(I, 2, 1, I.svc.budget);
+  if (status != 0) {
+    a.status = I.timed_out ? PickStatus::budget : PickStatus::error;
+    a.error = pop_error(L);
+    lua_settop(L, base);
+    return a;
+  }
+  const int t = lua_type(L, -1);
+  if (t == LUA_TNIL || (t == LUA_TBOOLEAN && lua_toboolean(L, -1) == 0)) {
+    a.status = PickStatus::declined;
+  } else if (t == LUA_TNUMBER) {
+    const double d = lua_tonumber(L, -1);
+    if (d >= 1 && d <= static_cast<double>(candidates.size()) && d == std::floor(d)) {
+      a.status = PickStatus::chosen;
+      a.index = static_cast<std::size_t>(d) - 1;
+    } else {
+      a.status = PickStatus::invalid;
+      a.error = "pick returned " + std::to_string(d) + ", not a position in instances (1.." +
+                std::to_string(candidates.size()) + ")";
+    }
+  } else if (t == LUA_TTABLE) {
+    // An instance table: it must be one of this pick's, not a copy.
+    lua_getfield(L, -1, "index");
+    const double d = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    bool ok = d >= 1 && d <= static_cast<double>(candidates.size()) && d == std::floor(d);
+    if (ok) {
+      lua_rawgeti(L, LUA_REGISTRYINDEX, I.caches[static_cast<int>(ctx.stage)].array_ref);
+      lua_rawgeti(L, -1, static_cast<int>(d));
+      ok = lua_rawequal(L, -1, -3) != 0;
+      lua_pop(L, 2);
+    }
+    if (ok) {
+      a.status = PickStatus::chosen;
+      a.index = static_cast<std::size_t>(d) - 1;
+    } else {
+      a.status = PickStatus::invalid;
+      a.error = "pick returned a table that is not one of the instances";
+    }
+  } else {
+    a.status = PickStatus::invalid;
+    a.error = std::string("pick returned a ") + lua_typename(L, t) +
+              " (expected an instance, its position, or nil)";
+  }
+  lua_settop(L, base);
+  if (a.status == PickStatus::chosen && I.prefix_used) {
+    I.svc.prefixes->record(hashes.get(ctx, I.svc.prefix_block_bytes), candidates[a.index]->id,
+                           steady_ms(now));
+  }
+  return a;
+}
+
+std::optional<std::string> LuaVm::on_complete(const Instance& chosen, const PickContext& ctx,
+                                              const PickOutcome& outcome, PrefixHashCache& hashes) {
+  Impl& I = *impl_;
+  const auto& st = I.stages[static_cast<int>(ctx.stage)];
+  if (st.complete_ref == LUA_NOREF)
+    return std::nullopt;
+  lua_State* L = I.L;
+  const int base = lua_gettop(L);
+  RequestScope scope(I, ctx, hashes, 0);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, st.complete_ref);
+  push_ctx(I, ctx);
+  // The instance's table from the stage cache when it is still there, so
+  // a policy may key state by the table; a fresh one otherwise.
+  const auto& c = I.caches[static_cast<int>(ctx.stage)];
+  const auto it = std::find(c.ptrs.begin(), c.ptrs.end(), &chosen);
+  if (it != c.ptrs.end() && c.ids[static_cast<std::size_t>(it - c.ptrs.begin())] == chosen.id) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, c.array_ref);
+    lua_rawgeti(L, -1, static_cast<int>(it - c.ptrs.begin() + 1));
+    lua_remove(L, -2);
+  } else {
+    lua_createtable(L, 0, 4);
+    set_number(L, "id", static_cast<double>(chosen.id));
+    set_string(L, "url", chosen.spec.url);
+    set_string(L, "role", pdgate::to_string(chosen.spec.role));
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.outcome_ref);
+  set_bool(L, "ok", outcome.ok);
+  set_number(L, "status", outcome.status);
+  set_number(L, "ttfb_ms", static_cast<double>(outcome.time_to_first_byte.count()) / 1000.0);
+  set_number(L, "total_ms", static_cast<double>(outcome.total.count()) / 1000.0);
+  lua_pushstring(L, pdgate::to_string(outcome.stage));
+  lua_setfield(L, -2, "stage");
+  const int status = budgeted_call(I, 3, 0, I.svc.budget);
+  std::optional<std::string> err;
+  if (status != 0)
+    err = (I.timed_out ? "budget: " : "") + pop_error(L);
+  lua_settop(L, base);
+  return err;
+}
+
+Result<bool> LuaVm::self_check() {
+  // Ids far above any real one, so shared state the check touches cannot
+  // be mistaken for a real instance's.
+  constexpr std::uint64_t kFakeBase = std::uint64_t{1} << 50;
+  const std::string prompt(1500, 'x');
+  PrefixHashCache hashes;
+  for (const Stage s : {Stage::encode, Stage::prefill, Stage::decode}) {
+    std::vector<InstancePtr> fake;
+    for (int i = 0; i < 3; ++i) {
+      UpstreamSpec spec;
+      spec.role = s == Stage::prefill  ? Role::prefill
+                  : s == Stage::encode ? Role::encode
+                                       : Role::decode;
+      spec.host = "self-check.invalid";
+      spec.port = static_cast<std::uint16_t>(9000 + i);
+      spec.url = "http://self-check.invalid:" + std::to_string(spec.port);
+      fake.push_back(
+          std::make_shared<Instance>(kFakeBase + static_cast<std::uint64_t>(s) * 8 + i, spec));
+    }
+    PickContext ctx;
+    ctx.stage = s;
+    ctx.model = "self-check";
+    ctx.is_chat = true;
+    ctx.prompt_raw = prompt;
+    ctx.conversation_id = "self-check";
+    ctx.request_id = "self-check";
+    if (s == Stage::decode)
+      ctx.chosen_prefill = fake[0].get();
+    const PickAnswer a = pick(fake, ctx, hashes);
+    const std::string& origin = impl_->stages[static_cast<int>(s)].origin;
+    if (a.status != PickStatus::chosen && a.status != PickStatus::declined) {
+      return fail("policy " + origin + " failed its self-check (" + to_string(s) +
+                  " pick on 3 instances): " + to_string(a.status) + ": " + a.error);
+    }
+    if (a.status == PickStatus::chosen) {
+      PickOutcome o;
+      o.stage = s;
+      o.ok = true;
+      o.status = 200;
+      if (auto err = on_complete(*fake[a.index], ctx, o, hashes)) {
+        return fail("policy " + origin + " failed its self-check (" + to_string(s) +
+                    " on_complete): " + *err);
+      }
+    }
+  }
+  // The caches must not keep the fake instances alive as the last ones seen.
+  for (auto& c : impl_->caches) {
+    luaL_unref(impl_->L, LUA_REGISTRYINDEX, c.array_ref);
+    c.array_ref = LUA_NOREF;
+    c.ptrs.clear();
+    c.ids.clear();
+  }
+  return true;
+}
+
+}  // namespace pdgate::policy

@@ -1,0 +1,108 @@
+// One LuaJIT state running one version of the configured policies (one
+// script per stage). All Lua/C interaction lives in lua_vm.cpp; nothing
+// else in pdgate includes a Lua header.
+//
+// A LuaVm belongs to one worker thread. It is created from a PolicyBundle
+// (the scripts' text), so a reload builds a new LuaVm and the worker swaps
+// to it between picks.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/instance.hpp"
+#include "core/result.hpp"
+#include "policies/shared_state.hpp"
+
+namespace pdgate::policy {
+
+// One stage's script: what the user named, where it came from, its text.
+struct PolicySource {
+  std::string spec;    // as configured: "least_load" or "/etc/pdgate/mine.lua"
+  std::string origin;  // "builtin:least_load" or the file path
+  std::string text;
+};
+
+// The scripts of one version, indexed by Stage.
+struct PolicyBundle {
+  std::array<PolicySource, 3> stages;
+  std::uint64_t generation = 0;
+};
+
+// What every VM of an engine shares: limits and the cross-worker state.
+struct VmServices {
+  std::chrono::microseconds budget{1000};
+  std::size_t memory_limit = 64u << 20;
+  std::size_t prefix_block_bytes = 256;
+  KvStore* kv = nullptr;
+  ConversationTable* conversations = nullptr;
+  PrefixIndex* prefixes = nullptr;
+};
+
+// A request's prefix block hashes, computed at most once however many
+// stages and helpers ask (the worker keeps a few recent requests').
+class PrefixHashCache {
+ public:
+  const std::vector<std::uint64_t>& get(const PickContext& ctx, std::size_t block_bytes);
+
+ private:
+  struct Entry {
+    std::string request_id;
+    const char* data = nullptr;
+    std::size_t size = 0;
+    std::vector<std::uint64_t> hashes;
+  };
+  static constexpr std::size_t kSlots = 8;
+  std::array<Entry, kSlots> slots_;
+  std::size_t next_ = 0;
+};
+
+enum class PickStatus { chosen, declined, error, invalid, budget };
+const char* to_string(PickStatus s);
+
+struct PickAnswer {
+  PickStatus status = PickStatus::declined;
+  std::size_t index = 0;  // into the candidates, when chosen
+  std::string error;      // why, when error / invalid / budget
+};
+
+class LuaVm {
+ public:
+  // Loads every stage's script into a fresh sandboxed state. Fails with a
+  // message naming the script when one does not compile, does not return a
+  // table with a `pick` function, or errors while loading.
+  static Result<std::unique_ptr<LuaVm>> create(const PolicyBundle& bundle,
+                                               const VmServices& services);
+  ~LuaVm();
+  LuaVm(const LuaVm&) = delete;
+  LuaVm& operator=(const LuaVm&) = delete;
+
+  std::uint64_t generation() const { return generation_; }
+
+  PickAnswer pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx,
+                  PrefixHashCache& hashes);
+  // Returns an error message if the hook failed (the caller counts it).
+  std::optional<std::string> on_complete(const Instance& chosen, const PickContext& ctx,
+                                         const PickOutcome& outcome, PrefixHashCache& hashes);
+  bool has_on_complete(Stage s) const;
+
+  // Picks on a synthetic request and instance set for each stage: the
+  // answer must be an instance or a decline, within the budget.
+  Result<bool> self_check();
+
+  // Bytes the state holds (for tests and the memory cap).
+  std::size_t memory_used() const;
+
+  struct Impl;
+
+ private:
+  explicit LuaVm(std::unique_ptr<Impl> impl, std::uint64_t generation);
+  std::unique_ptr<Impl> impl_;
+  std::uint64_t generation_;
+};
+
+}  // namespace pdgate::policy

@@ -1,0 +1,178 @@
+#include "policies/metrics.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+
+namespace pdgate::policy {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+
+struct Sum {
+  double total = 0;
+  int count = 0;
+};
+
+// Parses a Prometheus sample value ("3", "3.0", "1e-3", "NaN", "+Inf").
+std::optional<double> parse_value(std::string_view v) {
+  double d = 0;
+  const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+  if (ec != std::errc() || ptr != v.data() + v.size() || !std::isfinite(d))
+    return std::nullopt;
+  return d;
+}
+
+}  // namespace
+
+EngineMetrics parse_vllm_metrics(std::string_view text) {
+  Sum running, waiting, kv, kv_old;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos)
+      eol = text.size();
+    std::string_view line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (!line.empty() && line.back() == '\r')
+      line.remove_suffix(1);
+    if (line.empty() || line.front() == '#')
+      continue;
+    // name{labels} value [timestamp]; label values may hold spaces or
+    // braces inside quotes, so the name ends at '{' or ' ' and the labels
+    // at the last '}'.
+    const std::size_t name_end = line.find_first_of("{ ");
+    if (name_end == std::string_view::npos)
+      continue;
+    const std::string_view name = line.substr(0, name_end);
+    Sum* target = nullptr;
+    if (name == "vllm:num_requests_running")
+      target = &running;
+    else if (name == "vllm:num_requests_waiting")
+      target = &waiting;
+    else if (name == "vllm:kv_cache_usage_perc")
+      target = &kv;
+    else if (name == "vllm:gpu_cache_usage_perc")
+      target = &kv_old;
+    if (target == nullptr)
+      continue;
+    std::string_view rest = line.substr(name_end);
+    if (rest.front() == '{') {
+      const std::size_t close = rest.rfind('}');
+      if (close == std::string_view::npos)
+        continue;
+      rest = rest.substr(close + 1);
+    }
+    while (!rest.empty() && rest.front() == ' ')
+      rest.remove_prefix(1);
+    const std::size_t sp = rest.find(' ');
+    if (sp != std::string_view::npos)
+      rest = rest.substr(0, sp);  // drop the timestamp
+    auto v = parse_value(rest);
+    if (!v)
+      continue;
+    target->total += *v;
+    ++target->count;
+  }
+  EngineMetrics m;
+  if (running.count > 0)
+    m.running = running.total;
+  if (waiting.count > 0)
+    m.waiting = waiting.total;
+  const Sum& k = kv.count > 0 ? kv : kv_old;
+  if (k.count > 0)
+    m.kv_usage = k.total / k.count;
+  return m;
+}
+
+void store_metrics(const Instance& inst, const EngineMetrics& m, std::int64_t now_ms) {
+  if (m.running)
+    inst.engine_running.store(std::llround(*m.running), std::memory_order_relaxed);
+  if (m.waiting)
+    inst.engine_waiting.store(std::llround(*m.waiting), std::memory_order_relaxed);
+  if (m.kv_usage)
+    inst.kv_cache_usage.store(*m.kv_usage, std::memory_order_relaxed);
+  inst.metrics_at_ms.store(now_ms, std::memory_order_relaxed);
+}
+
+namespace {
+
+std::int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// One GET /metrics; any failure leaves the instance's numbers as they were.
+net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds timeout) {
+  auto ex = co_await net::this_coro::executor;
+  tcp::resolver resolver(ex);
+  auto [rec, endpoints] =
+      co_await resolver.async_resolve(inst->spec.host, std::to_string(inst->spec.port), use_tuple);
+  if (rec)
+    co_return;
+  beast::tcp_stream stream(ex);
+  stream.expires_after(timeout);
+  auto [cec, ep] = co_await stream.async_connect(endpoints, use_tuple);
+  if (cec)
+    co_return;
+  http::request<http::empty_body> req{http::verb::get, "/metrics", 11};
+  req.set(http::field::host, inst->spec.host + ":" + std::to_string(inst->spec.port));
+  req.set(http::field::user_agent, "pdgate-metrics");
+  req.keep_alive(false);
+  auto [wec, wn] = co_await http::async_write(stream, req, use_tuple);
+  if (wec)
+    co_return;
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> parser;
+  // vLLM's /metrics is tens of KiB; a bound keeps a confused peer from
+  // growing our memory.
+  parser.body_limit(8u << 20);
+  auto [rdec, rn] = co_await http::async_read(stream, buf, parser, use_tuple);
+  if (rdec || parser.get().result_int() != 200)
+    co_return;
+  store_metrics(*inst, parse_vllm_metrics(parser.get().body()), steady_ms());
+  beast::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+}
+
+net::awaitable<void> scrape_loop(const Registry& registry, std::chrono::milliseconds interval) {
+  auto ex = co_await net::this_coro::executor;
+  const auto timeout = std::max(interval, std::chrono::milliseconds(200));
+  net::steady_timer timer(ex);
+  for (;;) {
+    const auto set = registry.snapshot();
+    for (const auto* list : {&set->prefill, &set->decode, &set->encode}) {
+      for (const auto& inst : *list)
+        net::co_spawn(ex, scrape_one(inst, timeout), net::detached);
+    }
+    timer.expires_after(interval);
+    auto [ec] = co_await timer.async_wait(use_tuple);
+    if (ec)
+      co_return;
+  }
+}
+
+}  // namespace
+
+void start_metrics_scraper(boost::asio::io_context& ioc, const Registry& registry,
+                           std::chrono::milliseconds interval) {
+  net::co_spawn(ioc, scrape_loop(registry, interval), net::detached);
+}
+
+}  // namespace pdgate::policy

@@ -1,0 +1,601 @@
+// The Lua engine: loading, the sandbox, limits, fallbacks, reloads, and
+// the C++ pieces policies rely on (prefix hashes, shared state, metrics).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include "policies/engine.hpp"
+#include "policies/metrics.hpp"
+#include "policies/prefix_hash.hpp"
+#include "tests/policies/policy_test_util.hpp"
+
+namespace pdgate::policy {
+namespace {
+
+using test::engine_for;
+using test::fake_instances;
+using test::settings_for;
+using test::TempScript;
+
+PickContext decode_ctx(std::string_view request_id = "r1") {
+  PickContext c;
+  c.stage = Stage::decode;
+  c.model = "m";
+  c.request_id = request_id;
+  return c;
+}
+
+// --- Loading --------------------------------------------------------------
+
+// Every shipped policy loads and passes its self-check.
+TEST(PolicyLoad, ShippedPoliciesLoad) {
+  ASSERT_GE(shipped_policies().size(), 6u);
+  for (const auto& p : shipped_policies()) {
+    auto e = PolicyEngine::create(settings_for(p.name));
+    EXPECT_TRUE(e.ok()) << p.name << ": " << (e.ok() ? "" : e.error());
+  }
+}
+
+// An unknown name is rejected with the list of shipped names.
+TEST(PolicyLoad, UnknownNameListsShipped) {
+  auto e = PolicyEngine::create(settings_for("nope"));
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find("unknown policy 'nope'"), std::string::npos) << e.error();
+  EXPECT_NE(e.error().find("least_load"), std::string::npos) << e.error();
+}
+
+// A syntax error names the file and line.
+TEST(PolicyLoad, SyntaxErrorNamesFile) {
+  TempScript s("return { pick = function(ctx, instances) return 1 end");
+  auto e = PolicyEngine::create(settings_for(s.path()));
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find(s.path()), std::string::npos) << e.error();
+}
+
+// A script that returns no pick function is rejected.
+TEST(PolicyLoad, MissingPickRejected) {
+  TempScript s("return { on_complete = function() end }");
+  auto e = PolicyEngine::create(settings_for(s.path()));
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find("no pick function"), std::string::npos) << e.error();
+}
+
+// A script whose pick errors on the synthetic request fails the self-check.
+TEST(PolicyLoad, SelfCheckCatchesRuntimeError) {
+  TempScript s("return { pick = function(ctx, instances) return instances[1].nothing.x end }");
+  auto e = PolicyEngine::create(settings_for(s.path()));
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find("self-check"), std::string::npos) << e.error();
+}
+
+// Precompiled bytecode is refused (mode "t").
+TEST(PolicyLoad, BytecodeRefused) {
+  TempScript s(std::string("\x1bLJ\x02garbage", 10));
+  auto e = PolicyEngine::create(settings_for(s.path()));
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().find("bytecode is not accepted"), std::string::npos) << e.error();
+}
+
+// --- Sandbox --------------------------------------------------------------
+
+// Dangerous globals and functions are absent inside a policy.
+TEST(PolicySandbox, DangerousGlobalsAbsent) {
+  TempScript s(R"lua(
+    local absent = { os == nil, io == nil, require == nil, load == nil, loadstring == nil,
+                     dofile == nil, loadfile == nil, debug == nil, jit == nil, ffi == nil,
+                     package == nil, getfenv == nil, setfenv == nil, collectgarbage == nil,
+                     string.dump == nil, ("x").dump == nil, module == nil, newproxy == nil }
+    for i = 1, #absent do assert(absent[i], "global " .. i .. " is reachable") end
+    return { pick = function(ctx, instances) return 1 end }
+  )lua");
+  auto e = PolicyEngine::create(settings_for(s.path()));
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error());
+}
+
+// Two stages naming different scripts do not share globals or libraries.
+TEST(PolicySandbox, ScriptsIsolated) {
+  TempScript a("math.max = nil; leaked = 1; return { pick = function() return 1 end }", "a");
+  TempScript b(
+      "assert(leaked == nil); assert(math.max ~= nil); "
+      "return { pick = function() return 1 end }",
+      "b");
+  PolicySettings st;
+  st.specs = {a.path(), b.path(), a.path()};
+  auto e = PolicyEngine::create(st);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error());
+}
+
+// --- Picks and fallbacks --------------------------------------------------
+
+// A pick may return the instance table or its position.
+TEST(PolicyPick, TableOrIndex) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.model == "by-index" then return 3 end
+      return instances[2]
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  auto ctx = decode_ctx();
+  EXPECT_EQ(p->pick(inst, ctx), inst[1]);
+  ctx.model = "by-index";
+  EXPECT_EQ(p->pick(inst, ctx), inst[2]);
+  EXPECT_EQ(e->stats().fallbacks(), 0u);
+}
+
+// The context carries the request's facts.
+TEST(PolicyPick, ContextFields) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.request_id == "self-check" then return 1 end
+      assert(ctx.model == "llama", "model")
+      assert(ctx.stream == true and ctx.is_chat == true, "flags")
+      assert(ctx.prompt_len == 11, "prompt_len " .. tostring(ctx.prompt_len))
+      assert(ctx.conversation_id == "c-7", "conversation_id")
+      assert(ctx.request_id == "req-1", "request_id")
+      assert(ctx.prefill == 9, "prefill " .. tostring(ctx.prefill))
+      assert(ctx.headers["x-tenant"] == "blue", "header")
+      local i = instances[1]
+      assert(i.id == 1 and i.index == 1 and i.role == "decode" and i.weight == 1, "identity")
+      assert(i.url == "http://10.0.0.1:8000", "url")
+      assert(i.in_flight == 5 and i.healthy == true, "numbers")
+      assert(i.running == 3 and i.waiting == 2 and i.has_metrics == true, "metrics")
+      assert(math.abs(i.kv_usage - 0.5) < 1e-9, "kv")
+      assert(type(i.labels) == "table", "labels")
+      return 2
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2);
+  auto prefill = fake_instances(1, Role::prefill, 9);
+  inst[0]->in_flight = 5;
+  store_metrics(*inst[0], EngineMetrics{3.0, 2.0, 0.5},
+                std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::steady_clock::now().time_since_epoch())
+                    .count());
+  PickContext ctx = decode_ctx("req-1");
+  ctx.model = "llama";
+  ctx.stream = true;
+  ctx.is_chat = true;
+  ctx.prompt_raw = "[{\"a\":\"b\"}]";
+  ctx.conversation_id = "c-7";
+  ctx.chosen_prefill = prefill[0].get();
+  ctx.headers = {{"x-tenant", "blue"}};
+  EXPECT_EQ(p->pick(inst, ctx), inst[1]);
+  EXPECT_EQ(e->stats().fallbacks(), 0u);
+}
+
+// Numbers that change between picks reach the script (cached tables stay fresh).
+TEST(PolicyPick, NumbersRefreshBetweenPicks) {
+  auto e = engine_for("least_load");
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3);
+  inst[0]->in_flight = 1;
+  inst[1]->in_flight = 0;
+  inst[2]->in_flight = 2;
+  EXPECT_EQ(p->pick(inst, decode_ctx()), inst[1]);
+  inst[1]->in_flight = 9;
+  EXPECT_EQ(p->pick(inst, decode_ctx()), inst[0]);
+  inst[1]->healthy = false;
+  inst[1]->in_flight = 0;
+  EXPECT_EQ(p->pick(inst, decode_ctx()), inst[0]);
+}
+
+// A runtime error falls back to round-robin and is counted.
+TEST(PolicyPick, ErrorFallsBack) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.model == "boom" then error("kaput") end
+      return 1
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3);
+  auto ctx = decode_ctx();
+  ctx.model = "boom";
+  std::set<InstancePtr> seen;
+  for (int i = 0; i < 3; ++i)
+    seen.insert(p->pick(inst, ctx));
+  EXPECT_EQ(seen.size(), 3u);  // round-robin spreads
+  EXPECT_EQ(e->stats().errors.load(), 3u);
+}
+
+// Out-of-range positions, foreign tables and strings are invalid answers.
+TEST(PolicyPick, InvalidAnswersFallBack) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.model == "zero" then return 0 end
+      if ctx.model == "big" then return #instances + 1 end
+      if ctx.model == "frac" then return 1.5 end
+      if ctx.model == "copy" then return { index = 1 } end
+      if ctx.model == "str" then return "x" end
+      return 1
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2);
+  for (const char* m : {"zero", "big", "frac", "copy", "str"}) {
+    auto ctx = decode_ctx();
+    ctx.model = m;
+    EXPECT_NE(p->pick(inst, ctx), nullptr) << m;
+  }
+  EXPECT_EQ(e->stats().invalid.load(), 5u);
+}
+
+// nil declines: round-robin routes the request, and it is not an error.
+TEST(PolicyPick, DeclineIsNotAnError) {
+  TempScript s("return { pick = function() return nil end }");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2);
+  EXPECT_NE(p->pick(inst, decode_ctx()), nullptr);
+  EXPECT_EQ(e->stats().declined.load(), 1u);
+  EXPECT_EQ(e->stats().fallbacks(), 0u);
+}
+
+// An empty candidate list returns nullptr without running the script.
+TEST(PolicyPick, NoCandidates) {
+  auto e = engine_for("round_robin");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->make_picker(0)->pick({}, decode_ctx()), nullptr);
+  EXPECT_EQ(e->stats().picks.load(), 0u);
+}
+
+// --- Limits ---------------------------------------------------------------
+
+// An infinite loop is cut off at the budget; the next pick works again.
+TEST(PolicyLimits, InfiniteLoopCutOff) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.model == "spin" then while true do end end
+      return 1
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2);
+  auto ctx = decode_ctx();
+  ctx.model = "spin";
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(p->pick(inst, ctx), nullptr);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, std::chrono::milliseconds(50));
+  EXPECT_EQ(e->stats().budget_exceeded.load(), 1u);
+  EXPECT_EQ(p->pick(inst, decode_ctx()), inst[0]);
+}
+
+// A loop hot enough to be JIT-compiled elsewhere is still cut off here.
+TEST(PolicyLimits, HotLoopCutOff) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.model == "spin" then
+        local x = 0
+        for i = 1, 1e12 do x = x + i % 7 end
+        return x
+      end
+      return 1
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto ctx = decode_ctx();
+  ctx.model = "spin";
+  EXPECT_NE(p->pick(fake_instances(2), ctx), nullptr);
+  EXPECT_EQ(e->stats().budget_exceeded.load(), 1u);
+}
+
+// pcall cannot swallow the budget error to keep looping.
+TEST(PolicyLimits, PcallCannotSwallowBudget) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.model == "spin" then
+        while true do pcall(function() while true do end end) end
+      end
+      return 1
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto ctx = decode_ctx();
+  ctx.model = "spin";
+  EXPECT_NE(p->pick(fake_instances(2), ctx), nullptr);
+  EXPECT_EQ(e->stats().budget_exceeded.load(), 1u);
+}
+
+// Allocating past the memory cap fails the pick, not the process.
+TEST(PolicyLimits, MemoryCap) {
+  TempScript s(R"lua(
+    local keep = {}
+    return { pick = function(ctx, instances)
+      if ctx.model == "hog" then
+        for i = 1, 1e9 do keep[i] = string.rep("x", 4096) .. i end
+      end
+      return 1
+    end }
+  )lua");
+  PolicySettings st = settings_for(s.path());
+  st.memory_limit = 8u << 20;
+  st.budget = std::chrono::seconds(5);  // let memory, not time, stop it
+  auto e = PolicyEngine::create(st);
+  ASSERT_TRUE(e.ok()) << e.error();
+  auto p = (*e)->make_picker(0);
+  auto ctx = decode_ctx();
+  ctx.model = "hog";
+  EXPECT_NE(p->pick(fake_instances(2), ctx), nullptr);
+  EXPECT_EQ((*e)->stats().errors.load(), 1u);
+}
+
+// A runaway on_complete is cut off and counted too.
+TEST(PolicyLimits, OnCompleteBudget) {
+  TempScript s(R"lua(
+    return { pick = function() return 1 end,
+             on_complete = function(ctx) if ctx.model == "spin" then while true do end end end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(1);
+  auto ctx = decode_ctx();
+  ctx.model = "spin";
+  p->on_complete(*inst[0], ctx, PickOutcome{});
+  EXPECT_EQ(e->stats().on_complete_errors.load(), 1u);
+}
+
+// --- on_complete and shared state -----------------------------------------
+
+// on_complete sees the outcome; state it keeps is visible to later picks,
+// and the shared store is visible to another worker's state.
+TEST(PolicyHooks, OnCompleteAndSharedStore) {
+  TempScript s(R"lua(
+    local seen = 0
+    return {
+      pick = function(ctx, instances)
+        if ctx.model == "read" then
+          assert(pdgate.kv_get("last_status") == 503, "shared store")
+          return seen
+        end
+        return 1
+      end,
+      on_complete = function(ctx, inst, outcome)
+        if ctx.request_id == "self-check" then return end
+        assert(outcome.ok == false and outcome.status == 503 and outcome.stage == "decode")
+        assert(math.abs(outcome.ttfb_ms - 1.5) < 1e-9 and outcome.total_ms == 4)
+        seen = inst.index
+        assert(pdgate.kv_set("last_status", outcome.status))
+      end,
+    }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p0 = e->make_picker(0);
+  auto p1 = e->make_picker(1);
+  auto inst = fake_instances(3);
+  auto ctx = decode_ctx();
+  ASSERT_EQ(p0->pick(inst, ctx), inst[0]);
+  PickOutcome o;
+  o.stage = Stage::decode;
+  o.status = 503;
+  o.time_to_first_byte = std::chrono::microseconds(1500);
+  o.total = std::chrono::milliseconds(4);
+  p0->on_complete(*inst[1], ctx, o);
+  EXPECT_EQ(e->stats().on_complete_errors.load(), 0u);
+  auto read = decode_ctx();
+  read.model = "read";
+  EXPECT_EQ(p0->pick(inst, read), inst[1]);  // worker 0 learned index 2
+  EXPECT_EQ(e->stats().fallbacks(), 0u);
+  // Worker 1 has its own state (seen == 0: invalid) but the same store.
+  EXPECT_NE(p1->pick(inst, read), nullptr);
+  EXPECT_EQ(e->stats().invalid.load(), 1u);
+  EXPECT_EQ(e->stats().errors.load(), 0u);
+}
+
+// The shared store caps its size; a full store answers nil, err.
+TEST(SharedState, KvStoreCap) {
+  KvStore kv(1000);
+  EXPECT_TRUE(kv.set("a", 1.0, 0, 0).ok());
+  std::string big(2000, 'x');
+  auto r = kv.set("b", big, 0, 0);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(std::get<double>(*kv.get("a", 0)), 1.0);
+  EXPECT_EQ(*kv.incr("a", 2, 0), 3.0);
+  EXPECT_TRUE(kv.set("t", true, 10, 100).ok());
+  EXPECT_TRUE(kv.get("t", 105).has_value());
+  EXPECT_FALSE(kv.get("t", 111).has_value());  // expired
+}
+
+// The prefix index reports each instance's longest routed prefix and forgets old routes.
+TEST(SharedState, PrefixIndexMatches) {
+  PrefixIndex idx(1 << 12, 1000);
+  const std::vector<std::uint64_t> a{1, 2, 3, 4};
+  const std::vector<std::uint64_t> a2{1, 2, 9};
+  idx.record(a, 7, 0);
+  idx.record(a2, 8, 0);
+  auto m = idx.matches({1, 2, 3, 5}, 10, 8);
+  std::map<std::uint64_t, std::size_t> got(m.begin(), m.end());
+  EXPECT_EQ(got[7], 3u);
+  EXPECT_EQ(got[8], 2u);
+  EXPECT_TRUE(idx.matches({1, 2, 3}, 2000, 8).empty());  // past the TTL
+}
+
+// The conversation table stays within its capacity.
+TEST(SharedState, ConversationTableBounded) {
+  ConversationTable t(100);
+  for (int i = 0; i < 1000; ++i)
+    t.put("c" + std::to_string(i), ConversationEntry{1, 2, 3});
+  EXPECT_TRUE(t.get("c999").has_value());
+  EXPECT_FALSE(t.get("c0").has_value());
+}
+
+// --- Reload ---------------------------------------------------------------
+
+// A good reload switches every worker before its next pick.
+TEST(PolicyReload, GoodReloadSwitches) {
+  TempScript s("return { pick = function() return 1 end }");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3);
+  EXPECT_EQ(p->pick(inst, decode_ctx()), inst[0]);
+  s.write("return { pick = function() return 3 end }");
+  auto r = e->reload_if_changed();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->ok()) << r->error();
+  EXPECT_EQ(p->pick(inst, decode_ctx()), inst[2]);
+  EXPECT_EQ(e->stats().reloads.load(), 1u);
+  EXPECT_FALSE(e->reload_if_changed().has_value());  // unchanged: no reload
+}
+
+// A broken script is rejected with its error and the old version stays.
+TEST(PolicyReload, BrokenReloadKeepsOld) {
+  TempScript s("return { pick = function() return 2 end }");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3);
+  const auto gen = e->generation();
+  for (const char* bad : {"return {", "return { pick = function() while true do end end }",
+                          "return { pick = function() return 'x' end }", "return 42"}) {
+    s.write(bad);
+    auto r = e->reload();
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(e->generation(), gen);
+    EXPECT_EQ(p->pick(inst, decode_ctx()), inst[1]) << bad;
+  }
+  EXPECT_EQ(e->stats().reload_failures.load(), 4u);
+}
+
+// A request whose prefill was picked by the old version gets its decode
+// pick and its reports from that version too.
+TEST(PolicyReload, InFlightRequestKeepsVersion) {
+  TempScript s("return { pick = function() return 1 end }");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto prefills = fake_instances(2, Role::prefill, 10);
+  auto decodes = fake_instances(2, Role::decode, 20);
+  PickContext ctx = decode_ctx("in-flight");
+  ctx.stage = Stage::prefill;
+  ASSERT_EQ(p->pick(prefills, ctx), prefills[0]);
+  PickOutcome ok;
+  ok.ok = true;
+  ok.stage = Stage::prefill;
+  p->on_complete(*prefills[0], ctx, ok);
+  s.write("return { pick = function() return 2 end }");
+  ASSERT_TRUE(e->reload().ok());
+  ctx.stage = Stage::decode;
+  EXPECT_EQ(p->pick(decodes, ctx), decodes[0]);  // old version
+  ok.stage = Stage::decode;
+  p->on_complete(*decodes[0], ctx, ok);
+  EXPECT_EQ(p->pick(decodes, decode_ctx("new")), decodes[1]);  // new version
+}
+
+// Reloading with other settings switches a stage to another policy.
+TEST(PolicyReload, SwitchPolicyBySettings) {
+  auto e = engine_for("round_robin");
+  ASSERT_TRUE(e);
+  TempScript s("return { pick = function(ctx, instances) return #instances end }");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  PolicySettings st = settings_for("round_robin");
+  st.specs[static_cast<int>(Stage::decode)] = s.path();
+  ASSERT_TRUE(e->reload(st).ok());
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(p->pick(inst, decode_ctx()), inst[3]);
+}
+
+// --- Prefix hashes --------------------------------------------------------
+
+// Equal prefixes give equal leading hashes; the first differing block and
+// every later one differ (chaining); the partial tail is not hashed.
+TEST(PrefixHash, ChainedBlocks) {
+  std::string a(1000, 'a');
+  std::string b = a;
+  b[300] = 'b';
+  const auto ha = prefix_block_hashes(a, 256);
+  const auto hb = prefix_block_hashes(b, 256);
+  ASSERT_EQ(ha.size(), 3u);
+  EXPECT_EQ(ha[0], hb[0]);
+  EXPECT_NE(ha[1], hb[1]);
+  EXPECT_NE(ha[2], hb[2]);  // same text in block 3, different history
+  EXPECT_EQ(ha[0], ha[0] & kLuaExactMask);
+  EXPECT_TRUE(prefix_block_hashes("short", 256).empty());
+}
+
+// The hash spreads small changes over all bits and depends on the seed.
+TEST(PrefixHash, Hash64Basics) {
+  EXPECT_NE(hash64("abc"), hash64("abd"));
+  EXPECT_NE(hash64("abc", 1), hash64("abc", 2));
+  EXPECT_EQ(hash64(std::string(100, 'x')), hash64(std::string(100, 'x')));
+  std::set<std::uint64_t> seen;
+  for (int i = 0; i < 10000; ++i)
+    seen.insert(hash64(std::to_string(i)));
+  EXPECT_EQ(seen.size(), 10000u);
+}
+
+// prefix_matches in a script sees what earlier picks routed.
+TEST(PrefixHash, ScriptSeesRoutedPrefix) {
+  auto e = engine_for("prefix_affinity");
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  const std::string prompt(4096, 'p');
+  PickContext ctx = decode_ctx("a");
+  ctx.prompt_raw = prompt;
+  auto first = p->pick(inst, ctx);
+  ASSERT_NE(first, nullptr);
+  for (int i = 0; i < 10; ++i) {
+    const std::string id = "b" + std::to_string(i);
+    PickContext again = decode_ctx(id);
+    again.prompt_raw = prompt;
+    EXPECT_EQ(p->pick(inst, again), first);
+  }
+}
+
+// --- Engine metrics -------------------------------------------------------
+
+// vLLM V1 text: series summed over engines, kv usage averaged, comments skipped.
+TEST(Metrics, ParseVllmText) {
+  const auto m = parse_vllm_metrics(
+      "# HELP vllm:num_requests_running Number of requests.\n"
+      "# TYPE vllm:num_requests_running gauge\n"
+      "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n"
+      "vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 2\n"
+      "vllm:num_requests_waiting{engine=\"0\",model_name=\"m {x}\"} 4 1700000000\n"
+      "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\r\n"
+      "vllm:kv_cache_usage_perc{engine=\"1\"} 0.75\n"
+      "vllm:num_requests_running_other 99\n"
+      "garbage line\n");
+  ASSERT_TRUE(m.running && m.waiting && m.kv_usage);
+  EXPECT_EQ(*m.running, 5);
+  EXPECT_EQ(*m.waiting, 4);
+  EXPECT_DOUBLE_EQ(*m.kv_usage, 0.5);
+}
+
+// Older vLLM's gpu_cache_usage_perc is used when the new name is absent.
+TEST(Metrics, OldKvName) {
+  const auto m =
+      parse_vllm_metrics("vllm:gpu_cache_usage_perc 0.4\nvllm:num_requests_waiting NaN\n");
+  ASSERT_TRUE(m.kv_usage);
+  EXPECT_DOUBLE_EQ(*m.kv_usage, 0.4);
+  EXPECT_FALSE(m.running);
+  EXPECT_FALSE(m.waiting);  // NaN is not a number we store
+}
+
+}  // namespace
+}  // namespace pdgate::policy

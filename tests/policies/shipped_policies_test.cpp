@@ -1,0 +1,316 @@
+// Each shipped policy on fake instance sets: what it picks, and that it
+// never picks an unhealthy instance while a healthy one exists.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "policies/metrics.hpp"
+#include "tests/policies/policy_test_util.hpp"
+
+namespace pdgate::policy {
+namespace {
+
+using test::engine_for;
+using test::fake_instances;
+
+PickContext ctx_for(Stage stage) {
+  PickContext c;
+  c.stage = stage;
+  return c;
+}
+
+// Runs `n` picks and counts the chosen instances by index.
+std::map<std::size_t, int> spread(InstancePicker& p, const std::vector<InstancePtr>& inst,
+                                  const PickContext& ctx, int n) {
+  std::map<std::size_t, int> out;
+  for (int i = 0; i < n; ++i) {
+    auto c = p.pick(inst, ctx);
+    for (std::size_t k = 0; k < inst.size(); ++k) {
+      if (inst[k] == c)
+        ++out[k];
+    }
+  }
+  return out;
+}
+
+// No shipped policy picks an unhealthy instance while others are healthy.
+TEST(ShippedPolicies, NeverPickUnhealthy) {
+  for (const auto& sp : shipped_policies()) {
+    auto e = engine_for(sp.name);
+    ASSERT_TRUE(e);
+    auto p = e->make_picker(0);
+    auto inst = fake_instances(5);
+    inst[0]->healthy = false;
+    inst[3]->healthy = false;
+    PickContext ctx = ctx_for(Stage::decode);
+    ctx.conversation_id = "conv";
+    for (int i = 0; i < 50; ++i) {
+      auto c = p->pick(inst, ctx);
+      ASSERT_NE(c, nullptr) << sp.name;
+      EXPECT_TRUE(c->healthy.load()) << sp.name;
+    }
+    EXPECT_EQ(e->stats().fallbacks(), 0u) << sp.name;
+  }
+}
+
+// round_robin visits every healthy instance in turn.
+TEST(RoundRobin, EvenSpread) {
+  auto e = engine_for("round_robin");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  const auto s = spread(*p, inst, ctx_for(Stage::decode), 400);
+  for (std::size_t k = 0; k < 4; ++k)
+    EXPECT_EQ(s.at(k), 100);
+}
+
+// round_robin keeps a separate rotation per stage.
+TEST(RoundRobin, PerStageRotation) {
+  auto e = engine_for("round_robin");
+  auto p = e->make_picker(0);
+  auto pre = fake_instances(2, Role::prefill, 10);
+  auto dec = fake_instances(2, Role::decode, 20);
+  EXPECT_EQ(p->pick(pre, ctx_for(Stage::prefill)), pre[0]);
+  EXPECT_EQ(p->pick(dec, ctx_for(Stage::decode)), dec[0]);
+  EXPECT_EQ(p->pick(pre, ctx_for(Stage::prefill)), pre[1]);
+  EXPECT_EQ(p->pick(dec, ctx_for(Stage::decode)), dec[1]);
+}
+
+// least_load picks the instance with the fewest in-flight requests.
+TEST(LeastLoad, PicksFewestInFlight) {
+  auto e = engine_for("least_load");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(8);
+  for (std::size_t k = 0; k < 8; ++k)
+    inst[k]->in_flight = 10 + static_cast<int>(k);
+  inst[5]->in_flight = 2;
+  EXPECT_EQ(p->pick(inst, ctx_for(Stage::decode)), inst[5]);
+}
+
+// least_load counts the engine's running+waiting when fresh and larger.
+TEST(LeastLoad, UsesEngineQueue) {
+  auto e = engine_for("least_load");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2);
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::steady_clock::now().time_since_epoch())
+                       .count();
+  store_metrics(*inst[0], EngineMetrics{4.0, 10.0, 0.9}, now);  // busy via other gateways
+  store_metrics(*inst[1], EngineMetrics{1.0, 0.0, 0.1}, now);
+  inst[0]->in_flight = 0;
+  inst[1]->in_flight = 2;
+  EXPECT_EQ(p->pick(inst, ctx_for(Stage::decode)), inst[1]);
+}
+
+// least_load spreads ties across equal instances.
+TEST(LeastLoad, TiesRotate) {
+  auto e = engine_for("least_load");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  const auto s = spread(*p, inst, ctx_for(Stage::decode), 400);
+  for (std::size_t k = 0; k < 4; ++k)
+    EXPECT_EQ(s.at(k), 100);
+}
+
+// power_of_two never picks the most loaded of many instances and spreads among the idle.
+TEST(PowerOfTwo, AvoidsTheBusiest) {
+  auto e = engine_for("power_of_two");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  inst[2]->in_flight = 100;
+  const auto s = spread(*p, inst, ctx_for(Stage::decode), 1000);
+  EXPECT_EQ(s.count(2), 0u);
+  for (std::size_t k : {0u, 1u, 3u})
+    EXPECT_GT(s.at(k), 150) << k;
+}
+
+// session_affinity sends a session to one instance, different sessions apart.
+TEST(SessionAffinity, StickyAndSpread) {
+  auto e = engine_for("session_affinity");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  std::set<InstancePtr> homes;
+  for (int c = 0; c < 40; ++c) {
+    PickContext ctx = ctx_for(Stage::decode);
+    ctx.conversation_id = "conversation-" + std::to_string(c);
+    auto first = p->pick(inst, ctx);
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(p->pick(inst, ctx), first);
+    homes.insert(first);
+  }
+  EXPECT_EQ(homes.size(), 4u);
+}
+
+// session_affinity reads the x-session-id header when there is no conversation_id.
+TEST(SessionAffinity, HeaderKey) {
+  auto e = engine_for("session_affinity");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  PickContext ctx = ctx_for(Stage::decode);
+  ctx.headers = {{"x-session-id", "s1"}};
+  auto first = p->pick(inst, ctx);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(p->pick(inst, ctx), first);
+  EXPECT_EQ(e->stats().declined.load(), 0u);
+}
+
+// session_affinity moves a session off its instance when that one is over the load bound.
+TEST(SessionAffinity, BoundedLoad) {
+  auto e = engine_for("session_affinity");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  PickContext ctx = ctx_for(Stage::decode);
+  ctx.conversation_id = "hot";
+  auto home = p->pick(inst, ctx);
+  home->in_flight = 20;  // the others idle: average 5, bound ceil(21/4*1.25) = 7
+  auto moved = p->pick(inst, ctx);
+  EXPECT_NE(moved, home);
+  home->in_flight = 0;
+  EXPECT_EQ(p->pick(inst, ctx), home);  // back once the load is gone
+}
+
+// session_affinity: removing an instance moves only the sessions it had.
+TEST(SessionAffinity, ConsistentOnRemoval) {
+  auto e = engine_for("session_affinity");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(5);
+  std::vector<InstancePtr> fewer(inst.begin(), inst.end() - 1);
+  int moved = 0;
+  for (int c = 0; c < 200; ++c) {
+    PickContext ctx = ctx_for(Stage::decode);
+    ctx.conversation_id = "c" + std::to_string(c);
+    auto before = p->pick(inst, ctx);
+    auto after = p->pick(fewer, ctx);
+    if (before != inst[4] && before != after)
+      ++moved;
+  }
+  EXPECT_EQ(moved, 0);
+}
+
+// session_affinity declines requests without a key (round-robin routes them).
+TEST(SessionAffinity, NoKeyDeclines) {
+  auto e = engine_for("session_affinity");
+  auto p = e->make_picker(0);
+  EXPECT_NE(p->pick(fake_instances(3), ctx_for(Stage::decode)), nullptr);
+  EXPECT_EQ(e->stats().declined.load(), 1u);
+}
+
+PickContext prompt_ctx(const std::string& prompt, const std::string& id) {
+  PickContext c;
+  c.stage = Stage::decode;
+  c.prompt_raw = prompt;
+  c.request_id = id;
+  return c;
+}
+
+// prefix_affinity sends prompts sharing a long prefix to the same instance,
+// and unrelated prompts elsewhere.
+TEST(PrefixAffinity, SharedPrefixSticks) {
+  auto e = engine_for("prefix_affinity");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  std::vector<std::string> prompts;
+  std::map<int, InstancePtr> home;
+  for (int c = 0; c < 4; ++c) {
+    const std::string base(3000, static_cast<char>('a' + c));
+    for (int turn = 0; turn < 5; ++turn) {
+      prompts.push_back(base + std::string(static_cast<std::size_t>(300 * turn), 'z'));
+      PickContext ctx = prompt_ctx(prompts.back(), std::to_string(c) + "-" + std::to_string(turn));
+      auto chosen = p->pick(inst, ctx);
+      if (turn == 0)
+        home[c] = chosen;
+      EXPECT_EQ(chosen, home[c]) << c << " " << turn;
+    }
+  }
+  std::set<InstancePtr> distinct;
+  for (auto& [c, i] : home)
+    distinct.insert(i);
+  EXPECT_EQ(distinct.size(), 4u);  // new prefixes go to the least loaded (rotating)
+}
+
+// prefix_affinity leaves a matching instance that is far more loaded than the least loaded.
+TEST(PrefixAffinity, OverloadedMatchLoses) {
+  auto e = engine_for("prefix_affinity");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3);
+  const std::string prompt(4000, 'q');
+  auto home = p->pick(inst, prompt_ctx(prompt, "a"));
+  home->in_flight = 30;
+  auto next = p->pick(inst, prompt_ctx(prompt, "b"));
+  EXPECT_NE(next, home);
+  // Both now hold the prefix; home is a little busier than the least
+  // loaded, which the cache is worth, and less busy than next.
+  home->in_flight = 3;
+  next->in_flight = 5;
+  EXPECT_EQ(p->pick(inst, prompt_ctx(prompt, "c")), home);
+}
+
+// Prompts shorter than one block carry no prefix and go least-loaded.
+TEST(PrefixAffinity, ShortPromptLeastLoaded) {
+  auto e = engine_for("prefix_affinity");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3);
+  inst[0]->in_flight = 2;
+  inst[1]->in_flight = 0;
+  inst[2]->in_flight = 1;
+  EXPECT_EQ(p->pick(inst, prompt_ctx("hi", "a")), inst[1]);
+}
+
+// conversation_decode returns a conversation to its previous decode.
+TEST(ConversationDecode, FollowsPreviousDecode) {
+  auto e = engine_for("conversation_decode");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  PickContext ctx = ctx_for(Stage::decode);
+  ctx.conversation_id = "chat-1";
+  auto first = p->pick(inst, ctx);
+  PickOutcome ok;
+  ok.ok = true;
+  ok.stage = Stage::decode;
+  p->on_complete(*first, ctx, ok);
+  first->in_flight = 2;  // busier than the rest, within the allowance
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(p->pick(inst, ctx), first);
+  first->in_flight = 50;  // overloaded: least loaded instead
+  EXPECT_NE(p->pick(inst, ctx), first);
+  first->in_flight = 0;
+  first->healthy = false;  // unhealthy: elsewhere
+  EXPECT_NE(p->pick(inst, ctx), first);
+}
+
+// conversation_decode remembers across workers (the table is shared).
+TEST(ConversationDecode, SharedAcrossWorkers) {
+  auto e = engine_for("conversation_decode");
+  auto p0 = e->make_picker(0);
+  auto p1 = e->make_picker(1);
+  auto inst = fake_instances(4);
+  PickContext ctx = ctx_for(Stage::decode);
+  ctx.conversation_id = "chat-2";
+  inst[0]->in_flight = 1;
+  inst[1]->in_flight = 1;
+  inst[3]->in_flight = 1;
+  auto first = p0->pick(inst, ctx);
+  ASSERT_EQ(first, inst[2]);
+  PickOutcome ok;
+  ok.ok = true;
+  ok.stage = Stage::decode;
+  p0->on_complete(*first, ctx, ok);
+  inst[2]->in_flight = 2;
+  EXPECT_EQ(p1->pick(inst, ctx), inst[2]);
+}
+
+// A failed turn does not move the conversation's entry.
+TEST(ConversationDecode, FailedTurnNotRecorded) {
+  auto e = engine_for("conversation_decode");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2);
+  PickContext ctx = ctx_for(Stage::decode);
+  ctx.conversation_id = "chat-3";
+  PickOutcome failed;
+  failed.stage = Stage::decode;
+  p->on_complete(*inst[1], ctx, failed);
+  EXPECT_FALSE(e->conversations().get("chat-3").has_value());
+}
+
+}  // namespace
+}  // namespace pdgate::policy
