@@ -22,16 +22,13 @@ return {
   pick = function(ctx, instances)
     local n = #instances
     turn = turn % n + 1
-    local least, least_load = nil, math.huge
-    local previous = nil
+    local least, least_load = pdgate.least_loaded(turn)
     local conv = ctx.stage == "decode" and ctx.conversation_id and pdgate.conversation()
-    local want = conv and conv.decode
-    for k = 0, n - 1 do
-      local inst = instances[(turn + k - 1) % n + 1]
-      if inst.healthy then
-        local l = load_of(inst)
-        if l < least_load then least, least_load = inst, l end
-        if inst.id == want then previous = inst end
+    local previous = nil
+    if conv and conv.decode then
+      for i = 1, n do
+        local inst = instances[i]
+        if inst.id == conv.decode and inst.healthy then previous = inst end
       end
     end
     if previous ~= nil then
