@@ -307,7 +307,12 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     parser.body_limit(cfg.max_body_bytes);
     stream.expires_after(cfg.header_timeout);
     if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
-      if (ec == http::error::header_limit) {
+      if (ec == http::error::body_limit) {
+        // Beast checks Content-Length against the body limit as soon as the
+        // header is complete.
+        co_await refuse(413, "request body exceeds the limit of " +
+                                 std::to_string(cfg.max_body_bytes) + " bytes");
+      } else if (ec == http::error::header_limit) {
         co_await refuse(431, "request header exceeds " + std::to_string(cfg.max_header_bytes) +
                                  " bytes");
       } else if (ec == beast::error::timeout) {
@@ -371,6 +376,7 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
                           {"decode_nodes", host_ports(set->decode)},
                           {"prefill_disabled", cfg.prefill_disabled},
                           {"kv_connector", cfg.kv_connector},
+                          {"workers", workers_.size()},
                           {"active_requests", active_requests_.load()},
                           {"instances",
                            {{"prefill", instances_json(set->prefill)},

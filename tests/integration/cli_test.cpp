@@ -2,7 +2,12 @@
 // examples, start pdgate and serve requests; plus --config and --help.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <fstream>
+#include <future>
 
 #include "tests/integration/harness.hpp"
 
@@ -108,6 +113,45 @@ TEST(Config, HelpAndBadFlag) {
   ASSERT_NE(st, -1);
   EXPECT_NE(WEXITSTATUS(st), 0);
   EXPECT_NE(bad.log().find("--no-such-flag"), std::string::npos) << bad.log();
+}
+
+// --workers N runs N serving threads (reported by /status and visible as
+// threads of the process).
+TEST(Config, WorkersFlag) {
+  Sim d("both");
+  Gateway gw({"--decode", d.hostport(), "--prefill-servers-urls", "disable", "--workers", "3"});
+  EXPECT_EQ(gw.status()["workers"], 3);
+  int threads = 0;
+  if (DIR* dir = opendir(("/proc/" + std::to_string(gw.process().pid()) + "/task").c_str())) {
+    while (dirent* e = readdir(dir)) threads += e->d_name[0] != '.';
+    closedir(dir);
+  }
+  EXPECT_GE(threads, 4);  // three workers and the main thread
+}
+
+// SIGTERM stops accepting but lets a stream in flight finish, then exits 0.
+TEST(Shutdown, SigtermDrainsInFlightStreams) {
+  Sim p("prefill"), d("decode", {"--itl-ms", "20"});
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport()});
+  Connection c(gw.port());
+  Json body = chat(true);
+  body["max_tokens"] = 30;
+  c.send_request("POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(c.read_head().status, 200);
+  std::string got = c.read_body_some();
+  gw.process().signal(SIGTERM);
+  for (;;) {
+    auto piece = c.read_body_some(std::chrono::seconds(10));
+    if (piece.empty()) break;
+    got += piece;
+  }
+  auto events = sse_data(got);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  int st = gw.process().wait(std::chrono::seconds(10));
+  ASSERT_NE(st, -1);
+  EXPECT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0);
 }
 
 }  // namespace

@@ -2,6 +2,12 @@
 // and what the engines see when the client goes away.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <future>
 #include <thread>
 
@@ -65,6 +71,55 @@ TEST(PrefillFailure, TimeoutIs502) {
   EXPECT_NE(error_message(r).find("prefill"), std::string::npos) << r.body;
   EXPECT_NE(error_message(r).find("timed out"), std::string::npos) << r.body;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(d.requests().empty());
+}
+
+// A listener whose accept queue is full: the kernel drops further SYNs, so
+// a connect to it never completes (the stand-in for an unreachable host,
+// without sending traffic anywhere but loopback).
+class BlackholeListener {
+ public:
+  BlackholeListener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    listen(fd_, 0);
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    for (int i = 0; i < 4; ++i) {
+      int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      fillers_.push_back(c);
+    }
+  }
+  ~BlackholeListener() {
+    for (int c : fillers_) close(c);
+    close(fd_);
+  }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::vector<int> fillers_;
+};
+
+// A prefill that never completes the TCP handshake is cut off by the
+// connect timeout: 502 naming the stage, well before the first-byte timeout.
+TEST(PrefillFailure, ConnectTimeoutIs502) {
+  BlackholeListener hole;
+  Sim d("decode");
+  Gateway gw({"--prefill", "127.0.0.1:" + std::to_string(hole.port()), "--decode", d.hostport(),
+              "--connect-timeout", "300ms"});
+  const auto start = Clock::now();
+  auto r = post_json(gw.port(), "/v1/completions", completion(false));
+  EXPECT_EQ(r.status, 502);
+  EXPECT_NE(error_message(r).find("prefill"), std::string::npos) << r.body;
+  EXPECT_NE(error_message(r).find("timed out"), std::string::npos) << r.body;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
   EXPECT_TRUE(d.requests().empty());
 }
 
@@ -135,7 +190,8 @@ TEST(ClientDisconnect, MidStreamClosesDecodeWithin100ms) {
   EXPECT_TRUE(eventually([&] {
     auto s = gw.status();
     return s["instances"]["decode"][0]["in_flight"] == 0 &&
-           s["instances"]["prefill"][0]["in_flight"] == 0 && s["active_requests"] == 0;
+           s["instances"]["prefill"][0]["in_flight"] == 0 &&
+           s["active_requests"] == 1;  // the /status request itself
   }));
 }
 
@@ -157,7 +213,7 @@ TEST(ClientDisconnect, DuringPrefillAbortsPrefill) {
   }, std::chrono::seconds(1))) << p.requests().dump();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_TRUE(d.requests().empty());
-  EXPECT_EQ(gw.status()["active_requests"], 0);
+  EXPECT_EQ(gw.status()["active_requests"], 1);  // the /status request itself
 }
 
 // One bad request never affects another: a stream in progress completes
