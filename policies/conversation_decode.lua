@@ -7,7 +7,9 @@
 local MAX_EXTRA = 4    -- requests above the least loaded it may carry
 local MAX_RATIO = 2.0  -- ... and by at most this factor
 
-local turn = 0
+-- Where each stage's tie-breaking scan starts; per stage, or a request's
+-- prefill pick would always move the decode rotation by the same step.
+local turns = { encode = 0, prefill = 0, decode = 0 }
 
 local function load_of(inst)
   local l = inst.in_flight
@@ -21,7 +23,8 @@ end
 return {
   pick = function(ctx, instances)
     local n = #instances
-    turn = turn % n + 1
+    local turn = turns[ctx.stage] % n + 1
+    turns[ctx.stage] = turn
     local least, least_load = pdgate.least_loaded(turn)
     local conv = ctx.stage == "decode" and ctx.conversation_id and pdgate.conversation()
     local previous = nil

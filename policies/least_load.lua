@@ -19,11 +19,14 @@
 --     end
 --   end
 --   return best
-local turn = 0
+-- Where each stage's tie-breaking scan starts; per stage, or a request's
+-- prefill pick would always move the decode rotation by the same step.
+local turns = { encode = 0, prefill = 0, decode = 0 }
 
 return {
   pick = function(ctx, instances)
-    turn = turn % #instances + 1
+    local turn = turns[ctx.stage] % #instances + 1
+    turns[ctx.stage] = turn
     return (pdgate.least_loaded(turn))
   end,
 }

@@ -16,7 +16,9 @@ local BALANCE_ABS = 8
 local BALANCE_REL = 1.5
 local MIN_MATCH = 0.1
 
-local turn = 0
+-- Where each stage's tie-breaking scan starts; per stage, or a request's
+-- prefill pick would always move the decode rotation by the same step.
+local turns = { encode = 0, prefill = 0, decode = 0 }
 
 local function load_of(inst)
   local l = inst.in_flight
@@ -29,7 +31,8 @@ end
 
 return {
   pick = function(ctx, instances)
-    turn = turn % #instances + 1
+    local turn = turns[ctx.stage] % #instances + 1
+    turns[ctx.stage] = turn
     local least, least_load = pdgate.least_loaded(turn)
     if least == nil then return nil end
     local matches, blocks = pdgate.prefix_matches()

@@ -12,6 +12,10 @@
 -- Requests with neither are declined and routed round-robin.
 local HEADER = "x-session-id"
 local EPSILON = 0.25
+-- Requests above the bound an instance may still take: at low load the
+-- bound is 1 or 2, and a request or two still finishing must not move a
+-- session.
+local SLACK = 2
 
 local hash = pdgate.hash
 local ceil = math.ceil
@@ -31,7 +35,7 @@ return {
     end
     if healthy == 0 then return nil end
     -- Counting this request, no instance may carry more than the bound.
-    local bound = ceil((total + 1) / healthy * (1 + EPSILON))
+    local bound = ceil((total + 1) / healthy * (1 + EPSILON)) + SLACK
     local best, best_score = nil, -1
     local first, first_score = nil, -1 -- best ignoring load, if all are full
     for i = 1, n do
