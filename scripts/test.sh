@@ -67,24 +67,54 @@ section "build ($build_dir)"
 bash "$ROOT/scripts/build.sh" "${build_args[@]}" -- -DPDGATE_BUILD_TESTS=ON
 
 status=0
+passed=0
+failed=0
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
 
 section "ctest"
 ctest_args=(--test-dir "$build_dir" --output-on-failure -j "${CTEST_JOBS:-2}"
   --timeout "${CTEST_TIMEOUT:-300}")
-ctest "${ctest_args[@]}" "${ctest_extra[@]}" || status=1
+ctest_status=0
+ctest "${ctest_args[@]}" "${ctest_extra[@]}" 2>&1 | tee "$log" || ctest_status=1
+# "96% tests passed, 6 tests failed out of 163"
+summary="$(grep -Eo '[0-9]+ tests? failed out of [0-9]+' "$log" | tail -n1 || true)"
+if [[ -n "$summary" ]]; then
+  read -r f _ _ _ _ total <<<"$summary"
+  passed=$((passed + total - f))
+  failed=$((failed + f))
+fi
+if ((ctest_status)); then
+  status=1
+  # ctest failed without failing a test (e.g. a test binary missing).
+  [[ -n "$summary" && "${f:-0}" != 0 ]] || failed=$((failed + 1))
+fi
 
 # The Node SDK test runs under ctest once tests/CMakeLists.txt adds
-# tests/node; until then (or when ctest was filtered) run it here.
+# tests/node; until then run it here (not when ctest was given a filter).
 node_in_ctest=0
 if ctest --test-dir "$build_dir" -N -R '^node_sdk$' 2>/dev/null | grep -q 'Total Tests: 1'; then
   node_in_ctest=1
 fi
 if ((have_node)) && ((!node_in_ctest)) && ((${#ctest_extra[@]} == 0)); then
   section "node --test (tests/node, OpenAI Node SDK)"
-  (cd "$node_dir" && PDGATE_BUILD_DIR="$build_dir" node --test sdk.test.mjs) || status=1
+  node_status=0
+  (cd "$node_dir" && PDGATE_BUILD_DIR="$build_dir" node --test sdk.test.mjs) 2>&1 | tee "$log" ||
+    node_status=1
+  # node's TAP summary: "# pass 8" / "# fail 0"
+  p="$(sed -n 's/^# pass \([0-9][0-9]*\)$/\1/p' "$log" | tail -n1)"
+  f="$(sed -n 's/^# fail \([0-9][0-9]*\)$/\1/p' "$log" | tail -n1)"
+  passed=$((passed + ${p:-0}))
+  failed=$((failed + ${f:-0}))
+  if ((node_status)); then
+    status=1
+    # A runner that died before its summary still counts as a failure.
+    [[ -n "$f" && "$f" != 0 ]] || failed=$((failed + 1))
+  fi
 elif ((!have_node)); then
   echo "test.sh: node not found; the Node SDK test was not run" >&2
   status=1
+  failed=$((failed + 1))
 fi
 
 if ((status)); then
@@ -92,4 +122,6 @@ if ((status)); then
 else
   section "all tests passed"
 fi
+# One plain closing line that any reader of the log can count.
+echo "test.sh: $passed passed, $failed failed"
 exit "$status"
