@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "policies/engine.hpp"
@@ -565,6 +567,33 @@ TEST(PrefixHash, ScriptSeesRoutedPrefix) {
     again.prompt_raw = prompt;
     EXPECT_EQ(p->pick(inst, again), first);
   }
+}
+
+// --- The documented example -------------------------------------------
+
+// The worked example in docs/policies.md loads, passes its self-check and
+// routes as the text says.
+TEST(PolicyDocs, WorkedExampleRuns) {
+  std::ifstream in(std::string(PDGATE_TEST_SOURCE_DIR) + "/docs/policies.md");
+  ASSERT_TRUE(in) << "docs/policies.md not found";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const auto start = doc.find("```lua\n");
+  ASSERT_NE(start, std::string::npos);
+  const auto end = doc.find("```", start + 7);
+  TempScript s(doc.substr(start + 7, end - start - 7), "tenant_split");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  inst[0]->in_flight = 3;
+  inst[3]->in_flight = 1;
+  PickContext premium = decode_ctx();
+  premium.headers = {{"x-tenant", "premium"}};
+  EXPECT_EQ(p->pick(inst, premium), inst[1]);
+  EXPECT_EQ(p->pick(inst, decode_ctx()), inst[2]);
+  EXPECT_EQ(e->stats().fallbacks(), 0u);
 }
 
 // --- Engine metrics -------------------------------------------------------

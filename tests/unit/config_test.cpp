@@ -556,6 +556,100 @@ TEST(ConfigYaml, ExampleFileIsValid) {
   ASSERT_TRUE(r.ok()) << r.error();
 }
 
+// --- Policies --------------------------------------------------------------------------
+
+// Without policy flags every stage runs round_robin with the documented limits.
+TEST(ConfigPolicies, Defaults) {
+  const auto r = parse({"--decode", "d:1", "--kv-connector", "none"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config& c = r->config;
+  EXPECT_EQ(c.policy, "round_robin");
+  EXPECT_TRUE(c.policy_prefill.empty() && c.policy_decode.empty() && c.policy_encode.empty());
+  EXPECT_TRUE(c.policy_dir.empty());
+  EXPECT_EQ(c.policy_budget, std::chrono::microseconds(1000));
+  EXPECT_EQ(c.policy_memory, 64u << 20);
+  EXPECT_EQ(c.prefix_block_size, 256u);
+  EXPECT_EQ(c.policy_poll_interval, std::chrono::milliseconds(1000));
+  EXPECT_EQ(c.metrics_interval, std::chrono::milliseconds(1000));
+}
+
+// Every policy flag parses into its field.
+TEST(ConfigPolicies, Flags) {
+  const auto r = parse({"--decode",
+                        "d:1",
+                        "--kv-connector",
+                        "none",
+                        "--policy",
+                        "least_load",
+                        "--policy-prefill",
+                        "prefix_affinity",
+                        "--policy-decode",
+                        "/x/mine.lua",
+                        "--policy-encode",
+                        "power_of_two",
+                        "--policy-dir",
+                        "/etc/pdgate/policies",
+                        "--policy-budget-us",
+                        "250",
+                        "--policy-memory",
+                        "8MiB",
+                        "--prefix-block-size",
+                        "1K",
+                        "--policy-poll-interval",
+                        "250ms",
+                        "--metrics-interval",
+                        "2s"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config& c = r->config;
+  EXPECT_EQ(c.policy, "least_load");
+  EXPECT_EQ(c.policy_prefill, "prefix_affinity");
+  EXPECT_EQ(c.policy_decode, "/x/mine.lua");
+  EXPECT_EQ(c.policy_encode, "power_of_two");
+  EXPECT_EQ(c.policy_dir, "/etc/pdgate/policies");
+  EXPECT_EQ(c.policy_budget, std::chrono::microseconds(250));
+  EXPECT_EQ(c.policy_memory, 8u << 20);
+  EXPECT_EQ(c.prefix_block_size, 1024u);
+  EXPECT_EQ(c.policy_poll_interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(c.metrics_interval, std::chrono::milliseconds(2000));
+}
+
+// --metrics-interval off (or 0) turns scraping off.
+TEST(ConfigPolicies, MetricsOff) {
+  for (const char* v : {"off", "0", "OFF"}) {
+    const auto r = parse({"--decode", "d:1", "--kv-connector", "none", "--metrics-interval", v});
+    ASSERT_TRUE(r.ok()) << r.error();
+    EXPECT_EQ(r->config.metrics_interval.count(), 0) << v;
+  }
+}
+
+// Policy keys work in YAML, under their names without dashes.
+TEST(ConfigPolicies, Yaml) {
+  auto c = apply_yaml(Config{},
+                      "policy: session_affinity\npolicy_decode: conversation_decode\n"
+                      "policy_budget_us: 500\nprefix_block_size: 512\n");
+  ASSERT_TRUE(c.ok()) << c.error();
+  EXPECT_EQ(c->policy, "session_affinity");
+  EXPECT_EQ(c->policy_decode, "conversation_decode");
+  EXPECT_EQ(c->policy_budget, std::chrono::microseconds(500));
+  EXPECT_EQ(c->prefix_block_size, 512u);
+}
+
+// Bad values are rejected with the flag's name.
+TEST(ConfigPolicies, Errors) {
+  expect_error(parse({"--decode", "d:1", "--kv-connector", "none", "--policy-budget-us", "0"}),
+               {"--policy-budget-us", "at least 1"});
+  expect_error(parse({"--decode", "d:1", "--kv-connector", "none", "--policy-budget-us", "x"}),
+               {"--policy-budget-us"});
+  expect_error(parse({"--decode", "d:1", "--kv-connector", "none", "--policy", ""}),
+               {"--policy", "empty"});
+  expect_error(parse({"--decode", "d:1", "--kv-connector", "none", "--policy-memory", "100K"}),
+               {"--policy-memory", "1MiB"});
+  expect_error(parse({"--decode", "d:1", "--kv-connector", "none", "--prefix-block-size", "8"}),
+               {"--prefix-block-size", "16"});
+  expect_error(parse({"--decode", "d:1", "--kv-connector", "none", "--metrics-interval", "soon"}),
+               {"--metrics-interval"});
+}
+
 // --- Help ------------------------------------------------------------------------------
 
 // The help text has a usage line and mentions every flag, alias and short form.
@@ -594,10 +688,21 @@ TEST(ConfigHelp, MentionsEveryFlag) {
                            "--first-byte-timeout",
                            "--upstream-idle-timeout",
                            "--upstream-max-idle",
-                           "--kv-connector"}) {
+                           "--kv-connector",
+                           "--policy",
+                           "--policy-prefill",
+                           "--policy-decode",
+                           "--policy-encode",
+                           "--policy-dir",
+                           "--policy-budget-us",
+                           "--policy-memory",
+                           "--prefix-block-size",
+                           "--policy-poll-interval",
+                           "--metrics-interval"}) {
     EXPECT_NE(h.find(flag), std::string::npos) << flag;
   }
-  for (const char* group : {"Listener:", "Engines:", "Client limits:", "Upstream:", "General:"}) {
+  for (const char* group :
+       {"Listener:", "Engines:", "Client limits:", "Upstream:", "Policies:", "General:"}) {
     EXPECT_NE(h.find(group), std::string::npos) << group;
   }
 }
