@@ -282,7 +282,7 @@ std::int64_t load_of(const Instance& inst, std::int64_t now_ms) {
 
 // pdgate.least_loaded([start]) -> instance, its load, the highest load.
 // The scan least_load.lua would do, over the C++ instances instead of the
-// Lua tables: 256 instances take ~0.3 us here against ~4 us interpreted.
+// Lua tables: 256 instances take under 1 us here, ~5 us interpreted.
 // Ties go to the first in scan order, which begins at position `start`.
 int l_least_loaded(lua_State* L) {
   Impl& I = impl_of(L);

@@ -14,6 +14,10 @@
 #include <set>
 #include <thread>
 
+#include <boost/asio/io_context.hpp>
+
+#include "core/instance.hpp"
+#include "policies/metrics.hpp"
 #include "tests/integration/harness.hpp"
 
 namespace pdgate::test {
@@ -219,6 +223,27 @@ TEST(PolicyGateway, BrokenPolicyAtStartup) {
   const int status = p.wait();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
   EXPECT_NE(p.log().find("no pick function"), std::string::npos) << p.log();
+}
+
+// --- Engine metrics ----------------------------------------------------------------
+
+// The scraper polls each instance's /metrics and stores the numbers next to
+// the instance; an instance that does not answer keeps none.
+TEST(MetricsScraper, ScrapesSims) {
+  Sim a("decode"), b("prefill");
+  Config cfg;
+  cfg.decode.push_back(*parse_upstream(Role::decode, a.hostport()));
+  cfg.decode.push_back(*parse_upstream(Role::decode, "127.0.0.1:" + std::to_string(closed_port())));
+  cfg.prefill.push_back(*parse_upstream(Role::prefill, b.hostport()));
+  Registry registry(cfg);
+  boost::asio::io_context ioc;
+  policy::start_metrics_scraper(ioc, registry, std::chrono::milliseconds(100));
+  ioc.run_for(std::chrono::milliseconds(700));
+  const auto set = registry.snapshot();
+  EXPECT_GT(set->decode[0]->metrics_at_ms.load(), 0);
+  EXPECT_GT(set->prefill[0]->metrics_at_ms.load(), 0);
+  EXPECT_EQ(set->decode[1]->metrics_at_ms.load(), 0);   // nothing listens there
+  EXPECT_EQ(set->decode[0]->engine_running.load(), 0);  // idle sim
 }
 
 // --- Evidence that policies matter -------------------------------------------------
