@@ -246,7 +246,9 @@ class Server {
         port_(port),
         latency_{o.prefill_base_ms, o.prefill_us_per_token, o.itl_ms, o.kv_pull_ms},
         cache_(o.block_size, o.kv_blocks, o.prefix_cache),
-        registry_(o.engine_id.empty() ? random_uuid() : o.engine_id,
+        // Never from the seeded RNG: two sims started with the same --seed
+        // must still have distinct engine ids.
+        registry_(o.engine_id.empty() ? random_uuid(std::random_device{}()) : o.engine_id,
                   std::chrono::seconds(o.kv_expiry_s)),
         scheduler_(o.max_num_seqs, o.max_waiting),
         prefill_lanes_(o.prefill_lanes, std::numeric_limits<std::size_t>::max()),
@@ -1038,10 +1040,14 @@ class Server {
     return s;
   }
 
-  std::string random_uuid() {
-    std::string h = random_hex(32);
+  static std::string random_uuid(std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string h(32, '0');
+    for (char& c : h)
+      c = kHex[rng() & 15];
     h[12] = '4';
-    h[16] = "89ab"[rng_() & 3];
+    h[16] = "89ab"[rng() & 3];
     return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) +
            "-" + h.substr(20);
   }
