@@ -11,8 +11,15 @@ function(pdgate_add_test)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
+  # gtest_discover_tests flattens PROPERTIES into one list, so a property
+  # can carry a single value only: the first label is used, and the
+  # binaries find the build and source trees through compile definitions
+  # (see tests/integration/harness.cpp) instead of ENVIRONMENT.
+  list(GET T_LABELS 0 label)
+  target_compile_definitions(${T_NAME} PRIVATE
+    PDGATE_DEFAULT_BUILD_DIR="${CMAKE_BINARY_DIR}"
+    PDGATE_DEFAULT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   gtest_discover_tests(${T_NAME}
-    PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
-    ENVIRONMENT "PDGATE_BUILD_DIR=${CMAKE_BINARY_DIR};PDGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+    PROPERTIES LABELS ${label} TIMEOUT ${T_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
 endfunction()

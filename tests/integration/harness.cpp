@@ -24,12 +24,12 @@ namespace pdgate::test {
 
 std::string build_dir() {
   const char* d = std::getenv("PDGATE_BUILD_DIR");
-  return d ? d : "build";
+  return d ? d : PDGATE_DEFAULT_BUILD_DIR;
 }
 
 std::string source_dir() {
   const char* d = std::getenv("PDGATE_SOURCE_DIR");
-  return d ? d : ".";
+  return d ? d : PDGATE_DEFAULT_SOURCE_DIR;
 }
 
 std::int64_t now_ms() {
