@@ -115,6 +115,19 @@ constexpr std::array kOptions = {
            "How often each engine's /metrics is scraped for policies; off disables "
            "(default: 1s)."},
 
+    Option{"redis", "", 0, false, false, kGeneral, "URL",
+           "Conversation store for multi-turn KV reuse shared by replicas: "
+           "redis://[:password@]host:port[/db] or unix:///path (default: in memory)."},
+    Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
+           "Prefix of the Redis keys (default: pdgate:)."},
+    Option{"redis-timeout", "", 0, false, false, kGeneral, "DURATION",
+           "Longest wait for Redis before a turn proceeds as a cache miss (default: 50ms)."},
+    Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
+           "How long a conversation's decode blocks stay reusable (default: 450s)."},
+    Option{"conversation-cache-size", "", 0, false, false, kGeneral, "N",
+           "Conversations the in-memory store keeps (default: 100000)."},
+    Option{"expose-kv-params", "", 0, false, false, kGeneral, "true|false",
+           "Let clients see decode's kv_transfer_params (default: false)."},
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
            "trace, debug, info, warn or error (default: info)."},
     Option{"config", "", 0, false, true, kGeneral, "FILE",
@@ -573,6 +586,51 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
         return err(*v, d.error());
       c.*field = *d;
     }
+  }
+  if (const auto* v = get("redis")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    c.redis_url = std::string(trim(*s));
+  }
+  if (const auto* v = get("redis-key-prefix")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    c.redis_key_prefix = std::string(*s);
+  }
+  if (const auto* v = get("redis-timeout")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto d = parse_duration(*s);
+    if (!d)
+      return err(*v, d.error());
+    c.redis_timeout = *d;
+  }
+  if (const auto* v = get("conversation-ttl")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto d = parse_duration(*s);
+    if (!d)
+      return err(*v, d.error());
+    c.conversation_ttl = std::chrono::duration_cast<std::chrono::seconds>(*d);
+  }
+  if (const auto* v = get("conversation-cache-size")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    auto n = parse_uint(trim(*s), 1u << 30);
+    if (!n)
+      return err(*v, n.error());
+    c.conversation_cache_size = static_cast<std::size_t>(*n);
+  }
+  if (const auto* v = get("expose-kv-params")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    c.expose_kv_params = trim(*s) == "true" || trim(*s) == "1";
   }
   if (const auto* v = get("upstream-max-idle")) {
     auto s = single(*v);

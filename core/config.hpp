@@ -68,6 +68,13 @@ struct Config {
   std::chrono::milliseconds policy_poll_interval{1000};
   // How often each engine's /metrics is scraped; 0 turns scraping off.
   std::chrono::milliseconds metrics_interval{1000};
+  // Multi-turn KV reuse (docs/conversations.md).
+  std::string redis_url;  // empty: the in-memory store
+  std::string redis_key_prefix = "pdgate:";
+  std::chrono::milliseconds redis_timeout{50};
+  std::chrono::seconds conversation_ttl{450};
+  std::size_t conversation_cache_size = 100000;
+  bool expose_kv_params = false;
 
   std::string log_level = "info";
   std::string config_file;  // the --config path, if any

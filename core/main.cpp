@@ -10,6 +10,7 @@
 
 #include "core/server.hpp"
 #include "policies/engine.hpp"
+#include "policies/metrics.hpp"
 
 int main(int argc, char** argv) {
   auto parsed = pdgate::parse_command_line(argc, argv);
@@ -26,6 +27,17 @@ int main(int argc, char** argv) {
   // scripts and tests read to learn the port.
   spdlog::set_default_logger(spdlog::stderr_color_mt("pdgate"));
   spdlog::set_level(spdlog::level::from_str(cfg.log_level));
+
+  pdgate::ConversationStoreOptions store_options;
+  store_options.redis_url = cfg.redis_url;
+  store_options.key_prefix = cfg.redis_key_prefix;
+  store_options.redis_timeout = cfg.redis_timeout;
+  store_options.memory_capacity = cfg.conversation_cache_size;
+  auto stores = pdgate::make_conversation_stores(store_options);
+  if (!stores) {
+    std::fprintf(stderr, "pdgate: %s\nTry 'pdgate --help'.\n", stores.error().c_str());
+    return 2;
+  }
 
   // A broken policy at start-up is a configuration error, reported like one.
   auto policies = pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg));
@@ -53,7 +65,12 @@ int main(int argc, char** argv) {
 
   int rc = 0;
   {
-    pdgate::Gateway gateway(cfg, engine->factory());
+    pdgate::Gateway gateway(cfg, std::move(*stores), engine->factory());
+    // Engine load (running, waiting, KV-cache usage) for policies, scraped
+    // off the workers' loops on the control thread.
+    if (cfg.metrics_interval.count() > 0) {
+      pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval);
+    }
     auto port = gateway.bind();
     if (!port) {
       spdlog::critical("{}", port.error());

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/body_rewrite.hpp"
+#include "core/conversation.hpp"
 #include "core/errors.hpp"
 #include "core/json_body.hpp"
 #include "core/sse.hpp"
@@ -156,7 +157,8 @@ net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view dat
 net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
                                   const http::request<http::string_body>& req,
                                   UpstreamExchange& ex, const Instance& decode,
-                                  const std::string& request_id, RequestScope& scope) {
+                                  const std::string& request_id, RequestScope& scope,
+                                  const std::optional<std::string>& conversation) {
   http::response<http::empty_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
   copy_answer_headers(ex.header(), res);
@@ -175,6 +177,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
 
   SseScanner scanner;
   SseEvent event;
+  DecodeOutputFilter filter(decode.spec.host, w.cfg.expose_kv_params);
   std::string in;
   std::string out;
   std::string failure;
@@ -190,7 +193,13 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
       break;
     }
     out.clear();
-    while (scanner.next(event)) out += event.raw;
+    while (scanner.next(event)) out += filter.on_event(event);
+    // Stored before the client sees the end of the turn, so a client that
+    // sends its next turn at once (to any replica) finds them.
+    if (filter.take_new_capture() && conversation && w.conversations) {
+      co_await remember_turn(*w.conversations, *conversation, *filter.captured(),
+                             w.cfg.conversation_ttl, request_id);
+    }
     if (!out.empty() && !co_await write_chunk(client, out, w.cfg)) {
       scope.on_client_gone();
       co_return false;
@@ -214,7 +223,9 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
 net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
                                  const http::request<http::string_body>& req,
                                  UpstreamExchange& ex, const Instance& inst, Stage stage,
-                                 const std::string& request_id) {
+                                 const std::string& request_id,
+                                 DecodeOutputFilter* filter = nullptr,
+                                 const std::optional<std::string>& conversation = std::nullopt) {
   std::string body;
   if (auto err = co_await ex.read_all(body, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
       err) {
@@ -223,6 +234,13 @@ net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
     co_return co_await send_error(client, req, stage_failure(stage, err), request_id);
   }
   ex.finish();
+  if (filter != nullptr) {
+    filter->on_body(body);
+    if (filter->take_new_capture() && conversation && w.conversations) {
+      co_await remember_turn(*w.conversations, *conversation, *filter->captured(),
+                             w.cfg.conversation_ttl, request_id);
+    }
+  }
   http::response<http::string_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
   copy_answer_headers(ex.header(), res);
@@ -365,18 +383,43 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   ctx.stream = facts->stream;
   ctx.is_chat = is_chat;
   ctx.prompt_raw = raw_member(body, *index, is_chat ? "messages" : "prompt").value_or("");
-  ctx.conversation_id = facts->conversation_id;
+  // The body's conversation_id, else the X-Conversation-Id header.
+  ctx.conversation_id = conversation_key(req, *facts);
+  // Policies may route on any request header but the credentials. Names
+  // are lower-cased copies; `lowered` is sized up front so that the views
+  // into it stay valid.
+  std::vector<std::string> lowered;
+  lowered.reserve(static_cast<std::size_t>(std::distance(req.begin(), req.end())));
+  for (const auto& f : req) {
+    const auto name = f.name();
+    if (name == http::field::authorization || name == http::field::cookie ||
+        name == http::field::proxy_authorization)
+      continue;
+    auto& low = lowered.emplace_back(f.name_string());
+    for (auto& c : low) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    ctx.headers.emplace_back(low, f.value());
+  }
   ctx.request_id = request_id;
 
   // Stage 1: prefill, unless the decode instances are combined P+D ones.
   const bool one_hop = w.cfg.prefill_disabled || w.cfg.kv_connector == "none";
+  // One hop has no prefill to hand blocks to: no reuse there.
+  const std::optional<std::string> conversation = one_hop ? std::nullopt : ctx.conversation_id;
   std::string decode_body;
   InstancePtr prefill;
   if (one_hop) {
     decode_body = make_passthrough_body(body, *index);
   } else {
-    auto pre = co_await run_prefill(w, *set, req, make_prefill_body(body, *index), ctx,
-                                    request_id, authorization, scope);
+    // Multi-turn reuse: the previous turn's decode blocks, taken (once,
+    // across replicas) for this prefill to read.
+    std::string prefill_params(kDefaultPrefillKvParams);
+    if (w.conversations) {
+      prefill_params = co_await prefill_kv_params_for_turn(
+          *w.conversations, w.conversation_stores->counters(), conversation, request_id);
+      if (scope.client_gone()) co_return false;
+    }
+    auto pre = co_await run_prefill(w, *set, req, make_prefill_body(body, *index, prefill_params),
+                                    ctx, request_id, authorization, scope);
     if (scope.client_gone()) co_return false;
     if (pre.error) co_return co_await send_error(client, req, *pre.error, request_id);
     prefill = pre.instance;
@@ -410,9 +453,11 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   // happens while relaying is the stream's own business.
   report.succeeded();
   if (facts->stream) {
-    co_return co_await relay_stream(w, client, req, *ex, *decode, request_id, scope);
+    co_return co_await relay_stream(w, client, req, *ex, *decode, request_id, scope, conversation);
   }
-  co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id);
+  DecodeOutputFilter filter(decode->spec.host, w.cfg.expose_kv_params);
+  co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id, &filter,
+                                 conversation);
 }
 
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/conversation.hpp"
 #include "core/errors.hpp"
 #include "core/pipeline.hpp"
 
@@ -100,7 +101,10 @@ struct Gateway::Worker {
       : index(index_),
         ctx(g.cfg_, g.registry_, g.make_picker_(index_), ioc.get_executor(),
             default_authorization(), g.active_requests_),
-        sweep_timer(ioc) {}
+        sweep_timer(ioc) {
+    ctx.conversations = g.conversations_->make_handle(ioc.get_executor());
+    ctx.conversation_stores = g.conversations_.get();
+  }
 
   std::size_t index;
   net::io_context ioc{1};
@@ -110,8 +114,12 @@ struct Gateway::Worker {
   std::thread thread;
 };
 
-Gateway::Gateway(Config cfg, PickerFactory make_picker)
-    : cfg_(std::move(cfg)), registry_(cfg_), make_picker_(std::move(make_picker)) {
+Gateway::Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
+                 PickerFactory make_picker)
+    : cfg_(std::move(cfg)),
+      registry_(cfg_),
+      make_picker_(std::move(make_picker)),
+      conversations_(std::move(conversations)) {
   unsigned n = cfg_.workers;
   if (n == 0) n = std::max(1u, std::thread::hardware_concurrency());
   for (unsigned i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
@@ -366,7 +374,10 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     } else if (path == "/v1/models" && method == http::verb::get) {
       keep_alive = co_await serve_models(w, stream, req, *scope);
     } else if (path == "/health" && method == http::verb::get) {
-      auto res = json_response(req, http::status::ok, {{"status", "ok"}});
+      // Redis being down degrades reuse, not serving: still "ok".
+      nlohmann::json j = {{"status", "ok"}};
+      if (w.conversation_stores) j["conversation_store"] = conversation_store_json(*w.conversation_stores);
+      auto res = json_response(req, http::status::ok, j);
       keep_alive = co_await write_response(stream, res) && req.keep_alive();
     } else if (path == "/status" && method == http::verb::get) {
       const auto set = registry_.snapshot();

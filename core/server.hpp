@@ -22,8 +22,11 @@ class Gateway {
  public:
   // `make_picker` builds each worker's instance picker (default:
   // round-robin).
-  explicit Gateway(Config cfg, PickerFactory make_picker = RoundRobinPicker::factory());
+  explicit Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
+                   PickerFactory make_picker = RoundRobinPicker::factory());
   ~Gateway();
+
+  const Registry& registry() const { return registry_; }
 
   // Binds the listeners; returns an error message if the port is taken.
   Result<std::uint16_t> bind();
@@ -40,6 +43,8 @@ class Gateway {
   Config cfg_;
   Registry registry_;
   PickerFactory make_picker_;
+  // Before workers_: the workers' store handles refer to it.
+  std::unique_ptr<ConversationStores> conversations_;
   std::atomic<std::int64_t> active_requests_{0};
   std::atomic<bool> stopping_{false};
   std::vector<std::unique_ptr<Worker>> workers_;

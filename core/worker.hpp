@@ -11,6 +11,7 @@
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/upstream.hpp"
+#include "plugins/conversation_store.hpp"
 
 namespace pdgate {
 
@@ -36,6 +37,10 @@ struct WorkerContext {
   // client sent no Authorization of its own.
   const std::string default_authorization;
   std::atomic<std::int64_t>& active_requests;
+  // Multi-turn KV reuse: this worker's handle on the conversation store
+  // (null: reuse off, e.g. in tests that build a bare WorkerContext).
+  std::unique_ptr<ConversationStore> conversations;
+  ConversationStores* conversation_stores = nullptr;
 
   UpstreamTimeouts timeouts() const { return {cfg.connect_timeout, cfg.first_byte_timeout}; }
 };
