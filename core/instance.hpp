@@ -41,6 +41,11 @@ struct Instance {
   mutable std::atomic<std::int64_t> engine_waiting{0};
   mutable std::atomic<double> kv_cache_usage{0.0};
   mutable std::atomic<std::int64_t> metrics_at_ms{0};
+  // running + waiting minus this gateway's own in-flight requests at the
+  // time of the scrape: the load other gateways (or clients) put on the
+  // engine. Added to the exact, live in_flight, it estimates the load
+  // without letting a scrape up to an interval old hide or inflate ours.
+  mutable std::atomic<std::int64_t> engine_other_load{0};
 };
 
 using InstancePtr = std::shared_ptr<Instance>;

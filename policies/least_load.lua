@@ -1,10 +1,11 @@
 -- least_load: the healthy instance with the fewest requests.
 --
--- An instance's load is the larger of the requests this gateway has in
--- flight on it (exact, instant) and what its engine reports as running
--- plus waiting (includes other gateways' requests, but up to a scrape
--- interval old). Ties are broken by a rotating start, so equal instances
--- share the traffic instead of the first one taking it all.
+-- An instance's load is the requests this gateway has in flight on it
+-- (exact, instant) plus, when its metrics are fresh, the load others put on
+-- its engine as of the last scrape (running + waiting minus our own
+-- in-flight then: other gateways' requests). Ties are broken by a rotating
+-- start, so equal instances share the traffic instead of the first one
+-- taking it all.
 --
 -- pdgate.least_loaded(start) is this loop done in C++ (a 256-instance scan
 -- costs under 1 us there, ~5 us interpreted):
@@ -14,7 +15,7 @@
 --     local inst = instances[(start - 1 + k) % #instances + 1]
 --     if inst.healthy then
 --       local l = inst.in_flight
---       if inst.has_metrics then l = math.max(l, inst.running + inst.waiting) end
+--       if inst.has_metrics then l = l + inst.other_load end
 --       if l < best_load then best, best_load = inst, l end
 --     end
 --   end

@@ -266,17 +266,14 @@ int l_conversation(lua_State* L) {
   return 1;
 }
 
-// An instance's load as the shipped policies define it: the larger of the
-// gateway's in-flight count and the engine's running + waiting (when its
-// metrics are fresh). Mirrors load_of() in policies/least_load.lua.
+// An instance's load as the shipped policies define it: the gateway's
+// live in-flight count plus, when its metrics are fresh, the load others
+// put on the engine as of the last scrape (Instance::engine_other_load).
+// Mirrors the loop in policies/least_load.lua.
 std::int64_t load_of(const Instance& inst, std::int64_t now_ms) {
   std::int64_t l = inst.in_flight.load(std::memory_order_relaxed);
   const std::int64_t at = inst.metrics_at_ms.load(std::memory_order_relaxed);
-  if (at != 0 && now_ms - at < 10'000) {
-    const std::int64_t engine = inst.engine_running.load(std::memory_order_relaxed) +
-                                inst.engine_waiting.load(std::memory_order_relaxed);
-    l = std::max(l, engine);
-  }
+  if (at != 0 && now_ms - at < 10'000) l += inst.engine_other_load.load(std::memory_order_relaxed);
   return l;
 }
 
@@ -556,6 +553,8 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
       set_number(L, "waiting",
                  static_cast<double>(inst.engine_waiting.load(std::memory_order_relaxed)));
       set_number(L, "kv_usage", inst.kv_cache_usage.load(std::memory_order_relaxed));
+      set_number(L, "other_load",
+                 static_cast<double>(inst.engine_other_load.load(std::memory_order_relaxed)));
     }
     lua_pop(L, 1);
     old = now;

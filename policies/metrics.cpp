@@ -107,6 +107,11 @@ void store_metrics(const Instance& inst, const EngineMetrics& m, std::int64_t no
     inst.engine_waiting.store(std::llround(*m.waiting), std::memory_order_relaxed);
   if (m.kv_usage)
     inst.kv_cache_usage.store(*m.kv_usage, std::memory_order_relaxed);
+  const std::int64_t engine_load = inst.engine_running.load(std::memory_order_relaxed) +
+                                   inst.engine_waiting.load(std::memory_order_relaxed);
+  inst.engine_other_load.store(
+      std::max<std::int64_t>(0, engine_load - inst.in_flight.load(std::memory_order_relaxed)),
+      std::memory_order_relaxed);
   inst.metrics_at_ms.store(now_ms, std::memory_order_relaxed);
 }
 
