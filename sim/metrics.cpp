@@ -118,6 +118,8 @@ std::string render_prometheus(const Counters& c, const Gauges& g, std::string_vi
   w.sample("sim:faults_total", "", static_cast<double>(c.faults_injected));
   w.family("sim:open_connections", "gauge", "Open client connections.");
   w.sample("sim:open_connections", "", static_cast<double>(g.open_connections));
+  w.family("sim:connections_total", "counter", "Client connections accepted.");
+  w.sample("sim:connections_total", "", static_cast<double>(g.connections_total));
   w.family("sim:issued_kv_outstanding", "gauge", "Issued kv params not pulled and not expired.");
   w.sample("sim:issued_kv_outstanding", "", static_cast<double>(g.issued_kv_outstanding));
   w.family("sim:prefix_cache_blocks", "gauge", "Blocks held by the prefix cache.");
@@ -130,6 +132,7 @@ nlohmann::ordered_json stats_json(const Counters& c, const Gauges& g) {
   j["running"] = g.running;
   j["waiting"] = g.waiting;
   j["open_connections"] = g.open_connections;
+  j["connections_total"] = g.connections_total;
   j["issued_kv_outstanding"] = g.issued_kv_outstanding;
   j["kv_cache_usage_perc"] = g.kv_cache_usage;
   j["prefix_cache_blocks"] = g.prefix_cache_blocks;

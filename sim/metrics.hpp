@@ -43,6 +43,7 @@ struct Gauges {
   std::size_t waiting = 0;
   double kv_cache_usage = 0.0;  // 0..1
   std::size_t open_connections = 0;
+  std::uint64_t connections_total = 0;  // accepted since start: shows connection reuse
   std::size_t issued_kv_outstanding = 0;
   std::size_t prefix_cache_blocks = 0;
 };

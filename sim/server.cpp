@@ -278,6 +278,7 @@ class Server {
 
   awaitable<void> session(tcp::socket sock) {
     ++open_connections_;
+    ++connections_total_;
     struct Dec {
       std::size_t& n;
       ~Dec() { --n; }
@@ -1027,6 +1028,7 @@ class Server {
     const double used = static_cast<double>(active_blocks_ + registry_.outstanding_blocks(now));
     g.kv_cache_usage = std::min(1.0, used / static_cast<double>(opts_.kv_blocks));
     g.open_connections = open_connections_;
+    g.connections_total = connections_total_;
     g.issued_kv_outstanding = registry_.outstanding(now);
     g.prefix_cache_blocks = cache_.size();
     return g;
@@ -1064,6 +1066,7 @@ class Server {
   Counters counters_;
   RequestLog requests_;
   std::size_t open_connections_ = 0;
+  std::uint64_t connections_total_ = 0;
   std::size_t active_blocks_ = 0;
   std::int64_t started_at_;
   std::string permission_id_;
