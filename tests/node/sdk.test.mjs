@@ -33,7 +33,7 @@ const children = [];
 function start(name, bin, args) {
   return new Promise((resolve, reject) => {
     const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    const proc = { name, child, args, stderr: '', exited: false };
+    const proc = { name, child, args, stderr: '', exited: false, closed: false };
     children.push(proc);
     child.stderr.setEncoding('utf8');
     child.stderr.on('data', (s) => {
@@ -58,6 +58,9 @@ function start(name, bin, args) {
       clearTimeout(timer);
       reject(new Error(`${name}: cannot start ${bin}: ${err.message}`));
     });
+    child.on('close', () => {
+      proc.closed = true;
+    });
     child.on('exit', (code, signal) => {
       proc.exited = true;
       clearTimeout(timer);
@@ -68,11 +71,13 @@ function start(name, bin, args) {
   });
 }
 
+// Stops a process and waits until its stderr is fully read, so a sanitizer
+// report printed at exit is seen.
 async function stop(proc) {
-  if (proc.exited) return;
-  const gone = new Promise((resolve) => proc.child.once('exit', resolve));
+  if (proc.closed) return;
+  const gone = new Promise((resolve) => proc.child.once('close', resolve));
   proc.child.kill('SIGTERM');
-  const timer = setTimeout(() => proc.child.kill('SIGKILL'), 5_000);
+  const timer = setTimeout(() => proc.child.kill('SIGKILL'), 10_000);
   await gone;
   clearTimeout(timer);
 }
