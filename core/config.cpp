@@ -83,10 +83,11 @@ constexpr std::array kOptions = {
     Option{"connect-timeout", "", 0, false, false, kUpstream, "DURATION",
            "Time allowed to connect to an engine (default: 5s)."},
     Option{"first-byte-timeout", "", 0, false, false, kUpstream, "DURATION",
-           "Time allowed for an engine's first response byte, prefill included "
-           "(default: 600s)."},
+           "Time allowed for an engine's first response byte, prefill included, and "
+           "for each silence inside its response (default: 600s)."},
     Option{"upstream-idle-timeout", "", 0, false, false, kUpstream, "DURATION",
-           "Longest silence allowed inside an engine's response (default: 60s)."},
+           "Idle keep-alive connections to engines are closed after this "
+           "(default: 60s)."},
     Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
            "Idle keep-alive connections kept per engine per worker (default: 64)."},
 
