@@ -77,9 +77,10 @@ start() {
   exit 1
 }
 
+pid_of_last() { echo "${pids[${#pids[@]}-1]}"; }
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-pid_of_last() { echo "${pids[${#pids[@]}-1]}"; }
 
 # Engines. "fast" ones answer at once (no prefill or per-token time), so
 # what is measured is the HTTP path; "stream" ones pace tokens like a real
@@ -89,10 +90,10 @@ common=(--host 127.0.0.1 --port 0 --log-level error --max-num-seqs 100000 --max-
   --max-model-len 10000000 --kv-blocks 10000000 --prefill-lanes 0 --kv-pull-ms 0 --seed 1)
 fast=(--itl-ms 0 --prefill-us-per-token 0 --prefill-base-ms 0)
 paced=(--itl-ms 5 --prefill-us-per-token 0 --prefill-base-ms 1)
-start sim_fast "$sim" --role both "${common[@]}" "${fast[@]}"; p_fast=$port
+start sim_fast "$sim" --role both "${common[@]}" "${fast[@]}"; p_fast=$port; s_fast_pid=$(pid_of_last)
 start sim_fast_p "$sim" --role prefill "${common[@]}" "${fast[@]}"; p_fast_p=$port
 start sim_fast_d "$sim" --role decode "${common[@]}" "${fast[@]}"; p_fast_d=$port
-start sim_str "$sim" --role both "${common[@]}" "${paced[@]}"; p_str=$port
+start sim_str "$sim" --role both "${common[@]}" "${paced[@]}"; p_str=$port; s_str_pid=$(pid_of_last)
 start sim_str_p "$sim" --role prefill "${common[@]}" "${paced[@]}"; p_str_p=$port
 start sim_str_d "$sim" --role decode "${common[@]}" "${paced[@]}"; p_str_d=$port
 # Held streams: the first token is an hour away.
@@ -105,13 +106,17 @@ gwopts=(--host 127.0.0.1 --port 0 --workers 1 --log-level error)
 start gw_fast_1 "$gw" "${gwopts[@]}" --prefill-servers-urls disable \
   --decode-servers-urls "http://127.0.0.1:$p_fast"
 g_fast_1=$port
+g_fast_1_pid=$(pid_of_last)
 start gw_fast_pd "$gw" "${gwopts[@]}" --prefill "127.0.0.1:$p_fast_p" --decode "127.0.0.1:$p_fast_d"
 g_fast_pd=$port
+g_fast_pd_pid=$(pid_of_last)
 start gw_str_1 "$gw" "${gwopts[@]}" --prefill-servers-urls disable \
   --decode-servers-urls "http://127.0.0.1:$p_str"
 g_str_1=$port
+g_str_1_pid=$(pid_of_last)
 start gw_str_pd "$gw" "${gwopts[@]}" --prefill "127.0.0.1:$p_str_p" --decode "127.0.0.1:$p_str_d"
 g_str_pd=$port
+g_str_pd_pid=$(pid_of_last)
 start gw_hold "$gw" "${gwopts[@]}" --prefill-servers-urls disable \
   --decode-servers-urls "http://127.0.0.1:$p_hold" --client-idle-timeout 600s \
   --upstream-idle-timeout 3600s
@@ -164,20 +169,34 @@ for _ in $(seq 1 100); do
 done
 [[ -s $tmp/nginx/nginx.pid ]] || { echo "nginx did not start:" >&2; cat "$tmp/nginx/stderr" >&2; exit 1; }
 sleep 0.2
+nginx_worker=$(pgrep -P "$(cat "$tmp/nginx/nginx.pid")" | head -1)
 
 mkdir -p "$out"
 raw=$out/raw.jsonl
 : >"$raw"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# run WORKLOAD TARGET PORT loadgen-args...: one measurement, one JSON line.
+# CPU time (ns) a process has used, all threads: the proxies' CPU per
+# request is what machine noise changes least.
+cpu_ns() {
+  local f a s=0
+  for f in /proc/"$1"/task/*/schedstat; do
+    read -r a _ <"$f" && s=$((s + a))
+  done
+  echo "$s"
+}
+
+# run WORKLOAD TARGET PORT PID loadgen-args...: one measurement, one JSON
+# line; PID is the process whose CPU time is charged to the target.
 run() {
-  local workload=$1 target=$2 p=$3
-  shift 3
-  local line
+  local workload=$1 target=$2 p=$3 pid=$4
+  shift 4
+  local line c0 c1
+  c0=$(cpu_ns "$pid")
   line=$("$lg" --url "http://127.0.0.1:$p" --json --label "$workload/$target" "$@" 2>/dev/null) ||
     line="{\"label\":\"$workload/$target\",\"ok\":0,\"errors\":1}"
-  echo "{\"round\":$round,\"workload\":\"$workload\",\"target\":\"$target\",\"result\":$line}" >>"$raw"
+  c1=$(cpu_ns "$pid")
+  echo "{\"round\":$round,\"workload\":\"$workload\",\"target\":\"$target\",\"cpu_ns\":$((c1 - c0)),\"result\":$line}" >>"$raw"
 }
 
 # Each round measures every target once per workload, in a rotated order,
@@ -194,22 +213,22 @@ for round in $(seq 1 "$rounds"); do
   mapfile -t order < <(rotate "$round" direct nginx onehop pd)
   for t in "${order[@]}"; do
     case $t in
-      direct) pf=$p_fast ps=$p_str ;;
-      nginx) pf=$n_fast ps=$n_str ;;
-      onehop) pf=$g_fast_1 ps=$g_str_1 ;;
-      pd) pf=$g_fast_pd ps=$g_str_pd ;;
+      direct) pf=$p_fast ps=$p_str cf=$s_fast_pid cs=$s_str_pid ;;
+      nginx) pf=$n_fast ps=$n_str cf=$nginx_worker cs=$nginx_worker ;;
+      onehop) pf=$g_fast_1 ps=$g_str_1 cf=$g_fast_1_pid cs=$g_str_1_pid ;;
+      pd) pf=$g_fast_pd ps=$g_str_pd cf=$g_fast_pd_pid cs=$g_str_pd_pid ;;
     esac
     # Throughput: many requests in flight, short answers.
-    run throughput "$t" "$pf" --concurrency 32 --max-tokens 16 --duration "$secs" --warmup 0.5
+    run throughput "$t" "$pf" "$cf" --concurrency 32 --max-tokens 16 --duration "$secs" --warmup 0.5
     # Added latency: one request at a time.
-    run latency "$t" "$pf" --concurrency 1 --max-tokens 16 --duration "$secs" --warmup 0.3
+    run latency "$t" "$pf" "$cf" --concurrency 1 --max-tokens 16 --duration "$secs" --warmup 0.3
     # Streaming: paced tokens, time to first token and inter-token gaps.
-    run stream "$t" "$ps" --stream --chat --concurrency 8 --max-tokens 32 --duration "$secs" \
+    run stream "$t" "$ps" "$cs" --stream --chat --concurrency 8 --max-tokens 32 --duration "$secs" \
       --warmup 0.5
     # Prompt size: 1 KiB against 1 MiB, one at a time.
-    run prompt_1k "$t" "$pf" --concurrency 1 --max-tokens 1 --prompt-bytes 1024 \
+    run prompt_1k "$t" "$pf" "$cf" --concurrency 1 --max-tokens 1 --prompt-bytes 1024 \
       --duration "$((secs / 2 + 1))" --warmup 0.3
-    run prompt_1m "$t" "$pf" --concurrency 1 --max-tokens 1 --prompt-bytes 1048576 \
+    run prompt_1m "$t" "$pf" "$cf" --concurrency 1 --max-tokens 1 --prompt-bytes 1048576 \
       --duration "$((secs / 2 + 1))" --warmup 0.3
   done
 done
@@ -235,7 +254,6 @@ hold() {
   echo "{\"workload\":\"hold\",\"target\":\"$target\",\"streams\":${held:-0},\"rss_before_kib\":$before,\"rss_during_kib\":$during}" >>"$raw"
 }
 hold pdgate "$g_hold" "$gw_hold_pid"
-nginx_worker=$(pgrep -P "$(cat "$tmp/nginx/nginx.pid")" | head -1)
 [[ -n $nginx_worker ]] && hold nginx "$n_hold" "$nginx_worker"
 
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -139,6 +139,7 @@ struct Sample {
 struct Stats {
   std::vector<double> e2e, ttft, itl;
   std::size_t ok = 0, errors = 0, tokens = 0;
+  std::size_t all = 0;  // warm-up included: for per-request CPU accounting
   void add(Sample&& s) {
     ++ok;
     tokens += s.tokens;
@@ -434,6 +435,7 @@ bool want_more(Shared& sh) {
 }
 
 void record(Shared& sh, Clock::time_point started_at, bool ok, Sample&& s) {
+  ++sh.stats.all;
   if (!measuring(sh, started_at)) return;
   if (ok) sh.stats.add(std::move(s));
   else ++sh.stats.errors;
@@ -458,14 +460,15 @@ net::awaitable<void> closed_worker(Shared& sh) {
     }
     // A conversation: each turn sends every earlier message again.
     std::string messages;
+    // One id per conversation: lets a gateway that keeps KV between turns
+    // find the previous turn's.
+    const std::string conv = "conv-" + std::to_string(id) + "-" + std::to_string(n);
     for (unsigned turn = 0; turn < sh.opt.turns && want_more(sh); ++turn) {
       if (!messages.empty()) messages += ",";
       messages += "{\"role\":\"user\",\"content\":\"" +
                   make_prompt(sh.opt.prompt_bytes, id * 100003u + n++) + "\"}";
       std::string body = build_body(sh.opt, messages, true);
       std::string req = build_request(sh, body);
-      // Conversation id: lets a gateway that keeps KV between turns find it.
-      const std::string conv = "conv-" + std::to_string(id) + "-" + std::to_string(n);
       req.insert(req.find("\r\n") + 2, "X-Conversation-Id: " + conv + "\r\n");
       Sample s;
       std::string content;
@@ -597,11 +600,11 @@ void report(Shared& sh, double measured_s) {
   const double tps = static_cast<double>(st.tokens) / measured_s;
   if (sh.opt.json) {
     std::printf(
-        "{\"label\":\"%s\",\"ok\":%zu,\"errors\":%zu,\"seconds\":%.3f,\"rps\":%.2f,\"tok_s\":%.1f,"
+        "{\"label\":\"%s\",\"ok\":%zu,\"all\":%zu,\"errors\":%zu,\"seconds\":%.3f,\"rps\":%.2f,\"tok_s\":%.1f,"
         "\"e2e_p50\":%.4f,\"e2e_p90\":%.4f,\"e2e_p99\":%.4f,\"e2e_mean\":%.4f,"
         "\"ttft_p50\":%.4f,\"ttft_p90\":%.4f,\"ttft_p99\":%.4f,\"ttft_mean\":%.4f,"
         "\"itl_p50\":%.4f,\"itl_p90\":%.4f,\"itl_p99\":%.4f,\"itl_mean\":%.4f}\n",
-        sh.opt.label.c_str(), st.ok, st.errors, measured_s, rps, tps, pct(st.e2e, 50),
+        sh.opt.label.c_str(), st.ok, st.all, st.errors, measured_s, rps, tps, pct(st.e2e, 50),
         pct(st.e2e, 90), pct(st.e2e, 99), mean(st.e2e), pct(st.ttft, 50), pct(st.ttft, 90),
         pct(st.ttft, 99), mean(st.ttft), pct(st.itl, 50), pct(st.itl, 90), pct(st.itl, 99),
         mean(st.itl));

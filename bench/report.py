@@ -23,7 +23,10 @@ for line in raw.read_text().splitlines():
     if r["workload"] == "hold":
         holds[r["target"]] = r
         continue
-    runs.setdefault((r["workload"], r["target"]), {})[r["round"]] = r["result"]
+    res = r["result"]
+    if res.get("all"):
+        res["cpu_us"] = r.get("cpu_ns", 0) / 1000 / res["all"]
+    runs.setdefault((r["workload"], r["target"]), {})[r["round"]] = res
 
 all_rounds = sorted({k for v in runs.values() for k in v})
 
@@ -65,13 +68,18 @@ rows = []
 
 
 def target(name, xs, fmt, goal, ok):
-    met = "n/a" if not xs else ("**met**" if ok(med(xs)) else "**missed**")
+    met = "n/a" if not xs else ("—" if goal == "—" else "**met**" if ok(med(xs)) else "**missed**")
     rows.append(f"| {name} | {rng(xs, fmt)} | {goal} | {met} |")
 
 
 # 1. One-hop throughput against nginx.
 target("one-hop throughput ÷ nginx throughput (c=32)",
        per_round(lambda r: val("throughput", "onehop", "rps", r) / val("throughput", "nginx", "rps", r)),
+       "{:.2f}×", "≥ 0.8×", lambda m: m >= 0.8)
+
+
+target("nginx CPU per request ÷ one-hop CPU per request (c=32): throughput per core",
+       per_round(lambda r: val("throughput", "nginx", "cpu_us", r) / val("throughput", "onehop", "cpu_us", r)),
        "{:.2f}×", "≥ 0.8×", lambda m: m >= 0.8)
 
 
@@ -110,8 +118,17 @@ target("one-hop: extra p50 latency of 1 MiB over 1 KiB, minus the engine's (ms)"
        per_round(lambda r: big_prompt_cost("onehop", r)), "{:+.3f}", "≤ 2 ms", lambda m: m <= 2)
 target("P/D: same, minus two engine passes (prefill + decode) (ms)",
        per_round(lambda r: big_prompt_cost("pd", r, 2)), "{:+.3f}", "≤ 2 ms", lambda m: m <= 2)
-target("nginx: same, for scale (ms)",
+target("nginx: extra p50 latency of 1 MiB over 1 KiB, minus the engine's, for scale (ms)",
        per_round(lambda r: big_prompt_cost("nginx", r)), "{:+.3f}", "—", lambda m: True)
+target("one-hop: gateway CPU per 1 MiB request − per 1 KiB request (ms)",
+       per_round(lambda r: (val("prompt_1m", "onehop", "cpu_us", r) - val("prompt_1k", "onehop", "cpu_us", r)) / 1000),
+       "{:+.3f}", "≤ 2 ms", lambda m: m <= 2)
+target("P/D: gateway CPU per 1 MiB request − per 1 KiB request (ms)",
+       per_round(lambda r: (val("prompt_1m", "pd", "cpu_us", r) - val("prompt_1k", "pd", "cpu_us", r)) / 1000),
+       "{:+.3f}", "≤ 2 ms", lambda m: m <= 2)
+target("nginx: gateway CPU per 1 MiB request − per 1 KiB request, for scale (ms)",
+       per_round(lambda r: (val("prompt_1m", "nginx", "cpu_us", r) - val("prompt_1k", "nginx", "cpu_us", r)) / 1000),
+       "{:+.3f}", "—", lambda m: True)
 # 5. Idle streams.
 h = holds.get("pdgate")
 if h:
@@ -158,6 +175,11 @@ metrics = [
     ("stream", "itl_p99", "ITL p99 ms"),
     ("prompt_1k", "e2e_p50", "1 KiB prompt e2e p50 ms"),
     ("prompt_1m", "e2e_p50", "1 MiB prompt e2e p50 ms"),
+    ("throughput", "cpu_us", "CPU µs/request, c=32 (direct: the engine's)"),
+    ("latency", "cpu_us", "CPU µs/request, c=1"),
+    ("stream", "cpu_us", "CPU µs/request, streaming 32 tokens"),
+    ("prompt_1k", "cpu_us", "CPU µs/request, 1 KiB prompt"),
+    ("prompt_1m", "cpu_us", "CPU µs/request, 1 MiB prompt"),
 ]
 for w, k, desc in metrics:
     cells = [f"{absolute(w, t, k):.3f}" if k != "rps" else f"{absolute(w, t, k):.0f}" for t in TARGETS]
@@ -171,7 +193,7 @@ lines += ["", f"Failed requests over all runs: {errs}.", ""]
 def chart(name, title, ylabel, series):
     dat = out / f"{name}.dat"
     with dat.open("w") as f:
-        f.write("target " + " ".join(s[0].replace(" ", "_") for s in series) + "\n")
+        f.write("# target " + " ".join(s[0].replace(" ", "_") for s in series) + "\n")
         for t in TARGETS:
             f.write(f"\"{NAMES[t]}\" " + " ".join(f"{absolute(s[1], t, s[2]):.4f}" for s in series) + "\n")
     cols = f"'{dat}' using 2:xtic(1) title '{series[0][0]}'" + "".join(
