@@ -56,7 +56,8 @@ struct Options {
 };
 
 [[noreturn]] void usage(const char* why) {
-  if (why) std::fprintf(stderr, "pdgate-loadgen: %s\n", why);
+  if (why)
+    std::fprintf(stderr, "pdgate-loadgen: %s\n", why);
   std::fprintf(stderr,
                "usage: pdgate-loadgen --url http://HOST:PORT [options]\n"
                "  --chat                 /v1/chat/completions (default /v1/completions)\n"
@@ -82,37 +83,60 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value for " + a).c_str());
+      if (i + 1 >= argc)
+        usage(("missing value for " + a).c_str());
       return argv[++i];
     };
-    if (a == "--url") url = val();
-    else if (a == "--chat") o.chat = true;
-    else if (a == "--stream") o.stream = true;
-    else if (a == "--concurrency") o.concurrency = std::stoul(val());
-    else if (a == "--rate") o.rate = std::stod(val());
-    else if (a == "--duration") o.duration_s = std::stod(val());
-    else if (a == "--warmup") o.warmup_s = std::stod(val());
-    else if (a == "--requests") o.max_requests = std::stoull(val());
-    else if (a == "--max-tokens") o.max_tokens = std::stoul(val());
-    else if (a == "--prompt-bytes") o.prompt_bytes = std::stoull(val());
-    else if (a == "--model") o.model = val();
-    else if (a == "--turns") o.turns = std::max(1ul, std::stoul(val()));
-    else if (a == "--hold") o.hold_s = std::stod(val());
-    else if (a == "--label") o.label = val();
-    else if (a == "--json") o.json = true;
-    else if (a == "--help" || a == "-h") usage(nullptr);
-    else usage(("unknown flag " + a).c_str());
+    if (a == "--url")
+      url = val();
+    else if (a == "--chat")
+      o.chat = true;
+    else if (a == "--stream")
+      o.stream = true;
+    else if (a == "--concurrency")
+      o.concurrency = std::stoul(val());
+    else if (a == "--rate")
+      o.rate = std::stod(val());
+    else if (a == "--duration")
+      o.duration_s = std::stod(val());
+    else if (a == "--warmup")
+      o.warmup_s = std::stod(val());
+    else if (a == "--requests")
+      o.max_requests = std::stoull(val());
+    else if (a == "--max-tokens")
+      o.max_tokens = std::stoul(val());
+    else if (a == "--prompt-bytes")
+      o.prompt_bytes = std::stoull(val());
+    else if (a == "--model")
+      o.model = val();
+    else if (a == "--turns")
+      o.turns = std::max(1ul, std::stoul(val()));
+    else if (a == "--hold")
+      o.hold_s = std::stod(val());
+    else if (a == "--label")
+      o.label = val();
+    else if (a == "--json")
+      o.json = true;
+    else if (a == "--help" || a == "-h")
+      usage(nullptr);
+    else
+      usage(("unknown flag " + a).c_str());
   }
   const std::string_view prefix = "http://";
-  if (url.rfind(prefix, 0) != 0) usage("--url must be http://HOST:PORT");
+  if (url.rfind(prefix, 0) != 0)
+    usage("--url must be http://HOST:PORT");
   std::string hp = url.substr(prefix.size());
-  if (auto slash = hp.find('/'); slash != std::string::npos) hp.resize(slash);
+  if (auto slash = hp.find('/'); slash != std::string::npos)
+    hp.resize(slash);
   auto colon = hp.rfind(':');
-  if (colon == std::string::npos) usage("--url needs a port");
+  if (colon == std::string::npos)
+    usage("--url needs a port");
   o.host = hp.substr(0, colon);
   o.port = static_cast<unsigned short>(std::stoul(hp.substr(colon + 1)));
-  if (o.concurrency == 0) usage("--concurrency must be > 0");
-  if (o.turns > 1) o.chat = true;
+  if (o.concurrency == 0)
+    usage("--concurrency must be > 0");
+  if (o.turns > 1)
+    o.chat = true;
   return o;
 }
 
@@ -120,11 +144,12 @@ Options parse(int argc, char** argv) {
 // escaping), different per seed so prefix caches do not make every request
 // a hit.
 std::string make_prompt(std::size_t n, unsigned seed) {
-  static const char* words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ",
-                                "lazy ", "dog ", "and ", "runs ", "far ", "away "};
+  static const char* words[] = {"the ",  "quick ", "brown ", "fox ",  "jumps ", "over ",
+                                "lazy ", "dog ",   "and ",   "runs ", "far ",   "away "};
   std::string s = "request " + std::to_string(seed) + " ";
   std::minstd_rand rng(seed + 1);
-  while (s.size() < n) s += words[rng() % 12];
+  while (s.size() < n)
+    s += words[rng() % 12];
   s.resize(std::max<std::size_t>(n, 1));
   return s;
 }
@@ -144,13 +169,15 @@ struct Stats {
     ++ok;
     tokens += s.tokens;
     e2e.push_back(s.e2e_ms);
-    if (s.ttft_ms >= 0) ttft.push_back(s.ttft_ms);
+    if (s.ttft_ms >= 0)
+      ttft.push_back(s.ttft_ms);
     itl.insert(itl.end(), s.itl_ms.begin(), s.itl_ms.end());
   }
 };
 
 double pct(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
+  if (v.empty())
+    return 0;
   std::sort(v.begin(), v.end());
   double idx = p / 100.0 * (static_cast<double>(v.size()) - 1);
   auto lo = static_cast<std::size_t>(std::floor(idx));
@@ -159,9 +186,11 @@ double pct(std::vector<double>& v, double p) {
 }
 
 double mean(const std::vector<double>& v) {
-  if (v.empty()) return 0;
+  if (v.empty())
+    return 0;
   double s = 0;
-  for (double x : v) s += x;
+  for (double x : v)
+    s += x;
   return s / static_cast<double>(v.size());
 }
 
@@ -178,10 +207,12 @@ class ResponseReader {
     // Header.
     std::size_t hdr_end;
     while ((hdr_end = buf_.find("\r\n\r\n")) == std::string::npos) {
-      if (!co_await fill()) co_return false;
+      if (!co_await fill())
+        co_return false;
     }
     std::string_view head(buf_.data(), hdr_end);
-    if (head.size() < 12 || head.substr(0, 5) != "HTTP/") co_return false;
+    if (head.size() < 12 || head.substr(0, 5) != "HTTP/")
+      co_return false;
     status = static_cast<unsigned>(std::atoi(std::string(head.substr(9, 3)).c_str()));
     keep_alive = true;
     bool chunked = false;
@@ -189,52 +220,67 @@ class ResponseReader {
     std::size_t pos = head.find("\r\n");
     while (pos != std::string_view::npos && pos < head.size()) {
       std::size_t next = head.find("\r\n", pos + 2);
-      std::string_view line = head.substr(pos + 2, (next == std::string_view::npos ? head.size() : next) - pos - 2);
+      std::string_view line =
+          head.substr(pos + 2, (next == std::string_view::npos ? head.size() : next) - pos - 2);
       pos = next;
       auto colon = line.find(':');
-      if (colon == std::string_view::npos) continue;
+      if (colon == std::string_view::npos)
+        continue;
       std::string name(line.substr(0, colon));
-      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      for (auto& c : name)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       std::string_view value = line.substr(colon + 1);
-      while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
+      while (!value.empty() && value.front() == ' ')
+        value.remove_prefix(1);
       std::string v(value);
-      for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (name == "transfer-encoding" && v.find("chunked") != std::string::npos) chunked = true;
-      else if (name == "content-length") length = std::stoull(v);
-      else if (name == "connection" && v.find("close") != std::string::npos) keep_alive = false;
+      for (auto& c : v)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (name == "transfer-encoding" && v.find("chunked") != std::string::npos)
+        chunked = true;
+      else if (name == "content-length")
+        length = std::stoull(v);
+      else if (name == "connection" && v.find("close") != std::string::npos)
+        keep_alive = false;
     }
     buf_.erase(0, hdr_end + 4);
     if (!chunked) {
       if (!length) {
         keep_alive = false;  // body until close
         for (;;) {
-          if (!buf_.empty()) on_body(std::string_view(buf_), Clock::now());
+          if (!buf_.empty())
+            on_body(std::string_view(buf_), Clock::now());
           buf_.clear();
-          if (!co_await fill()) co_return true;
+          if (!co_await fill())
+            co_return true;
         }
       }
       std::size_t left = *length;
       for (;;) {
         std::size_t take = std::min(left, buf_.size());
-        if (take > 0) on_body(std::string_view(buf_.data(), take), Clock::now());
+        if (take > 0)
+          on_body(std::string_view(buf_.data(), take), Clock::now());
         buf_.erase(0, take);
         left -= take;
-        if (left == 0) co_return true;
-        if (!co_await fill()) co_return false;
+        if (left == 0)
+          co_return true;
+        if (!co_await fill())
+          co_return false;
       }
     }
     // Chunked: size line, data, CRLF; a zero size ends the body.
     for (;;) {
       std::size_t eol;
       while ((eol = buf_.find("\r\n")) == std::string::npos) {
-        if (!co_await fill()) co_return false;
+        if (!co_await fill())
+          co_return false;
       }
       std::size_t size = std::strtoull(buf_.c_str(), nullptr, 16);
       buf_.erase(0, eol + 2);
       if (size == 0) {
         // Trailers (none expected) end with an empty line.
         while ((eol = buf_.find("\r\n")) == std::string::npos) {
-          if (!co_await fill()) co_return false;
+          if (!co_await fill())
+            co_return false;
         }
         buf_.erase(0, eol + 2);
         co_return true;
@@ -242,14 +288,18 @@ class ResponseReader {
       std::size_t left = size;
       for (;;) {
         std::size_t take = std::min(left, buf_.size());
-        if (take > 0) on_body(std::string_view(buf_.data(), take), Clock::now());
+        if (take > 0)
+          on_body(std::string_view(buf_.data(), take), Clock::now());
         buf_.erase(0, take);
         left -= take;
-        if (left == 0) break;
-        if (!co_await fill()) co_return false;
+        if (left == 0)
+          break;
+        if (!co_await fill())
+          co_return false;
       }
       while (buf_.size() < 2) {
-        if (!co_await fill()) co_return false;
+        if (!co_await fill())
+          co_return false;
       }
       buf_.erase(0, 2);
     }
@@ -261,7 +311,8 @@ class ResponseReader {
   net::awaitable<bool> fill() {
     char tmp[16384];
     auto [ec, n] = co_await sock_.async_read_some(net::buffer(tmp), use_tuple);
-    if (ec || n == 0) co_return false;
+    if (ec || n == 0)
+      co_return false;
     buf_.append(tmp, n);
     co_return true;
   }
@@ -281,7 +332,8 @@ class SseCounter {
       std::string_view ev(pending_.data() + start, end - start);
       if (ev.rfind("data:", 0) == 0 && ev.find("[DONE]") == std::string_view::npos) {
         ++tokens;
-        if (content) append_content(ev, *content);
+        if (content)
+          append_content(ev, *content);
       }
       start = end + 2;
     }
@@ -296,7 +348,8 @@ class SseCounter {
       while ((p = json.find(key, p)) != std::string_view::npos) {
         p += key.size();
         std::size_t q = p;
-        while (q < json.size() && json[q] != '"') q += (json[q] == '\\') ? 2 : 1;
+        while (q < json.size() && json[q] != '"')
+          q += (json[q] == '\\') ? 2 : 1;
         out.append(json.substr(p, std::min(q, json.size()) - p));
         p = q;
       }
@@ -360,12 +413,14 @@ class Connection {
   explicit Connection(Shared& sh) : sh_(sh), sock_(sh.io), reader_(sock_) {}
 
   net::awaitable<bool> ensure_open() {
-    if (open_) co_return true;
+    if (open_)
+      co_return true;
     reader_.reset();
     boost::system::error_code ec;
     sock_.close(ec);
     auto [cec] = co_await sock_.async_connect(sh_.ep, use_tuple);
-    if (cec) co_return false;
+    if (cec)
+      co_return false;
     sock_.set_option(tcp::no_delay(true), ec);
     open_ = true;
     co_return true;
@@ -375,7 +430,8 @@ class Connection {
   // the answer's text for multi-turn conversations.
   net::awaitable<bool> exchange(const std::string& request, Sample& s, std::string* content,
                                 bool* got_header = nullptr) {
-    if (!co_await ensure_open()) co_return false;
+    if (!co_await ensure_open())
+      co_return false;
     const auto t0 = Clock::now();
     auto [wec, wn] = co_await net::async_write(sock_, net::buffer(request), use_tuple);
     if (wec) {
@@ -387,31 +443,40 @@ class Connection {
     SseCounter sse;
     std::string body;
     std::optional<Clock::time_point> last_token;
-    auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-    bool ok = co_await reader_.read(status, keep, [&](std::string_view piece, Clock::time_point at) {
-      if (got_header) *got_header = true;
-      if (sh_.opt.stream) {
-        std::size_t n = sse.feed(piece, content);
-        for (std::size_t i = 0; i < n; ++i) {
-          if (!last_token) s.ttft_ms = ms(at - t0);
-          else s.itl_ms.push_back(ms(at - *last_token));
-          last_token = at;
-          ++s.tokens;
-        }
-      } else if (content) {
-        body.append(piece);
-      }
-    });
+    auto ms = [](Clock::duration d) {
+      return std::chrono::duration<double, std::milli>(d).count();
+    };
+    bool ok =
+        co_await reader_.read(status, keep, [&](std::string_view piece, Clock::time_point at) {
+          if (got_header)
+            *got_header = true;
+          if (sh_.opt.stream) {
+            std::size_t n = sse.feed(piece, content);
+            for (std::size_t i = 0; i < n; ++i) {
+              if (!last_token)
+                s.ttft_ms = ms(at - t0);
+              else
+                s.itl_ms.push_back(ms(at - *last_token));
+              last_token = at;
+              ++s.tokens;
+            }
+          } else if (content) {
+            body.append(piece);
+          }
+        });
     s.e2e_ms = ms(Clock::now() - t0);
     if (!ok) {
       open_ = false;
       co_return false;
     }
-    if (!keep) open_ = false;
-    if (status != 200) co_return false;
+    if (!keep)
+      open_ = false;
+    if (status != 200)
+      co_return false;
     if (!sh_.opt.stream) {
       s.tokens = sh_.opt.max_tokens;
-      if (content) SseCounter::append_content(body, *content);
+      if (content)
+        SseCounter::append_content(body, *content);
     }
     co_return true;
   }
@@ -425,20 +490,28 @@ class Connection {
   bool open_ = false;
 };
 
-bool measuring(const Shared& sh, Clock::time_point t) { return t >= sh.measure_from; }
+bool measuring(const Shared& sh, Clock::time_point t) {
+  return t >= sh.measure_from;
+}
 
 bool want_more(Shared& sh) {
-  if (sh.stopping) return false;
-  if (Clock::now() >= sh.stop_at) return false;
-  if (sh.opt.max_requests && sh.stats.ok + sh.stats.errors >= sh.opt.max_requests) return false;
+  if (sh.stopping)
+    return false;
+  if (Clock::now() >= sh.stop_at)
+    return false;
+  if (sh.opt.max_requests && sh.stats.ok + sh.stats.errors >= sh.opt.max_requests)
+    return false;
   return true;
 }
 
 void record(Shared& sh, Clock::time_point started_at, bool ok, Sample&& s) {
   ++sh.stats.all;
-  if (!measuring(sh, started_at)) return;
-  if (ok) sh.stats.add(std::move(s));
-  else ++sh.stats.errors;
+  if (!measuring(sh, started_at))
+    return;
+  if (ok)
+    sh.stats.add(std::move(s));
+  else
+    ++sh.stats.errors;
 }
 
 // Closed loop: one connection, one request after another (single turn) or
@@ -464,7 +537,8 @@ net::awaitable<void> closed_worker(Shared& sh) {
     // find the previous turn's.
     const std::string conv = "conv-" + std::to_string(id) + "-" + std::to_string(n);
     for (unsigned turn = 0; turn < sh.opt.turns && want_more(sh); ++turn) {
-      if (!messages.empty()) messages += ",";
+      if (!messages.empty())
+        messages += ",";
       messages += "{\"role\":\"user\",\"content\":\"" +
                   make_prompt(sh.opt.prompt_bytes, id * 100003u + n++) + "\"}";
       std::string body = build_body(sh.opt, messages, true);
@@ -475,7 +549,8 @@ net::awaitable<void> closed_worker(Shared& sh) {
       auto t = Clock::now();
       bool ok = co_await conn.exchange(req, s, &content);
       record(sh, t, ok, std::move(s));
-      if (!ok) break;
+      if (!ok)
+        break;
       messages += ",{\"role\":\"assistant\",\"content\":\"" + content + "\"}";
     }
   }
@@ -529,7 +604,8 @@ net::awaitable<void> open_loop(Shared& sh) {
 
 // Idle streams: open every connection, send a streaming request on each,
 // wait until each has its response header, then hold them.
-net::awaitable<void> hold_one(Shared& sh, unsigned k, std::shared_ptr<std::vector<std::unique_ptr<Connection>>> keep) {
+net::awaitable<void> hold_one(Shared& sh, unsigned k,
+                              std::shared_ptr<std::vector<std::unique_ptr<Connection>>> keep) {
   auto c = std::make_unique<Connection>(sh);
   Connection* cp = c.get();
   keep->push_back(std::move(c));
@@ -563,7 +639,8 @@ net::awaitable<void> hold_one(Shared& sh, unsigned k, std::shared_ptr<std::vecto
   // Keep reading (and dropping) whatever comes, as a real client would.
   for (;;) {
     auto [ec, n] = co_await cp->socket().async_read_some(net::buffer(tmp), use_tuple);
-    if (ec) co_return;
+    if (ec)
+      co_return;
   }
 }
 
@@ -580,14 +657,16 @@ net::awaitable<void> hold_all(Shared& sh) {
       co_await timer.async_wait(use_tuple);
     }
   }
-  while (sh.held + sh.hold_failed < sh.opt.concurrency && Clock::now() - t0 < std::chrono::seconds(60)) {
+  while (sh.held + sh.hold_failed < sh.opt.concurrency &&
+         Clock::now() - t0 < std::chrono::seconds(60)) {
     timer.expires_after(std::chrono::milliseconds(20));
     co_await timer.async_wait(use_tuple);
   }
   const double setup = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("HOLDING %zu streams (%zu failed) after %.2f s\n", sh.held, sh.hold_failed, setup);
   std::fflush(stdout);
-  timer.expires_after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(sh.opt.hold_s)));
+  timer.expires_after(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(sh.opt.hold_s)));
   co_await timer.async_wait(use_tuple);
   std::printf("RELEASED\n");
   std::fflush(stdout);
@@ -600,7 +679,8 @@ void report(Shared& sh, double measured_s) {
   const double tps = static_cast<double>(st.tokens) / measured_s;
   if (sh.opt.json) {
     std::printf(
-        "{\"label\":\"%s\",\"ok\":%zu,\"all\":%zu,\"errors\":%zu,\"seconds\":%.3f,\"rps\":%.2f,\"tok_s\":%.1f,"
+        "{\"label\":\"%s\",\"ok\":%zu,\"all\":%zu,\"errors\":%zu,\"seconds\":%.3f,\"rps\":%.2f,"
+        "\"tok_s\":%.1f,"
         "\"e2e_p50\":%.4f,\"e2e_p90\":%.4f,\"e2e_p99\":%.4f,\"e2e_mean\":%.4f,"
         "\"ttft_p50\":%.4f,\"ttft_p90\":%.4f,\"ttft_p99\":%.4f,\"ttft_mean\":%.4f,"
         "\"itl_p50\":%.4f,\"itl_p90\":%.4f,\"itl_p99\":%.4f,\"itl_mean\":%.4f}\n",
@@ -641,7 +721,8 @@ int main(int argc, char** argv) {
   if (ec) {
     tcp::resolver res(io);
     auto r = res.resolve(opt.host, std::to_string(opt.port), ec);
-    if (ec || r.empty()) usage("cannot resolve host");
+    if (ec || r.empty())
+      usage("cannot resolve host");
     sh.ep = *r.begin();
   } else {
     sh.ep = tcp::endpoint(addr, opt.port);
@@ -661,12 +742,14 @@ int main(int argc, char** argv) {
   if (opt.rate > 0) {
     net::co_spawn(io, open_loop(sh), net::detached);
   } else {
-    for (unsigned i = 0; i < opt.concurrency; ++i) net::co_spawn(io, closed_worker(sh), net::detached);
+    for (unsigned i = 0; i < opt.concurrency; ++i)
+      net::co_spawn(io, closed_worker(sh), net::detached);
   }
   io.run();
   const auto end = std::min(Clock::now(), sh.stop_at);
   double measured = std::chrono::duration<double>(end - sh.measure_from).count();
-  if (measured <= 0) measured = 1e-9;
+  if (measured <= 0)
+    measured = 1e-9;
   report(sh, measured);
   return sh.stats.ok > 0 ? 0 : 1;
 }
