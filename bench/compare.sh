@@ -240,6 +240,7 @@ hold() {
   local target=$1 p=$2 pid=$3
   local before during held
   before=$(rss_kib "$pid")
+  : >"$tmp/hold-$target.out"
   "$lg" --url "http://127.0.0.1:$p" --concurrency "$streams" --hold 4 >"$tmp/hold-$target.out" 2>&1 &
   local lpid=$!
   pids+=("$lpid")
