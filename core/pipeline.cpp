@@ -437,6 +437,9 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
                              request_id, authorization);
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
+  // Sent (start retries internally): a stream that lasts minutes must not
+  // hold a copy of its prompt meanwhile.
+  std::string().swap(up.body());
   if (ex) report.first_byte(ex->status());
   if (err) {
     if (err.kind == UpstreamFailure::aborted) co_return false;

@@ -2,6 +2,7 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/read_size.hpp>
 
 namespace pdgate {
 
@@ -181,12 +182,29 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 
 net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std::size_t max) {
   if (parser_->is_done()) co_return UpstreamError{};
+  conn_->stream.expires_after(timeouts_.first_byte);
+  // Wait for bytes in the connection's own buffer before sizing `out`: a
+  // stream that idles between tokens then holds no body buffer while it
+  // waits (10,000 held streams would otherwise pin 10,000 × `max` bytes),
+  // and a short event costs a short copy instead of zero-filling `max`.
+  // End of stream is left to the parser, which knows whether it ends the
+  // body or cuts it short.
+  if (conn_->buffer.size() == 0) {
+    auto [ec, n] = co_await conn_->stream.async_read_some(
+        conn_->buffer.prepare(beast::read_size(conn_->buffer, max)), use_tuple);
+    conn_->buffer.commit(n);
+    if (ec && ec != net::error::eof) co_return classify(ec, "while reading the response body");
+  }
+  // The body bytes parsed from the buffer are fewer than the buffer holds
+  // (chunk framing). A floor keeps a call that must read again (a partial
+  // chunk header) useful; it is small because `out` keeps its capacity
+  // for as long as the stream lasts.
+  max = std::min(max, std::max<std::size_t>(conn_->buffer.size(), 256));
   const std::size_t old = out.size();
   out.resize(old + max);
   auto& body = parser_->get().body();
   body.data = out.data() + old;
   body.size = max;
-  conn_->stream.expires_after(timeouts_.first_byte);
   auto [ec, n] =
       co_await http::async_read_some(conn_->stream, conn_->buffer, *parser_, use_tuple);
   const std::size_t got = max - body.size;

@@ -32,7 +32,9 @@ struct WorkerContext {
   std::unique_ptr<InstancePicker> picker_owner;
   InstancePicker& picker;
   UpstreamPools pools;
-  boost::uuids::random_generator uuids;
+  // Request ids. Seeded once from the OS; boost's default random_generator
+  // would make a getrandom system call for every request.
+  boost::uuids::random_generator_mt19937 uuids;
   // "Bearer $OPENAI_API_KEY" when the variable was set at start-up and the
   // client sent no Authorization of its own.
   const std::string default_authorization;

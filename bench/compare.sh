@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# One command: pdgate next to the floor (the client talking to pdgate-sim
+# directly) and next to nginx as a plain one-hop reverse proxy.
+#
+#   bench/compare.sh [BUILD_DIR]        (default: build)
+#
+# Environment: ROUNDS (3), SECONDS_PER_RUN (4), STREAMS (10000), OUT
+# (bench/results). Writes $OUT/results.md, $OUT/raw.jsonl and PNG plots.
+# Everything runs on loopback; every process started here is stopped on exit.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+out=${OUT:-$root/bench/results}
+rounds=${ROUNDS:-3}
+secs=${SECONDS_PER_RUN:-4}
+streams=${STREAMS:-10000}
+
+sim=$build/pdgate-sim
+gw=$build/pdgate
+lg=$build/pdgate-loadgen
+for b in "$sim" "$gw" "$lg"; do
+  [[ -x $b ]] || { echo "missing $b: build first (see bench/README.md)" >&2; exit 1; }
+done
+
+# nginx (the reference proxy) and gnuplot (the plots) come from Debian.
+if ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then
+  echo "installing nginx..." >&2
+  apt-get install -y --no-install-recommends nginx-light >/dev/null 2>&1 ||
+    { apt-get update >/dev/null && apt-get install -y --no-install-recommends nginx-light >/dev/null; }
+fi
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+if ! command -v gnuplot >/dev/null; then
+  echo "installing gnuplot..." >&2
+  apt-get install -y --no-install-recommends gnuplot-nox >/dev/null 2>&1 ||
+    { apt-get update >/dev/null && apt-get install -y --no-install-recommends gnuplot-nox >/dev/null; } ||
+    echo "gnuplot unavailable: no plots" >&2
+fi
+
+# 10,000 held streams need 20,000 descriptors in the gateway (client and
+# engine side of each). Where the hard limit is lower (containers), hold
+# as many as fit and report the RSS per stream extrapolated to $STREAMS.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+nofile=$(ulimit -n)
+target_streams=$streams
+if ((streams * 2 + 64 > nofile)); then
+  streams=$(((nofile - 64) / 2))
+  echo "open-file limit $nofile: holding $streams streams, not $target_streams" >&2
+fi
+
+tmp=$(mktemp -d /tmp/pdgate-bench.XXXXXX)
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# start NAME CMD...: runs CMD in the background and waits for its
+# "listening on http://HOST:PORT" line; sets $port.
+start() {
+  local name=$1
+  shift
+  "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
+  pids+=($!)
+  local i
+  for i in $(seq 1 200); do
+    port=$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$tmp/$name.out" | head -1)
+    [[ -n $port ]] && return 0
+    sleep 0.05
+  done
+  echo "$name did not start:" >&2
+  cat "$tmp/$name.err" >&2
+  exit 1
+}
+
+pid_of_last() { echo "${pids[${#pids[@]}-1]}"; }
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+
+# Engines. "fast" ones answer at once (no prefill or per-token time), so
+# what is measured is the HTTP path; "stream" ones pace tokens like a real
+# decode (5 ms apart) so clumping would show. Big limits keep the sims
+# from queueing or rejecting anything the workloads send.
+common=(--host 127.0.0.1 --port 0 --log-level error --max-num-seqs 100000 --max-waiting 100000
+  --max-model-len 10000000 --kv-blocks 10000000 --prefill-lanes 0 --kv-pull-ms 0 --seed 1)
+fast=(--itl-ms 0 --prefill-us-per-token 0 --prefill-base-ms 0)
+paced=(--itl-ms 5 --prefill-us-per-token 0 --prefill-base-ms 1)
+start sim_fast "$sim" --role both "${common[@]}" "${fast[@]}"; p_fast=$port; s_fast_pid=$(pid_of_last)
+start sim_fast_p "$sim" --role prefill "${common[@]}" "${fast[@]}"; p_fast_p=$port
+start sim_fast_d "$sim" --role decode "${common[@]}" "${fast[@]}"; p_fast_d=$port
+start sim_str "$sim" --role both "${common[@]}" "${paced[@]}"; p_str=$port; s_str_pid=$(pid_of_last)
+start sim_str_p "$sim" --role prefill "${common[@]}" "${paced[@]}"; p_str_p=$port
+start sim_str_d "$sim" --role decode "${common[@]}" "${paced[@]}"; p_str_d=$port
+# Held streams: the first token is an hour away.
+start sim_hold "$sim" --role both "${common[@]}" --itl-ms 3600000 --prefill-base-ms 0 \
+  --prefill-us-per-token 0
+p_hold=$port
+
+# Gateways: one worker thread each, as nginx gets one worker process.
+gwopts=(--host 127.0.0.1 --port 0 --workers 1 --log-level error)
+start gw_fast_1 "$gw" "${gwopts[@]}" --prefill-servers-urls disable \
+  --decode-servers-urls "http://127.0.0.1:$p_fast"
+g_fast_1=$port
+g_fast_1_pid=$(pid_of_last)
+start gw_fast_pd "$gw" "${gwopts[@]}" --prefill "127.0.0.1:$p_fast_p" --decode "127.0.0.1:$p_fast_d"
+g_fast_pd=$port
+g_fast_pd_pid=$(pid_of_last)
+start gw_str_1 "$gw" "${gwopts[@]}" --prefill-servers-urls disable \
+  --decode-servers-urls "http://127.0.0.1:$p_str"
+g_str_1=$port
+g_str_1_pid=$(pid_of_last)
+start gw_str_pd "$gw" "${gwopts[@]}" --prefill "127.0.0.1:$p_str_p" --decode "127.0.0.1:$p_str_d"
+g_str_pd=$port
+g_str_pd_pid=$(pid_of_last)
+start gw_hold "$gw" "${gwopts[@]}" --prefill-servers-urls disable \
+  --decode-servers-urls "http://127.0.0.1:$p_hold" --client-idle-timeout 600s \
+  --upstream-idle-timeout 3600s
+g_hold=$port
+gw_hold_pid=$(pid_of_last)
+
+# nginx: a plain reverse proxy, one hop, no response buffering, HTTP/1.1
+# keep-alive to the engines; config, pid and logs in the temp dir.
+n_fast=$(free_port)
+n_str=$(free_port)
+n_hold=$(free_port)
+mkdir -p "$tmp/nginx"
+user_line=""
+[[ $EUID -eq 0 ]] && user_line="user root;"
+cat >"$tmp/nginx/nginx.conf" <<EOF
+$user_line
+daemon off;
+worker_processes 1;
+worker_rlimit_nofile 65536;
+pid $tmp/nginx/nginx.pid;
+error_log $tmp/nginx/error.log warn;
+events { worker_connections 30000; }
+http {
+  access_log off;
+  client_body_temp_path $tmp/nginx/body;
+  proxy_temp_path $tmp/nginx/proxy;
+  fastcgi_temp_path $tmp/nginx/fastcgi;
+  uwsgi_temp_path $tmp/nginx/uwsgi;
+  scgi_temp_path $tmp/nginx/scgi;
+  client_max_body_size 64m;
+  client_body_buffer_size 2m;
+  keepalive_requests 1000000;
+  proxy_read_timeout 3600s;
+  upstream fast { server 127.0.0.1:$p_fast; keepalive 512; keepalive_requests 1000000; }
+  upstream paced { server 127.0.0.1:$p_str; keepalive 512; keepalive_requests 1000000; }
+  upstream hold { server 127.0.0.1:$p_hold; keepalive 512; }
+  proxy_http_version 1.1;
+  proxy_set_header Connection "";
+  proxy_buffering off;
+  server { listen 127.0.0.1:$n_fast; location / { proxy_pass http://fast; } }
+  server { listen 127.0.0.1:$n_str; location / { proxy_pass http://paced; } }
+  server { listen 127.0.0.1:$n_hold; location / { proxy_pass http://hold; } }
+}
+EOF
+"$nginx_bin" -c "$tmp/nginx/nginx.conf" -e "$tmp/nginx/error.log" 2>"$tmp/nginx/stderr" &
+pids+=($!)
+for _ in $(seq 1 100); do
+  [[ -s $tmp/nginx/nginx.pid ]] && break
+  sleep 0.05
+done
+[[ -s $tmp/nginx/nginx.pid ]] || { echo "nginx did not start:" >&2; cat "$tmp/nginx/stderr" >&2; exit 1; }
+sleep 0.2
+nginx_worker=$(pgrep -P "$(cat "$tmp/nginx/nginx.pid")" | head -1)
+
+mkdir -p "$out"
+raw=$out/raw.jsonl
+: >"$raw"
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# CPU time (ns) a process has used, all threads: the proxies' CPU per
+# request is what machine noise changes least.
+cpu_ns() {
+  local f a s=0
+  for f in /proc/"$1"/task/*/schedstat; do
+    read -r a _ <"$f" && s=$((s + a))
+  done
+  echo "$s"
+}
+
+# run WORKLOAD TARGET PORT PID loadgen-args...: one measurement, one JSON
+# line; PID is the process whose CPU time is charged to the target.
+run() {
+  local workload=$1 target=$2 p=$3 pid=$4
+  shift 4
+  local line c0 c1
+  c0=$(cpu_ns "$pid")
+  line=$("$lg" --url "http://127.0.0.1:$p" --json --label "$workload/$target" "$@" 2>/dev/null) ||
+    line="{\"label\":\"$workload/$target\",\"ok\":0,\"errors\":1}"
+  c1=$(cpu_ns "$pid")
+  echo "{\"round\":$round,\"workload\":\"$workload\",\"target\":\"$target\",\"cpu_ns\":$((c1 - c0)),\"result\":$line}" >>"$raw"
+}
+
+# Each round measures every target once per workload, in a rotated order,
+# so that machine noise (other builds on these 2 cores) hits all alike.
+rotate() {
+  local n=$1
+  shift
+  local a=("$@")
+  local i
+  for i in "${!a[@]}"; do echo "${a[$(((i + n) % ${#a[@]}))]}"; done
+}
+for round in $(seq 1 "$rounds"); do
+  echo "round $round/$rounds ($(cut -d' ' -f1 /proc/loadavg) load)" >&2
+  mapfile -t order < <(rotate "$round" direct nginx onehop pd)
+  for t in "${order[@]}"; do
+    case $t in
+      direct) pf=$p_fast ps=$p_str cf=$s_fast_pid cs=$s_str_pid ;;
+      nginx) pf=$n_fast ps=$n_str cf=$nginx_worker cs=$nginx_worker ;;
+      onehop) pf=$g_fast_1 ps=$g_str_1 cf=$g_fast_1_pid cs=$g_str_1_pid ;;
+      pd) pf=$g_fast_pd ps=$g_str_pd cf=$g_fast_pd_pid cs=$g_str_pd_pid ;;
+    esac
+    # Throughput: many requests in flight, short answers.
+    run throughput "$t" "$pf" "$cf" --concurrency 32 --max-tokens 16 --duration "$secs" --warmup 0.5
+    # Added latency: one request at a time.
+    run latency "$t" "$pf" "$cf" --concurrency 1 --max-tokens 16 --duration "$secs" --warmup 0.3
+    # Streaming: paced tokens, time to first token and inter-token gaps.
+    run stream "$t" "$ps" "$cs" --stream --chat --concurrency 8 --max-tokens 32 --duration "$secs" \
+      --warmup 0.5
+    # Prompt size: 1 KiB against 1 MiB, one at a time.
+    run prompt_1k "$t" "$pf" "$cf" --concurrency 1 --max-tokens 1 --prompt-bytes 1024 \
+      --duration "$((secs / 2 + 1))" --warmup 0.3
+    run prompt_1m "$t" "$pf" "$cf" --concurrency 1 --max-tokens 1 --prompt-bytes 1048576 \
+      --duration "$((secs / 2 + 1))" --warmup 0.3
+  done
+done
+
+# Idle streams: $streams streams held through pdgate (then nginx, for
+# scale); gateway RSS before and while they are held.
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+hold() {
+  local target=$1 p=$2 pid=$3
+  local before during held
+  before=$(rss_kib "$pid")
+  : >"$tmp/hold-$target.out"
+  "$lg" --url "http://127.0.0.1:$p" --concurrency "$streams" --hold 4 >"$tmp/hold-$target.out" 2>&1 &
+  local lpid=$!
+  pids+=("$lpid")
+  for _ in $(seq 1 1200); do
+    grep -q HOLDING "$tmp/hold-$target.out" && break
+    sleep 0.05
+  done
+  sleep 1
+  during=$(rss_kib "$pid")
+  held=$(sed -n 's/HOLDING \([0-9]*\) streams.*/\1/p' "$tmp/hold-$target.out")
+  wait "$lpid" || true
+  echo "{\"workload\":\"hold\",\"target\":\"$target\",\"streams\":${held:-0},\"rss_before_kib\":$before,\"rss_during_kib\":$during}" >>"$raw"
+}
+hold pdgate "$g_hold" "$gw_hold_pid"
+[[ -n $nginx_worker ]] && hold nginx "$n_hold" "$nginx_worker"
+
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+python3 "$here/report.py" "$raw" "$out" "$load_before" "$load_after" "$rounds" "$secs" "$target_streams"
+if command -v gnuplot >/dev/null; then
+  for g in "$out"/*.gp; do gnuplot "$g"; done
+  rm -f "$out"/*.gp
+fi
+echo "wrote $out/results.md" >&2
