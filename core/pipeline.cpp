@@ -8,9 +8,11 @@
 
 #include "core/body_rewrite.hpp"
 #include "core/conversation.hpp"
+#include "core/encode_stage.hpp"
 #include "core/errors.hpp"
 #include "core/json_body.hpp"
 #include "core/sse.hpp"
+#include "core/stage.hpp"
 
 namespace pdgate {
 
@@ -63,60 +65,6 @@ std::string authorization_for(const WorkerContext& w, const http::request<http::
   auto it = req.find(http::field::authorization);
   if (it != req.end()) return std::string(it->value());
   return w.default_authorization;
-}
-
-http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
-                                                  std::string_view target, std::string body,
-                                                  const std::string& request_id,
-                                                  const std::string& authorization) {
-  http::request<http::string_body> r{method, target, 11};
-  r.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
-  r.set(http::field::user_agent, "pdgate");
-  r.set("X-Request-Id", request_id);
-  if (!authorization.empty()) r.set(http::field::authorization, authorization);
-  if (method == http::verb::post) r.set(http::field::content_type, "application/json");
-  r.keep_alive(true);
-  r.body() = std::move(body);
-  r.prepare_payload();
-  return r;
-}
-
-std::string snippet(std::string_view s, std::size_t max = 300) {
-  std::string out(s.substr(0, max));
-  if (s.size() > max) out += "...";
-  return out;
-}
-
-GatewayError stage_failure(Stage stage, const UpstreamError& e) {
-  return upstream_error(502, std::string(to_string(stage)) + " stage failed: " + e.detail);
-}
-
-GatewayError no_instance(Stage stage) {
-  return upstream_error(503, std::string("no healthy ") + to_string(stage) +
-                                 " instance is available");
-}
-
-// An engine answered with an error status. Its own 4xx goes to the client
-// verbatim (the request is at fault: prompt too long, unknown model); a
-// 5xx means the engine is at fault and becomes a 502 naming the stage.
-net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& ex,
-                                                 const Instance& inst) {
-  std::string body;
-  auto err = co_await ex.read_all(body, kMaxErrorBody);
-  const unsigned status = ex.status();
-  if (status >= 400 && status < 500) {
-    GatewayError g = upstream_error(status, std::string(to_string(stage)) + " stage: " +
-                                                inst.spec.url + " answered " +
-                                                std::to_string(status));
-    if (!err && !body.empty()) {
-      g.passthrough_body = std::move(body);
-      auto ct = ex.header().find(http::field::content_type);
-      if (ct != ex.header().end()) g.passthrough_content_type = std::string(ct->value());
-    }
-    co_return g;
-  }
-  co_return upstream_error(502, std::string(to_string(stage)) + " stage failed: " + inst.spec.url +
-                                    " answered " + std::to_string(status) + ": " + snippet(body));
 }
 
 net::awaitable<bool> send_error(beast::tcp_stream& client,
@@ -251,38 +199,6 @@ net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 
-// Reports a stage's outcome to the picker that chose its instance, when the
-// stage ends however it ends (policies learn from failures too).
-class StageReport {
- public:
-  StageReport(InstancePicker& picker, const InstancePtr& inst, const PickContext& ctx)
-      : picker_(picker), inst_(inst), ctx_(ctx), start_(std::chrono::steady_clock::now()) {
-    outcome_.stage = ctx.stage;
-  }
-  StageReport(const StageReport&) = delete;
-  StageReport& operator=(const StageReport&) = delete;
-  ~StageReport() {
-    outcome_.total = since_start();
-    picker_.on_complete(*inst_, ctx_, outcome_);
-  }
-  void first_byte(unsigned status) {
-    outcome_.status = status;
-    outcome_.time_to_first_byte = since_start();
-  }
-  void succeeded() { outcome_.ok = true; }
-
- private:
-  std::chrono::microseconds since_start() const {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - start_);
-  }
-  InstancePicker& picker_;
-  InstancePtr inst_;
-  const PickContext& ctx_;
-  std::chrono::steady_clock::time_point start_;
-  PickOutcome outcome_;
-};
-
 struct PrefillResult {
   std::optional<GatewayError> error;
   std::optional<std::string> kv_params;  // raw JSON of kv_transfer_params, if not null
@@ -347,6 +263,60 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
 
 }  // namespace
 
+http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
+                                                  std::string_view target, std::string body,
+                                                  const std::string& request_id,
+                                                  const std::string& authorization) {
+  http::request<http::string_body> r{method, target, 11};
+  r.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
+  r.set(http::field::user_agent, "pdgate");
+  r.set("X-Request-Id", request_id);
+  if (!authorization.empty()) r.set(http::field::authorization, authorization);
+  if (method == http::verb::post) r.set(http::field::content_type, "application/json");
+  r.keep_alive(true);
+  r.body() = std::move(body);
+  r.prepare_payload();
+  return r;
+}
+
+std::string snippet(std::string_view s, std::size_t max) {
+  std::string out(s.substr(0, max));
+  if (s.size() > max) out += "...";
+  return out;
+}
+
+GatewayError stage_failure(Stage stage, const UpstreamError& e) {
+  return upstream_error(502, std::string(to_string(stage)) + " stage failed: " + e.detail);
+}
+
+GatewayError no_instance(Stage stage) {
+  return upstream_error(503, std::string("no healthy ") + to_string(stage) +
+                                 " instance is available");
+}
+
+// An engine answered with an error status. Its own 4xx goes to the client
+// verbatim (the request is at fault: prompt too long, unknown model); a
+// 5xx means the engine is at fault and becomes a 502 naming the stage.
+net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& ex,
+                                                 const Instance& inst) {
+  std::string body;
+  auto err = co_await ex.read_all(body, kMaxErrorBody);
+  const unsigned status = ex.status();
+  if (status >= 400 && status < 500) {
+    GatewayError g = upstream_error(status, std::string(to_string(stage)) + " stage: " +
+                                                inst.spec.url + " answered " +
+                                                std::to_string(status));
+    if (!err && !body.empty()) {
+      g.passthrough_body = std::move(body);
+      auto ct = ex.header().find(http::field::content_type);
+      if (ct != ex.header().end()) g.passthrough_content_type = std::string(ct->value());
+    }
+    co_return g;
+  }
+  co_return upstream_error(502, std::string(to_string(stage)) + " stage failed: " + inst.spec.url +
+                                    " answered " + std::to_string(status) + ": " + snippet(body));
+}
+
 net::awaitable<bool> write_response(beast::tcp_stream& client,
                                     http::response<http::string_body>& res) {
   // A client that stops reading must not pin the connection forever.
@@ -400,6 +370,15 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     ctx.headers.emplace_back(low, f.value());
   }
   ctx.request_id = request_id;
+
+  // Stage 0: images and audio go to the encoders first (E -> P -> D or
+  // E -> PD); nothing reaches prefill or decode if one of them fails.
+  if (is_chat) {
+    auto encode_error = co_await run_encode_stage(w, *set, body, *index, ctx, request_id,
+                                                  authorization, scope);
+    if (scope.client_gone()) co_return false;
+    if (encode_error) co_return co_await send_error(client, req, *encode_error, request_id);
+  }
 
   // Stage 1: prefill, unless the decode instances are combined P+D ones.
   const bool one_hop = w.cfg.prefill_disabled || w.cfg.kv_connector == "none";

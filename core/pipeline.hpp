@@ -1,4 +1,5 @@
-// The request pipeline for the completion routes: prefill -> decode (NIXL
+// The request pipeline for the completion routes: encode (multimodal,
+// core/encode_stage.hpp) -> prefill -> decode (NIXL
 // handshake) or one hop to a combined instance, and the relay of decode's
 // answer to the client. Read top to bottom in pipeline.cpp.
 #pragma once

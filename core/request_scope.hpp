@@ -26,6 +26,21 @@ class RequestScope {
       s->socket().shutdown(boost::asio::ip::tcp::socket::shutdown_both, ec);
       s->close();
     }
+    auto children = children_;
+    for (auto* c : children)
+      c->on_client_gone();
+  }
+
+  // A stage that may give up on its own upstreams (the encoder fan-out
+  // failing fast) runs them in a child scope: on_client_gone() on the
+  // child aborts only them, and the client leaving aborts the child too.
+  void add_child(RequestScope* c) {
+    children_.push_back(c);
+    if (client_gone_)
+      c->on_client_gone();
+  }
+  void remove_child(RequestScope* c) {
+    children_.erase(std::remove(children_.begin(), children_.end(), c), children_.end());
   }
 
   void add(boost::beast::tcp_stream* s) { streams_.push_back(s); }
@@ -40,6 +55,7 @@ class RequestScope {
  private:
   bool client_gone_ = false;
   std::vector<boost::beast::tcp_stream*> streams_;
+  std::vector<RequestScope*> children_;
   boost::asio::cancellation_signal watch_cancel_;
 };
 

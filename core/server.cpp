@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/cluster_ops.hpp"
 #include "core/conversation.hpp"
 #include "core/errors.hpp"
 #include "core/pipeline.hpp"
@@ -92,6 +93,39 @@ http::response<http::string_body> json_response(const http::request<http::string
   res.body() = j.dump();
   res.prepare_payload();
   return res;
+}
+
+// Per-role health of the engines behind the gateway (core/cluster_ops.hpp).
+net::awaitable<bool> serve_health(WorkerContext& w, beast::tcp_stream& stream,
+                                  const http::request<http::string_body>& req, RequestScope& scope) {
+  // Redis being down degrades reuse, not serving: it does not make the
+  // gateway unhealthy.
+  nlohmann::json extra = nlohmann::json::object();
+  if (w.conversation_stores) {
+    extra["conversation_store"] = conversation_store_json(*w.conversation_stores);
+  }
+  const auto set = w.registry.snapshot();
+  auto [status, j] = co_await aggregated_health(w, *set, std::move(extra), scope);
+  if (scope.client_gone()) co_return false;
+  auto res = json_response(req, status, j);
+  co_return co_await write_response(stream, res) && req.keep_alive();
+}
+
+// POST /start_profile, /stop_profile: sent to every instance.
+net::awaitable<bool> serve_profile(WorkerContext& w, beast::tcp_stream& stream,
+                                   const http::request<http::string_body>& req, RequestScope& scope,
+                                   std::string path) {
+  std::string authorization = w.default_authorization;
+  if (auto it = req.find(http::field::authorization); it != req.end()) {
+    authorization = std::string(it->value());
+  }
+  std::string body = req.body().empty() ? std::string("{}") : req.body();
+  const auto set = w.registry.snapshot();
+  auto [status, j] = co_await profile_fan_out(w, *set, std::move(path), std::move(body),
+                                              std::move(authorization), scope);
+  if (scope.client_gone()) co_return false;
+  auto res = json_response(req, status, j);
+  co_return co_await write_response(stream, res) && req.keep_alive();
 }
 
 }  // namespace
@@ -378,11 +412,10 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     } else if (path == "/v1/models" && method == http::verb::get) {
       keep_alive = co_await serve_models(w, stream, req, *scope);
     } else if (path == "/health" && method == http::verb::get) {
-      // Redis being down degrades reuse, not serving: still "ok".
-      nlohmann::json j = {{"status", "ok"}};
-      if (w.conversation_stores) j["conversation_store"] = conversation_store_json(*w.conversation_stores);
-      auto res = json_response(req, http::status::ok, j);
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+      keep_alive = co_await serve_health(w, stream, req, *scope);
+    } else if ((path == "/start_profile" || path == "/stop_profile") &&
+               method == http::verb::post) {
+      keep_alive = co_await serve_profile(w, stream, req, *scope, std::string(path));
     } else if (path == "/status" && method == http::verb::get) {
       const auto set = registry_.snapshot();
       nlohmann::json j = {{"prefill_node_count", set->prefill.size()},

@@ -96,6 +96,8 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
   --error-rate P            fraction of completion requests answered 500 (0.0)
   --die-after-chunks N      streaming: close the socket after N data events
   --hang                    read requests and never answer (except /sim/*)
+  --no-profile              /start_profile and /stop_profile answer 404, as vLLM does
+                            without VLLM_TORCH_PROFILER_DIR
   --issue-decode-kv         finished non-prefill requests issue kv params
   --seed N                  seed for the fault RNG and generated ids
   --log-level L             trace|debug|info|warn|error|off (info)
@@ -223,6 +225,7 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
   const std::map<std::string, bool*> booleans = {
       {"--hang", &o.hang},
       {"--issue-decode-kv", &o.issue_decode_kv},
+      {"--no-profile", &o.no_profile},
   };
 
   for (std::size_t i = 0; i < args.size(); ++i) {

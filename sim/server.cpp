@@ -409,6 +409,8 @@ class Server {
     if (path == "/start_profile" || path == "/stop_profile") {
       if (method != http::verb::post)
         return not_allowed;
+      if (opts_.no_profile)
+        return {http::status::not_found, dump(json{{"detail", "Not Found"}}), kJson};
       ++(path == "/start_profile" ? counters_.profile_start : counters_.profile_stop);
       return {http::status::ok, "", ""};
     }

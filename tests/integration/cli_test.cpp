@@ -84,6 +84,27 @@ TEST(SeedCommandLines, EpdProxyWithPrefillDisabled) {
   expect_serves(port, pd);
 }
 
+// disagg_epd_proxy.py for E + P + D, as in vLLM's usage example: a
+// multimodal request goes to an encoder, then prefill, then decode.
+TEST(SeedCommandLines, EpdProxyEncodePrefillDecode) {
+  Sim e1("encode"), e2("encode"), p1("prefill"), p2("prefill"), d1("decode"), d2("decode");
+  const auto port = free_port();
+  Process gw("pdgate",
+             {build_dir() + "/pdgate", "--host", "0.0.0.0", "--port", std::to_string(port),
+              "--encode-servers-urls", e1.url() + "," + e2.url(), "--prefill-servers-urls",
+              p1.url() + "," + p2.url(), "--decode-servers-urls", d1.url() + "," + d2.url()});
+  EXPECT_EQ(gw.wait_listening(), port);
+  Json body = chat(false);
+  body["messages"][0]["content"] = Json::array(
+      {{{"type", "text"}, {"text", "what is this?"}},
+       {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,AAAA"}}}}});
+  auto r = post_json(port, "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(e1.requests().size() + e2.requests().size(), 1u);
+  EXPECT_EQ(p1.requests().size() + p2.requests().size(), 1u);
+  EXPECT_EQ(d1.requests().size() + d2.requests().size(), 1u);
+}
+
 // --config loads a YAML file; a flag given too overrides the file.
 TEST(Config, YamlFileWithFlagOverride) {
   Sim p("prefill"), d("decode");

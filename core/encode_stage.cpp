@@ -1,0 +1,227 @@
+#include "core/encode_stage.hpp"
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/uuid/uuid.hpp>
+
+#include "core/stage.hpp"
+
+namespace pdgate {
+
+namespace {
+
+// An encoder's answer is one token of JSON; it is read and dropped.
+constexpr std::size_t kMaxEncoderResponse = 16u << 20;
+
+bool is_ws(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+// Raw text of each element of a JSON array that index_json_object (or
+// validate_json) already accepted; empty if `raw` is not an array.
+std::vector<std::string_view> array_elements(std::string_view raw) {
+  std::vector<std::string_view> out;
+  std::size_t i = 0;
+  while (i < raw.size() && is_ws(raw[i]))
+    ++i;
+  if (i >= raw.size() || raw[i] != '[')
+    return out;
+  ++i;
+  std::size_t begin = std::string_view::npos;
+  int depth = 0;
+  bool in_string = false;
+  for (; i < raw.size(); ++i) {
+    const char c = raw[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (is_ws(c))
+      continue;
+    if (begin == std::string_view::npos && c != ']' && c != ',')
+      begin = i;
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      ++depth;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    } else if (depth == 0 && (c == ',' || c == ']')) {
+      if (begin != std::string_view::npos) {
+        std::size_t end = i;
+        while (end > begin && is_ws(raw[end - 1]))
+          --end;
+        out.push_back(raw.substr(begin, end - begin));
+      }
+      begin = std::string_view::npos;
+      if (c == ']')
+        break;
+    }
+  }
+  return out;
+}
+
+bool is_media_type(std::string_view t) {
+  return t == "image_url" || t == "audio_url" || t == "input_audio";
+}
+
+std::string short_hex(boost::uuids::random_generator& gen) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  const boost::uuids::uuid u = gen();
+  std::string s;
+  for (std::size_t i = 0; i < 3; ++i) {
+    s += kHex[u.data[i] >> 4];
+    s += kHex[u.data[i] & 0xf];
+  }
+  return s;
+}
+
+// The fan-out's shared state; lives in run_encode_stage's frame, which
+// waits for every child before it returns.
+struct FanOut {
+  explicit FanOut(const net::any_io_executor& ex) : all_done(ex) {}
+  RequestScope scope;  // the encoders' connections: aborted together
+  std::size_t pending = 0;
+  std::optional<GatewayError> first_error;
+  net::steady_timer all_done;  // cancelled when `pending` reaches 0
+};
+
+// One encoder request. On failure it records the first error and aborts
+// its siblings.
+net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext ctx,
+                                http::request<http::string_body> up, FanOut& fan) {
+  std::optional<GatewayError> error;
+  {
+    InFlightGuard guard(inst);
+    StageReport report(w.picker, inst, ctx);
+    auto [err, ex] =
+        co_await UpstreamExchange::start(w.pools.for_instance(inst), up, fan.scope, w.timeouts());
+    if (ex)
+      report.first_byte(ex->status());
+    if (err) {
+      if (err.kind != UpstreamFailure::aborted) {
+        inst->failures_total.fetch_add(1, std::memory_order_relaxed);
+        error = stage_failure(Stage::encode, err);
+      }
+    } else if (ex->status() < 200 || ex->status() >= 300) {
+      if (ex->status() >= 500)
+        inst->failures_total.fetch_add(1, std::memory_order_relaxed);
+      error = co_await engine_status_error(Stage::encode, *ex, *inst);
+    } else {
+      std::string answer;
+      auto rerr = co_await ex->read_all(answer, kMaxEncoderResponse);
+      if (!rerr) {
+        ex->finish();
+        report.succeeded();
+      } else if (rerr.kind != UpstreamFailure::aborted) {
+        error = stage_failure(Stage::encode, rerr);
+      }
+    }
+  }
+  if (error && !fan.first_error) {
+    spdlog::warn("encoder request {} failed: {}", std::string(up["x-request-id"]), error->message);
+    fan.first_error = std::move(error);
+    fan.scope.on_client_gone();  // fail fast: the siblings' work is wasted now
+  }
+  if (--fan.pending == 0)
+    fan.all_done.cancel();
+}
+
+}  // namespace
+
+std::vector<std::string_view> find_media_items(std::string_view body,
+                                               const JsonObjectIndex& index) {
+  std::vector<std::string_view> items;
+  auto messages = raw_member(body, index, "messages");
+  if (!messages)
+    return items;
+  for (std::string_view msg : array_elements(*messages)) {
+    auto mi = index_json_object(msg);
+    if (!mi)
+      continue;
+    auto content = raw_member(msg, *mi, "content");
+    if (!content)
+      continue;
+    for (std::string_view item : array_elements(*content)) {
+      auto ii = index_json_object(item);
+      if (!ii)
+        continue;
+      auto type = string_member(item, *ii, "type");
+      if (type && is_media_type(*type))
+        items.push_back(item);
+    }
+  }
+  return items;
+}
+
+std::string make_encoder_body(std::string_view model_raw, std::string_view item_raw) {
+  std::string b;
+  b.reserve(item_raw.size() + model_raw.size() + 96);
+  b += "{\"model\":";
+  b += model_raw;
+  b += ",\"messages\":[{\"role\":\"user\",\"content\":[";
+  b += item_raw;
+  b += "]}],\"max_tokens\":1,\"stream\":false}";
+  return b;
+}
+
+net::awaitable<std::optional<GatewayError>> run_encode_stage(
+    WorkerContext& w, const InstanceSet& set, std::string_view body, const JsonObjectIndex& index,
+    const PickContext& base, const std::string& request_id, const std::string& authorization,
+    RequestScope& scope) {
+  // Without encoders the engines encode media themselves.
+  if (set.encode.empty())
+    co_return std::nullopt;
+  const auto items = find_media_items(body, index);
+  if (items.empty())
+    co_return std::nullopt;
+  const std::string_view model_raw = raw_member(body, index, "model").value_or("null");
+
+  PickContext ctx = base;
+  ctx.stage = Stage::encode;
+  // Every instance is picked before anything is sent: a missing encoder
+  // fails the request without wasting the others' work.
+  std::vector<InstancePtr> chosen;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    auto inst = w.picker.pick(set.encode, ctx);
+    if (!inst)
+      co_return no_instance(Stage::encode);
+    chosen.push_back(std::move(inst));
+  }
+
+  auto executor = co_await net::this_coro::executor;
+  FanOut fan(executor);
+  scope.add_child(&fan.scope);
+  fan.pending = items.size();
+  fan.all_done.expires_at(net::steady_timer::time_point::max());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string child_id = request_id + ":" + std::to_string(i) + ":" + short_hex(w.uuids);
+    auto up = upstream_request(http::verb::post, *chosen[i], "/v1/chat/completions",
+                               make_encoder_body(model_raw, items[i]), child_id, authorization);
+    net::co_spawn(executor, encode_one(w, chosen[i], ctx, std::move(up), fan), net::detached);
+  }
+  // Waits for every child, failures included (they end fast: a failure
+  // aborts the rest), so none outlives `fan`.
+  while (fan.pending > 0) {
+    auto [ec] = co_await fan.all_done.async_wait(net::as_tuple(net::use_awaitable));
+    (void)ec;
+  }
+  scope.remove_child(&fan.scope);
+  if (fan.first_error)
+    co_return std::move(fan.first_error);
+  if (scope.client_gone())
+    co_return upstream_error(499, "client went away");
+  spdlog::debug("request {}: {} encoder request(s) succeeded", request_id, items.size());
+  co_return std::nullopt;
+}
+
+}  // namespace pdgate

@@ -1,0 +1,42 @@
+// Stage 0 of a multimodal request (E -> P -> D, E -> PD): every image or
+// audio item of `messages` goes to an encoder as its own request, all
+// concurrently, before prefill or decode see the request. The encoders
+// cache what they compute by a hash of the media bytes, so every item is
+// copied byte for byte from the client's body, never re-serialized.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include "core/errors.hpp"
+#include "core/json_body.hpp"
+#include "core/request_scope.hpp"
+#include "core/result.hpp"
+#include "core/worker.hpp"
+
+namespace pdgate {
+
+// Raw JSON text of every `image_url`, `audio_url` and `input_audio` content
+// item of `messages`, in order (views into `body`). Messages whose content
+// is not an array hold no items. `body` must be the indexed text.
+std::vector<std::string_view> find_media_items(std::string_view body, const JsonObjectIndex& index);
+
+// The encoder's request for one item: the client's model (raw), the item
+// alone as the only content (no text), max_tokens 1, not streaming.
+std::string make_encoder_body(std::string_view model_raw, std::string_view item_raw);
+
+// Sends every media item of the request to an encoder chosen by the picker
+// and waits for all. Returns the error the client gets when any encoder
+// fails (the encoder's own 4xx, else a 502 naming the encode stage); the
+// others are aborted at once. Returns nothing when all succeeded, when
+// the request has no media or when no encoders are configured.
+net::awaitable<std::optional<GatewayError>> run_encode_stage(
+    WorkerContext& w, const InstanceSet& set, std::string_view body, const JsonObjectIndex& index,
+    const PickContext& base, const std::string& request_id, const std::string& authorization,
+    RequestScope& scope);
+
+}  // namespace pdgate
