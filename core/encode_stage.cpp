@@ -74,7 +74,7 @@ bool is_media_type(std::string_view t) {
   return t == "image_url" || t == "audio_url" || t == "input_audio";
 }
 
-std::string short_hex(boost::uuids::random_generator& gen) {
+std::string short_hex(decltype(WorkerContext::uuids)& gen) {
   static constexpr char kHex[] = "0123456789abcdef";
   const boost::uuids::uuid u = gen();
   std::string s;
