@@ -20,7 +20,7 @@ Json chat(bool stream) {
 // lmcache: prefill gets max_tokens 1 and no params, its answer is dropped;
 // decode gets the client's body without params. Streaming and not.
 TEST(Connectors, LmCacheSendsNoParams) {
-  Sim p("prefill"), d("decode");
+  Sim p("prefill", {"--kv-connector", "lmcache"}), d("decode", {"--kv-connector", "lmcache"});
   Gateway gw({"--kv-connector", "lmcache", "--prefill", p.hostport(), "--decode", d.hostport()});
   for (bool stream : {false, true}) {
     p.clear();
@@ -45,10 +45,23 @@ TEST(Connectors, LmCacheSendsNoParams) {
   }
 }
 
+// pdgate-sim's connector switch refuses what a real engine of that
+// connector would not get: params under lmcache, a plain id under p2p-nccl.
+TEST(Connectors, SimConnectorSwitchChecksRequests) {
+  Sim lm("decode", {"--kv-connector", "lmcache"}), p2p("prefill", {"--kv-connector", "p2p-nccl"});
+  Json body = chat(false);
+  body["kv_transfer_params"] = {{"do_remote_prefill", true}};
+  EXPECT_EQ(post_json(lm.port(), "/v1/chat/completions", body).status, 400);
+  EXPECT_EQ(post_json(p2p.port(), "/v1/chat/completions", chat(false), {{"X-Request-Id", "plain"}})
+                .status,
+            400);
+}
+
 // p2p-nccl: both stages carry the same request id naming the chosen
 // prefill's and decode's ZMQ addresses; no params travel.
 TEST(Connectors, P2pNcclNamesBothPeers) {
-  Sim p("prefill"), d1("decode"), d2("decode");
+  const std::vector<std::string> p2p = {"--kv-connector", "p2p-nccl"};
+  Sim p("prefill", p2p), d1("decode", p2p), d2("decode", p2p);
   Gateway gw({"--kv-connector", "p2p-nccl", "--prefill", p.hostport() + "@10.0.0.1:21001",
               "--decode", d1.hostport() + "@10.0.0.2:22001", d2.hostport() + "@10.0.0.3:22002"});
   for (bool stream : {false, true}) {
