@@ -818,6 +818,18 @@ Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
   };
   if (t.empty())
     return bad("empty address (expected host:port or http://host:port)");
+  // "http://host:port@zmqhost:zmqport": the instance's P2P NCCL (ZMQ)
+  // address, which --kv-connector p2p-nccl names in request ids.
+  if (const auto at = t.rfind('@'); at != std::string_view::npos) {
+    // Not an address before '@': user info, refused below.
+    if (auto base = parse_upstream(role, std::string(t.substr(0, at)))) {
+      auto peer = parse_upstream(role, std::string(t.substr(at + 1)));
+      if (!peer)
+        return bad("kv peer address after '@': " + peer.error());
+      base->kv_peer = peer->host + ":" + std::to_string(peer->port);
+      return base;
+    }
+  }
   std::string_view rest = t;
   if (const auto sep = t.find("://"); sep != std::string_view::npos) {
     const std::string scheme = lower(t.substr(0, sep));

@@ -25,6 +25,8 @@ struct UpstreamSpec {
   std::string url;
   std::string host;
   std::uint16_t port = 0;
+  // "zmqhost:zmqport" for --kv-connector p2p-nccl (given as url@zmqhost:zmqport).
+  std::string kv_peer;
 };
 
 struct Config {

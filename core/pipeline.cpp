@@ -12,6 +12,7 @@
 #include "core/errors.hpp"
 #include "core/json_body.hpp"
 #include "core/sse.hpp"
+#include "plugins/kv_connector.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {
@@ -203,16 +204,37 @@ struct PrefillResult {
   std::optional<GatewayError> error;
   std::optional<std::string> kv_params;  // raw JSON of kv_transfer_params, if not null
   InstancePtr instance;
+  std::string request_id;  // the X-Request-Id both stages carry
 };
 
-// Stage 1 of the NIXL handshake: the prefill computes the prompt's KV
-// cache (max_tokens 1) and answers with the kv_transfer_params that let a
-// decode pull it.
+// p2p-nccl names each peer by its ZMQ address, which only the instance's
+// configuration can give.
+GatewayError missing_kv_peer(const Instance& inst) {
+  return upstream_error(503, "--kv-connector p2p-nccl: no ZMQ address configured for " +
+                                 inst.spec.url + " (give it as " + inst.spec.url +
+                                 "@zmqhost:zmqport)");
+}
+
+// 32 hex digits of a fresh UUID (p2p-nccl request ids).
+std::string uuid_hex(WorkerContext& w) {
+  std::string s = boost::uuids::to_string(w.uuids());
+  s.erase(std::remove(s.begin(), s.end(), '-'), s.end());
+  return s;
+}
+
+// Stage 1: the prefill computes the prompt's KV cache (max_tokens 1). With
+// NIXL it answers with the kv_transfer_params that let a decode pull it;
+// the other connectors move the cache out of band and the answer is
+// dropped. `decode` is the decode already chosen, when the connector names
+// both peers in the request id.
 net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& set,
                                           const http::request<http::string_body>& req,
-                                          std::string body, const PickContext& base,
-                                          const std::string& request_id,
+                                          std::string_view client_body,
+                                          const JsonObjectIndex& index,
+                                          std::string_view prefill_params, const Instance* decode,
+                                          const PickContext& base, const std::string& request_id,
                                           const std::string& authorization, RequestScope& scope) {
+  const KvConnector& connector = *w.connector;
   PrefillResult r;
   PickContext ctx = base;
   ctx.stage = Stage::prefill;
@@ -221,10 +243,17 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
     r.error = no_instance(Stage::prefill);
     co_return r;
   }
+  if (connector.names_peers() && r.instance->spec.kv_peer.empty()) {
+    r.error = missing_kv_peer(*r.instance);
+    co_return r;
+  }
   InFlightGuard guard(r.instance);
   StageReport report(w.picker, r.instance, ctx);
-  auto up = upstream_request(http::verb::post, *r.instance, req.target(), std::move(body),
-                             request_id, authorization);
+  const UpstreamSpec* decode_spec = decode != nullptr ? &decode->spec : nullptr;
+  r.request_id = connector.stage_request_id(request_id, &r.instance->spec, decode_spec, uuid_hex(w));
+  auto up = upstream_request(http::verb::post, *r.instance, req.target(),
+                             connector.prefill_body(client_body, index, prefill_params),
+                             r.request_id, authorization);
   auto& pool = w.pools.for_instance(r.instance);
   auto [err, ex] = co_await UpstreamExchange::start(pool, up, scope, w.timeouts());
   if (ex) report.first_byte(ex->status());
@@ -246,6 +275,10 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
     co_return r;
   }
   ex->finish();
+  if (!connector.passes_params()) {
+    report.succeeded();
+    co_return r;
+  }
   auto params = extract_kv_params(answer);
   if (!params) {
     r.error = upstream_error(502, "prefill stage failed: " + r.instance->spec.url +
@@ -381,14 +414,28 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   }
 
   // Stage 1: prefill, unless the decode instances are combined P+D ones.
-  const bool one_hop = w.cfg.prefill_disabled || w.cfg.kv_connector == "none";
-  // One hop has no prefill to hand blocks to: no reuse there.
-  const std::optional<std::string> conversation = one_hop ? std::nullopt : ctx.conversation_id;
+  const KvConnector& connector = *w.connector;
+  const bool one_hop = w.cfg.prefill_disabled || !connector.has_prefill();
+  // One hop has no prefill to hand blocks to, and only NIXL's params can
+  // name a previous turn's blocks: no reuse otherwise.
+  const bool reuse = !one_hop && connector.passes_params();
+  const std::optional<std::string> conversation = reuse ? ctx.conversation_id : std::nullopt;
   std::string decode_body;
   InstancePtr prefill;
+  InstancePtr decode;
+  std::string stage_id = request_id;
   if (one_hop) {
-    decode_body = make_passthrough_body(body, *index);
+    decode_body = connector.decode_body(body, *index, std::nullopt);
   } else {
+    if (connector.names_peers()) {
+      // The request id names both peers, so decode is chosen first.
+      ctx.stage = Stage::decode;
+      decode = w.picker.pick(set->decode, ctx);
+      if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
+      if (decode->spec.kv_peer.empty()) {
+        co_return co_await send_error(client, req, missing_kv_peer(*decode), request_id);
+      }
+    }
     // Multi-turn reuse: the previous turn's decode blocks, taken (once,
     // across replicas) for this prefill to read.
     std::string prefill_params(kDefaultPrefillKvParams);
@@ -397,23 +444,26 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
           *w.conversations, w.conversation_stores->counters(), conversation, request_id);
       if (scope.client_gone()) co_return false;
     }
-    auto pre = co_await run_prefill(w, *set, req, make_prefill_body(body, *index, prefill_params),
-                                    ctx, request_id, authorization, scope);
+    auto pre = co_await run_prefill(w, *set, req, body, *index, prefill_params, decode.get(), ctx,
+                                    request_id, authorization, scope);
     if (scope.client_gone()) co_return false;
     if (pre.error) co_return co_await send_error(client, req, *pre.error, request_id);
     prefill = pre.instance;
-    decode_body = make_decode_body(body, *index, pre.kv_params);
+    stage_id = pre.request_id;
+    std::optional<std::string_view> kv_params;
+    if (pre.kv_params) kv_params = *pre.kv_params;
+    decode_body = connector.decode_body(body, *index, kv_params);
   }
 
   // Stage 2: decode, with the prefill's params attached.
   ctx.stage = Stage::decode;
   ctx.chosen_prefill = prefill.get();
-  InstancePtr decode = w.picker.pick(set->decode, ctx);
+  if (!decode) decode = w.picker.pick(set->decode, ctx);
   if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
   InFlightGuard guard(decode);
   StageReport report(w.picker, decode, ctx);
   auto up = upstream_request(http::verb::post, *decode, req.target(), std::move(decode_body),
-                             request_id, authorization);
+                             stage_id, authorization);
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
   // Sent (start retries internally): a stream that lasts minutes must not

@@ -12,6 +12,7 @@
 #include "core/instance.hpp"
 #include "core/upstream.hpp"
 #include "plugins/conversation_store.hpp"
+#include "plugins/kv_connector.hpp"
 
 namespace pdgate {
 
@@ -43,6 +44,14 @@ struct WorkerContext {
   // (null: reuse off, e.g. in tests that build a bare WorkerContext).
   std::unique_ptr<ConversationStore> conversations;
   ConversationStores* conversation_stores = nullptr;
+  // How prefill hands the KV cache to decode (--kv-connector; validated,
+  // so only a hand-built Config can name none of them: NIXL then).
+  std::unique_ptr<const KvConnector> connector = make_connector(cfg.kv_connector);
+
+  static std::unique_ptr<const KvConnector> make_connector(const std::string& name) {
+    auto c = make_kv_connector(name);
+    return c ? std::move(c) : make_kv_connector("nixl");
+  }
 
   UpstreamTimeouts timeouts() const { return {cfg.connect_timeout, cfg.first_byte_timeout}; }
 };

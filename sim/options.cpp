@@ -100,6 +100,9 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
                             without VLLM_TORCH_PROFILER_DIR
   --issue-decode-kv         finished non-prefill requests issue kv params
   --seed N                  seed for the fault RNG and generated ids
+  --kv-connector K          nixl|p2p-nccl|lmcache|none (nixl): other than nixl, requests
+                            carrying kv_transfer_params are refused (400); p2p-nccl
+                            prefill/decode also need a ___prefill_addr_..._{hex} id
   --log-level L             trace|debug|info|warn|error|off (info)
   --kv-pull-ms M            fixed cost of a successful KV pull on decode (1)
   --kv-pull-timeout-ms N    timeout of the whole pull HTTP exchange (2000)
@@ -216,6 +219,13 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
            }
          }
          return "expects trace|debug|info|warn|error|critical|off";
+       }},
+      {"--kv-connector",
+       [&](const std::string& v) -> std::string {
+         if (v != "nixl" && v != "p2p-nccl" && v != "lmcache" && v != "none")
+           return "expects nixl|p2p-nccl|lmcache|none";
+         o.kv_connector = v;
+         return {};
        }},
       {"--kv-pull-ms", double_flag(o.kv_pull_ms, 0, 1e9)},
       {"--kv-pull-timeout-ms", size_flag(o.kv_pull_timeout_ms, 1)},

@@ -36,7 +36,9 @@ struct SimOptions {
   std::optional<std::size_t> die_after_chunks;
   bool hang = false;
   bool issue_decode_kv = false;
-  bool no_profile = false;  // /start_profile, /stop_profile answer 404 (profiler off)
+  bool no_profile = false;
+  // The KV connector the engines pretend to use: nixl|p2p-nccl|lmcache|none.
+  std::string kv_connector = "nixl";  // /start_profile, /stop_profile answer 404 (profiler off)
   std::optional<std::uint64_t> seed;
   std::string log_level = "info";
   // Extensions beyond the vLLM-like surface, so tests can shorten timeouts.

@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <regex>
 #include <string>
 
 #include "sim/kv_registry.hpp"
@@ -637,6 +638,25 @@ class Server {
 
   // Synchronous on purpose: error messages are built here, never inside a
   // co_await expression (GCC 12 mis-destroys conditional temporaries there).
+  // What --kv-connector forbids: params with any connector but NIXL (the
+  // others move the cache out of band), and with p2p-nccl a prefill or
+  // decode request id that does not name both peers.
+  std::string connector_violation(const json& body, const std::string& rid) const {
+    if (opts_.kv_connector == "nixl" || opts_.role == SimRole::encode)
+      return {};
+    if (body.contains("kv_transfer_params") && !body["kv_transfer_params"].is_null()) {
+      return "kv_transfer_params are not used with the " + opts_.kv_connector + " connector";
+    }
+    static const std::regex kP2pId(
+        "___prefill_addr_[^_]+:[0-9]+___decode_addr_[^_]+:[0-9]+_[0-9a-f]{32}");
+    if (opts_.kv_connector == "p2p-nccl" && opts_.role != SimRole::both &&
+        !std::regex_match(rid, kP2pId)) {
+      return "p2p-nccl request id must be ___prefill_addr_{host:port}___decode_addr_{host:port}_"
+             "{32 hex}, got '" + rid + "'";
+    }
+    return {};
+  }
+
   std::optional<HttpError> parse_generation(const Request& req, bool chat, RequestRecord& rec,
                                             GenRequest& g) {
     if (auto it = req.find("x-sim-fault"); it != req.end()) {
@@ -677,6 +697,11 @@ class Server {
         log_->warn("request {}: encoder rule broken: {}", rec.request_id, v);
         return HttpError{400, v};
       }
+    }
+    if (std::string v = connector_violation(body, rec.request_id); !v.empty()) {
+      log_->warn("request {}: --kv-connector {} rule broken: {}", rec.request_id,
+                 opts_.kv_connector, v);
+      return HttpError{400, v};
     }
     PromptResult pr = chat ? chat_prompt(body) : completion_prompt(body);
     if (!pr.ok())

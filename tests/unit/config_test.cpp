@@ -709,3 +709,18 @@ TEST(ConfigHelp, MentionsEveryFlag) {
 
 }  // namespace
 }  // namespace pdgate
+
+namespace pdgate {
+namespace {
+
+// "url@zmqhost:zmqport" keeps the engine address and records the ZMQ peer.
+TEST(ParseUpstream, KvPeerAfterAt) {
+  auto u = parse_upstream(Role::prefill, "http://10.0.0.1:8100@10.0.0.1:21001");
+  ASSERT_TRUE(u) << u.error();
+  EXPECT_EQ(u->url, "http://10.0.0.1:8100");
+  EXPECT_EQ(u->kv_peer, "10.0.0.1:21001");
+  EXPECT_FALSE(parse_upstream(Role::prefill, "http://10.0.0.1:8100@nohost"));
+}
+
+}  // namespace
+}  // namespace pdgate

@@ -1,0 +1,113 @@
+#include "plugins/kv_connector.hpp"
+
+#include "core/body_rewrite.hpp"
+
+namespace pdgate {
+
+namespace {
+
+// The prefill computes the prompt's KV cache and stops after one token.
+std::string one_token_body(std::string_view body, const JsonObjectIndex& index) {
+  JsonBodyEditor e(body, index);
+  e.set("stream", "false");
+  e.set("max_tokens", "1");
+  if (raw_member(body, index, "max_completion_tokens"))
+    e.set("max_completion_tokens", "1");
+  e.remove("min_tokens");
+  // vLLM rejects stream_options when stream is false.
+  e.remove("stream_options");
+  e.remove("conversation_id");
+  e.remove("kv_transfer_params");
+  return e.render();
+}
+
+// NixlConnector: the prefill answers with kv_transfer_params that tell
+// decode where to pull the blocks from (today's flow).
+class Nixl final : public KvConnector {
+ public:
+  std::string_view name() const override { return "nixl"; }
+  bool passes_params() const override { return true; }
+  std::string prefill_body(std::string_view body, const JsonObjectIndex& index,
+                           std::string_view kv_params_raw) const override {
+    return make_prefill_body(body, index, kv_params_raw);
+  }
+  std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+                          std::optional<std::string_view> kv_params_raw) const override {
+    return make_decode_body(body, index, kv_params_raw);
+  }
+};
+
+// LMCache / shared storage: the prefill stores the KV cache out of band and
+// decode finds it there; no params travel.
+class LmCache final : public KvConnector {
+ public:
+  std::string_view name() const override { return "lmcache"; }
+  std::string prefill_body(std::string_view body, const JsonObjectIndex& index,
+                           std::string_view) const override {
+    return one_token_body(body, index);
+  }
+  std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+                          std::optional<std::string_view>) const override {
+    return make_passthrough_body(body, index);
+  }
+};
+
+// P2pNcclConnector: the engines find each other from the request id,
+// which names both ZMQ addresses; no params travel.
+class P2pNccl final : public KvConnector {
+ public:
+  std::string_view name() const override { return "p2p-nccl"; }
+  bool names_peers() const override { return true; }
+  std::string prefill_body(std::string_view body, const JsonObjectIndex& index,
+                           std::string_view) const override {
+    return one_token_body(body, index);
+  }
+  std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+                          std::optional<std::string_view>) const override {
+    return make_passthrough_body(body, index);
+  }
+  std::string stage_request_id(const std::string&, const UpstreamSpec* prefill,
+                               const UpstreamSpec* decode,
+                               std::string_view uuid_hex) const override {
+    std::string id = "___prefill_addr_";
+    if (prefill != nullptr)
+      id += prefill->kv_peer;
+    id += "___decode_addr_";
+    if (decode != nullptr)
+      id += decode->kv_peer;
+    id += '_';
+    id += uuid_hex;
+    return id;
+  }
+};
+
+// A combined P+D instance: one hop, body untouched.
+class None final : public KvConnector {
+ public:
+  std::string_view name() const override { return "none"; }
+  bool has_prefill() const override { return false; }
+  std::string prefill_body(std::string_view, const JsonObjectIndex&,
+                           std::string_view) const override {
+    return {};
+  }
+  std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+                          std::optional<std::string_view>) const override {
+    return make_passthrough_body(body, index);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<const KvConnector> make_kv_connector(std::string_view name) {
+  if (name == "nixl")
+    return std::make_unique<Nixl>();
+  if (name == "lmcache")
+    return std::make_unique<LmCache>();
+  if (name == "p2p-nccl")
+    return std::make_unique<P2pNccl>();
+  if (name == "none")
+    return std::make_unique<None>();
+  return nullptr;
+}
+
+}  // namespace pdgate
