@@ -10,6 +10,7 @@
 
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/metrics.hpp"
 #include "core/upstream.hpp"
 #include "plugins/conversation_store.hpp"
 
@@ -41,6 +42,8 @@ struct WorkerContext {
   // (null: reuse off, e.g. in tests that build a bare WorkerContext).
   std::unique_ptr<ConversationStore> conversations;
   ConversationStores* conversation_stores = nullptr;
+  // Shared by all workers; null in tests that build a bare WorkerContext.
+  GatewayMetrics* metrics = nullptr;
 
   UpstreamTimeouts timeouts() const { return {cfg.connect_timeout, cfg.first_byte_timeout}; }
 };
