@@ -5,8 +5,10 @@
 #include <signal.h>
 
 #include <cctype>
+#include <fstream>
 #include <future>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -405,7 +407,8 @@ TEST(Metrics, ParsesAndCountsMatchTraffic) {
   // Every prefill p1 answered with 500 was retried on p2 (the bad request
   // got p1's own 400, which is never retried).
   double p1_500s = 0;
-  for (const auto& r : p1.requests()) p1_500s += r.value("status", 0) == 500 ? 1 : 0;
+  for (const auto& r : p1.requests())
+    p1_500s += r.value("status", 0) == 500 ? 1 : 0;
   EXPECT_GT(p1_500s, 0);
   EXPECT_EQ(value_of(m, "pdgate_retries_total", {{"stage", "prefill"}}), p1_500s)
       << p1.requests().dump();
@@ -413,6 +416,18 @@ TEST(Metrics, ParsesAndCountsMatchTraffic) {
   EXPECT_EQ(value_of(m, "pdgate_instance_requests_total", {{"url", d.url()}}), 8);
   EXPECT_GE(value_of(m, "pdgate_policy_errors_total"), 0);
   EXPECT_GE(value_of(m, "pdgate_conversation_cache_misses_total"), 0);
+  // Every metric the example Grafana dashboard queries exists.
+  std::ifstream dash(source_dir() + "/examples/grafana-dashboard.json");
+  ASSERT_TRUE(dash.good());
+  std::stringstream text;
+  text << dash.rdbuf();
+  const std::regex name_re("pdgate_[a-z_]+");
+  const std::string dash_text = text.str();
+  for (std::sregex_iterator it(dash_text.begin(), dash_text.end(), name_re), end; it != end; ++it) {
+    std::string name = it->str();
+    // Dashboards query {hits,misses,errors} one by one; histograms by _bucket.
+    EXPECT_NE(res.body.find(name), std::string::npos) << name;
+  }
   // The admin listener serves the same metrics.
   auto admin = http_request(g.admin, "GET", "/metrics");
   EXPECT_EQ(admin.status, 200);
