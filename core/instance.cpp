@@ -159,7 +159,7 @@ std::shared_ptr<const InstanceSet> Registry::snapshot() const {
 }
 
 std::pair<std::optional<RegistryError>, InstancePtr> Registry::add(
-    UpstreamSpec spec, std::map<std::string, std::string> labels, unsigned weight) {
+    UpstreamSpec spec, std::map<std::string, std::string> labels, unsigned weight, bool notify) {
   InstancePtr inst;
   {
     std::lock_guard lock(mu_);
@@ -193,15 +193,17 @@ std::pair<std::optional<RegistryError>, InstancePtr> Registry::add(
     set_ = std::move(next);
   }
   inst->record(true, "added");
-  if (on_change)
-    on_change();
+  if (notify && on_change)
+    on_change(*inst, "active");
   return {std::nullopt, inst};
 }
 
-std::optional<RegistryError> Registry::drain(std::uint64_t id, bool then_remove) {
+std::optional<RegistryError> Registry::drain(std::uint64_t id, bool then_remove, bool notify) {
+  InstancePtr found;
   {
     std::lock_guard lock(mu_);
     auto inst = set_->find(id);
+    found = inst;
     if (!inst)
       return RegistryError{404, "no instance with id " + std::to_string(id)};
     if (then_remove)
@@ -217,8 +219,8 @@ std::optional<RegistryError> Registry::drain(std::uint64_t id, bool then_remove)
     }
   }
   forget_idle();
-  if (on_change)
-    on_change();
+  if (notify && on_change)
+    on_change(*found, then_remove ? "removed" : "draining");
   return std::nullopt;
 }
 

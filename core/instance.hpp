@@ -160,16 +160,19 @@ class Registry {
 
   // Adds an instance (role both: prefill and decode). 409 when an instance
   // with the same role and URL exists (draining ones included).
+  // `notify` false: a change learnt from another replica, not announced.
   std::pair<std::optional<RegistryError>, InstancePtr> add(
-      UpstreamSpec spec, std::map<std::string, std::string> labels = {}, unsigned weight = 1);
+      UpstreamSpec spec, std::map<std::string, std::string> labels = {}, unsigned weight = 1,
+      bool notify = true);
   // Takes an instance out of the candidate lists; its in-flight requests
   // finish. `then_remove`: forget it once idle (see forget_idle()).
-  std::optional<RegistryError> drain(std::uint64_t id, bool then_remove);
+  std::optional<RegistryError> drain(std::uint64_t id, bool then_remove, bool notify = true);
   // Forgets draining instances marked for removal that have nothing in
   // flight. Returns how many were forgotten.
   std::size_t forget_idle();
-  // Called after every change (e.g. to share it); set before serving.
-  std::function<void()> on_change;
+  // Called after every local change with the instance and its new state
+  // ("active", "draining", "removed"), to share it; set before serving.
+  std::function<void(const Instance&, const std::string&)> on_change;
 
  private:
   mutable std::mutex mu_;

@@ -18,6 +18,7 @@
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/metrics.hpp"
+#include "core/shared_registry.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -73,6 +74,8 @@ class Gateway {
   std::optional<tcp::acceptor> admin_acceptor_;
   std::uint16_t admin_port_ = 0;
   std::thread admin_thread_;
+  // With --redis: the instance set shared with the other replicas.
+  std::unique_ptr<SharedRegistry> shared_registry_;
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 
