@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -129,6 +130,25 @@ constexpr std::array kOptions = {
            "Conversations the in-memory store keeps (default: 100000)."},
     Option{"expose-kv-params", "", 0, false, false, kGeneral, "true|false",
            "Let clients see decode's kv_transfer_params (default: false)."},
+    Option{"admin-port", "", 0, false, false, kGeneral, "PORT",
+           "Port of the admin API (docs/admin.md); 0 picks a free one (default: off)."},
+    Option{"admin-host", "", 0, false, false, kGeneral, "HOST",
+           "Address the admin API listens on (default: 127.0.0.1)."},
+    Option{"admin-key-file", "", 0, false, false, kGeneral, "FILE",
+           "File holding the admin API key (default: env ADMIN_API_KEY)."},
+    Option{"allowed-upstreams", "", 0, true, false, kGeneral, "CIDR",
+           "Networks instances added at run time must be in, e.g. 10.0.0.0/8 (default: any)."},
+    Option{"health-interval", "", 0, false, false, kGeneral, "DURATION|off",
+           "How often each instance's /health is checked (default: 2s)."},
+    Option{"health-rise", "", 0, false, false, kGeneral, "N",
+           "Passed checks that re-admit an ejected instance (default: 2)."},
+    Option{"health-fall", "", 0, false, false, kGeneral, "N",
+           "Failed checks that eject an instance (default: 2)."},
+    Option{"eject-after", "", 0, false, false, kGeneral, "N",
+           "Consecutive request failures (connect, timeout, 5xx) that eject an instance "
+           "(default: 3)."},
+    Option{"retry-budget", "", 0, false, false, kGeneral, "FRACTION",
+           "Retries in flight allowed, as a fraction of requests in flight (default: 0.2)."},
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
            "trace, debug, info, warn or error (default: info)."},
     Option{"config", "", 0, false, true, kGeneral, "FILE",
@@ -707,6 +727,80 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
         return err(*v, d.error());
       c.metrics_interval = *d;
     }
+  }
+  if (const auto* v = get("admin-port")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    unsigned long n = 0;
+    const std::string t(trim(*s));
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+    if (ec != std::errc() || p != t.data() + t.size() || n > 65535)
+      return err(*v, "not a port number (0-65535)");
+    c.admin_port = static_cast<std::uint16_t>(n);
+    c.admin_enabled = true;
+  }
+  if (const auto* v = get("admin-host")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    c.admin_host = std::string(trim(*s));
+  }
+  if (const auto* v = get("admin-key-file")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    c.admin_key_file = std::string(trim(*s));
+  }
+  if (const auto* v = get("allowed-upstreams")) {
+    c.allowed_upstreams.clear();
+    for (const auto& item : v->values) {
+      for (auto& u : split_urls(item))
+        c.allowed_upstreams.push_back(std::move(u));
+    }
+  }
+  if (const auto* v = get("health-interval")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    const std::string word = lower(trim(*s));
+    if (word == "off" || word == "0") {
+      c.health_interval = std::chrono::milliseconds(0);
+    } else {
+      auto d = parse_duration(*s);
+      if (!d)
+        return err(*v, d.error());
+      c.health_interval = *d;
+    }
+  }
+  const std::pair<std::string_view, unsigned Config::*> counts[] = {
+      {"health-rise", &Config::health_rise},
+      {"health-fall", &Config::health_fall},
+      {"eject-after", &Config::eject_after},
+  };
+  for (const auto& [key, field] : counts) {
+    if (const auto* v = get(key)) {
+      auto s = single(*v);
+      if (!s)
+        return fail(s.error());
+      unsigned n = 0;
+      const std::string t(trim(*s));
+      auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+      if (ec != std::errc() || p != t.data() + t.size() || n < 1 || n > 1000)
+        return err(*v, "not a count from 1 to 1000");
+      c.*field = n;
+    }
+  }
+  if (const auto* v = get("retry-budget")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    const std::string t(trim(*s));
+    char* end = nullptr;
+    const double f = std::strtod(t.c_str(), &end);
+    if (t.empty() || end != t.c_str() + t.size() || !(f >= 0.0 && f <= 1.0))
+      return err(*v, "not a fraction from 0 to 1");
+    c.retry_budget = f;
   }
   if (const auto* v = get("log-level")) {
     auto s = single(*v);

@@ -78,6 +78,25 @@ struct Config {
   std::size_t conversation_cache_size = 100000;
   bool expose_kv_params = false;
 
+  // Admin listener (docs/admin.md). Port 0 with admin_enabled false: off.
+  bool admin_enabled = false;
+  std::string admin_host = "127.0.0.1";
+  std::uint16_t admin_port = 0;
+  std::string admin_key_file;  // else env ADMIN_API_KEY
+  // CIDRs an added instance's address must fall in (empty: any).
+  std::vector<std::string> allowed_upstreams;
+
+  // Health: active GET /health every interval (0: off), rise/fall
+  // consecutive results; passive ejection after eject_after consecutive
+  // connect errors, timeouts or 5xx.
+  std::chrono::milliseconds health_interval{2'000};
+  unsigned health_rise = 2;
+  unsigned health_fall = 2;
+  unsigned eject_after = 3;
+  // Retries in flight may be at most this fraction of requests in flight
+  // (at least one), so an outage cannot turn into a retry storm.
+  double retry_budget = 0.2;
+
   std::string log_level = "info";
   std::string config_file;  // the --config path, if any
 };

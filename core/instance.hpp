@@ -5,9 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
-#include <optional>
-#include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,17 +22,33 @@ namespace pdgate {
 enum class Stage { encode, prefill, decode };
 const char* to_string(Stage s);
 
+// One health observation, kept in a short per-instance history.
+struct HealthEvent {
+  std::int64_t at_ms = 0;  // system clock
+  bool ok = false;
+  std::string what;  // "check", "request", "ejected", "readmitted", ...
+};
+
+enum class InstanceState { active, draining, ejected };
+const char* to_string(InstanceState s);
+
+std::int64_t steady_now_ms();
+
 struct Instance {
-  Instance(std::uint64_t id_, UpstreamSpec spec_) : id(id_), spec(std::move(spec_)) {}
+  Instance(std::uint64_t id_, UpstreamSpec spec_, std::map<std::string, std::string> labels_ = {},
+           unsigned weight_ = 1)
+      : id(id_), spec(std::move(spec_)), labels(std::move(labels_)), weight(weight_) {}
 
   const std::uint64_t id;
   const UpstreamSpec spec;
+  const std::map<std::string, std::string> labels;
+  const unsigned weight;
 
   // Requests this gateway (all workers) has in flight on the instance.
   mutable std::atomic<std::int64_t> in_flight{0};
   mutable std::atomic<std::uint64_t> requests_total{0};
   mutable std::atomic<std::uint64_t> failures_total{0};
-  std::atomic<bool> healthy{true};
+  mutable std::atomic<bool> healthy{true};
 
   // Engine-side load, scraped from the instance's /metrics (see
   // policies/metrics.hpp), summed over its engine cores. metrics_at_ms is
@@ -46,6 +62,45 @@ struct Instance {
   // engine. Added to the exact, live in_flight, it estimates the load
   // without letting a scrape up to an interval old hide or inflate ours.
   mutable std::atomic<std::int64_t> engine_other_load{0};
+
+  // Draining: no new requests (the registry keeps it out of the candidate
+  // lists), in-flight ones finish. Set once, never cleared.
+  std::atomic<bool> draining{false};
+  std::atomic<bool> remove_when_idle{false};
+
+  // Passive health (requests) and active health (checks). `healthy` false
+  // means ejected; re-admission needs the back-off to have passed and, with
+  // checks on, `rise` passed checks.
+  mutable std::atomic<unsigned> consecutive_failures{0};
+  mutable std::atomic<unsigned> check_passes{0};
+  mutable std::atomic<unsigned> check_failures{0};
+  mutable std::atomic<unsigned> ejections{0};
+  mutable std::atomic<std::int64_t> ejected_until_ms{0};  // steady clock
+
+  InstanceState state() const {
+    if (draining.load(std::memory_order_relaxed))
+      return InstanceState::draining;
+    return healthy.load(std::memory_order_relaxed) ? InstanceState::active : InstanceState::ejected;
+  }
+
+  // A request to the instance failed in a way that is the engine's fault
+  // (connect error, timeout, 5xx: never a 4xx). Ejects it after
+  // `eject_after` in a row. Returns true when this call ejected it.
+  bool note_request_failure(unsigned eject_after, const std::string& why) const;
+  void note_request_success() const { consecutive_failures.store(0, std::memory_order_relaxed); }
+  // Active check result; fall/rise as configured.
+  void note_check(bool ok, unsigned rise, unsigned fall, const std::string& why) const;
+  // Ejected long enough with no active checks: back in.
+  void readmit_if_due(bool checks_on) const;
+
+  void record(bool ok, std::string what) const;
+  std::vector<HealthEvent> history() const;
+
+ private:
+  void eject(const std::string& why) const;
+  static constexpr std::size_t kHistory = 20;
+  mutable std::mutex history_mu_;
+  mutable std::deque<HealthEvent> history_;
 };
 
 using InstancePtr = std::shared_ptr<Instance>;
@@ -82,8 +137,19 @@ struct InstanceSet {
   std::vector<InstancePtr> prefill;
   std::vector<InstancePtr> decode;
   std::vector<InstancePtr> encode;
+  // Draining instances: still listed (and counted) but never candidates.
+  std::vector<InstancePtr> draining;
 
   const std::vector<InstancePtr>& for_stage(Stage s) const;
+  // Every instance once (a "both" instance is in two lists).
+  std::vector<InstancePtr> all() const;
+  InstancePtr find(std::uint64_t id) const;
+};
+
+// Why a registry change was refused, with the HTTP status that says so.
+struct RegistryError {
+  unsigned status = 400;
+  std::string message;
 };
 
 class Registry {
@@ -92,9 +158,26 @@ class Registry {
 
   std::shared_ptr<const InstanceSet> snapshot() const;
 
+  // Adds an instance (role both: prefill and decode). 409 when an instance
+  // with the same role and URL exists (draining ones included).
+  // `notify` false: a change learnt from another replica, not announced.
+  std::pair<std::optional<RegistryError>, InstancePtr> add(
+      UpstreamSpec spec, std::map<std::string, std::string> labels = {}, unsigned weight = 1,
+      bool notify = true);
+  // Takes an instance out of the candidate lists; its in-flight requests
+  // finish. `then_remove`: forget it once idle (see forget_idle()).
+  std::optional<RegistryError> drain(std::uint64_t id, bool then_remove, bool notify = true);
+  // Forgets draining instances marked for removal that have nothing in
+  // flight. Returns how many were forgotten.
+  std::size_t forget_idle();
+  // Called after every local change with the instance and its new state
+  // ("active", "draining", "removed"), to share it; set before serving.
+  std::function<void(const Instance&, const std::string&)> on_change;
+
  private:
   mutable std::mutex mu_;
   std::shared_ptr<const InstanceSet> set_;
+  std::uint64_t next_id_ = 1;
 };
 
 // What a picker may look at, gathered before it runs: pickers never do

@@ -71,6 +71,32 @@ int main(int argc, char** argv) {
     if (cfg.metrics_interval.count() > 0) {
       pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval);
     }
+    gateway.set_policy_hooks([engine]() { return engine->reload(); },
+                             [engine]() {
+                               const auto& st = engine->stats();
+                               std::string out;
+                               const std::pair<const char*, std::uint64_t> rows[] = {
+                                   {"error", st.errors.load()},
+                                   {"invalid", st.invalid.load()},
+                                   {"budget_exceeded", st.budget_exceeded.load()},
+                                   {"on_complete_error", st.on_complete_errors.load()},
+                                   {"reload_failure", st.reload_failures.load()},
+                               };
+                               out +=
+                                   "# HELP pdgate_policy_errors_total Policy failures by kind "
+                                   "(picks fell back to round-robin).\n"
+                                   "# TYPE pdgate_policy_errors_total counter\n";
+                               for (const auto& [kind, n] : rows) {
+                                 out += std::string("pdgate_policy_errors_total{kind=\"") + kind +
+                                        "\"} " + std::to_string(n) + "\n";
+                               }
+                               out +=
+                                   "# HELP pdgate_policy_picks_total Policy picks.\n"
+                                   "# TYPE pdgate_policy_picks_total counter\n"
+                                   "pdgate_policy_picks_total " +
+                                   std::to_string(st.picks.load()) + "\n";
+                               return out;
+                             });
     auto port = gateway.bind();
     if (!port) {
       spdlog::critical("{}", port.error());
@@ -78,6 +104,10 @@ int main(int argc, char** argv) {
     } else {
       std::printf("pdgate listening on http://%s:%u\n", cfg.host.c_str(),
                   static_cast<unsigned>(*port));
+      if (cfg.admin_enabled) {
+        std::printf("pdgate admin listening on http://%s:%u\n", cfg.admin_host.c_str(),
+                    static_cast<unsigned>(gateway.admin_port()));
+      }
       std::fflush(stdout);
       spdlog::info("{} prefill, {} decode, {} encode instance(s); connector {}{}; policies {}",
                    cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), cfg.kv_connector,

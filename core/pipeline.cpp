@@ -70,7 +70,10 @@ std::string authorization_for(const WorkerContext& w, const http::request<http::
 
 net::awaitable<bool> send_error(beast::tcp_stream& client,
                                 const http::request<http::string_body>& req,
-                                const GatewayError& err, const std::string& request_id) {
+                                const GatewayError& err, const std::string& request_id,
+                                RequestScope* scope = nullptr) {
+  if (scope != nullptr)
+    scope->status = err.status;
   auto res = make_error_response(err, req.version(), req.keep_alive());
   if (!request_id.empty()) res.set("X-Request-Id", request_id);
   if (err.status >= 500) {
@@ -202,6 +205,9 @@ net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
 
 struct PrefillResult {
   std::optional<GatewayError> error;
+  // The failure was the engine's (connect error, timeout, 5xx) and came
+  // before any byte reached the client: another instance may succeed.
+  bool retriable = false;
   std::optional<std::string> kv_params;  // raw JSON of kv_transfer_params, if not null
   InstancePtr instance;
   std::string request_id;  // the X-Request-Id both stages carry
@@ -222,6 +228,73 @@ std::string uuid_hex(WorkerContext& w) {
   return s;
 }
 
+// `list` without `skip` (the instance that just failed).
+std::vector<InstancePtr> without(const std::vector<InstancePtr>& list, const Instance* skip) {
+  std::vector<InstancePtr> out;
+  out.reserve(list.size());
+  for (const auto& i : list) {
+    if (i.get() != skip)
+      out.push_back(i);
+  }
+  return out;
+}
+
+// Whether `list` has a healthy instance other than `skip`: retrying is
+// pointless (and would turn a 502 into a 503) when there is none.
+bool has_alternative(const std::vector<InstancePtr>& list, const Instance* skip) {
+  for (const auto& i : list) {
+    if (i.get() != skip && i->healthy.load(std::memory_order_relaxed))
+      return true;
+  }
+  return false;
+}
+
+// An engine-side failure: counts towards passive ejection.
+void note_failure(WorkerContext& w, const Instance& inst, const std::string& why) {
+  inst.failures_total.fetch_add(1, std::memory_order_relaxed);
+  if (inst.note_request_failure(w.cfg.eject_after, why) && w.metrics) {
+    w.metrics->ejections.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+bool retriable(const UpstreamError& e) {
+  return e.kind != UpstreamFailure::aborted && e.kind != UpstreamFailure::too_large;
+}
+
+// Holds one unit of the retry budget for as long as the retry runs.
+class RetryToken {
+ public:
+  RetryToken() = default;
+  RetryToken(const RetryToken&) = delete;
+  RetryToken& operator=(const RetryToken&) = delete;
+  ~RetryToken() {
+    if (m_)
+      m_->retries_in_flight.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // Retries in flight stay under budget x requests in flight (at least
+  // one), so an outage cannot multiply the load on what is left.
+  bool take(WorkerContext& w) {
+    if (taken_)
+      return false;
+    if (w.metrics == nullptr)
+      return taken_ = true;
+    const auto active = w.active_requests.load(std::memory_order_relaxed);
+    const auto limit = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(w.cfg.retry_budget * static_cast<double>(active)));
+    if (w.metrics->retries_in_flight.fetch_add(1) + 1 > limit) {
+      w.metrics->retries_in_flight.fetch_sub(1);
+      w.metrics->retries_refused.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    m_ = w.metrics;
+    return taken_ = true;
+  }
+
+ private:
+  GatewayMetrics* m_ = nullptr;
+  bool taken_ = false;
+};
+
 // Stage 1: the prefill computes the prompt's KV cache (max_tokens 1). With
 // NIXL it answers with the kv_transfer_params that let a decode pull it;
 // the other connectors move the cache out of band and the answer is
@@ -233,12 +306,17 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
                                           const JsonObjectIndex& index,
                                           std::string_view prefill_params, const Instance* decode,
                                           const PickContext& base, const std::string& request_id,
-                                          const std::string& authorization, RequestScope& scope) {
+                                          const std::string& authorization, RequestScope& scope,
+                                          const Instance* skip = nullptr) {
   const KvConnector& connector = *w.connector;
   PrefillResult r;
   PickContext ctx = base;
   ctx.stage = Stage::prefill;
-  r.instance = w.picker.pick(set.prefill, ctx);
+  const auto started = std::chrono::steady_clock::now();
+  const auto candidates = without(set.prefill, skip);
+  r.instance = w.picker.pick(candidates, ctx);
+  spdlog::debug("request {}: prefill on {} ({} candidate(s))", request_id,
+                r.instance ? r.instance->spec.url : std::string("none"), candidates.size());
   if (!r.instance) {
     r.error = no_instance(Stage::prefill);
     co_return r;
@@ -258,23 +336,37 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
   auto [err, ex] = co_await UpstreamExchange::start(pool, up, scope, w.timeouts());
   if (ex) report.first_byte(ex->status());
   if (err) {
-    if (err.kind != UpstreamFailure::aborted) {
-      r.instance->failures_total.fetch_add(1, std::memory_order_relaxed);
+    if (retriable(err)) {
+      note_failure(w, *r.instance, err.detail);
+      r.retriable = true;
     }
     r.error = stage_failure(Stage::prefill, err);
     co_return r;
   }
   if (ex->status() < 200 || ex->status() >= 300) {
-    if (ex->status() >= 500) r.instance->failures_total.fetch_add(1, std::memory_order_relaxed);
+    // A 4xx is the request's fault: never held against the engine.
+    if (ex->status() >= 500) {
+      note_failure(w, *r.instance, "answered " + std::to_string(ex->status()));
+      r.retriable = true;
+    }
     r.error = co_await engine_status_error(Stage::prefill, *ex, *r.instance);
     co_return r;
   }
   std::string answer;
   if (auto rerr = co_await ex->read_all(answer, kMaxPrefillResponse); rerr) {
+    if (retriable(rerr)) {
+      note_failure(w, *r.instance, rerr.detail);
+      r.retriable = true;
+    }
     r.error = stage_failure(Stage::prefill, rerr);
     co_return r;
   }
   ex->finish();
+  r.instance->note_request_success();
+  if (w.metrics) {
+    w.metrics->prefill_seconds.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
   if (!connector.passes_params()) {
     report.succeeded();
     co_return r;
@@ -367,17 +459,19 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     co_return co_await send_error(
         client, req,
         client_error(415, "Unsupported Media Type: Content-Type must be application/json"),
-        request_id);
+        request_id, &scope);
   }
   const std::string_view body = req.body();
   auto index = index_json_object(body);
   if (!index) {
     co_return co_await send_error(
         client, req, client_error(400, "request body is not valid JSON: " + index.error()),
-        request_id);
+        request_id, &scope);
   }
   auto facts = read_facts(body, *index, is_chat);
-  if (!facts) co_return co_await send_error(client, req, client_error(400, facts.error()), request_id);
+  if (!facts)
+    co_return co_await send_error(client, req, client_error(400, facts.error()), request_id,
+                                  &scope);
 
   const std::string authorization = authorization_for(w, req);
   const auto set = w.registry.snapshot();
@@ -413,6 +507,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     if (encode_error) co_return co_await send_error(client, req, *encode_error, request_id);
   }
 
+  RetryToken retry;  // one retry per request at most
+  double prefill_seconds = 0;
   // Stage 1: prefill, unless the decode instances are combined P+D ones.
   const KvConnector& connector = *w.connector;
   const bool one_hop = w.cfg.prefill_disabled || !connector.has_prefill();
@@ -439,57 +535,134 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     // Multi-turn reuse: the previous turn's decode blocks, taken (once,
     // across replicas) for this prefill to read.
     std::string prefill_params(kDefaultPrefillKvParams);
+    const auto prefill_started = std::chrono::steady_clock::now();
     if (w.conversations) {
       prefill_params = co_await prefill_kv_params_for_turn(
           *w.conversations, w.conversation_stores->counters(), conversation, request_id);
       if (scope.client_gone()) co_return false;
     }
-    auto pre = co_await run_prefill(w, *set, req, body, *index, prefill_params, decode.get(), ctx,
-                                    request_id, authorization, scope);
+    PrefillResult pre = co_await run_prefill(w, *set, req, body, *index, prefill_params,
+                                             decode.get(), ctx, request_id, authorization, scope);
     if (scope.client_gone()) co_return false;
-    if (pre.error) co_return co_await send_error(client, req, *pre.error, request_id);
+    // Failover: a prefill that failed on the engine's side is tried once
+    // more on another prefill instance, within the retry budget.
+    if (pre.error && pre.retriable && has_alternative(set->prefill, pre.instance.get()) &&
+        retry.take(w)) {
+      if (w.metrics) w.metrics->retries_prefill.fetch_add(1, std::memory_order_relaxed);
+      spdlog::info("request {}: prefill on {} failed, retrying on another instance", request_id,
+                   pre.instance->spec.url);
+      // A named result, not `pre = co_await ...`: assigning a co_await
+      // result over a live frame object is where GCC 12 miscompiles.
+      const InstancePtr failed = pre.instance;
+      PrefillResult second =
+          co_await run_prefill(w, *set, req, body, *index, prefill_params, decode.get(), ctx,
+                               request_id, authorization, scope, failed.get());
+      pre = std::move(second);
+      if (scope.client_gone()) co_return false;
+    }
+    if (pre.error) {
+      scope.stage = "prefill";
+      co_return co_await send_error(client, req, *pre.error, request_id, &scope);
+    }
     prefill = pre.instance;
     stage_id = pre.request_id;
     std::optional<std::string_view> kv_params;
     if (pre.kv_params) kv_params = *pre.kv_params;
     decode_body = connector.decode_body(body, *index, kv_params);
+    prefill_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_started).count();
   }
 
-  // Stage 2: decode, with the prefill's params attached.
-  ctx.stage = Stage::decode;
-  ctx.chosen_prefill = prefill.get();
-  if (!decode) decode = w.picker.pick(set->decode, ctx);
-  if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
-  InFlightGuard guard(decode);
-  StageReport report(w.picker, decode, ctx);
-  auto up = upstream_request(http::verb::post, *decode, req.target(), std::move(decode_body),
-                             stage_id, authorization);
-  auto [err, ex] =
-      co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
-  // Sent (start retries internally): a stream that lasts minutes must not
-  // hold a copy of its prompt meanwhile.
-  std::string().swap(up.body());
-  if (ex) report.first_byte(ex->status());
-  if (err) {
-    if (err.kind == UpstreamFailure::aborted) co_return false;
-    decode->failures_total.fetch_add(1, std::memory_order_relaxed);
-    co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id);
+  // Stage 2: decode, with the prefill's params attached. A decode that
+  // fails before sending anything is retried once (budget permitting) on
+  // another decode, after a fresh prefill: the first prefill's blocks were
+  // meant for the failed one. Never once a byte reached the client. With
+  // p2p-nccl the decode was chosen before the prefill (the request id names
+  // both), so it is not retried there.
+  InstancePtr failed_decode;
+  for (int attempt = 0;; ++attempt) {
+    ctx.stage = Stage::decode;
+    ctx.chosen_prefill = prefill.get();
+    if (!decode || attempt > 0) {
+      const auto candidates = without(set->decode, failed_decode.get());
+      decode = w.picker.pick(candidates, ctx);
+    }
+    if (!decode) {
+      co_return co_await send_error(client, req, no_instance(Stage::decode), request_id, &scope);
+    }
+    const auto decode_started = std::chrono::steady_clock::now();
+    if (w.metrics) {
+      w.metrics->overhead_seconds.observe(
+          std::chrono::duration<double>(decode_started - scope.received).count() - prefill_seconds);
+    }
+    InFlightGuard guard(decode);
+    StageReport report(w.picker, decode, ctx);
+    auto up = upstream_request(http::verb::post, *decode, req.target(), decode_body, stage_id,
+                               authorization);
+    auto [err, ex] =
+        co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
+    // Sent (start retries internally): a stream that lasts minutes must not
+    // hold a copy of its prompt meanwhile.
+    std::string().swap(up.body());
+    if (ex) report.first_byte(ex->status());
+    std::optional<GatewayError> failure;
+    if (err) {
+      if (err.kind == UpstreamFailure::aborted) co_return false;
+      note_failure(w, *decode, err.detail);
+      failure = stage_failure(Stage::decode, err);
+    } else if (ex->status() >= 500) {
+      note_failure(w, *decode, "answered " + std::to_string(ex->status()));
+      failure = co_await engine_status_error(Stage::decode, *ex, *decode);
+      if (scope.client_gone()) co_return false;
+    } else if (ex->status() < 200 || ex->status() >= 300) {
+      auto e = co_await engine_status_error(Stage::decode, *ex, *decode);
+      if (scope.client_gone()) co_return false;
+      scope.stage = "decode";
+      co_return co_await send_error(client, req, e, request_id, &scope);
+    }
+    if (failure) {
+      if (attempt == 0 && !connector.names_peers() && !scope.client_gone() &&
+          has_alternative(set->decode, decode.get()) && retry.take(w)) {
+        if (w.metrics) w.metrics->retries_decode.fetch_add(1, std::memory_order_relaxed);
+        spdlog::info("request {}: decode on {} failed before its first byte, retrying", request_id,
+                     decode->spec.url);
+        failed_decode = decode;
+        if (one_hop) continue;
+        PrefillResult again =
+            co_await run_prefill(w, *set, req, body, *index, kDefaultPrefillKvParams, nullptr, ctx,
+                                 request_id, authorization, scope);
+        if (scope.client_gone()) co_return false;
+        if (!again.error) {
+          prefill = again.instance;
+          stage_id = again.request_id;
+          std::optional<std::string_view> again_params;
+          if (again.kv_params) again_params = *again.kv_params;
+          decode_body = connector.decode_body(body, *index, again_params);
+          continue;
+        }
+        failure = again.error;
+      }
+      scope.stage = "decode";
+      co_return co_await send_error(client, req, *failure, request_id, &scope);
+    }
+    decode->note_request_success();
+    if (w.metrics) {
+      w.metrics->decode_ttft_seconds.observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count());
+    }
+    // The decode stage counts as succeeded once it answered 2xx: what
+    // happens while relaying is the stream's own business.
+    report.succeeded();
+    scope.status = ex->status();
+    scope.stage = "decode";
+    if (facts->stream) {
+      co_return co_await relay_stream(w, client, req, *ex, *decode, request_id, scope,
+                                      conversation);
+    }
+    DecodeOutputFilter filter(decode->spec.host, w.cfg.expose_kv_params);
+    co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id, &filter,
+                                   conversation);
   }
-  if (ex->status() < 200 || ex->status() >= 300) {
-    if (ex->status() >= 500) decode->failures_total.fetch_add(1, std::memory_order_relaxed);
-    auto e = co_await engine_status_error(Stage::decode, *ex, *decode);
-    if (scope.client_gone()) co_return false;
-    co_return co_await send_error(client, req, e, request_id);
-  }
-  // The decode stage counts as succeeded once it answered 2xx: what
-  // happens while relaying is the stream's own business.
-  report.succeeded();
-  if (facts->stream) {
-    co_return co_await relay_stream(w, client, req, *ex, *decode, request_id, scope, conversation);
-  }
-  DecodeOutputFilter filter(decode->spec.host, w.cfg.expose_kv_params);
-  co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id, &filter,
-                                 conversation);
 }
 
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
@@ -499,14 +672,16 @@ net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
   PickContext ctx;
   ctx.stage = Stage::decode;
   InstancePtr decode = w.picker.pick(set->decode, ctx);
-  if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
+  if (!decode)
+    co_return co_await send_error(client, req, no_instance(Stage::decode), request_id, &scope);
   auto up = upstream_request(http::verb::get, *decode, "/v1/models", {}, request_id,
                              authorization_for(w, req));
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
   if (err) {
     if (err.kind == UpstreamFailure::aborted) co_return false;
-    co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id);
+    co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id,
+                                  &scope);
   }
   co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id);
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include <boost/asio/cancellation_signal.hpp>
@@ -51,6 +52,12 @@ class RequestScope {
 
   // Cancels the watch on the client's socket when the request completes.
   boost::asio::cancellation_signal& watch_cancel() { return watch_cancel_; }
+
+  // For /metrics: the status the client was answered with and the stage
+  // that decided it ("gateway" when no engine did).
+  unsigned status = 0;
+  const char* stage = "gateway";
+  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
 
  private:
   bool client_gone_ = false;

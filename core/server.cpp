@@ -19,6 +19,7 @@
 #include "core/cluster_ops.hpp"
 #include "core/conversation.hpp"
 #include "core/errors.hpp"
+#include "core/health.hpp"
 #include "core/pipeline.hpp"
 
 namespace pdgate {
@@ -138,6 +139,7 @@ struct Gateway::Worker {
         sweep_timer(ioc) {
     ctx.conversations = g.conversations_->make_handle(ioc.get_executor());
     ctx.conversation_stores = g.conversations_.get();
+    ctx.metrics = &g.metrics_;
   }
 
   std::size_t index;
@@ -160,6 +162,9 @@ Gateway::Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
 }
 
 Gateway::~Gateway() {
+  admin_ioc_.stop();
+  if (admin_thread_.joinable())
+    admin_thread_.join();
   for (auto& w : workers_) {
     w->ioc.stop();
     if (w->thread.joinable()) w->thread.join();
@@ -193,7 +198,166 @@ Result<std::uint16_t> Gateway::bind() {
     // With --port 0 the first listener picks the port and the others join it.
     port = acc.local_endpoint().port();
   }
+  auto admin = AdminApi::create(cfg_, registry_);
+  if (!admin)
+    return fail(admin.error());
+  admin_ = *admin;
+  if (cfg_.admin_enabled) {
+    auto admin_address = net::ip::make_address(cfg_.admin_host, ec);
+    if (ec)
+      return fail("--admin-host must be an IP address (got " + cfg_.admin_host + ")");
+    tcp::endpoint ep(admin_address, cfg_.admin_port);
+    auto& acc = admin_acceptor_.emplace(admin_ioc_);
+    acc.open(ep.protocol(), ec);
+    if (!ec)
+      acc.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec)
+      acc.bind(ep, ec);
+    if (!ec)
+      acc.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return fail("cannot listen on admin " + cfg_.admin_host + ":" +
+                  std::to_string(cfg_.admin_port) + ": " + ec.message());
+    }
+    admin_port_ = acc.local_endpoint().port();
+  }
   return port;
+}
+
+void Gateway::set_policy_hooks(std::function<Result<bool>()> reload,
+                               std::function<std::string()> metrics) {
+  reload_policy_ = std::move(reload);
+  policy_metrics_ = std::move(metrics);
+}
+
+std::string Gateway::status_json() const {
+  const auto set = registry_.snapshot();
+  nlohmann::json j = {{"prefill_node_count", set->prefill.size()},
+                      {"decode_node_count", set->decode.size()},
+                      {"prefill_nodes", host_ports(set->prefill)},
+                      {"decode_nodes", host_ports(set->decode)},
+                      {"prefill_disabled", cfg_.prefill_disabled},
+                      {"kv_connector", cfg_.kv_connector},
+                      {"workers", workers_.size()},
+                      {"active_requests", active_requests_.load()},
+                      {"instances",
+                       {{"prefill", instances_json(set->prefill)},
+                        {"decode", instances_json(set->decode)},
+                        {"encode", instances_json(set->encode)},
+                        {"draining", instances_json(set->draining)}}}};
+  return j.dump();
+}
+
+std::string Gateway::metrics_text() const {
+  std::string out;
+  auto counter = [&out](const std::string& name, const std::string& help) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n";
+  };
+  auto gauge = [&out](const std::string& name, const std::string& help) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n";
+  };
+  counter("pdgate_requests_total",
+          "Client requests answered, by route, status and the stage that decided it.");
+  for (const auto& [key, n] : metrics_.requests()) {
+    const auto& [route, status, stage] = key;
+    out += "pdgate_requests_total{route=\"" + prometheus_escape(route) + "\",status=\"" +
+           std::to_string(status) + "\",stage=\"" + prometheus_escape(stage) + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  metrics_.request_seconds.render(out, "pdgate_request_duration_seconds",
+                                  "Time from request read to response end.");
+  metrics_.prefill_seconds.render(out, "pdgate_prefill_duration_seconds",
+                                  "Time of successful prefill stages.");
+  metrics_.decode_ttft_seconds.render(
+      out, "pdgate_decode_time_to_first_byte_seconds",
+      "Time from sending decode its request to its answer's header.");
+  metrics_.overhead_seconds.render(out, "pdgate_gateway_overhead_seconds",
+                                   "Time before decode not spent in prefill (parsing, routing, "
+                                   "conversation store).");
+  gauge("pdgate_in_flight_requests", "Client requests being served.");
+  out += "pdgate_in_flight_requests " + std::to_string(active_requests_.load()) + "\n";
+  counter("pdgate_retries_total", "Failovers before the first byte, by stage.");
+  out += "pdgate_retries_total{stage=\"prefill\"} " +
+         std::to_string(metrics_.retries_prefill.load()) + "\n";
+  out += "pdgate_retries_total{stage=\"decode\"} " +
+         std::to_string(metrics_.retries_decode.load()) + "\n";
+  counter("pdgate_retries_refused_total", "Retries not made because the retry budget was spent.");
+  out += "pdgate_retries_refused_total " + std::to_string(metrics_.retries_refused.load()) + "\n";
+  counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
+  out += "pdgate_ejections_total " + std::to_string(metrics_.ejections.load()) + "\n";
+
+  const auto set = registry_.snapshot();
+  const auto all = set->all();
+  auto labels = [](const Instance& i) {
+    return "id=\"" + std::to_string(i.id) + "\",url=\"" + prometheus_escape(i.spec.url) +
+           "\",role=\"" + to_string(i.spec.role) + "\"";
+  };
+  gauge("pdgate_instance_in_flight", "Requests this gateway has in flight on each instance.");
+  for (const auto& i : all)
+    out += "pdgate_instance_in_flight{" + labels(*i) + "} " + std::to_string(i->in_flight.load()) +
+           "\n";
+  gauge("pdgate_instance_state", "1 for the instance's current state (active, draining, ejected).");
+  for (const auto& i : all) {
+    for (auto st : {InstanceState::active, InstanceState::draining, InstanceState::ejected}) {
+      out += "pdgate_instance_state{" + labels(*i) + ",state=\"" + to_string(st) + "\"} " +
+             (i->state() == st ? "1" : "0") + "\n";
+    }
+  }
+  counter("pdgate_instance_requests_total", "Stage requests sent to each instance.");
+  for (const auto& i : all)
+    out += "pdgate_instance_requests_total{" + labels(*i) + "} " +
+           std::to_string(i->requests_total.load()) + "\n";
+  counter("pdgate_instance_failures_total", "Stage requests that failed on each instance.");
+  for (const auto& i : all)
+    out += "pdgate_instance_failures_total{" + labels(*i) + "} " +
+           std::to_string(i->failures_total.load()) + "\n";
+
+  if (conversations_) {
+    const auto& c = conversations_->counters();
+    counter("pdgate_conversation_cache_hits_total", "Turns that found the previous turn's blocks.");
+    out += "pdgate_conversation_cache_hits_total " + std::to_string(c.hits.load()) + "\n";
+    counter("pdgate_conversation_cache_misses_total", "Turns that found nothing to reuse.");
+    out += "pdgate_conversation_cache_misses_total " + std::to_string(c.misses.load()) + "\n";
+    counter("pdgate_conversation_cache_errors_total", "Conversation store failures.");
+    out += "pdgate_conversation_cache_errors_total " + std::to_string(c.errors.load()) + "\n";
+  }
+  if (policy_metrics_)
+    out += policy_metrics_();
+  return out;
+}
+
+net::awaitable<void> Gateway::admin_accept_loop() {
+  for (;;) {
+    auto [ec, socket] = co_await admin_acceptor_->async_accept(use_tuple);
+    if (ec) {
+      if (ec == net::error::operation_aborted || !admin_acceptor_->is_open())
+        co_return;
+      net::steady_timer t(admin_ioc_, std::chrono::milliseconds(50));
+      co_await t.async_wait(use_tuple);
+      continue;
+    }
+    net::co_spawn(admin_ioc_, admin_session(std::move(socket)), net::detached);
+  }
+}
+
+net::awaitable<void> Gateway::admin_session(tcp::socket socket) {
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(64 * 1024);
+    parser.body_limit(1u << 20);  // admin bodies are small JSON documents
+    stream.expires_after(cfg_.client_idle_timeout);
+    auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
+    if (ec)
+      break;
+    auto req = parser.release();
+    auto res = co_await admin_->handle(req);
+    if (!co_await write_response(stream, res) || !req.keep_alive())
+      break;
+  }
+  beast::error_code ec;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
 }
 
 int Gateway::run() {
@@ -209,6 +373,7 @@ int Gateway::run() {
             auto [ec] = co_await w.sweep_timer.async_wait(use_tuple);
             if (ec) co_return;
             w.ctx.pools.sweep();
+            w.ctx.pools.retain(*w.ctx.registry.snapshot());
           }
         },
         net::detached);
@@ -225,6 +390,29 @@ int Gateway::run() {
       }
     });
   }
+
+  admin_->set_hooks(
+      {reload_policy_, [this] { return metrics_text(); }, [this] { return status_json(); }});
+  if (admin_acceptor_)
+    net::co_spawn(admin_ioc_, admin_accept_loop(), net::detached);
+  net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_), net::detached);
+  if (!cfg_.redis_url.empty()) {
+    shared_registry_ = std::make_unique<SharedRegistry>(cfg_, registry_);
+    if (auto r = shared_registry_->start(admin_ioc_.get_executor()); !r) {
+      spdlog::error("shared registry disabled: {}", r.error());
+      shared_registry_.reset();
+    }
+  }
+  admin_thread_ = std::thread([this] {
+    for (;;) {
+      try {
+        admin_ioc_.run();
+        return;
+      } catch (const std::exception& e) {
+        spdlog::error("admin: unexpected exception: {}", e.what());
+      }
+    }
+  });
 
   net::io_context control;
   net::signal_set signals(control, SIGINT, SIGTERM);
@@ -274,6 +462,9 @@ int Gateway::run() {
   for (auto& w : workers_) {
     if (w->thread.joinable()) w->thread.join();
   }
+  admin_ioc_.stop();
+  if (admin_thread_.joinable())
+    admin_thread_.join();
   spdlog::info("pdgate stopped");
   return 0;
 }
@@ -417,20 +608,19 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
                method == http::verb::post) {
       keep_alive = co_await serve_profile(w, stream, req, *scope, std::string(path));
     } else if (path == "/status" && method == http::verb::get) {
-      const auto set = registry_.snapshot();
-      nlohmann::json j = {{"prefill_node_count", set->prefill.size()},
-                          {"decode_node_count", set->decode.size()},
-                          {"prefill_nodes", host_ports(set->prefill)},
-                          {"decode_nodes", host_ports(set->decode)},
-                          {"prefill_disabled", cfg.prefill_disabled},
-                          {"kv_connector", cfg.kv_connector},
-                          {"workers", workers_.size()},
-                          {"active_requests", active_requests_.load()},
-                          {"instances",
-                           {{"prefill", instances_json(set->prefill)},
-                            {"decode", instances_json(set->decode)},
-                            {"encode", instances_json(set->encode)}}}};
-      auto res = json_response(req, http::status::ok, j);
+      auto res = json_response(req, http::status::ok, nlohmann::json::parse(status_json()));
+      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+    } else if (path == "/metrics" && method == http::verb::get) {
+      http::response<http::string_body> res{http::status::ok, req.version()};
+      res.set(http::field::server, "pdgate");
+      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      res.keep_alive(req.keep_alive());
+      res.body() = metrics_text();
+      res.prepare_payload();
+      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+    } else if (path == "/instances/add" && method == http::verb::post) {
+      // The vLLM demo proxy's endpoint, on the client port as it had it.
+      auto res = co_await admin_->handle_demo_add(req);
       keep_alive = co_await write_response(stream, res) && req.keep_alive();
     } else {
       auto res = make_error_response(
@@ -441,6 +631,14 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     }
     *done = true;
     scope->watch_cancel().emit(net::cancellation_type::all);
+    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+      // 499 (as nginx logs it): the client left before an answer was written.
+      metrics_.count_request(std::string(path), scope->status != 0 ? scope->status : 499,
+                             scope->stage);
+      metrics_.request_seconds.observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - scope->received)
+              .count());
+    }
     active_requests_.fetch_sub(1);
     if (!keep_alive || scope->client_gone()) break;
   }

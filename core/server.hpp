@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -12,8 +14,11 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include "core/admin.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/metrics.hpp"
+#include "core/shared_registry.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -27,9 +32,18 @@ class Gateway {
   ~Gateway();
 
   const Registry& registry() const { return registry_; }
+  Registry& registry() { return registry_; }
 
-  // Binds the listeners; returns an error message if the port is taken.
+  // Binds the listeners (client, and admin when --admin-port is given);
+  // returns an error message if a port is taken or the admin key or
+  // allow-list is unusable.
   Result<std::uint16_t> bind();
+  std::uint16_t admin_port() const { return admin_port_; }
+  // Policy reload for the admin API, and extra /metrics text (policy
+  // counters), both from main(); set before run().
+  void set_policy_hooks(std::function<Result<bool>()> reload, std::function<std::string()> metrics);
+  // Prometheus text for GET /metrics.
+  std::string metrics_text() const;
   // Runs until SIGINT/SIGTERM (graceful: stop accepting, let in-flight
   // requests finish up to the drain deadline). Returns the exit code.
   int run();
@@ -38,6 +52,9 @@ class Gateway {
   struct Worker;
   net::awaitable<void> accept_loop(Worker& worker);
   net::awaitable<void> session(Worker& worker, tcp::socket socket);
+  net::awaitable<void> admin_accept_loop();
+  net::awaitable<void> admin_session(tcp::socket socket);
+  std::string status_json() const;
   void stop_gracefully();
 
   Config cfg_;
@@ -47,6 +64,18 @@ class Gateway {
   std::unique_ptr<ConversationStores> conversations_;
   std::atomic<std::int64_t> active_requests_{0};
   std::atomic<bool> stopping_{false};
+  GatewayMetrics metrics_;
+  std::function<Result<bool>()> reload_policy_;
+  std::function<std::string()> policy_metrics_;
+  std::shared_ptr<AdminApi> admin_;
+  // The admin listener and the health checks run on their own thread, so
+  // neither competes with client traffic on a worker's loop.
+  net::io_context admin_ioc_{1};
+  std::optional<tcp::acceptor> admin_acceptor_;
+  std::uint16_t admin_port_ = 0;
+  std::thread admin_thread_;
+  // With --redis: the instance set shared with the other replicas.
+  std::unique_ptr<SharedRegistry> shared_registry_;
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

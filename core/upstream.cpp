@@ -107,6 +107,10 @@ void UpstreamPools::sweep() {
   for (auto& [id, pool] : pools_) pool->sweep();
 }
 
+void UpstreamPools::retain(const InstanceSet& set) {
+  std::erase_if(pools_, [&set](const auto& kv) { return set.find(kv.first) == nullptr; });
+}
+
 UpstreamExchange::UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
                                    RequestScope& scope, UpstreamTimeouts timeouts)
     : pool_(pool), conn_(std::move(conn)), scope_(scope), timeouts_(timeouts) {

@@ -86,6 +86,8 @@ class UpstreamPools {
       : ex_(std::move(ex)), max_idle_(max_idle), idle_timeout_(idle_timeout) {}
   UpstreamPool& for_instance(const InstancePtr& inst);
   void sweep();
+  // Drops the pools of instances no longer in `set` (removed at run time).
+  void retain(const InstanceSet& set);
 
  private:
   net::any_io_executor ex_;

@@ -10,6 +10,7 @@
 
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/metrics.hpp"
 #include "core/upstream.hpp"
 #include "plugins/conversation_store.hpp"
 #include "plugins/kv_connector.hpp"
@@ -52,6 +53,8 @@ struct WorkerContext {
     auto c = make_kv_connector(name);
     return c ? std::move(c) : make_kv_connector("nixl");
   }
+  // Shared by all workers; null in tests that build a bare WorkerContext.
+  GatewayMetrics* metrics = nullptr;
 
   UpstreamTimeouts timeouts() const { return {cfg.connect_timeout, cfg.first_byte_timeout}; }
 };

@@ -518,8 +518,11 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
       set_string(L, "host", inst.spec.host);
       set_number(L, "port", inst.spec.port);
       set_string(L, "role", pdgate::to_string(inst.spec.role));
-      set_number(L, "weight", 1);
-      lua_newtable(L);
+      set_number(L, "weight", inst.weight);
+      // Labels given when the instance was added through the admin API.
+      lua_createtable(L, 0, static_cast<int>(inst.labels.size()));
+      for (const auto& [k, v] : inst.labels)
+        set_string(L, k.c_str(), v);
       lua_setfield(L, -2, "labels");
       lua_rawseti(L, -2, static_cast<int>(i + 1));
     }

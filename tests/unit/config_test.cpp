@@ -707,6 +707,29 @@ TEST(ConfigHelp, MentionsEveryFlag) {
   }
 }
 
+// Admin and health flags parse into the config; bad values name the flag.
+TEST(ConfigAdmin, AdminAndHealthFlags) {
+  const auto r = parse({"-d", "b:2", "-p", "a:1", "--admin-port", "9000", "--admin-host", "0.0.0.0",
+                        "--allowed-upstreams", "10.0.0.0/8", "192.168.0.0/16",
+                        "--health-interval", "off", "--health-rise", "3", "--health-fall", "4",
+                        "--eject-after", "5", "--retry-budget", "0.5"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config& c = r->config;
+  EXPECT_TRUE(c.admin_enabled);
+  EXPECT_EQ(c.admin_port, 9000);
+  EXPECT_EQ(c.admin_host, "0.0.0.0");
+  EXPECT_EQ(c.allowed_upstreams, (std::vector<std::string>{"10.0.0.0/8", "192.168.0.0/16"}));
+  EXPECT_EQ(c.health_interval.count(), 0);
+  EXPECT_EQ(c.health_rise, 3u);
+  EXPECT_EQ(c.health_fall, 4u);
+  EXPECT_EQ(c.eject_after, 5u);
+  EXPECT_DOUBLE_EQ(c.retry_budget, 0.5);
+  EXPECT_FALSE(parse({"-d", "b:2", "-p", "a:1"})->config.admin_enabled);
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--admin-port", "70000"}), {"admin-port"});
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--eject-after", "0"}), {"eject-after"});
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--retry-budget", "2"}), {"retry-budget"});
+}
+
 }  // namespace
 }  // namespace pdgate
 

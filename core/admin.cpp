@@ -1,0 +1,450 @@
+#include "core/admin.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/errors.hpp"
+#include "core/health.hpp"
+
+namespace pdgate {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+// How long an added instance has to prove it serves --model.
+constexpr auto kModelCheckTimeout = std::chrono::seconds(5);
+
+AdminApi::Response json_response(const AdminApi::Request& req, unsigned status, const json& j) {
+  AdminApi::Response res{static_cast<http::status>(status), req.version()};
+  res.set(http::field::server, "pdgate");
+  res.set(http::field::content_type, "application/json");
+  res.keep_alive(req.keep_alive());
+  res.body() = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  res.prepare_payload();
+  return res;
+}
+
+AdminApi::Response error(const AdminApi::Request& req, unsigned status, const std::string& msg) {
+  return make_error_response(client_error(status, msg), req.version(), req.keep_alive());
+}
+
+std::string trim_copy(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.pop_back();
+  std::size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i])))
+    ++i;
+  return s.substr(i);
+}
+
+json instance_json(const Instance& i) {
+  auto history = json::array();
+  for (const auto& h : i.history()) {
+    history.push_back({{"at_ms", h.at_ms}, {"ok", h.ok}, {"what", h.what}});
+  }
+  return {{"id", i.id},
+          {"url", i.spec.url},
+          {"role", to_string(i.spec.role)},
+          {"labels", i.labels},
+          {"weight", i.weight},
+          {"state", to_string(i.state())},
+          {"healthy", i.healthy.load()},
+          {"in_flight", i.in_flight.load()},
+          {"requests_total", i.requests_total.load()},
+          {"failures_total", i.failures_total.load()},
+          {"consecutive_failures", i.consecutive_failures.load()},
+          {"ejections", i.ejections.load()},
+          {"health_history", history}};
+}
+
+std::optional<Role> parse_role(const std::string& r) {
+  if (r == "prefill")
+    return Role::prefill;
+  if (r == "decode")
+    return Role::decode;
+  if (r == "encode")
+    return Role::encode;
+  if (r == "both")
+    return Role::both;
+  return std::nullopt;
+}
+
+std::string_view path_of(std::string_view target) {
+  return target.substr(0, target.find('?'));
+}
+
+json config_json(const Config& c) {
+  auto specs = [](const std::vector<UpstreamSpec>& v) {
+    auto a = json::array();
+    for (const auto& s : v)
+      a.push_back(s.url);
+    return a;
+  };
+  return {{"host", c.host},
+          {"port", c.port},
+          {"workers", c.workers},
+          {"model", c.model},
+          {"prefill", specs(c.prefill)},
+          {"decode", specs(c.decode)},
+          {"encode", specs(c.encode)},
+          {"prefill_disabled", c.prefill_disabled},
+          {"kv_connector", c.kv_connector},
+          {"max_body_bytes", c.max_body_bytes},
+          {"connect_timeout_ms", c.connect_timeout.count()},
+          {"first_byte_timeout_ms", c.first_byte_timeout.count()},
+          {"upstream_idle_timeout_ms", c.upstream_idle_timeout.count()},
+          {"policy", c.policy},
+          {"policy_prefill", c.policy_prefill},
+          {"policy_decode", c.policy_decode},
+          {"redis", c.redis_url.empty() ? "" : "(set)"},  // may hold a password
+          {"admin_host", c.admin_host},
+          {"admin_port", c.admin_port},
+          {"allowed_upstreams", c.allowed_upstreams},
+          {"health_interval_ms", c.health_interval.count()},
+          {"health_rise", c.health_rise},
+          {"health_fall", c.health_fall},
+          {"eject_after", c.eject_after},
+          {"retry_budget", c.retry_budget},
+          {"log_level", c.log_level}};
+}
+
+}  // namespace
+
+bool Cidr::contains(const net::ip::address& a) const {
+  net::ip::address addr = a;
+  if (addr.is_v6() && network.is_v4() && addr.to_v6().is_v4_mapped()) {
+    addr = net::ip::make_address_v4(net::ip::v4_mapped, addr.to_v6());
+  }
+  if (addr.is_v4() != network.is_v4())
+    return false;
+  std::vector<unsigned char> x, y;
+  if (addr.is_v4()) {
+    auto b1 = addr.to_v4().to_bytes(), b2 = network.to_v4().to_bytes();
+    x.assign(b1.begin(), b1.end());
+    y.assign(b2.begin(), b2.end());
+  } else {
+    auto b1 = addr.to_v6().to_bytes(), b2 = network.to_v6().to_bytes();
+    x.assign(b1.begin(), b1.end());
+    y.assign(b2.begin(), b2.end());
+  }
+  unsigned bits = prefix;
+  for (std::size_t i = 0; i < x.size() && bits > 0; ++i) {
+    const unsigned take = std::min(bits, 8u);
+    const auto mask = static_cast<unsigned char>(0xFFu << (8 - take));
+    if ((x[i] & mask) != (y[i] & mask))
+      return false;
+    bits -= take;
+  }
+  return true;
+}
+
+Result<Cidr> parse_cidr(const std::string& text) {
+  const std::string t = trim_copy(text);
+  const auto slash = t.find('/');
+  beast::error_code ec;
+  Cidr c;
+  c.network = net::ip::make_address(t.substr(0, slash), ec);
+  if (ec)
+    return fail("--allowed-upstreams: '" + t + "' is not an address or CIDR");
+  const unsigned max = c.network.is_v4() ? 32 : 128;
+  c.prefix = max;
+  if (slash != std::string::npos) {
+    const std::string p = t.substr(slash + 1);
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(p.c_str(), &end, 10);
+    if (p.empty() || end != p.c_str() + p.size() || n > max) {
+      return fail("--allowed-upstreams: bad prefix length in '" + t + "'");
+    }
+    c.prefix = static_cast<unsigned>(n);
+  }
+  return c;
+}
+
+bool constant_time_equals(std::string_view a, std::string_view b) {
+  // Runs over the longer input whatever the contents, so the time taken
+  // says nothing about where the first difference is.
+  const std::size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = static_cast<unsigned char>(diff | (x ^ y));
+  }
+  return diff == 0;
+}
+
+Result<std::shared_ptr<AdminApi>> AdminApi::create(const Config& cfg, Registry& registry) {
+  std::string key;
+  if (const char* env = std::getenv("ADMIN_API_KEY"); env != nullptr && *env != '\0') {
+    key = env;
+  } else if (!cfg.admin_key_file.empty()) {
+    std::ifstream in(cfg.admin_key_file);
+    if (!in)
+      return fail("--admin-key-file: cannot read " + cfg.admin_key_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    key = trim_copy(ss.str());
+    if (key.empty())
+      return fail("--admin-key-file: " + cfg.admin_key_file + " is empty");
+  }
+  std::vector<Cidr> allowed;
+  for (const auto& a : cfg.allowed_upstreams) {
+    auto c = parse_cidr(a);
+    if (!c)
+      return fail(c.error());
+    allowed.push_back(*c);
+  }
+  return std::shared_ptr<AdminApi>(new AdminApi(cfg, registry, std::move(key), std::move(allowed)));
+}
+
+std::optional<AdminApi::Response> AdminApi::authorize(const Request& req, bool mutating) const {
+  if (key_.empty()) {
+    if (!mutating)
+      return std::nullopt;
+    return error(req, 403,
+                 "the admin API has no key configured: set ADMIN_API_KEY or --admin-key-file to "
+                 "allow changes");
+  }
+  std::string given;
+  if (auto it = req.find("x-api-key"); it != req.end()) {
+    given = std::string(it->value());
+  } else if (auto a = req.find(http::field::authorization); a != req.end()) {
+    const std::string_view v = a->value();
+    if (v.size() > 7 && beast::iequals(v.substr(0, 7), "Bearer "))
+      given = std::string(v.substr(7));
+  }
+  if (given.empty()) {
+    return error(req, 401, "admin API key required: send X-API-Key or Authorization: Bearer");
+  }
+  if (!constant_time_equals(given, key_))
+    return error(req, 403, "admin API key is not valid");
+  return std::nullopt;
+}
+
+net::awaitable<std::optional<RegistryError>> AdminApi::validate_upstream(const UpstreamSpec& spec) {
+  auto ex = co_await net::this_coro::executor;
+  if (!allowed_.empty()) {
+    // Every address the name resolves to must be allowed: a name that
+    // also points inside the cluster must not slip through.
+    tcp::resolver resolver(ex);
+    net::steady_timer deadline(ex);
+    deadline.expires_after(kModelCheckTimeout);
+    deadline.async_wait([&resolver](const beast::error_code& ec) {
+      if (!ec)
+        resolver.cancel();
+    });
+    auto [ec, results] =
+        co_await resolver.async_resolve(spec.host, std::to_string(spec.port), use_tuple);
+    deadline.cancel();
+    if (ec || results.empty()) {
+      co_return RegistryError{422, "cannot resolve " + spec.host + ": " + ec.message()};
+    }
+    for (const auto& r : results) {
+      const auto addr = r.endpoint().address();
+      bool ok = false;
+      for (const auto& c : allowed_)
+        ok = ok || c.contains(addr);
+      if (!ok) {
+        co_return RegistryError{
+            403, spec.url + " resolves to " + addr.to_string() + ", outside --allowed-upstreams"};
+      }
+    }
+  }
+  if (!cfg_.model.empty()) {
+    auto r = co_await probe_get(
+        ex, spec.host, spec.port, "/v1/models",
+        std::chrono::duration_cast<std::chrono::milliseconds>(kModelCheckTimeout));
+    if (r.status != 200) {
+      std::string why = r.error;
+      if (r.status != 0)
+        why = "status " + std::to_string(r.status);
+      co_return RegistryError{422,
+                              spec.url + "/v1/models did not answer 200 (" + why + "): not added"};
+    }
+    auto j = json::parse(r.body, nullptr, false);
+    bool serves = false;
+    if (j.is_object() && j.contains("data") && j["data"].is_array()) {
+      for (const auto& m : j["data"]) {
+        serves = serves || (m.is_object() && m.contains("id") && m["id"] == cfg_.model);
+      }
+    }
+    if (!serves) {
+      co_return RegistryError{422, spec.url + " does not serve model '" + cfg_.model + "'"};
+    }
+  }
+  co_return std::nullopt;
+}
+
+net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
+                                                 const std::string& url,
+                                                 std::map<std::string, std::string> labels,
+                                                 unsigned weight) {
+  auto spec = parse_upstream(role, url);
+  if (!spec)
+    co_return error(req, 400, spec.error());
+  spec->role = role;
+  // Cheap duplicate check first: no network probe for a known instance.
+  for (const auto& i : registry_.snapshot()->all()) {
+    if (i->spec.url == spec->url &&
+        (i->spec.role == role || i->spec.role == Role::both || role == Role::both)) {
+      co_return error(req, 409,
+                      spec->url + " is already registered as " + to_string(i->spec.role) + " (id " +
+                          std::to_string(i->id) + ")");
+    }
+  }
+  auto invalid = co_await validate_upstream(*spec);
+  if (invalid)
+    co_return error(req, invalid->status, invalid->message);
+  auto [err, inst] = registry_.add(*spec, std::move(labels), weight);
+  if (err)
+    co_return error(req, err->status, err->message);
+  spdlog::info("admin: added {} instance {} (id {})", to_string(role), inst->spec.url, inst->id);
+  co_return json_response(req, 201, instance_json(*inst));
+}
+
+net::awaitable<AdminApi::Response> AdminApi::handle_demo_add(Request& req) {
+  if (auto denied = authorize(req, true))
+    co_return *denied;
+  auto j = json::parse(req.body(), nullptr, false);
+  if (!j.is_object() || !j.contains("type") || !j.contains("instance") || !j["type"].is_string() ||
+      !j["instance"].is_string()) {
+    co_return error(req, 400,
+                    "expected {\"type\": \"prefill|decode\", \"instance\": \"host:port\"}");
+  }
+  const std::string type = j["type"];
+  if (type != "prefill" && type != "decode") {
+    co_return error(req, 400, "type must be prefill or decode");
+  }
+  const Role role = type == "prefill" ? Role::prefill : Role::decode;
+  co_return co_await add(req, role, j["instance"].get<std::string>(), {}, 1);
+}
+
+net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
+  const std::string path(path_of(req.target()));
+  const auto method = req.method();
+  const bool mutating = method != http::verb::get && method != http::verb::head;
+  if (path == "/metrics" && method == http::verb::get && hooks_.metrics_text) {
+    // Metrics are read-only and scraped by Prometheus without a key.
+    Response res{http::status::ok, req.version()};
+    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    res.body() = hooks_.metrics_text();
+    res.keep_alive(req.keep_alive());
+    res.prepare_payload();
+    co_return res;
+  }
+  if (path == "/health" && method == http::verb::get) {
+    co_return json_response(req, 200, {{"status", "ok"}});
+  }
+  if (auto denied = authorize(req, mutating))
+    co_return *denied;
+
+  if (path == "/instances/add" && method == http::verb::post)
+    co_return co_await handle_demo_add(req);
+  if (path == "/status" && method == http::verb::get && hooks_.status_json) {
+    co_return json_response(req, 200, json::parse(hooks_.status_json()));
+  }
+  if (path == "/admin/config" && method == http::verb::get) {
+    co_return json_response(req, 200, config_json(cfg_));
+  }
+  if (path == "/admin/policy/reload" && method == http::verb::post) {
+    if (!hooks_.reload_policy)
+      co_return error(req, 404, "no policy engine to reload");
+    auto r = hooks_.reload_policy();
+    if (!r)
+      co_return error(req, 422, "policy reload failed: " + r.error());
+    co_return json_response(req, 200, {{"reloaded", *r}});
+  }
+  if (path == "/admin/instances") {
+    if (method == http::verb::get) {
+      auto arr = json::array();
+      for (const auto& i : registry_.snapshot()->all())
+        arr.push_back(instance_json(*i));
+      co_return json_response(req, 200, {{"instances", arr}});
+    }
+    if (method == http::verb::post) {
+      auto j = json::parse(req.body(), nullptr, false);
+      if (!j.is_object() || !j.contains("url") || !j["url"].is_string()) {
+        co_return error(req, 400,
+                        "expected {\"role\": \"prefill|decode|encode|both\", \"url\": "
+                        "\"http://host:port\", \"labels\": {}, \"weight\": 1}");
+      }
+      const std::string role_text = j.value("role", std::string("decode"));
+      auto role = parse_role(role_text);
+      if (!role)
+        co_return error(req, 400, "role must be prefill, decode, encode or both");
+      std::map<std::string, std::string> labels;
+      if (j.contains("labels")) {
+        if (!j["labels"].is_object())
+          co_return error(req, 400, "labels must be an object");
+        for (const auto& [k, v] : j["labels"].items()) {
+          if (!v.is_string())
+            co_return error(req, 400, "label values must be strings");
+          labels[k] = v.get<std::string>();
+        }
+      }
+      unsigned weight = 1;
+      if (j.contains("weight")) {
+        if (!j["weight"].is_number_unsigned() || j["weight"].get<unsigned long>() < 1 ||
+            j["weight"].get<unsigned long>() > 1000) {
+          co_return error(req, 400, "weight must be an integer from 1 to 1000");
+        }
+        weight = j["weight"].get<unsigned>();
+      }
+      co_return co_await add(req, *role, j["url"].get<std::string>(), std::move(labels), weight);
+    }
+    co_return error(req, 405, "use GET or POST on /admin/instances");
+  }
+  // /admin/instances/{id}, /admin/instances/{id}/drain
+  static constexpr std::string_view kPrefix = "/admin/instances/";
+  if (path.starts_with(kPrefix)) {
+    std::string rest = path.substr(kPrefix.size());
+    bool drain_only = false;
+    if (rest.ends_with("/drain")) {
+      drain_only = true;
+      rest.resize(rest.size() - 6);
+    }
+    char* end = nullptr;
+    const unsigned long long id = std::strtoull(rest.c_str(), &end, 10);
+    if (rest.empty() || end != rest.c_str() + rest.size()) {
+      co_return error(req, 404, "no instance " + rest);
+    }
+    if (drain_only && method == http::verb::post) {
+      if (auto e = registry_.drain(id, false))
+        co_return error(req, e->status, e->message);
+      spdlog::info("admin: draining instance {}", id);
+      co_return json_response(req, 200, instance_json(*registry_.snapshot()->find(id)));
+    }
+    if (!drain_only && method == http::verb::delete_) {
+      auto inst = registry_.snapshot()->find(id);
+      if (auto e = registry_.drain(id, true))
+        co_return error(req, e->status, e->message);
+      spdlog::info("admin: removing instance {} (after its in-flight requests)", id);
+      co_return json_response(req, 202, instance_json(*inst));
+    }
+    if (!drain_only && method == http::verb::get) {
+      auto inst = registry_.snapshot()->find(id);
+      if (!inst)
+        co_return error(req, 404, "no instance with id " + rest);
+      co_return json_response(req, 200, instance_json(*inst));
+    }
+    co_return error(req, 405, "use GET or DELETE on /admin/instances/{id}, POST on .../drain");
+  }
+  co_return error(req, 404, "no admin route for " + std::string(req.method_string()) + " " + path);
+}
+
+}  // namespace pdgate

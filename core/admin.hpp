@@ -1,0 +1,75 @@
+// The admin API (docs/admin.md): list, add, drain and remove instances,
+// reload the policy, show the effective config. Served on its own
+// listener (--admin-port); the vLLM demo proxy's POST /instances/add is
+// also answered on the client port. Every change publishes a new
+// InstanceSet in the Registry.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/beast/http.hpp>
+
+#include "core/config.hpp"
+#include "core/instance.hpp"
+#include "core/result.hpp"
+
+namespace pdgate {
+
+// One allowed upstream network ("10.0.0.0/8", "::1/128", "127.0.0.1").
+struct Cidr {
+  boost::asio::ip::address network;
+  unsigned prefix = 0;
+  bool contains(const boost::asio::ip::address& a) const;
+};
+Result<Cidr> parse_cidr(const std::string& text);
+
+// Equal-length-independent, data-independent comparison of secrets.
+bool constant_time_equals(std::string_view a, std::string_view b);
+
+class AdminApi {
+ public:
+  using Request = boost::beast::http::request<boost::beast::http::string_body>;
+  using Response = boost::beast::http::response<boost::beast::http::string_body>;
+
+  struct Hooks {
+    std::function<Result<bool>()> reload_policy;  // null: no policy engine
+    std::function<std::string()> metrics_text;    // GET /metrics
+    std::function<std::string()> status_json;     // GET /status
+  };
+
+  // Reads the key (ADMIN_API_KEY, else --admin-key-file) and parses
+  // --allowed-upstreams; fails with a message naming the bad one.
+  static Result<std::shared_ptr<AdminApi>> create(const Config& cfg, Registry& registry);
+
+  void set_hooks(Hooks h) { hooks_ = std::move(h); }
+
+  // Admin listener requests.
+  boost::asio::awaitable<Response> handle(Request& req);
+  // The demo proxy's POST /instances/add (client port).
+  boost::asio::awaitable<Response> handle_demo_add(Request& req);
+
+ private:
+  AdminApi(const Config& cfg, Registry& registry, std::string key, std::vector<Cidr> allowed)
+      : cfg_(cfg), registry_(registry), key_(std::move(key)), allowed_(std::move(allowed)) {}
+
+  // nullopt when the request may proceed.
+  std::optional<Response> authorize(const Request& req, bool mutating) const;
+  boost::asio::awaitable<Response> add(const Request& req, Role role, const std::string& url,
+                                       std::map<std::string, std::string> labels, unsigned weight);
+  // Empty when the address passes the allow-list and the model check.
+  boost::asio::awaitable<std::optional<RegistryError>> validate_upstream(const UpstreamSpec& spec);
+
+  const Config& cfg_;
+  Registry& registry_;
+  const std::string key_;
+  const std::vector<Cidr> allowed_;
+  Hooks hooks_;
+};
+
+}  // namespace pdgate

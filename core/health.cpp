@@ -1,0 +1,109 @@
+#include "core/health.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+
+namespace pdgate {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+namespace {
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+}
+
+net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host, std::uint16_t port,
+                                      std::string target, std::chrono::milliseconds timeout) {
+  ProbeResult r;
+  // The resolver is bounded by the same deadline: a timer closes it.
+  tcp::resolver resolver(ex);
+  net::steady_timer deadline(ex);
+  deadline.expires_after(timeout);
+  deadline.async_wait([&resolver](const beast::error_code& ec) {
+    if (!ec)
+      resolver.cancel();
+  });
+  auto [rec, results] = co_await resolver.async_resolve(host, std::to_string(port), use_tuple);
+  if (rec) {
+    r.error = "cannot resolve " + host + ": " + rec.message();
+    co_return r;
+  }
+  beast::tcp_stream stream(ex);
+  stream.expires_at(deadline.expiry());
+  auto [cec, ep] = co_await stream.async_connect(results, use_tuple);
+  if (cec) {
+    r.error = "connect: " + cec.message();
+    co_return r;
+  }
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, host + ":" + std::to_string(port));
+  req.set(http::field::user_agent, "pdgate-health");
+  req.keep_alive(false);
+  if (auto [wec, n] = co_await http::async_write(stream, req, use_tuple); wec) {
+    r.error = "write: " + wec.message();
+    co_return r;
+  }
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(1u << 20);
+  if (auto [hec, n] = co_await http::async_read(stream, buffer, parser, use_tuple); hec) {
+    r.error = hec == beast::error::timeout
+                  ? "timed out after " + std::to_string(timeout.count()) + "ms"
+                  : "read: " + hec.message();
+    co_return r;
+  }
+  r.status = parser.get().result_int();
+  r.body = std::move(parser.get().body());
+  beast::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  co_return r;
+}
+
+namespace {
+
+net::awaitable<void> check_one(const Config& cfg, InstancePtr inst) {
+  auto ex = co_await net::this_coro::executor;
+  // A check must answer well within the interval.
+  const auto timeout = std::max(std::chrono::milliseconds(200), cfg.health_interval / 2);
+  auto r = co_await probe_get(ex, inst->spec.host, inst->spec.port, "/health", timeout);
+  const bool ok = r.status >= 200 && r.status < 300;
+  std::string why = r.status != 0 ? "answered " + std::to_string(r.status) : r.error;
+  inst->note_check(ok, cfg.health_rise, cfg.health_fall, why);
+}
+
+}  // namespace
+
+net::awaitable<void> run_health_loop(const Config& cfg, Registry& registry) {
+  auto ex = co_await net::this_coro::executor;
+  net::steady_timer timer(ex);
+  const bool checks_on = cfg.health_interval.count() > 0;
+  const auto tick = checks_on ? cfg.health_interval : std::chrono::milliseconds(250);
+  for (;;) {
+    timer.expires_after(tick);
+    auto [ec] = co_await timer.async_wait(use_tuple);
+    if (ec)
+      co_return;
+    registry.forget_idle();
+    const auto set = registry.snapshot();
+    for (const auto& inst : set->all()) {
+      if (checks_on) {
+        // Each check runs on its own so one hung engine delays no other.
+        net::co_spawn(ex, check_one(cfg, inst), net::detached);
+      } else {
+        inst->readmit_if_due(false);
+      }
+    }
+  }
+}
+
+}  // namespace pdgate

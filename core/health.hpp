@@ -1,0 +1,35 @@
+// Active health checks and the small one-shot HTTP GET they (and the
+// admin API's /v1/models validation) use. Runs on the control loop, never
+// on a worker's: a slow engine cannot stall client traffic.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include "core/config.hpp"
+#include "core/instance.hpp"
+
+namespace pdgate {
+
+struct ProbeResult {
+  unsigned status = 0;  // 0: no HTTP answer (see error)
+  std::string body;
+  std::string error;
+};
+
+// GET http://host:port/target on a fresh connection, the whole exchange
+// bounded by `timeout`; the body is capped at 1 MiB.
+boost::asio::awaitable<ProbeResult> probe_get(boost::asio::any_io_executor ex, std::string host,
+                                              std::uint16_t port, std::string target,
+                                              std::chrono::milliseconds timeout);
+
+// Checks every instance's /health each interval (when on), applies
+// rise/fall, re-admits ejected instances whose back-off passed when checks
+// are off, and forgets removed instances once idle. Runs until the
+// executor stops.
+boost::asio::awaitable<void> run_health_loop(const Config& cfg, Registry& registry);
+
+}  // namespace pdgate

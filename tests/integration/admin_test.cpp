@@ -1,0 +1,438 @@
+// The admin API, health checking, failover before the first byte and
+// /metrics, against real pdgate and pdgate-sim processes.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <cctype>
+#include <fstream>
+#include <future>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/integration/harness.hpp"
+
+namespace pdgate::test {
+namespace {
+
+const std::string kKey = "s3cret-admin-key";
+
+Json chat(bool stream, int max_tokens = 3) {
+  return {{"model", "sim-model"},
+          {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+          {"max_tokens", max_tokens},
+          {"stream", stream}};
+}
+
+// A gateway with its admin listener; admin_port() read from its second
+// "listening on" line.
+struct AdminGateway {
+  AdminGateway(std::vector<std::string> args,
+               std::map<std::string, std::string> env = {{"ADMIN_API_KEY", kKey}}) {
+    args.insert(args.end(), {"--admin-port", "0"});
+    gw = std::make_unique<Gateway>(std::move(args), std::move(env));
+    admin = gw->process().wait_listening();
+  }
+  std::uint16_t port() const { return gw->port(); }
+  Response call(const std::string& method, const std::string& target, const Json& body = nullptr,
+                Headers h = {{"X-API-Key", kKey}}) {
+    if (!body.is_null())
+      h.emplace_back("Content-Type", "application/json");
+    return http_request(admin, method, target, body.is_null() ? "" : body.dump(), h);
+  }
+  Json instances() { return call("GET", "/admin/instances").json()["instances"]; }
+  Json instance_by_url(const std::string& url) {
+    for (auto& i : instances()) {
+      if (i["url"] == url)
+        return i;
+    }
+    return nullptr;
+  }
+  std::unique_ptr<Gateway> gw;
+  std::uint16_t admin = 0;
+};
+
+std::vector<std::string> pd_args(Sim& p, std::initializer_list<Sim*> decodes) {
+  std::vector<std::string> a = {"--prefill", p.hostport(), "--decode"};
+  for (auto* d : decodes)
+    a.push_back(d->hostport());
+  return a;
+}
+
+// Missing key -> 401, wrong key -> 403, and the instance set is unchanged.
+TEST(AdminApi, MissingOrWrongKeyIsRefusedAndChangesNothing) {
+  Sim p("prefill"), d("decode"), extra("decode");
+  AdminGateway g(pd_args(p, {&d}));
+  const Json add = {{"role", "decode"}, {"url", extra.url()}};
+  EXPECT_EQ(g.call("POST", "/admin/instances", add, {}).status, 401);
+  EXPECT_EQ(g.call("POST", "/admin/instances", add, {{"X-API-Key", "wrong"}}).status, 403);
+  EXPECT_EQ(g.call("POST", "/admin/instances", add, {{"Authorization", "Bearer wrong"}}).status,
+            403);
+  EXPECT_EQ(g.call("GET", "/admin/instances", nullptr, {}).status, 401);
+  EXPECT_EQ(http_request(g.port(), "POST", "/instances/add",
+                         Json{{"type", "decode"}, {"instance", extra.hostport()}}.dump(),
+                         {{"X-API-Key", "nope"}, {"Content-Type", "application/json"}})
+                .status,
+            403);
+  EXPECT_EQ(g.instances().size(), 2u);
+  EXPECT_EQ(g.call("POST", "/admin/instances/1/drain", nullptr, {}).status, 401);
+  EXPECT_EQ(g.instance_by_url(p.url())["state"], "active");
+  // The right key as a bearer token works.
+  EXPECT_EQ(g.call("POST", "/admin/instances", add, {{"Authorization", "Bearer " + kKey}}).status,
+            201);
+  EXPECT_EQ(g.instances().size(), 3u);
+}
+
+// With no key configured, reads work and changes are refused with a message saying why.
+TEST(AdminApi, NoKeyConfiguredRefusesChanges) {
+  Sim p("prefill"), d("decode"), extra("decode");
+  AdminGateway g(pd_args(p, {&d}), {});
+  auto r = g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", extra.url()}}, {});
+  EXPECT_EQ(r.status, 403);
+  EXPECT_NE(r.body.find("ADMIN_API_KEY"), std::string::npos) << r.body;
+  EXPECT_EQ(g.call("GET", "/admin/instances", nullptr, {}).status, 200);
+  EXPECT_EQ(g.instances().size(), 2u);
+}
+
+// Bad URLs -> 400, duplicates -> 409, outside --allowed-upstreams -> 403, wrong model -> 422.
+TEST(AdminApi, AddValidatesUrlDuplicatesAllowListAndModel) {
+  Sim p("prefill"), d("decode"), other_model("decode", {"--model", "other-model"});
+  AdminGateway g(pd_args(p, {&d}));
+  EXPECT_EQ(g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", "ftp://x:1"}}).status,
+            400);
+  EXPECT_EQ(
+      g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", "http://x:99999"}}).status,
+      400);
+  EXPECT_EQ(g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", "http://x"}}).status,
+            400);
+  EXPECT_EQ(g.call("POST", "/admin/instances", {{"role", "nope"}, {"url", d.url()}}).status, 400);
+  EXPECT_EQ(g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", d.url()}}).status, 409);
+  EXPECT_EQ(g.instances().size(), 2u);
+
+  // SSRF guard: only 10.0.0.0/8 allowed, so loopback is refused.
+  Sim extra("decode");
+  AdminGateway fenced([&] {
+    auto a = pd_args(p, {&d});
+    a.insert(a.end(), {"--allowed-upstreams", "10.0.0.0/8"});
+    return a;
+  }());
+  auto r = fenced.call("POST", "/admin/instances", {{"role", "decode"}, {"url", extra.url()}});
+  EXPECT_EQ(r.status, 403) << r.body;
+  EXPECT_NE(r.body.find("allowed-upstreams"), std::string::npos) << r.body;
+  EXPECT_EQ(fenced.instances().size(), 2u);
+
+  // --model: an instance serving another model is not added.
+  AdminGateway modelled([&] {
+    auto a = pd_args(p, {&d});
+    a.insert(a.end(), {"--model", "sim-model", "--allowed-upstreams", "127.0.0.0/8"});
+    return a;
+  }());
+  r = modelled.call("POST", "/admin/instances", {{"role", "decode"}, {"url", other_model.url()}});
+  EXPECT_EQ(r.status, 422) << r.body;
+  r = modelled.call("POST", "/admin/instances", {{"role", "decode"}, {"url", extra.url()}});
+  EXPECT_EQ(r.status, 201) << r.body;
+}
+
+// An instance added at run time (admin API, or the demo's /instances/add) takes traffic.
+TEST(AdminApi, AddedInstancesTakeTraffic) {
+  Sim p("prefill"), d("decode"), d2("decode"), d3("decode");
+  AdminGateway g(pd_args(p, {&d}));
+  auto r =
+      g.call("POST", "/admin/instances",
+             {{"role", "decode"}, {"url", d2.url()}, {"labels", {{"zone", "a"}}}, {"weight", 2}});
+  ASSERT_EQ(r.status, 201) << r.body;
+  EXPECT_EQ(r.json()["labels"]["zone"], "a");
+  EXPECT_EQ(r.json()["weight"], 2);
+  // vLLM demo proxy compatibility, on the client port.
+  auto demo = http_request(g.port(), "POST", "/instances/add",
+                           Json{{"type", "decode"}, {"instance", d3.hostport()}}.dump(),
+                           {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
+  ASSERT_EQ(demo.status, 201) << demo.body;
+  EXPECT_EQ(g.gw->status()["decode_node_count"], 3);
+  for (int i = 0; i < 9; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+  EXPECT_FALSE(d2.requests().empty());
+  EXPECT_FALSE(d3.requests().empty());
+}
+
+// A drained instance gets no new request while its stream finishes; remove forgets it.
+TEST(AdminApi, DrainedInstanceFinishesStreamsAndGetsNoNewRequests) {
+  Sim p("prefill"), d1("decode", {"--itl-ms", "50"}), d2("decode");
+  AdminGateway g(pd_args(p, {&d1, &d2}));
+  // Round-robin: alternate until a stream lands on d1.
+  std::unique_ptr<Connection> on_d1;
+  for (int i = 0; i < 4 && !on_d1; ++i) {
+    auto c = std::make_unique<Connection>(g.port());
+    c->send_request("POST", "/v1/chat/completions", chat(true, 30).dump(),
+                    {{"Content-Type", "application/json"}});
+    auto head = c->read_head();
+    ASSERT_EQ(head.status, 200);
+    if (d1.requests().size() == 1) {
+      on_d1 = std::move(c);
+    } else {
+      while (!c->read_body_some().empty()) {
+      }
+    }
+  }
+  ASSERT_TRUE(on_d1);
+  const auto id = g.instance_by_url(d1.url())["id"].get<int>();
+  ASSERT_EQ(g.call("POST", "/admin/instances/" + std::to_string(id) + "/drain").status, 200);
+  EXPECT_EQ(g.instance_by_url(d1.url())["state"], "draining");
+  for (int i = 0; i < 6; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+  EXPECT_EQ(d1.requests().size(), 1u);
+  std::string body;
+  for (std::string piece; !(piece = on_d1->read_body_some()).empty();)
+    body += piece;
+  EXPECT_NE(body.find("[DONE]"), std::string::npos) << body;
+  // Remove: forgotten once idle.
+  ASSERT_EQ(g.call("DELETE", "/admin/instances/" + std::to_string(id)).status, 202);
+  EXPECT_TRUE(eventually([&] { return g.instance_by_url(d1.url()).is_null(); }));
+}
+
+// A prefill answering 500 is retried on the other prefill; the client sees success.
+TEST(Failover, PrefillErrorIsRetriedElsewhere) {
+  Sim bad("prefill", {"--error-rate", "1"}), good("prefill"), d("decode");
+  AdminGateway g({"--prefill", bad.hostport(), good.hostport(), "--decode", d.hostport(),
+                  "--eject-after", "1000"});
+  for (int i = 0; i < 6; ++i) {
+    auto r = post_json(g.port(), "/v1/chat/completions", chat(i % 2 == 0));
+    ASSERT_EQ(r.status, 200) << r.body << g.gw->process().log();
+  }
+  EXPECT_FALSE(bad.requests().empty());
+  EXPECT_EQ(d.requests().size(), 6u);
+}
+
+// A decode answering 500 before any byte is retried, with a fresh prefill, on another decode.
+TEST(Failover, DecodeErrorBeforeFirstByteIsRetriedWithFreshPrefill) {
+  Sim p("prefill"), bad("decode", {"--error-rate", "1"}), good("decode");
+  AdminGateway g({"--prefill", p.hostport(), "--decode", bad.hostport(), good.hostport(),
+                  "--eject-after", "1000"});
+  for (int i = 0; i < 6; ++i) {
+    auto r = post_json(g.port(), "/v1/chat/completions", chat(true));
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_FALSE(bad.requests().empty());
+  EXPECT_EQ(good.requests().size(), 6u);
+  // Each retried request had its own second prefill.
+  EXPECT_EQ(p.requests().size(), 6u + bad.requests().size());
+}
+
+// A killed decode is ejected, requests keep succeeding, and it is re-admitted when it is back.
+TEST(Health, KilledDecodeIsEjectedAndReadmitted) {
+  Sim p("prefill"), d2("decode");
+  auto d1 = std::make_unique<Sim>("decode");
+  const auto d1_port = d1->port();
+  const std::string d1_url = d1->url();
+  AdminGateway g({"--prefill", p.hostport(), "--decode", d1->hostport(), d2.hostport(),
+                  "--health-interval", "200ms", "--health-rise", "2", "--health-fall", "2"});
+  d1.reset();  // killed
+  for (int i = 0; i < 10; ++i) {
+    auto r = post_json(g.port(), "/v1/chat/completions", chat(i % 2 == 0));
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_TRUE(eventually([&] { return g.instance_by_url(d1_url)["state"] == "ejected"; }));
+  d1 = std::make_unique<Sim>("decode", std::vector<std::string>{"--port", std::to_string(d1_port)});
+  EXPECT_TRUE(eventually([&] { return g.instance_by_url(d1_url)["state"] == "active"; },
+                         std::chrono::seconds(10)));
+  for (int i = 0; i < 6; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+  EXPECT_FALSE(d1->requests().empty());
+}
+
+// With every decode ejected the gateway answers 503 at once, naming the stage.
+TEST(Health, NoHealthyInstanceAnswers503) {
+  Sim p("prefill");
+  auto d = std::make_unique<Sim>("decode");
+  AdminGateway g({"--prefill", p.hostport(), "--decode", d->hostport(), "--health-interval",
+                  "200ms", "--health-fall", "1"});
+  d.reset();
+  EXPECT_TRUE(eventually([&] { return g.instances()[1]["state"] == "ejected"; }));
+  auto r = post_json(g.port(), "/v1/chat/completions", chat(false));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(r.body.find("no healthy decode"), std::string::npos) << r.body;
+}
+
+// A strict parser for the Prometheus text format (0.0.4): every sample line
+// is name{labels} value, every family has HELP and TYPE before its samples.
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+std::vector<Sample> parse_prometheus(const std::string& text) {
+  std::vector<Sample> out;
+  std::set<std::string> typed;
+  std::istringstream in(text);
+  std::string line;
+  auto is_name_char = [](char c, bool first) {
+    return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':' ||
+           (!first && std::isdigit(static_cast<unsigned char>(c)));
+  };
+  while (std::getline(in, line)) {
+    if (line.empty())
+      continue;
+    if (line.rfind("# HELP ", 0) == 0)
+      continue;
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream t(line.substr(7));
+      std::string name, type;
+      t >> name >> type;
+      if (type != "counter" && type != "gauge" && type != "histogram")
+        throw std::runtime_error("bad TYPE: " + line);
+      if (!typed.insert(name).second)
+        throw std::runtime_error("TYPE twice: " + line);
+      continue;
+    }
+    if (line[0] == '#')
+      throw std::runtime_error("unknown comment: " + line);
+    Sample s;
+    std::size_t i = 0;
+    while (i < line.size() && is_name_char(line[i], i == 0))
+      ++i;
+    if (i == 0)
+      throw std::runtime_error("no metric name: " + line);
+    s.name = line.substr(0, i);
+    if (i < line.size() && line[i] == '{') {
+      ++i;
+      while (i < line.size() && line[i] != '}') {
+        std::size_t k = i;
+        while (k < line.size() && is_name_char(line[k], k == i))
+          ++k;
+        if (k == i || k >= line.size() || line[k] != '=' || line[k + 1] != '"')
+          throw std::runtime_error("bad label: " + line);
+        const std::string key = line.substr(i, k - i);
+        std::string value;
+        std::size_t v = k + 2;
+        for (; v < line.size() && line[v] != '"'; ++v) {
+          if (line[v] == '\\') {
+            ++v;
+            if (v >= line.size())
+              throw std::runtime_error("bad escape: " + line);
+            value += line[v] == 'n' ? '\n' : line[v];
+          } else {
+            value += line[v];
+          }
+        }
+        if (v >= line.size())
+          throw std::runtime_error("unterminated label: " + line);
+        if (!s.labels.emplace(key, value).second)
+          throw std::runtime_error("label twice: " + line);
+        i = v + 1;
+        if (i < line.size() && line[i] == ',')
+          ++i;
+      }
+      if (i >= line.size())
+        throw std::runtime_error("unterminated labels: " + line);
+      ++i;
+    }
+    if (i >= line.size() || line[i] != ' ')
+      throw std::runtime_error("no value: " + line);
+    const std::string value = line.substr(i + 1);
+    std::size_t used = 0;
+    if (value == "+Inf") {
+      s.value = INFINITY;
+    } else {
+      s.value = std::stod(value, &used);
+      if (used != value.size())
+        throw std::runtime_error("bad value: " + line);
+    }
+    std::string family = s.name;
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string suf = suffix;
+      if (!typed.count(family) && family.size() > suf.size() &&
+          family.compare(family.size() - suf.size(), suf.size(), suf) == 0) {
+        family.resize(family.size() - suf.size());
+      }
+    }
+    if (!typed.count(family))
+      throw std::runtime_error("sample before its TYPE: " + line);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+double value_of(const std::vector<Sample>& samples, const std::string& name,
+                const std::map<std::string, std::string>& labels = {}) {
+  double total = 0;
+  bool found = false;
+  for (const auto& s : samples) {
+    if (s.name != name)
+      continue;
+    bool match = true;
+    for (const auto& [k, v] : labels) {
+      auto it = s.labels.find(k);
+      match = match && it != s.labels.end() && it->second == v;
+    }
+    if (match) {
+      total += s.value;
+      found = true;
+    }
+  }
+  return found ? total : -1;
+}
+
+// /metrics parses strictly and its counters match the traffic sent.
+TEST(Metrics, ParsesAndCountsMatchTraffic) {
+  Sim p1("prefill", {"--error-rate", "1"}), p2("prefill"), d("decode");
+  AdminGateway g({"--prefill", p1.hostport(), p2.hostport(), "--decode", d.hostport(),
+                  "--eject-after", "1000"});
+  for (int i = 0; i < 5; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat(true)).status, 200);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/completions",
+                        {{"model", "sim-model"}, {"prompt", "x"}, {"max_tokens", 2}})
+                  .status,
+              200);
+  EXPECT_EQ(post_json(g.port(), "/v1/chat/completions", {{"model", "sim-model"}}).status, 400);
+  auto res = get(g.port(), "/metrics");
+  ASSERT_EQ(res.status, 200);
+  EXPECT_NE(res.header("content-type").find("text/plain"), std::string::npos);
+  std::vector<Sample> m;
+  ASSERT_NO_THROW(m = parse_prometheus(res.body)) << res.body;
+  EXPECT_EQ(value_of(m, "pdgate_requests_total",
+                     {{"route", "/v1/chat/completions"}, {"status", "200"}, {"stage", "decode"}}),
+            5);
+  EXPECT_EQ(value_of(m, "pdgate_requests_total", {{"route", "/v1/completions"}, {"status", "200"}}),
+            3);
+  EXPECT_EQ(
+      value_of(m, "pdgate_requests_total", {{"route", "/v1/chat/completions"}, {"status", "400"}}),
+      1);
+  EXPECT_EQ(value_of(m, "pdgate_request_duration_seconds_count"), 9);
+  EXPECT_EQ(value_of(m, "pdgate_decode_time_to_first_byte_seconds_count"), 8);
+  // Every prefill p1 answered with 500 was retried on p2 (the bad request
+  // got p1's own 400, which is never retried).
+  double p1_500s = 0;
+  for (const auto& r : p1.requests())
+    p1_500s += r.value("status", 0) == 500 ? 1 : 0;
+  EXPECT_GT(p1_500s, 0);
+  EXPECT_EQ(value_of(m, "pdgate_retries_total", {{"stage", "prefill"}}), p1_500s)
+      << p1.requests().dump();
+  EXPECT_EQ(value_of(m, "pdgate_instance_state", {{"url", d.url()}, {"state", "active"}}), 1);
+  EXPECT_EQ(value_of(m, "pdgate_instance_requests_total", {{"url", d.url()}}), 8);
+  EXPECT_GE(value_of(m, "pdgate_policy_errors_total"), 0);
+  EXPECT_GE(value_of(m, "pdgate_conversation_cache_misses_total"), 0);
+  // Every metric the example Grafana dashboard queries exists.
+  std::ifstream dash(source_dir() + "/examples/grafana-dashboard.json");
+  ASSERT_TRUE(dash.good());
+  std::stringstream text;
+  text << dash.rdbuf();
+  const std::regex name_re("pdgate_[a-z_]+");
+  const std::string dash_text = text.str();
+  for (std::sregex_iterator it(dash_text.begin(), dash_text.end(), name_re), end; it != end; ++it) {
+    std::string name = it->str();
+    // Dashboards query {hits,misses,errors} one by one; histograms by _bucket.
+    EXPECT_NE(res.body.find(name), std::string::npos) << name;
+  }
+  // The admin listener serves the same metrics.
+  auto admin = http_request(g.admin, "GET", "/metrics");
+  EXPECT_EQ(admin.status, 200);
+  EXPECT_NO_THROW(parse_prometheus(admin.body));
+}
+
+}  // namespace
+}  // namespace pdgate::test
