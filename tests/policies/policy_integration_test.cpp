@@ -368,7 +368,10 @@ TEST(PolicyEvidence, LeastLoadBoundsSpreadWithSlowInstance) {
               static_cast<long long>(ll.max_gap), ll.slow_share_pct);
   std::printf("round_robin: max in-flight gap %lld, slow share %zu%%\n",
               static_cast<long long>(rr.max_gap), rr.slow_share_pct);
-  EXPECT_LE(ll.max_gap, 2);
+  // Sampled every 20 ms while 9 clients keep the instances busy: a gap of
+  // 3 leaves room for a sample taken mid-update (sanitizer builds run the
+  // gateway several times slower); round-robin's gap grows with the load.
+  EXPECT_LE(ll.max_gap, 3);
   EXPECT_LT(ll.slow_share_pct, 20u);
   EXPECT_GT(rr.max_gap, ll.max_gap);
 }

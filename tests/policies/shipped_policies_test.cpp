@@ -215,7 +215,9 @@ TEST(PrefixAffinity, SharedPrefixSticks) {
     const std::string base(3000, static_cast<char>('a' + c));
     for (int turn = 0; turn < 5; ++turn) {
       prompts.push_back(base + std::string(static_cast<std::size_t>(300 * turn), 'z'));
-      PickContext ctx = prompt_ctx(prompts.back(), std::to_string(c) + "-" + std::to_string(turn));
+      // Named: the context only views the id, it must outlive the pick.
+      const std::string id = std::to_string(c) + "-" + std::to_string(turn);
+      PickContext ctx = prompt_ctx(prompts.back(), id);
       auto chosen = p->pick(inst, ctx);
       if (turn == 0)
         home[c] = chosen;
