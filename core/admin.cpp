@@ -72,18 +72,6 @@ json instance_json(const Instance& i) {
           {"health_history", history}};
 }
 
-std::optional<Role> parse_role(const std::string& r) {
-  if (r == "prefill")
-    return Role::prefill;
-  if (r == "decode")
-    return Role::decode;
-  if (r == "encode")
-    return Role::encode;
-  if (r == "both")
-    return Role::both;
-  return std::nullopt;
-}
-
 std::string_view path_of(std::string_view target) {
   return target.substr(0, target.find('?'));
 }
@@ -384,7 +372,7 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
                         "\"http://host:port\", \"labels\": {}, \"weight\": 1}");
       }
       const std::string role_text = j.value("role", std::string("decode"));
-      auto role = parse_role(role_text);
+      auto role = role_from_string(role_text);
       if (!role)
         co_return error(req, 400, "role must be prefill, decode, encode or both");
       std::map<std::string, std::string> labels;

@@ -890,6 +890,13 @@ Result<std::string> read_file(const std::string& path) {
 
 }  // namespace
 
+std::optional<Role> role_from_string(std::string_view s) {
+  for (Role r : {Role::prefill, Role::decode, Role::encode, Role::both}) {
+    if (s == to_string(r)) return r;
+  }
+  return std::nullopt;
+}
+
 const char* to_string(Role r) {
   switch (r) {
     case Role::prefill:

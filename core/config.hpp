@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/result.hpp"
@@ -17,6 +18,8 @@ namespace pdgate {
 enum class Role { prefill, decode, encode, both };
 
 const char* to_string(Role r);
+// The inverse of to_string(Role): "prefill", "decode", "encode" or "both".
+std::optional<Role> role_from_string(std::string_view s);
 
 // One engine instance as configured. `url` is normalized to
 // "http://host:port" (no trailing slash, no path).

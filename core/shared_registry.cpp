@@ -37,18 +37,6 @@ redis.call('PUBLISH', KEYS[3], v)
 return v
 )";
 
-std::optional<Role> role_of(const std::string& r) {
-  if (r == "prefill")
-    return Role::prefill;
-  if (r == "decode")
-    return Role::decode;
-  if (r == "encode")
-    return Role::encode;
-  if (r == "both")
-    return Role::both;
-  return std::nullopt;
-}
-
 }  // namespace
 
 SharedRegistry::SharedRegistry(const Config& cfg, Registry& registry)
@@ -92,7 +80,7 @@ void SharedRegistry::apply(const std::string& document) {
   for (const auto& [field, e] : doc.items()) {
     if (!e.is_object())
       continue;
-    const auto role = role_of(e.value("role", std::string()));
+    const auto role = role_from_string(e.value("role", std::string()));
     const std::string url = e.value("url", std::string());
     const std::string state = e.value("state", std::string());
     if (!role || url.empty())
