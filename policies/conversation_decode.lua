@@ -11,13 +11,11 @@ local MAX_RATIO = 2.0  -- ... and by at most this factor
 -- prefill pick would always move the decode rotation by the same step.
 local turns = { encode = 0, prefill = 0, decode = 0 }
 
+-- Load as pdgate.least_loaded counts it (docs/policies.md): live
+-- in-flight plus, when the engine's metrics are fresh, others' load.
 local function load_of(inst)
-  local l = inst.in_flight
-  if inst.has_metrics then
-    local engine = inst.running + inst.waiting
-    if engine > l then l = engine end
-  end
-  return l
+  if inst.has_metrics then return inst.in_flight + inst.other_load end
+  return inst.in_flight
 end
 
 return {

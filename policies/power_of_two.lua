@@ -5,13 +5,11 @@
 local random = math.random
 math.randomseed(pdgate.now_ms() * 1000 % 2147483647)
 
+-- Load as pdgate.least_loaded counts it (docs/policies.md): live
+-- in-flight plus, when the engine's metrics are fresh, others' load.
 local function load_of(inst)
-  local l = inst.in_flight
-  if inst.has_metrics then
-    local engine = inst.running + inst.waiting
-    if engine > l then l = engine end
-  end
-  return l
+  if inst.has_metrics then return inst.in_flight + inst.other_load end
+  return inst.in_flight
 end
 
 return {
