@@ -160,7 +160,7 @@ TEST(DecodeOutputFilter, NullParamsStrippedExactly) {
   EXPECT_EQ(body, head + "}");
 
   const std::string tricky_head =
-      R"({"id":"c","choices":[{"text":"say "kv_transfer_params":null}"}])";
+      R"({"id":"c","choices":[{"text":"say \"kv_transfer_params\":null}"}])";
   std::string tricky = tricky_head + R"(,"kv_transfer_params":null})";
   f.on_body(tricky);
   EXPECT_EQ(json::parse(tricky), json::parse(tricky_head + "}"));
