@@ -15,8 +15,8 @@
 #include "core/http_head.hpp"
 #include "core/json_body.hpp"
 #include "core/sse.hpp"
-#include "core/stage.hpp"
 #include "plugins/kv_connector.hpp"
+#include "core/stage.hpp"
 
 namespace pdgate {
 
