@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One command: pdgate next to the floor (the client talking to pdgate-sim
-# directly) and next to nginx as a plain one-hop reverse proxy.
+# directly) and next to nginx as a plain one-hop reverse proxy. Two floors:
+# "direct" (one request to a --role both engine) for one-hop and nginx, and
+# "direct P/D" (the client itself POSTs to the prefill engine, then to the
+# decode engine with the returned kv_transfer_params) for pdgate P/D.
 #
 #   bench/compare.sh [BUILD_DIR]        (default: build)
 #
@@ -91,11 +94,11 @@ common=(--host 127.0.0.1 --port 0 --log-level error --max-num-seqs 100000 --max-
 fast=(--itl-ms 0 --prefill-us-per-token 0 --prefill-base-ms 0)
 paced=(--itl-ms 5 --prefill-us-per-token 0 --prefill-base-ms 1)
 start sim_fast "$sim" --role both "${common[@]}" "${fast[@]}"; p_fast=$port; s_fast_pid=$(pid_of_last)
-start sim_fast_p "$sim" --role prefill "${common[@]}" "${fast[@]}"; p_fast_p=$port
-start sim_fast_d "$sim" --role decode "${common[@]}" "${fast[@]}"; p_fast_d=$port
+start sim_fast_p "$sim" --role prefill "${common[@]}" "${fast[@]}"; p_fast_p=$port; s_fast_p_pid=$(pid_of_last)
+start sim_fast_d "$sim" --role decode "${common[@]}" "${fast[@]}"; p_fast_d=$port; s_fast_d_pid=$(pid_of_last)
 start sim_str "$sim" --role both "${common[@]}" "${paced[@]}"; p_str=$port; s_str_pid=$(pid_of_last)
-start sim_str_p "$sim" --role prefill "${common[@]}" "${paced[@]}"; p_str_p=$port
-start sim_str_d "$sim" --role decode "${common[@]}" "${paced[@]}"; p_str_d=$port
+start sim_str_p "$sim" --role prefill "${common[@]}" "${paced[@]}"; p_str_p=$port; s_str_p_pid=$(pid_of_last)
+start sim_str_d "$sim" --role decode "${common[@]}" "${paced[@]}"; p_str_d=$port; s_str_d_pid=$(pid_of_last)
 # Held streams: the first token is an hour away.
 start sim_hold "$sim" --role both "${common[@]}" --itl-ms 3600000 --prefill-base-ms 0 \
   --prefill-us-per-token 0
@@ -176,18 +179,20 @@ raw=$out/raw.jsonl
 : >"$raw"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# CPU time (ns) a process has used, all threads: the proxies' CPU per
-# request is what machine noise changes least.
+# CPU time (ns) processes have used, all threads (PIDS: comma-separated):
+# the proxies' CPU per request is what machine noise changes least.
 cpu_ns() {
-  local f a s=0
-  for f in /proc/"$1"/task/*/schedstat; do
-    read -r a _ <"$f" && s=$((s + a))
+  local f a p s=0
+  for p in ${1//,/ }; do
+    for f in /proc/"$p"/task/*/schedstat; do
+      read -r a _ <"$f" && s=$((s + a))
+    done
   done
   echo "$s"
 }
 
-# run WORKLOAD TARGET PORT PID loadgen-args...: one measurement, one JSON
-# line; PID is the process whose CPU time is charged to the target.
+# run WORKLOAD TARGET PORT PIDS loadgen-args...: one measurement, one JSON
+# line; PIDS are the processes whose CPU time is charged to the target.
 run() {
   local workload=$1 target=$2 p=$3 pid=$4
   shift 4
@@ -210,25 +215,33 @@ rotate() {
 }
 for round in $(seq 1 "$rounds"); do
   echo "round $round/$rounds ($(cut -d' ' -f1 /proc/loadavg) load)" >&2
-  mapfile -t order < <(rotate "$round" direct nginx onehop pd)
+  mapfile -t order < <(rotate "$round" direct directpd nginx onehop pd)
   for t in "${order[@]}"; do
+    # xf / xs: the target's own loadgen flags for the fast / paced engines.
+    xf=() xs=()
     case $t in
       direct) pf=$p_fast ps=$p_str cf=$s_fast_pid cs=$s_str_pid ;;
+      # The P/D floor: the client does the handshake with the P/D engines
+      # that pdgate P/D fronts; both engines' CPU is charged to it.
+      directpd)
+        pf=$p_fast_d ps=$p_str_d cf=$s_fast_p_pid,$s_fast_d_pid cs=$s_str_p_pid,$s_str_d_pid
+        xf=(--prefill-url "http://127.0.0.1:$p_fast_p") xs=(--prefill-url "http://127.0.0.1:$p_str_p")
+        ;;
       nginx) pf=$n_fast ps=$n_str cf=$nginx_worker cs=$nginx_worker ;;
       onehop) pf=$g_fast_1 ps=$g_str_1 cf=$g_fast_1_pid cs=$g_str_1_pid ;;
       pd) pf=$g_fast_pd ps=$g_str_pd cf=$g_fast_pd_pid cs=$g_str_pd_pid ;;
     esac
     # Throughput: many requests in flight, short answers.
-    run throughput "$t" "$pf" "$cf" --concurrency 32 --max-tokens 16 --duration "$secs" --warmup 0.5
+    run throughput "$t" "$pf" "$cf" "${xf[@]}" --concurrency 32 --max-tokens 16 --duration "$secs" --warmup 0.5
     # Added latency: one request at a time.
-    run latency "$t" "$pf" "$cf" --concurrency 1 --max-tokens 16 --duration "$secs" --warmup 0.3
+    run latency "$t" "$pf" "$cf" "${xf[@]}" --concurrency 1 --max-tokens 16 --duration "$secs" --warmup 0.3
     # Streaming: paced tokens, time to first token and inter-token gaps.
-    run stream "$t" "$ps" "$cs" --stream --chat --concurrency 8 --max-tokens 32 --duration "$secs" \
+    run stream "$t" "$ps" "$cs" "${xs[@]}" --stream --chat --concurrency 8 --max-tokens 32 --duration "$secs" \
       --warmup 0.5
     # Prompt size: 1 KiB against 1 MiB, one at a time.
-    run prompt_1k "$t" "$pf" "$cf" --concurrency 1 --max-tokens 1 --prompt-bytes 1024 \
+    run prompt_1k "$t" "$pf" "$cf" "${xf[@]}" --concurrency 1 --max-tokens 1 --prompt-bytes 1024 \
       --duration "$((secs / 2 + 1))" --warmup 0.3
-    run prompt_1m "$t" "$pf" "$cf" --concurrency 1 --max-tokens 1 --prompt-bytes 1048576 \
+    run prompt_1m "$t" "$pf" "$cf" "${xf[@]}" --concurrency 1 --max-tokens 1 --prompt-bytes 1048576 \
       --duration "$((secs / 2 + 1))" --warmup 0.3
   done
 done

@@ -7,7 +7,9 @@
 // latency (ITL) and end-to-end latency, the way `vllm bench serve` does.
 // --turns N runs conversations whose every turn resends the history so far;
 // --hold S opens --concurrency streams and keeps them open (idle-stream
-// memory measurement).
+// memory measurement). --prefill-url makes the client itself do the P/D
+// handshake a gateway would do (prefill, then decode with the prefill's
+// kv_transfer_params): the floor for measuring a P/D gateway.
 //
 // The client must never be what limits the numbers: one thread, Asio
 // coroutines, keep-alive connections, a hand-rolled HTTP/1.1 response
@@ -53,6 +55,9 @@ struct Options {
   double hold_s = 0;
   bool json = false;
   std::string label;
+  // Direct P/D: the prefill engine (--url is then the decode engine).
+  std::string prefill_host;
+  unsigned short prefill_port = 0;
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -72,14 +77,35 @@ struct Options {
                "  --model NAME           model (sim-model)\n"
                "  --turns N              multi-turn: conversations of N turns resending history\n"
                "  --hold S               open --concurrency streams, hold them S s, exit\n"
+               "  --prefill-url URL      direct P/D: POST each request first to this prefill\n"
+               "                         engine (max_tokens 1, stream false, kv_transfer_params\n"
+               "                         do_remote_decode), then to --url (the decode engine)\n"
+               "                         with the returned kv_transfer_params; TTFT and e2e\n"
+               "                         count from the prefill request's start\n"
                "  --label TEXT           name put in the JSON line\n"
                "  --json                 one JSON line on stdout instead of a report\n");
   std::exit(2);
 }
 
+// "http://HOST:PORT[/...]" -> host, port.
+void parse_url(const std::string& url, const char* flag, std::string& host, unsigned short& port) {
+  const std::string_view prefix = "http://";
+  if (url.rfind(prefix, 0) != 0)
+    usage((std::string(flag) + " must be http://HOST:PORT").c_str());
+  std::string hp = url.substr(prefix.size());
+  if (auto slash = hp.find('/'); slash != std::string::npos)
+    hp.resize(slash);
+  auto colon = hp.rfind(':');
+  if (colon == std::string::npos)
+    usage((std::string(flag) + " needs a port").c_str());
+  host = hp.substr(0, colon);
+  port = static_cast<unsigned short>(std::stoul(hp.substr(colon + 1)));
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   std::string url;
+  std::string prefill_url;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -115,6 +141,8 @@ Options parse(int argc, char** argv) {
       o.hold_s = std::stod(val());
     else if (a == "--label")
       o.label = val();
+    else if (a == "--prefill-url")
+      prefill_url = val();
     else if (a == "--json")
       o.json = true;
     else if (a == "--help" || a == "-h")
@@ -122,17 +150,12 @@ Options parse(int argc, char** argv) {
     else
       usage(("unknown flag " + a).c_str());
   }
-  const std::string_view prefix = "http://";
-  if (url.rfind(prefix, 0) != 0)
-    usage("--url must be http://HOST:PORT");
-  std::string hp = url.substr(prefix.size());
-  if (auto slash = hp.find('/'); slash != std::string::npos)
-    hp.resize(slash);
-  auto colon = hp.rfind(':');
-  if (colon == std::string::npos)
-    usage("--url needs a port");
-  o.host = hp.substr(0, colon);
-  o.port = static_cast<unsigned short>(std::stoul(hp.substr(colon + 1)));
+  parse_url(url, "--url", o.host, o.port);
+  if (!prefill_url.empty()) {
+    parse_url(prefill_url, "--prefill-url", o.prefill_host, o.prefill_port);
+    if (o.turns > 1 || o.rate > 0 || o.hold_s > 0)
+      usage("--prefill-url works with closed-loop single-turn runs only");
+  }
   if (o.concurrency == 0)
     usage("--concurrency must be > 0");
   if (o.turns > 1)
@@ -364,6 +387,7 @@ struct Shared {
   Options opt;
   net::io_context& io;
   tcp::endpoint ep;
+  tcp::endpoint prefill_ep;  // direct P/D only
   Clock::time_point start, measure_from, stop_at;
   Stats stats;
   std::size_t started = 0;
@@ -373,22 +397,33 @@ struct Shared {
   std::size_t hold_failed = 0;
 };
 
-std::string build_request(const Shared& sh, const std::string& body) {
-  const char* path = sh.opt.chat ? "/v1/chat/completions" : "/v1/completions";
+// `extra_headers`: complete header lines, each ending in CRLF.
+std::string build_request(const Options& o, const std::string& host, unsigned short port,
+                          const std::string& body, std::string_view extra_headers = {}) {
+  const char* path = o.chat ? "/v1/chat/completions" : "/v1/completions";
   std::string r;
   r.reserve(body.size() + 256);
   r += "POST ";
   r += path;
   r += " HTTP/1.1\r\nHost: ";
-  r += sh.opt.host + ":" + std::to_string(sh.opt.port);
-  r += "\r\nContent-Type: application/json\r\nContent-Length: ";
+  r += host + ":" + std::to_string(port);
+  r += "\r\n";
+  r += extra_headers;
+  r += "Content-Type: application/json\r\nContent-Length: ";
   r += std::to_string(body.size());
   r += "\r\n\r\n";
   r += body;
   return r;
 }
 
-std::string build_body(const Options& o, const std::string& prompt_or_messages, bool messages_raw) {
+std::string build_request(const Shared& sh, const std::string& body) {
+  return build_request(sh.opt, sh.opt.host, sh.opt.port, body);
+}
+
+// The request body. `stream` and `max_tokens` default to the options';
+// `extra_members` (",\"key\":value...") is added before the closing brace.
+std::string build_body(const Options& o, const std::string& prompt_or_messages, bool messages_raw,
+                       bool stream, unsigned max_tokens, std::string_view extra_members) {
   std::string b;
   b.reserve(prompt_or_messages.size() + 200);
   b += "{\"model\":\"" + o.model + "\",";
@@ -401,16 +436,106 @@ std::string build_body(const Options& o, const std::string& prompt_or_messages, 
   } else {
     b += "\"prompt\":\"" + prompt_or_messages + "\",";
   }
-  b += "\"max_tokens\":" + std::to_string(o.max_tokens) + ",\"ignore_eos\":true,";
+  b += "\"max_tokens\":" + std::to_string(max_tokens) + ",\"ignore_eos\":true,";
   b += "\"stream\":";
-  b += o.stream ? "true" : "false";
+  b += stream ? "true" : "false";
+  b += extra_members;
   b += "}";
   return b;
 }
 
+std::string build_body(const Options& o, const std::string& prompt_or_messages, bool messages_raw) {
+  return build_body(o, prompt_or_messages, messages_raw, o.stream, o.max_tokens, {});
+}
+
+// The raw JSON text of the top-level member `key` of the object `json`
+// (nullopt when absent or when `json` is not an object this simple scanner
+// can walk).
+std::optional<std::string_view> top_level_member(std::string_view json, std::string_view key) {
+  std::size_t i = 0;
+  auto ws = [&] {
+    while (i < json.size() &&
+           (json[i] == ' ' || json[i] == '\n' || json[i] == '\r' || json[i] == '\t'))
+      ++i;
+  };
+  // Skips a string starting at json[i] == '"'; returns its raw contents.
+  auto string = [&]() -> std::optional<std::string_view> {
+    const std::size_t start = ++i;
+    while (i < json.size() && json[i] != '"')
+      i += json[i] == '\\' ? 2 : 1;
+    if (i >= json.size())
+      return std::nullopt;
+    return json.substr(start, i++ - start);
+  };
+  // Skips one value starting at json[i]; returns false on malformed input.
+  auto value = [&]() -> bool {
+    int depth = 0;
+    while (i < json.size()) {
+      const char c = json[i];
+      if (c == '"') {
+        if (!string())
+          return false;
+      } else if (c == '{' || c == '[') {
+        ++depth;
+        ++i;
+      } else if (c == '}' || c == ']') {
+        if (depth == 0)
+          return true;
+        --depth;
+        ++i;
+      } else if (c == ',' && depth == 0) {
+        return true;
+      } else {
+        ++i;
+      }
+      if (depth == 0 && i < json.size() && (c == '"' || c == '}' || c == ']')) {
+        ws();
+        return true;
+      }
+    }
+    return depth == 0;
+  };
+  ws();
+  if (i >= json.size() || json[i] != '{')
+    return std::nullopt;
+  ++i;
+  for (;;) {
+    ws();
+    if (i >= json.size() || json[i] != '"')
+      return std::nullopt;
+    auto name = string();
+    ws();
+    if (!name || i >= json.size() || json[i] != ':')
+      return std::nullopt;
+    ++i;
+    ws();
+    const std::size_t start = i;
+    if (!value())
+      return std::nullopt;
+    std::string_view v = json.substr(start, i - start);
+    while (!v.empty() &&
+           (v.back() == ' ' || v.back() == '\n' || v.back() == '\r' || v.back() == '\t'))
+      v.remove_suffix(1);
+    if (*name == key)
+      return v;
+    ws();
+    if (i >= json.size() || json[i] != ',')
+      return std::nullopt;
+    ++i;
+  }
+}
+
+// What a prefill request asks for with nothing cached (as vLLM's proxies
+// and core/body_rewrite.hpp send it).
+constexpr std::string_view kPrefillKvMember =
+    R"(,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,)"
+    R"("remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null})";
+
 class Connection {
  public:
   explicit Connection(Shared& sh) : sh_(sh), sock_(sh.io), reader_(sock_) {}
+
+  Connection(Shared& sh, tcp::endpoint ep) : sh_(sh), ep_(ep), sock_(sh.io), reader_(sock_) {}
 
   net::awaitable<bool> ensure_open() {
     if (open_)
@@ -418,7 +543,7 @@ class Connection {
     reader_.reset();
     boost::system::error_code ec;
     sock_.close(ec);
-    auto [cec] = co_await sock_.async_connect(sh_.ep, use_tuple);
+    auto [cec] = co_await sock_.async_connect(ep_ ? *ep_ : sh_.ep, use_tuple);
     if (cec)
       co_return false;
     sock_.set_option(tcp::no_delay(true), ec);
@@ -430,9 +555,18 @@ class Connection {
   // the answer's text for multi-turn conversations.
   net::awaitable<bool> exchange(const std::string& request, Sample& s, std::string* content,
                                 bool* got_header = nullptr) {
+    const auto t0 = Clock::now();
+    co_return co_await exchange_at(t0, sh_.opt.stream, request, s, content, nullptr, got_header);
+  }
+
+  // The same, with times counted from `t0` (earlier than now in direct P/D,
+  // where the prefill exchange came first) and the body's raw bytes
+  // appended to `raw_body` when given (non-streaming only).
+  net::awaitable<bool> exchange_at(Clock::time_point t0, bool stream, const std::string& request,
+                                   Sample& s, std::string* content, std::string* raw_body,
+                                   bool* got_header = nullptr) {
     if (!co_await ensure_open())
       co_return false;
-    const auto t0 = Clock::now();
     auto [wec, wn] = co_await net::async_write(sock_, net::buffer(request), use_tuple);
     if (wec) {
       open_ = false;
@@ -450,7 +584,7 @@ class Connection {
         co_await reader_.read(status, keep, [&](std::string_view piece, Clock::time_point at) {
           if (got_header)
             *got_header = true;
-          if (sh_.opt.stream) {
+          if (stream) {
             std::size_t n = sse.feed(piece, content);
             for (std::size_t i = 0; i < n; ++i) {
               if (!last_token)
@@ -460,8 +594,11 @@ class Connection {
               last_token = at;
               ++s.tokens;
             }
-          } else if (content) {
-            body.append(piece);
+          } else {
+            if (content)
+              body.append(piece);
+            if (raw_body)
+              raw_body->append(piece);
           }
         });
     s.e2e_ms = ms(Clock::now() - t0);
@@ -473,7 +610,7 @@ class Connection {
       open_ = false;
     if (status != 200)
       co_return false;
-    if (!sh_.opt.stream) {
+    if (!stream) {
       s.tokens = sh_.opt.max_tokens;
       if (content)
         SseCounter::append_content(body, *content);
@@ -485,6 +622,7 @@ class Connection {
 
  private:
   Shared& sh_;
+  std::optional<tcp::endpoint> ep_;  // else sh_.ep
   tcp::socket sock_;
   ResponseReader reader_;
   bool open_ = false;
@@ -514,12 +652,54 @@ void record(Shared& sh, Clock::time_point started_at, bool ok, Sample&& s) {
     ++sh.stats.errors;
 }
 
+// Direct P/D, what a client without a gateway must do
+// (docs/vllm-protocol.md): the prefill engine computes one token and
+// exports its KV blocks; the decode engine gets the client's request plus
+// the prefill's kv_transfer_params and pulls the blocks. Both get the same
+// X-Request-Id. Times count from the prefill request.
+net::awaitable<bool> pd_exchange(Shared& sh, Connection& prefill, Connection& decode,
+                                 const std::string& prompt, const std::string& request_id,
+                                 Sample& s) {
+  const auto t0 = Clock::now();
+  const std::string id_header = "X-Request-Id: " + request_id + "\r\n";
+  const std::string prefill_req =
+      build_request(sh.opt, sh.opt.prefill_host, sh.opt.prefill_port,
+                    build_body(sh.opt, prompt, false, false, 1, kPrefillKvMember), id_header);
+  Sample ignored;
+  std::string answer;
+  if (!co_await prefill.exchange_at(t0, false, prefill_req, ignored, nullptr, &answer))
+    co_return false;
+  // Passed on untouched; null (or absent) means decode prefills locally.
+  std::string kv_member;
+  if (auto kv = top_level_member(answer, "kv_transfer_params"); kv && *kv != "null") {
+    kv_member = ",\"kv_transfer_params\":";
+    kv_member += *kv;
+  }
+  const std::string decode_req = build_request(
+      sh.opt, sh.opt.host, sh.opt.port,
+      build_body(sh.opt, prompt, false, sh.opt.stream, sh.opt.max_tokens, kv_member), id_header);
+  co_return co_await decode.exchange_at(t0, sh.opt.stream, decode_req, s, nullptr, nullptr);
+}
+
 // Closed loop: one connection, one request after another (single turn) or
 // one conversation after another (multi-turn).
 net::awaitable<void> closed_worker(Shared& sh) {
   Connection conn(sh);
   const unsigned id = sh.seq++;
   unsigned n = 0;
+  if (sh.opt.prefill_port != 0) {
+    Connection prefill(sh, sh.prefill_ep);
+    while (want_more(sh)) {
+      const unsigned k = id * 100003u + n++;
+      const std::string prompt = make_prompt(sh.opt.prompt_bytes, k);
+      const std::string rid = "loadgen-" + std::to_string(id) + "-" + std::to_string(n);
+      Sample s;
+      auto t = Clock::now();
+      bool ok = co_await pd_exchange(sh, prefill, conn, prompt, rid, s);
+      record(sh, t, ok, std::move(s));
+    }
+    co_return;
+  }
   while (want_more(sh)) {
     if (sh.opt.turns <= 1) {
       const std::string body =
@@ -715,18 +895,21 @@ void report(Shared& sh, double measured_s) {
 int main(int argc, char** argv) {
   Options opt = parse(argc, argv);
   net::io_context io(1);
-  Shared sh{opt, io, {}, {}, {}, {}, {}, 0, false, 0, 0, 0};
-  boost::system::error_code ec;
-  auto addr = net::ip::make_address(opt.host, ec);
-  if (ec) {
+  Shared sh{opt, io, {}, {}, {}, {}, {}, {}, 0, false, 0, 0, 0};
+  auto resolve = [&io](const std::string& host, unsigned short port) {
+    boost::system::error_code ec;
+    auto addr = net::ip::make_address(host, ec);
+    if (!ec)
+      return tcp::endpoint(addr, port);
     tcp::resolver res(io);
-    auto r = res.resolve(opt.host, std::to_string(opt.port), ec);
+    auto r = res.resolve(host, std::to_string(port), ec);
     if (ec || r.empty())
       usage("cannot resolve host");
-    sh.ep = *r.begin();
-  } else {
-    sh.ep = tcp::endpoint(addr, opt.port);
-  }
+    return r.begin()->endpoint();
+  };
+  sh.ep = resolve(opt.host, opt.port);
+  if (opt.prefill_port != 0)
+    sh.prefill_ep = resolve(opt.prefill_host, opt.prefill_port);
   sh.start = Clock::now();
   auto secs = [](double s) {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));

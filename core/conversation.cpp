@@ -21,6 +21,28 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// Where `json` ends in `,"kv_transfer_params":null}` and names the key
+// nowhere else: the compact form engines send on every answer without
+// params (vLLM's and the sim's serializers). Then that text is the
+// object's last member (a valid object's final `}` is outside any string,
+// so is the `null` before it, and a quote preceded by a comma opens the
+// key) and it is its only kv_transfer_params: it can be cut out without
+// indexing the body. Anything else (spaces, other members after it,
+// params that are not null) is left to the full parse.
+constexpr std::string_view kNullParamsTail = R"(,"kv_transfer_params":null})";
+
+std::optional<std::size_t> lone_null_params_at(std::string_view json) {
+  while (!json.empty() &&
+         (json.back() == ' ' || json.back() == '\n' || json.back() == '\r' || json.back() == '\t'))
+    json.remove_suffix(1);
+  if (json.size() < kNullParamsTail.size() + 1 || !json.ends_with(kNullParamsTail))
+    return std::nullopt;
+  const std::size_t at = json.size() - kNullParamsTail.size();
+  if (json.find(kParamsKey) != at + 2)  // after `,"`
+    return std::nullopt;
+  return at;
+}
+
 std::optional<std::string> bounded(std::string_view id) {
   if (id.empty() || id.size() > kMaxConversationIdBytes)
     return std::nullopt;
@@ -50,6 +72,16 @@ DecodeOutputFilter::DecodeOutputFilter(std::string decode_host, bool expose)
     : host_(std::move(decode_host)), expose_(expose) {}
 
 std::optional<std::string> DecodeOutputFilter::inspect(std::string_view json) {
+  if (const auto at = lone_null_params_at(json)) {
+    // Null: nothing to capture (decode kept no blocks), only to strip.
+    if (expose_)
+      return std::nullopt;
+    std::string out;
+    out.reserve(json.size());
+    out.append(json.substr(0, *at));
+    out.append(json.substr(*at + kNullParamsTail.size() - 1));  // keeps the `}`
+    return out;
+  }
   const auto index = index_json_object(json);
   if (!index)
     return std::nullopt;  // not ours to judge: relay as it came

@@ -195,6 +195,14 @@ struct PickContext {
   // Request headers a policy may read (e.g. a session header), names in
   // lower case. Filled by the pipeline for the headers it chooses to pass.
   std::vector<std::pair<std::string_view, std::string_view>> headers;
+  // The same headers produced on demand, for when few policies read them:
+  // for_each_header(header_source, user, emit) calls emit(user, name,
+  // value) for each header passed, the name lower-cased (valid only during
+  // that call). Used when `headers` is empty, so a request whose policy
+  // never reads ctx.headers pays nothing for them.
+  using HeaderEmit = void (*)(void* user, std::string_view name, std::string_view value);
+  void (*for_each_header)(const void* source, void* user, HeaderEmit emit) = nullptr;
+  const void* header_source = nullptr;
 };
 
 // How a routed request ended, for policies that learn.

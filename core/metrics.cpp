@@ -30,16 +30,20 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
   out += name + "_count " + std::to_string(cum) + "\n";
 }
 
-void GatewayMetrics::count_request(const std::string& route, unsigned status,
-                                   const std::string& stage) {
+void GatewayMetrics::count_request(std::string_view route, unsigned status,
+                                   std::string_view stage) {
+  const std::tuple<std::string_view, unsigned, std::string_view> key{route, status, stage};
   std::lock_guard lock(mu_);
-  ++requests_[{route, status, stage}];
+  auto it = requests_.find(key);
+  if (it == requests_.end())
+    it = requests_.emplace(std::tuple(std::string(route), status, std::string(stage)), 0).first;
+  ++it->second;
 }
 
 std::map<std::tuple<std::string, unsigned, std::string>, std::uint64_t> GatewayMetrics::requests()
     const {
   std::lock_guard lock(mu_);
-  return requests_;
+  return {requests_.begin(), requests_.end()};
 }
 
 std::string prometheus_escape(const std::string& v) {

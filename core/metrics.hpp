@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 namespace pdgate {
@@ -32,7 +33,8 @@ class Histogram {
 struct GatewayMetrics {
   // route ("/v1/completions", ...), status, stage that decided the answer
   // ("decode", "prefill", "gateway").
-  void count_request(const std::string& route, unsigned status, const std::string& stage);
+  // Allocates only the first time a (route, status, stage) is seen.
+  void count_request(std::string_view route, unsigned status, std::string_view stage);
   std::map<std::tuple<std::string, unsigned, std::string>, std::uint64_t> requests() const;
 
   Histogram request_seconds;
@@ -47,7 +49,8 @@ struct GatewayMetrics {
 
  private:
   mutable std::mutex mu_;
-  std::map<std::tuple<std::string, unsigned, std::string>, std::uint64_t> requests_;
+  // std::less<>: looked up by string views, without building the key.
+  std::map<std::tuple<std::string, unsigned, std::string>, std::uint64_t, std::less<>> requests_;
 };
 
 std::string prometheus_escape(const std::string& v);

@@ -1,5 +1,7 @@
 #include "core/pipeline.hpp"
 
+#include <array>
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -10,6 +12,7 @@
 #include "core/conversation.hpp"
 #include "core/encode_stage.hpp"
 #include "core/errors.hpp"
+#include "core/http_head.hpp"
 #include "core/json_body.hpp"
 #include "core/sse.hpp"
 #include "plugins/kv_connector.hpp"
@@ -60,6 +63,23 @@ std::string request_id_for(WorkerContext& w, const http::request<http::string_bo
     if (ok) return std::string(v);
   }
   return boost::uuids::to_string(w.uuids());
+}
+
+// PickContext::for_each_header over the client's request: every header but
+// the credentials, names lower-cased.
+void policy_headers(const void* source, void* user, PickContext::HeaderEmit emit) {
+  const auto& req = *static_cast<const http::request<http::string_body>*>(source);
+  std::string low;
+  for (const auto& f : req) {
+    const auto name = f.name();
+    if (name == http::field::authorization || name == http::field::cookie ||
+        name == http::field::proxy_authorization)
+      continue;
+    low.assign(f.name_string());
+    for (auto& c : low)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    emit(user, low, f.value());
+  }
 }
 
 std::string authorization_for(const WorkerContext& w, const http::request<http::string_body>& req) {
@@ -446,7 +466,13 @@ net::awaitable<bool> write_response(beast::tcp_stream& client,
                                     http::response<http::string_body>& res) {
   // A client that stops reading must not pin the connection forever.
   client.expires_after(std::chrono::seconds(60));
-  auto [ec, n] = co_await http::async_write(client, res, use_tuple);
+  if (!head_renders_message(res)) {
+    auto [ec, n] = co_await http::async_write(client, res, use_tuple);
+    co_return !ec;
+  }
+  const std::string head = render_head(res.base());
+  const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(res.body())};
+  auto [ec, n] = co_await net::async_write(client, parts, use_tuple);
   co_return !ec;
 }
 
@@ -482,20 +508,10 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   ctx.prompt_raw = raw_member(body, *index, is_chat ? "messages" : "prompt").value_or("");
   // The body's conversation_id, else the X-Conversation-Id header.
   ctx.conversation_id = conversation_key(req, *facts);
-  // Policies may route on any request header but the credentials. Names
-  // are lower-cased copies; `lowered` is sized up front so that the views
-  // into it stay valid.
-  std::vector<std::string> lowered;
-  lowered.reserve(static_cast<std::size_t>(std::distance(req.begin(), req.end())));
-  for (const auto& f : req) {
-    const auto name = f.name();
-    if (name == http::field::authorization || name == http::field::cookie ||
-        name == http::field::proxy_authorization)
-      continue;
-    auto& low = lowered.emplace_back(f.name_string());
-    for (auto& c : low) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    ctx.headers.emplace_back(low, f.value());
-  }
+  // Policies may route on any request header but the credentials, listed
+  // only if a policy reads them (policy_headers).
+  ctx.header_source = &req;
+  ctx.for_each_header = &policy_headers;
   ctx.request_id = request_id;
 
   // Stage 0: images and audio go to the encoders first (E -> P -> D or

@@ -38,29 +38,36 @@ std::string default_authorization() {
   return std::string("Bearer ") + key;
 }
 
+// One client request's scope and whether it is over, in one allocation:
+// the watch below may outlive the request.
+struct WatchedRequest {
+  RequestScope scope;
+  bool done = false;
+};
+
 // Watches the client's socket while its request is being served: the
 // client must not send anything until it has its answer, so readability
 // means it closed the connection (or pipelined a request, which we leave
 // in the socket). On close, every upstream connection of the request is
 // closed at once so the engines abort.
-void watch_client(tcp::socket& socket, std::shared_ptr<RequestScope> scope,
-                  std::shared_ptr<bool> done) {
-  auto slot = scope->watch_cancel().slot();
-  socket.async_wait(
-      tcp::socket::wait_read,
-      net::bind_cancellation_slot(slot, [&socket, scope, done](const beast::error_code& ec) {
-        // `done` is checked first: once the request completed, the session
-        // may already have moved on and `socket` must not be touched.
-        if (ec || *done) return;
-        char c;
-        const auto n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n > 0) return;  // pipelined bytes: the client is still there
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-          watch_client(socket, scope, done);
-          return;
-        }
-        scope->on_client_gone();
-      }));
+void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req) {
+  auto slot = req->scope.watch_cancel().slot();
+  socket.async_wait(tcp::socket::wait_read,
+                    net::bind_cancellation_slot(slot, [&socket, req](const beast::error_code& ec) {
+                      // `done` is checked first: once the request completed, the session
+                      // may already have moved on and `socket` must not be touched.
+                      if (ec || req->done)
+                        return;
+                      char c;
+                      const auto n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+                      if (n > 0)
+                        return;  // pipelined bytes: the client is still there
+                      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                        watch_client(socket, req);
+                        return;
+                      }
+                      req->scope.on_client_gone();
+                    }));
 }
 
 std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
@@ -585,9 +592,10 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     if (buffer.size() == 0) buffer.shrink_to_fit();
 
     active_requests_.fetch_add(1);
-    auto scope = std::make_shared<RequestScope>();
-    auto done = std::make_shared<bool>(false);
-    if (buffer.size() == 0) watch_client(stream.socket(), scope, done);
+    auto watched = std::make_shared<WatchedRequest>();
+    RequestScope* const scope = &watched->scope;
+    if (buffer.size() == 0)
+      watch_client(stream.socket(), watched);
     bool keep_alive = false;
     const std::string_view path = path_of(req.target());
     const auto method = req.method();
@@ -629,12 +637,11 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
           req.version(), req.keep_alive());
       keep_alive = co_await write_response(stream, res) && req.keep_alive();
     }
-    *done = true;
+    watched->done = true;
     scope->watch_cancel().emit(net::cancellation_type::all);
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       // 499 (as nginx logs it): the client left before an answer was written.
-      metrics_.count_request(std::string(path), scope->status != 0 ? scope->status : 499,
-                             scope->stage);
+      metrics_.count_request(path, scope->status != 0 ? scope->status : 499, scope->stage);
       metrics_.request_seconds.observe(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - scope->received)
               .count());

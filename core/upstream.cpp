@@ -1,8 +1,13 @@
 #include "core/upstream.hpp"
 
+#include <array>
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/read_size.hpp>
+
+#include "core/http_head.hpp"
 
 namespace pdgate {
 
@@ -163,8 +168,17 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 
     auto& stream = ex->conn_->stream;
     stream.expires_after(timeouts.first_byte);
-    auto [wec, wn] = co_await http::async_write(stream, req, use_tuple);
-    beast::error_code ec = wec;
+    beast::error_code ec;
+    if (head_renders_message(req)) {
+      // One gather write of head and body (core/http_head.hpp).
+      const std::string head = render_head(req.base());
+      const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(req.body())};
+      auto [wec, wn] = co_await net::async_write(stream, parts, use_tuple);
+      ec = wec;
+    } else {
+      auto [wec, wn] = co_await http::async_write(stream, req, use_tuple);
+      ec = wec;
+    }
     if (!ec) {
       auto [rec, rn] =
           co_await http::async_read_header(stream, ex->conn_->buffer, *ex->parser_, use_tuple);

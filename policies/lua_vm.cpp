@@ -564,6 +564,33 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
   }
 }
 
+void add_header(void* L_, std::string_view name, std::string_view value) {
+  auto* L = static_cast<lua_State*>(L_);
+  lua_pushlstring(L, name.data(), name.size());
+  lua_pushlstring(L, value.data(), value.size());
+  lua_rawset(L, -3);
+}
+
+// __index of the ctx table: ctx.headers is built from the request only
+// when a script reads it (most policies never do), then kept in ctx for
+// the rest of the call.
+int ctx_index(lua_State* L) {
+  auto* I = static_cast<Impl*>(lua_touserdata(L, lua_upvalueindex(1)));
+  std::size_t n = 0;
+  const char* key = lua_tolstring(L, 2, &n);
+  const PickContext* ctx = I->cur_ctx;
+  if (key == nullptr || std::string_view(key, n) != "headers" || ctx == nullptr ||
+      ctx->for_each_header == nullptr) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_createtable(L, 0, 8);
+  ctx->for_each_header(ctx->header_source, L, &add_header);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, 1, "headers");
+  return 1;
+}
+
 // Fills the reused ctx table from the request. The table is only valid
 // during the call: scripts copy what they keep (docs/policies.md).
 void push_ctx(Impl& I, const PickContext& ctx) {
@@ -588,7 +615,10 @@ void push_ctx(Impl& I, const PickContext& ctx) {
     lua_pushnil(L);
     lua_setfield(L, -2, "prefill");
   }
-  if (ctx.headers.empty()) {
+  if (ctx.headers.empty() && ctx.for_each_header != nullptr) {
+    // Built by ctx_index when a script first reads ctx.headers.
+    lua_pushnil(L);
+  } else if (ctx.headers.empty()) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, I.empty_ref);
   } else {
     lua_createtable(L, 0, static_cast<int>(ctx.headers.size()));
@@ -680,6 +710,13 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
   lua_sethook(L, count_hook, LUA_MASKCOUNT, kHookCount);
 
   lua_createtable(L, 0, 12);
+  lua_createtable(L, 0, 2);
+  lua_pushlightuserdata(L, I.get());
+  lua_pushcclosure(L, ctx_index, 1);
+  lua_setfield(L, -2, "__index");
+  lua_pushboolean(L, 0);  // scripts cannot read or replace it
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
   I->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_createtable(L, 0, 6);
   I->outcome_ref = luaL_ref(L, LUA_REGISTRYINDEX);

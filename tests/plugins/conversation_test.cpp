@@ -147,6 +147,47 @@ TEST(DecodeOutputFilter, NullParamsNotCaptured) {
   EXPECT_FALSE(f.take_new_capture());
 }
 
+// The null params every answer without blocks carries (compact, last
+// member) are cut out byte-exactly; when the key also appears elsewhere
+// (here in the generated text) or is spaced out, the body is parsed and
+// only the member goes. Bodies keep everything else byte for byte.
+TEST(DecodeOutputFilter, NullParamsStrippedExactly) {
+  DecodeOutputFilter f("d", false);
+  const std::string head =
+      R"({"id":"cmpl-1","choices":[{"index":0,"text":" Paris","finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6})";
+  std::string body = head + R"(,"kv_transfer_params":null})";
+  f.on_body(body);
+  EXPECT_EQ(body, head + "}");
+
+  const std::string tricky_head =
+      R"({"id":"c","choices":[{"text":"say \"kv_transfer_params\":null}"}])";
+  std::string tricky = tricky_head + R"(,"kv_transfer_params":null})";
+  f.on_body(tricky);
+  EXPECT_EQ(json::parse(tricky), json::parse(tricky_head + "}"));
+
+  std::string spaced = head + R"(, "kv_transfer_params" : null }  )";
+  f.on_body(spaced);
+  EXPECT_FALSE(json::parse(spaced).contains("kv_transfer_params"));
+  EXPECT_EQ(json::parse(spaced)["choices"][0]["text"], " Paris");
+
+  // A null member followed by real params (duplicate keys): the full parse
+  // decides, nothing leaks.
+  std::string twice = head + R"(,"kv_transfer_params":)" + std::string(kDecodeParams) +
+                      R"(,"kv_transfer_params":null})";
+  f.on_body(twice);
+  EXPECT_EQ(twice.find("remote_block_ids"), std::string::npos) << twice;
+
+  SseEvent e = event_of(chunk(",\"kv_transfer_params\":null"));
+  const std::string out(f.on_event(e));
+  EXPECT_EQ(out, chunk(""));
+  EXPECT_FALSE(f.captured());
+
+  DecodeOutputFilter exposed("d", true);
+  std::string kept = head + R"(,"kv_transfer_params":null})";
+  exposed.on_body(kept);
+  EXPECT_EQ(kept, head + R"(,"kv_transfer_params":null})");
+}
+
 // A non-streaming completion body: params captured and removed, the rest kept.
 TEST(DecodeOutputFilter, WholeBody) {
   DecodeOutputFilter f("10.1.1.1", false);

@@ -174,6 +174,54 @@ TEST(PolicyPick, ContextFields) {
   EXPECT_EQ(e->stats().fallbacks(), 0u);
 }
 
+// Headers given as a source (what the gateway passes) are produced only
+// when a script reads ctx.headers, once per pick, and reach it like the
+// eager list.
+TEST(PolicyPick, HeadersFromSourceOnlyWhenRead) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.model == "ignore-headers" then return 1 end
+      local h = ctx.headers
+      assert(h == ctx.headers, "same table within a pick")
+      if h["x-tenant"] == "blue" then return 2 end
+      return 1
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2);
+  struct Source {
+    std::vector<std::pair<std::string, std::string>> headers;
+    int listed = 0;
+  } src;
+  auto each = [](const void* source, void* user, PickContext::HeaderEmit emit) {
+    auto* s = static_cast<Source*>(const_cast<void*>(source));
+    ++s->listed;
+    for (const auto& [k, v] : s->headers)
+      emit(user, k, v);
+  };
+  PickContext ctx = decode_ctx("req-h");
+  ctx.header_source = &src;
+  ctx.for_each_header = each;
+
+  ctx.model = "ignore-headers";
+  EXPECT_EQ(p->pick(inst, ctx), inst[0]);
+  EXPECT_EQ(src.listed, 0);
+
+  ctx.model = "m";
+  src.headers = {{"x-tenant", "blue"}};
+  EXPECT_EQ(p->pick(inst, ctx), inst[1]);
+  EXPECT_EQ(src.listed, 1);
+  // The next pick sees the next request's headers, not the cached table.
+  src.headers = {{"x-tenant", "red"}};
+  EXPECT_EQ(p->pick(inst, ctx), inst[0]);
+  EXPECT_EQ(src.listed, 2);
+  src.headers.clear();
+  EXPECT_EQ(p->pick(inst, ctx), inst[0]);
+  EXPECT_EQ(e->stats().fallbacks(), 0u);
+}
+
 // Numbers that change between picks reach the script (cached tables stay fresh).
 TEST(PolicyPick, NumbersRefreshBetweenPicks) {
   auto e = engine_for("least_load");
