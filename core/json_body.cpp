@@ -598,7 +598,8 @@ const JsonBodyEditor::Edit* JsonBodyEditor::find_edit(std::string_view key) cons
   return nullptr;
 }
 
-std::string JsonBodyEditor::render() const {
+template <class Original, class Fragment>
+void JsonBodyEditor::walk(Original&& original, Fragment&& fragment) const {
   const auto& members = index_->members;
   // What happens to each original member: kept verbatim, kept with a new
   // value (first occurrence of a set key) or dropped.
@@ -618,49 +619,98 @@ std::string JsonBodyEditor::render() const {
     }
   }
 
-  // The layout, as a list of pieces, is walked twice: once to size the
-  // output and once to fill it, so the body is allocated exactly once.
-  const auto walk = [&](auto&& emit) {
-    const std::size_t prefix_end = members.empty() ? index_->close_brace : members.front().begin;
-    emit(text_.substr(0, prefix_end));
-    bool first = true;
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      if (fate[i] == Fate::drop)
-        continue;
-      const JsonMember& m = members[i];
-      // A member's own leading separator (`ws , ws` after the previous
-      // member) holds exactly one comma, so it stays correct when the
-      // previous member was dropped. The first kept member follows the
-      // object's prefix directly instead.
-      if (!first)
-        emit(text_.substr(members[i - 1].end, m.begin - members[i - 1].end));
-      first = false;
-      if (fate[i] == Fate::keep) {
-        emit(text_.substr(m.begin, m.end - m.begin));
-      } else {
-        emit(text_.substr(m.begin, m.value_begin - m.begin));
-        emit(std::string_view(*find_edit(m.key)->value));
-        emit(text_.substr(m.value_end, m.end - m.value_end));
-      }
+  const std::size_t prefix_end = members.empty() ? index_->close_brace : members.front().begin;
+  original(0, prefix_end);
+  bool first = true;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (fate[i] == Fate::drop)
+      continue;
+    const JsonMember& m = members[i];
+    // A member's own leading separator (`ws , ws` after the previous
+    // member) holds exactly one comma, so it stays correct when the
+    // previous member was dropped. The first kept member follows the
+    // object's prefix directly instead.
+    if (!first)
+      original(members[i - 1].end, m.begin);
+    first = false;
+    if (fate[i] == Fate::keep) {
+      original(m.begin, m.end);
+    } else {
+      original(m.begin, m.value_begin);
+      fragment(std::string_view(*find_edit(m.key)->value));
+      original(m.value_end, m.end);
     }
-    for (std::size_t k = 0; k < edits_.size(); ++k) {
-      if (!edits_[k].value || edit_placed[k])
-        continue;
-      if (!first)
-        emit(std::string_view(","));
-      first = false;
-      emit(std::string_view(json_quote(edits_[k].key)));
-      emit(std::string_view(":"));
-      emit(std::string_view(*edits_[k].value));
-    }
-    const std::size_t suffix_begin = members.empty() ? index_->close_brace : members.back().end;
-    emit(text_.substr(suffix_begin));
-  };
+  }
+  for (std::size_t k = 0; k < edits_.size(); ++k) {
+    if (!edits_[k].value || edit_placed[k])
+      continue;
+    if (!first)
+      fragment(std::string_view(","));
+    first = false;
+    fragment(std::string_view(json_quote(edits_[k].key)));
+    fragment(std::string_view(":"));
+    fragment(std::string_view(*edits_[k].value));
+  }
+  const std::size_t suffix_begin = members.empty() ? index_->close_brace : members.back().end;
+  original(suffix_begin, text_.size());
+}
+
+std::string JsonBodyEditor::render() const {
+  // The layout is walked twice: once to size the output and once to fill
+  // it, so the body is allocated exactly once.
   std::size_t total = 0;
-  walk([&](std::string_view piece) { total += piece.size(); });
+  walk([&](std::size_t b, std::size_t e) { total += e - b; },
+       [&](std::string_view piece) { total += piece.size(); });
   std::string out;
   out.reserve(total);
-  walk([&](std::string_view piece) { out.append(piece); });
+  walk([&](std::size_t b, std::size_t e) { out.append(text_.substr(b, e - b)); },
+       [&](std::string_view piece) { out.append(piece); });
+  return out;
+}
+
+SplicedText JsonBodyEditor::splice() const {
+  SplicedText out;
+  out.original_ = text_;
+  walk([&](std::size_t b, std::size_t e) { out.add_original(b, e - b); },
+       [&](std::string_view piece) { out.add_fragment(piece); });
+  return out;
+}
+
+SplicedText::SplicedText(std::string_view original) : original_(original) {
+  add_original(0, original.size());
+}
+
+void SplicedText::add_original(std::size_t begin, std::size_t size) {
+  if (size == 0)
+    return;
+  size_ += size;
+  // Kept members lie next to each other in the original: one piece.
+  if (!pieces_.empty() && !pieces_.back().fragment &&
+      pieces_.back().begin + pieces_.back().size == begin) {
+    pieces_.back().size += size;
+    return;
+  }
+  pieces_.push_back(Piece{false, begin, size});
+}
+
+void SplicedText::add_fragment(std::string_view bytes) {
+  if (bytes.empty())
+    return;
+  size_ += bytes.size();
+  const std::size_t begin = fragments_.size();
+  fragments_.append(bytes);
+  if (!pieces_.empty() && pieces_.back().fragment &&
+      pieces_.back().begin + pieces_.back().size == begin) {
+    pieces_.back().size += bytes.size();
+    return;
+  }
+  pieces_.push_back(Piece{true, begin, bytes.size()});
+}
+
+std::string SplicedText::str() const {
+  std::string out;
+  out.reserve(size_);
+  for_each([&](std::string_view piece) { out.append(piece); });
   return out;
 }
 

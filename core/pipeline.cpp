@@ -329,11 +329,14 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
   StageReport report(w.picker, r.instance, ctx);
   const UpstreamSpec* decode_spec = decode != nullptr ? &decode->spec : nullptr;
   r.request_id = connector.stage_request_id(request_id, &r.instance->spec, decode_spec, uuid_hex(w));
-  auto up = upstream_request(http::verb::post, *r.instance, req.target(),
-                             connector.prefill_body(client_body, index, prefill_params),
-                             r.request_id, authorization);
+  // Slices of the client's body plus the few edited bytes: the prompt is
+  // written from where it was received, never copied.
+  const SplicedText body = connector.prefill_body(client_body, index, prefill_params);
+  const auto head = upstream_head(http::verb::post, *r.instance, req.target(), body.size(),
+                                  r.request_id, authorization);
+  const auto buffers = body_buffers(body);
   auto& pool = w.pools.for_instance(r.instance);
-  auto [err, ex] = co_await UpstreamExchange::start(pool, up, scope, w.timeouts());
+  auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, scope, w.timeouts());
   if (ex) report.first_byte(ex->status());
   if (err) {
     if (retriable(err)) {
@@ -388,20 +391,42 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
 
 }  // namespace
 
+http::request_header<> upstream_head(http::verb method, const Instance& inst,
+                                     std::string_view target, std::size_t body_size,
+                                     const std::string& request_id,
+                                     const std::string& authorization) {
+  http::request_header<> h;
+  h.method(method);
+  h.target(target);
+  h.version(11);
+  h.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
+  h.set(http::field::user_agent, "pdgate");
+  h.set("X-Request-Id", request_id);
+  if (!authorization.empty()) h.set(http::field::authorization, authorization);
+  if (method == http::verb::post) {
+    h.set(http::field::content_type, "application/json");
+    h.set(http::field::content_length, std::to_string(body_size));
+  }
+  return h;
+}
+
 http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
                                                   std::string_view target, std::string body,
                                                   const std::string& request_id,
                                                   const std::string& authorization) {
-  http::request<http::string_body> r{method, target, 11};
-  r.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
-  r.set(http::field::user_agent, "pdgate");
-  r.set("X-Request-Id", request_id);
-  if (!authorization.empty()) r.set(http::field::authorization, authorization);
-  if (method == http::verb::post) r.set(http::field::content_type, "application/json");
+  http::request<http::string_body> r{
+      upstream_head(method, inst, target, body.size(), request_id, authorization)};
   r.keep_alive(true);
   r.body() = std::move(body);
   r.prepare_payload();
   return r;
+}
+
+std::vector<net::const_buffer> body_buffers(const SplicedText& body) {
+  std::vector<net::const_buffer> out;
+  out.reserve(body.piece_count());
+  body.for_each([&](std::string_view piece) { out.emplace_back(piece.data(), piece.size()); });
+  return out;
 }
 
 std::string snippet(std::string_view s, std::size_t max) {
@@ -516,7 +541,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   // name a previous turn's blocks: no reuse otherwise.
   const bool reuse = !one_hop && connector.passes_params();
   const std::optional<std::string> conversation = reuse ? ctx.conversation_id : std::nullopt;
-  std::string decode_body;
+  // Slices of `body` plus edits; small however long the prompt.
+  SplicedText decode_body;
   InstancePtr prefill;
   InstancePtr decode;
   std::string stage_id = request_id;
@@ -597,13 +623,11 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     }
     InFlightGuard guard(decode);
     StageReport report(w.picker, decode, ctx);
-    auto up = upstream_request(http::verb::post, *decode, req.target(), decode_body, stage_id,
-                               authorization);
-    auto [err, ex] =
-        co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
-    // Sent (start retries internally): a stream that lasts minutes must not
-    // hold a copy of its prompt meanwhile.
-    std::string().swap(up.body());
+    const auto head = upstream_head(http::verb::post, *decode, req.target(), decode_body.size(),
+                                    stage_id, authorization);
+    const auto buffers = body_buffers(decode_body);
+    auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
+                                                      scope, w.timeouts());
     if (ex) report.first_byte(ex->status());
     std::optional<GatewayError> failure;
     if (err) {

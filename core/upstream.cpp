@@ -2,6 +2,8 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_range.hpp>
 #include <boost/beast/core/read_size.hpp>
 
 namespace pdgate {
@@ -145,6 +147,24 @@ UpstreamError UpstreamExchange::classify(const beast::error_code& ec, const char
 net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> UpstreamExchange::start(
     UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
     UpstreamTimeouts timeouts) {
+  const std::vector<net::const_buffer> body{net::buffer(req.body())};
+  co_return co_await start(pool, req.base(), body, scope, timeouts);
+}
+
+net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> UpstreamExchange::start(
+    UpstreamPool& pool, const http::request_header<>& head,
+    const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts) {
+  // The header's bytes as Beast lays them out (start line, fields, blank
+  // line), followed by the body's pieces: one gathering write.
+  // The writer owns part of the start line's bytes: it lives as long as
+  // the write does.
+  http::fields::writer header_bytes{head, head.version(), head.method()};
+  const auto header_view = header_bytes.get();
+  std::vector<net::const_buffer> out;
+  for (const auto b : beast::buffers_range_ref(header_view)) out.push_back(b);
+  for (const auto& b : body) {
+    if (b.size() != 0) out.push_back(b);
+  }
   for (int attempt = 0;; ++attempt) {
     if (scope.client_gone()) {
       co_return std::pair{UpstreamError{UpstreamFailure::aborted, "client went away"}, nullptr};
@@ -163,7 +183,7 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 
     auto& stream = ex->conn_->stream;
     stream.expires_after(timeouts.first_byte);
-    auto [wec, wn] = co_await http::async_write(stream, req, use_tuple);
+    auto [wec, wn] = co_await net::async_write(stream, out, use_tuple);
     beast::error_code ec = wec;
     if (!ec) {
       auto [rec, rn] =

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -111,6 +112,14 @@ class UpstreamExchange {
   static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
       UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
       UpstreamTimeouts timeouts);
+  // The same with the body given as a buffer sequence (slices of the
+  // client's body and edited fragments, core/json_body.hpp), written after
+  // `head` in one gathering write: a large body is never copied. `head`
+  // must carry the body's Content-Length; the buffers' memory must stay
+  // valid until this completes.
+  static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
+      UpstreamPool& pool, const http::request_header<>& head,
+      const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts);
 
   unsigned status() const { return parser_->get().result_int(); }
   const http::response_header<>& header() const { return parser_->get().base(); }
