@@ -5,6 +5,10 @@
 #include <cstring>
 #include <utility>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace pdgate {
 namespace {
 
@@ -45,6 +49,40 @@ bool eight_plain_bytes(const char* p) {
                                 has_zero_byte(x ^ (kOnes * '\\')) |
                                 ((x - kOnes * 0x20) & ~x & kHighs) | (x & kHighs);
   return special == 0;
+}
+
+#if defined(__SSE2__)
+// How many of the 16 bytes at `p` come before the first one that needs
+// attention inside a string (16 when none does): one compare per class
+// for 16 bytes. A signed compare below 0x20 catches both the control
+// characters and every byte >= 0x80.
+std::size_t plain_prefix16(const char* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i special = _mm_or_si128(
+      _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+      _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
+  const auto mask = static_cast<unsigned>(_mm_movemask_epi8(special));
+  return mask == 0 ? 16 : static_cast<std::size_t>(__builtin_ctz(mask));
+}
+#endif
+
+// Index of the first byte at or after `run` in `t` that is not plain
+// inside a string (t.size() when there is none).
+std::size_t skip_plain(std::string_view t, std::size_t run) {
+  const std::size_t n = t.size();
+#if defined(__SSE2__)
+  while (run + 16 <= n) {
+    const std::size_t k = plain_prefix16(t.data() + run);
+    run += k;
+    if (k < 16)
+      return run;
+  }
+#endif
+  while (run + 8 <= n && eight_plain_bytes(t.data() + run))
+    run += 8;
+  while (run < n && kStringClass[static_cast<unsigned char>(t[run])] == kPlain)
+    ++run;
+  return run;
 }
 
 bool is_ws(char c) {
@@ -148,11 +186,7 @@ class Scanner {
     ++p_;
     const std::size_t n = t_.size();
     while (true) {
-      std::size_t run = p_;
-      while (run + 8 <= n && eight_plain_bytes(t_.data() + run))
-        run += 8;
-      while (run < n && kStringClass[static_cast<unsigned char>(t_[run])] == kPlain)
-        ++run;
+      const std::size_t run = skip_plain(t_, p_);
       if (decoded != nullptr)
         decoded->append(t_.data() + p_, run - p_);
       p_ = run;

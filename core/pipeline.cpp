@@ -1,10 +1,10 @@
 #include "core/pipeline.hpp"
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/uuid/uuid_io.hpp>
-#include <spdlog/spdlog.h>
 
 #include "core/body_rewrite.hpp"
 #include "core/conversation.hpp"
@@ -12,8 +12,8 @@
 #include "core/errors.hpp"
 #include "core/json_body.hpp"
 #include "core/sse.hpp"
-#include "plugins/kv_connector.hpp"
 #include "core/stage.hpp"
+#include "plugins/kv_connector.hpp"
 
 namespace pdgate {
 
@@ -29,7 +29,8 @@ constexpr std::size_t kMaxErrorBody = 1u << 20;
 constexpr std::size_t kMaxRequestIdLength = 256;
 
 bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
+  if (a.size() != b.size())
+    return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (std::tolower(static_cast<unsigned char>(a[i])) !=
         std::tolower(static_cast<unsigned char>(b[i])))
@@ -39,8 +40,10 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -56,15 +59,18 @@ std::string request_id_for(WorkerContext& w, const http::request<http::string_bo
   if (it != req.end()) {
     std::string_view v = it->value();
     bool ok = !v.empty() && v.size() <= kMaxRequestIdLength;
-    for (char c : v) ok = ok && c > 0x20 && c < 0x7f;
-    if (ok) return std::string(v);
+    for (char c : v)
+      ok = ok && c > 0x20 && c < 0x7f;
+    if (ok)
+      return std::string(v);
   }
   return boost::uuids::to_string(w.uuids());
 }
 
 std::string authorization_for(const WorkerContext& w, const http::request<http::string_body>& req) {
   auto it = req.find(http::field::authorization);
-  if (it != req.end()) return std::string(it->value());
+  if (it != req.end())
+    return std::string(it->value());
   return w.default_authorization;
 }
 
@@ -75,7 +81,8 @@ net::awaitable<bool> send_error(beast::tcp_stream& client,
   if (scope != nullptr)
     scope->status = err.status;
   auto res = make_error_response(err, req.version(), req.keep_alive());
-  if (!request_id.empty()) res.set("X-Request-Id", request_id);
+  if (!request_id.empty())
+    res.set("X-Request-Id", request_id);
   if (err.status >= 500) {
     spdlog::warn("request {} -> {}: {}", request_id, err.status, err.message);
   } else {
@@ -89,7 +96,8 @@ void copy_answer_headers(const http::response_header<>& from, http::response_hea
   // belong to the upstream connection, not to the client's.
   for (auto field : {http::field::content_type, http::field::cache_control}) {
     auto it = from.find(field);
-    if (it != from.end()) to.set(field, it->value());
+    if (it != from.end())
+      to.set(field, it->value());
   }
 }
 
@@ -97,8 +105,7 @@ void copy_answer_headers(const http::response_header<>& from, http::response_hea
 net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view data,
                                  const Config& cfg) {
   client.expires_after(cfg.client_idle_timeout);
-  auto [ec, n] =
-      co_await net::async_write(client, http::make_chunk(net::buffer(data)), use_tuple);
+  auto [ec, n] = co_await net::async_write(client, http::make_chunk(net::buffer(data)), use_tuple);
   co_return !ec;
 }
 
@@ -107,9 +114,9 @@ net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view dat
 // off mid-stream, the client gets an in-band error event and the stream
 // ends: never an invented finish_reason or [DONE].
 net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
-                                  const http::request<http::string_body>& req,
-                                  UpstreamExchange& ex, const Instance& decode,
-                                  const std::string& request_id, RequestScope& scope,
+                                  const http::request<http::string_body>& req, UpstreamExchange& ex,
+                                  const Instance& decode, const std::string& request_id,
+                                  RequestScope& scope,
                                   const std::optional<std::string>& conversation) {
   http::response<http::empty_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
@@ -136,7 +143,8 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
   while (!ex.done()) {
     in.clear();
     if (auto err = co_await ex.read_some(in); err) {
-      if (err.kind == UpstreamFailure::aborted) co_return false;
+      if (err.kind == UpstreamFailure::aborted)
+        co_return false;
       failure = err.detail;
       break;
     }
@@ -145,7 +153,8 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
       break;
     }
     out.clear();
-    while (scanner.next(event)) out += filter.on_event(event);
+    while (scanner.next(event))
+      out += filter.on_event(event);
     // Stored before the client sees the end of the turn, so a client that
     // sends its next turn at once (to any replica) finds them.
     if (filter.take_new_capture() && conversation && w.conversations) {
@@ -160,8 +169,10 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
   if (!failure.empty()) {
     spdlog::warn("request {}: decode stream broke off: {}", request_id, failure);
     decode.failures_total.fetch_add(1, std::memory_order_relaxed);
-    const std::string ev = sse_data_event(error_json(502, "decode stage failed mid-stream: " + failure));
-    if (!co_await write_chunk(client, ev, w.cfg)) co_return false;
+    const std::string ev =
+        sse_data_event(error_json(502, "decode stage failed mid-stream: " + failure));
+    if (!co_await write_chunk(client, ev, w.cfg))
+      co_return false;
   } else {
     ex.finish();
   }
@@ -173,15 +184,15 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
 // Relays a non-streaming answer: status, the headers that describe the
 // body, the body.
 net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
-                                 const http::request<http::string_body>& req,
-                                 UpstreamExchange& ex, const Instance& inst, Stage stage,
-                                 const std::string& request_id,
+                                 const http::request<http::string_body>& req, UpstreamExchange& ex,
+                                 const Instance& inst, Stage stage, const std::string& request_id,
                                  DecodeOutputFilter* filter = nullptr,
                                  const std::optional<std::string>& conversation = std::nullopt) {
   std::string body;
   if (auto err = co_await ex.read_all(body, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
       err) {
-    if (err.kind == UpstreamFailure::aborted) co_return false;
+    if (err.kind == UpstreamFailure::aborted)
+      co_return false;
     inst.failures_total.fetch_add(1, std::memory_order_relaxed);
     co_return co_await send_error(client, req, stage_failure(stage, err), request_id);
   }
@@ -300,14 +311,11 @@ class RetryToken {
 // the other connectors move the cache out of band and the answer is
 // dropped. `decode` is the decode already chosen, when the connector names
 // both peers in the request id.
-net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& set,
-                                          const http::request<http::string_body>& req,
-                                          std::string_view client_body,
-                                          const JsonObjectIndex& index,
-                                          std::string_view prefill_params, const Instance* decode,
-                                          const PickContext& base, const std::string& request_id,
-                                          const std::string& authorization, RequestScope& scope,
-                                          const Instance* skip = nullptr) {
+net::awaitable<PrefillResult> run_prefill(
+    WorkerContext& w, const InstanceSet& set, const http::request<http::string_body>& req,
+    std::string_view client_body, const JsonObjectIndex& index, std::string_view prefill_params,
+    const Instance* decode, const PickContext& base, const std::string& request_id,
+    const std::string& authorization, RequestScope& scope, const Instance* skip = nullptr) {
   const KvConnector& connector = *w.connector;
   PrefillResult r;
   PickContext ctx = base;
@@ -328,7 +336,8 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
   InFlightGuard guard(r.instance);
   StageReport report(w.picker, r.instance, ctx);
   const UpstreamSpec* decode_spec = decode != nullptr ? &decode->spec : nullptr;
-  r.request_id = connector.stage_request_id(request_id, &r.instance->spec, decode_spec, uuid_hex(w));
+  r.request_id =
+      connector.stage_request_id(request_id, &r.instance->spec, decode_spec, uuid_hex(w));
   // Slices of the client's body plus the few edited bytes: the prompt is
   // written from where it was received, never copied.
   const SplicedText body = connector.prefill_body(client_body, index, prefill_params);
@@ -337,7 +346,8 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
   const auto buffers = body_buffers(body);
   auto& pool = w.pools.for_instance(r.instance);
   auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, scope, w.timeouts());
-  if (ex) report.first_byte(ex->status());
+  if (ex)
+    report.first_byte(ex->status());
   if (err) {
     if (retriable(err)) {
       note_failure(w, *r.instance, err.detail);
@@ -402,7 +412,8 @@ http::request_header<> upstream_head(http::verb method, const Instance& inst,
   h.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
   h.set(http::field::user_agent, "pdgate");
   h.set("X-Request-Id", request_id);
-  if (!authorization.empty()) h.set(http::field::authorization, authorization);
+  if (!authorization.empty())
+    h.set(http::field::authorization, authorization);
   if (method == http::verb::post) {
     h.set(http::field::content_type, "application/json");
     h.set(http::field::content_length, std::to_string(body_size));
@@ -431,7 +442,8 @@ std::vector<net::const_buffer> body_buffers(const SplicedText& body) {
 
 std::string snippet(std::string_view s, std::size_t max) {
   std::string out(s.substr(0, max));
-  if (s.size() > max) out += "...";
+  if (s.size() > max)
+    out += "...";
   return out;
 }
 
@@ -440,8 +452,8 @@ GatewayError stage_failure(Stage stage, const UpstreamError& e) {
 }
 
 GatewayError no_instance(Stage stage) {
-  return upstream_error(503, std::string("no healthy ") + to_string(stage) +
-                                 " instance is available");
+  return upstream_error(503,
+                        std::string("no healthy ") + to_string(stage) + " instance is available");
 }
 
 // An engine answered with an error status. Its own 4xx goes to the client
@@ -453,13 +465,14 @@ net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& 
   auto err = co_await ex.read_all(body, kMaxErrorBody);
   const unsigned status = ex.status();
   if (status >= 400 && status < 500) {
-    GatewayError g = upstream_error(status, std::string(to_string(stage)) + " stage: " +
-                                                inst.spec.url + " answered " +
-                                                std::to_string(status));
+    GatewayError g =
+        upstream_error(status, std::string(to_string(stage)) + " stage: " + inst.spec.url +
+                                   " answered " + std::to_string(status));
     if (!err && !body.empty()) {
       g.passthrough_body = std::move(body);
       auto ct = ex.header().find(http::field::content_type);
-      if (ct != ex.header().end()) g.passthrough_content_type = std::string(ct->value());
+      if (ct != ex.header().end())
+        g.passthrough_content_type = std::string(ct->value());
     }
     co_return g;
   }
@@ -518,7 +531,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
         name == http::field::proxy_authorization)
       continue;
     auto& low = lowered.emplace_back(f.name_string());
-    for (auto& c : low) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (auto& c : low)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     ctx.headers.emplace_back(low, f.value());
   }
   ctx.request_id = request_id;
@@ -526,10 +540,12 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   // Stage 0: images and audio go to the encoders first (E -> P -> D or
   // E -> PD); nothing reaches prefill or decode if one of them fails.
   if (is_chat) {
-    auto encode_error = co_await run_encode_stage(w, *set, body, *index, ctx, request_id,
-                                                  authorization, scope);
-    if (scope.client_gone()) co_return false;
-    if (encode_error) co_return co_await send_error(client, req, *encode_error, request_id);
+    auto encode_error =
+        co_await run_encode_stage(w, *set, body, *index, ctx, request_id, authorization, scope);
+    if (scope.client_gone())
+      co_return false;
+    if (encode_error)
+      co_return co_await send_error(client, req, *encode_error, request_id);
   }
 
   RetryToken retry;  // one retry per request at most
@@ -553,7 +569,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
       // The request id names both peers, so decode is chosen first.
       ctx.stage = Stage::decode;
       decode = w.picker.pick(set->decode, ctx);
-      if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
+      if (!decode)
+        co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
       if (decode->spec.kv_peer.empty()) {
         co_return co_await send_error(client, req, missing_kv_peer(*decode), request_id);
       }
@@ -565,16 +582,19 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     if (w.conversations) {
       prefill_params = co_await prefill_kv_params_for_turn(
           *w.conversations, w.conversation_stores->counters(), conversation, request_id);
-      if (scope.client_gone()) co_return false;
+      if (scope.client_gone())
+        co_return false;
     }
     PrefillResult pre = co_await run_prefill(w, *set, req, body, *index, prefill_params,
                                              decode.get(), ctx, request_id, authorization, scope);
-    if (scope.client_gone()) co_return false;
+    if (scope.client_gone())
+      co_return false;
     // Failover: a prefill that failed on the engine's side is tried once
     // more on another prefill instance, within the retry budget.
     if (pre.error && pre.retriable && has_alternative(set->prefill, pre.instance.get()) &&
         retry.take(w)) {
-      if (w.metrics) w.metrics->retries_prefill.fetch_add(1, std::memory_order_relaxed);
+      if (w.metrics)
+        w.metrics->retries_prefill.fetch_add(1, std::memory_order_relaxed);
       spdlog::info("request {}: prefill on {} failed, retrying on another instance", request_id,
                    pre.instance->spec.url);
       // A named result, not `pre = co_await ...`: assigning a co_await
@@ -584,7 +604,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
           co_await run_prefill(w, *set, req, body, *index, prefill_params, decode.get(), ctx,
                                request_id, authorization, scope, failed.get());
       pre = std::move(second);
-      if (scope.client_gone()) co_return false;
+      if (scope.client_gone())
+        co_return false;
     }
     if (pre.error) {
       scope.stage = "prefill";
@@ -593,7 +614,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     prefill = pre.instance;
     stage_id = pre.request_id;
     std::optional<std::string_view> kv_params;
-    if (pre.kv_params) kv_params = *pre.kv_params;
+    if (pre.kv_params)
+      kv_params = *pre.kv_params;
     decode_body = connector.decode_body(body, *index, kv_params);
     prefill_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_started).count();
@@ -628,39 +650,47 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     const auto buffers = body_buffers(decode_body);
     auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
                                                       scope, w.timeouts());
-    if (ex) report.first_byte(ex->status());
+    if (ex)
+      report.first_byte(ex->status());
     std::optional<GatewayError> failure;
     if (err) {
-      if (err.kind == UpstreamFailure::aborted) co_return false;
+      if (err.kind == UpstreamFailure::aborted)
+        co_return false;
       note_failure(w, *decode, err.detail);
       failure = stage_failure(Stage::decode, err);
     } else if (ex->status() >= 500) {
       note_failure(w, *decode, "answered " + std::to_string(ex->status()));
       failure = co_await engine_status_error(Stage::decode, *ex, *decode);
-      if (scope.client_gone()) co_return false;
+      if (scope.client_gone())
+        co_return false;
     } else if (ex->status() < 200 || ex->status() >= 300) {
       auto e = co_await engine_status_error(Stage::decode, *ex, *decode);
-      if (scope.client_gone()) co_return false;
+      if (scope.client_gone())
+        co_return false;
       scope.stage = "decode";
       co_return co_await send_error(client, req, e, request_id, &scope);
     }
     if (failure) {
       if (attempt == 0 && !connector.names_peers() && !scope.client_gone() &&
           has_alternative(set->decode, decode.get()) && retry.take(w)) {
-        if (w.metrics) w.metrics->retries_decode.fetch_add(1, std::memory_order_relaxed);
+        if (w.metrics)
+          w.metrics->retries_decode.fetch_add(1, std::memory_order_relaxed);
         spdlog::info("request {}: decode on {} failed before its first byte, retrying", request_id,
                      decode->spec.url);
         failed_decode = decode;
-        if (one_hop) continue;
+        if (one_hop)
+          continue;
         PrefillResult again =
             co_await run_prefill(w, *set, req, body, *index, kDefaultPrefillKvParams, nullptr, ctx,
                                  request_id, authorization, scope);
-        if (scope.client_gone()) co_return false;
+        if (scope.client_gone())
+          co_return false;
         if (!again.error) {
           prefill = again.instance;
           stage_id = again.request_id;
           std::optional<std::string_view> again_params;
-          if (again.kv_params) again_params = *again.kv_params;
+          if (again.kv_params)
+            again_params = *again.kv_params;
           decode_body = connector.decode_body(body, *index, again_params);
           continue;
         }
@@ -703,7 +733,8 @@ net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
   if (err) {
-    if (err.kind == UpstreamFailure::aborted) co_return false;
+    if (err.kind == UpstreamFailure::aborted)
+      co_return false;
     co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id,
                                   &scope);
   }

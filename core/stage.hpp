@@ -13,8 +13,8 @@
 #include <boost/beast/http.hpp>
 
 #include "core/errors.hpp"
-#include "core/json_body.hpp"
 #include "core/instance.hpp"
+#include "core/json_body.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {

@@ -136,8 +136,8 @@ class UpstreamExchange {
   void finish();
 
  private:
-  UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn, RequestScope& scope,
-                   UpstreamTimeouts timeouts);
+  UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
+                   RequestScope& scope, UpstreamTimeouts timeouts);
   UpstreamError classify(const beast::error_code& ec, const char* during) const;
 
   UpstreamPool& pool_;

@@ -316,7 +316,8 @@ std::vector<std::string> splice_corpus() {
       R"({"max\u005ftokens":7,"str\u0065am":true,"conversation\u005fid":"x"})",
       R"({"extra":{"stream":true,"max_tokens":9,"conversation_id":"inner",)"
       R"("kv_transfer_params":{"x":1}},"list":[{"stream_options":{}}],"prompt":"p"})",
-      "{\n  \"model\" : \"m\" ,\n\t\"stream\" :\ttrue ,\r\n \"prompt\" : \"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"\n}\n",
+      "{\n  \"model\" : \"m\" ,\n\t\"stream\" :\ttrue ,\r\n \"prompt\" : "
+      "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"\n}\n",
       R"({"model":null,"stream":null,"stream_options":null,"max_tokens":null,"prompt":"p"})",
       R"({"prompt":"p","stream_options":{"include_usage":true}})",
       R"({"stream_options":{"include_usage":true},"prompt":"p"})",
