@@ -488,10 +488,44 @@ net::awaitable<bool> write_response(beast::tcp_stream& client,
   co_return !ec;
 }
 
-net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
+namespace {
+
+// The request as the routing policy sees it (PickContext and the strings
+// its views point to). On the heap so that it can outlive the routing
+// coroutine: the decode stage's StageReport hands it to the policy's
+// on_complete when the relay ends.
+struct RequestView {
+  std::string request_id;
+  std::string model;
+  // Lower-cased header names; sized up front so that views stay valid.
+  std::vector<std::string> lowered_headers;
+  PickContext ctx;
+};
+
+// What relaying decode's answer needs, handed from the routing coroutine
+// to the relay once decode answered 2xx. Routing's frame (several KiB:
+// GCC gives every local of every branch its own slot), the JSON index and
+// the upstream request are freed before the relay starts: a stream can
+// idle for minutes, and 10,000 of them must fit in 100 MiB.
+struct DecodeRelay {
+  std::unique_ptr<RequestView> view;
+  std::unique_ptr<InFlightGuard> guard;
+  std::unique_ptr<StageReport> report;  // refers to view->ctx
+  std::unique_ptr<UpstreamExchange> ex;
+  InstancePtr decode;
+  std::optional<std::string> conversation;
+  bool stream = false;
+};
+
+// Validation, policies, encode, prefill and the start of decode (with
+// failover). Returns whether the client connection may be reused, unless
+// it sets `relay`: then decode answered 2xx and the caller relays it.
+net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& client,
                                       http::request<http::string_body>& req, RequestScope& scope,
-                                      bool is_chat) {
-  const std::string request_id = request_id_for(w, req);
+                                      bool is_chat, std::unique_ptr<DecodeRelay>& relay) {
+  auto view = std::make_unique<RequestView>();
+  view->request_id = request_id_for(w, req);
+  const std::string& request_id = view->request_id;
   auto ct = req.find(http::field::content_type);
   if (ct == req.end() || !is_json_content_type(ct->value())) {
     co_return co_await send_error(
@@ -513,8 +547,9 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
 
   const std::string authorization = authorization_for(w, req);
   const auto set = w.registry.snapshot();
-  PickContext ctx;
-  ctx.model = facts->model;
+  PickContext& ctx = view->ctx;
+  view->model = facts->model;
+  ctx.model = view->model;
   ctx.stream = facts->stream;
   ctx.is_chat = is_chat;
   ctx.prompt_raw = raw_member(body, *index, is_chat ? "messages" : "prompt").value_or("");
@@ -523,7 +558,7 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   // Policies may route on any request header but the credentials. Names
   // are lower-cased copies; `lowered` is sized up front so that the views
   // into it stay valid.
-  std::vector<std::string> lowered;
+  std::vector<std::string>& lowered = view->lowered_headers;
   lowered.reserve(static_cast<std::size_t>(std::distance(req.begin(), req.end())));
   for (const auto& f : req) {
     const auto name = f.name();
@@ -643,15 +678,15 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
       w.metrics->overhead_seconds.observe(
           std::chrono::duration<double>(decode_started - scope.received).count() - prefill_seconds);
     }
-    InFlightGuard guard(decode);
-    StageReport report(w.picker, decode, ctx);
+    auto guard = std::make_unique<InFlightGuard>(decode);
+    auto report = std::make_unique<StageReport>(w.picker, decode, ctx);
     const auto head = upstream_head(http::verb::post, *decode, req.target(), decode_body.size(),
                                     stage_id, authorization);
     const auto buffers = body_buffers(decode_body);
     auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
                                                       scope, w.timeouts());
     if (ex)
-      report.first_byte(ex->status());
+      report->first_byte(ex->status());
     std::optional<GatewayError> failure;
     if (err) {
       if (err.kind == UpstreamFailure::aborted)
@@ -706,17 +741,40 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     }
     // The decode stage counts as succeeded once it answered 2xx: what
     // happens while relaying is the stream's own business.
-    report.succeeded();
+    report->succeeded();
     scope.status = ex->status();
     scope.stage = "decode";
-    if (facts->stream) {
-      co_return co_await relay_stream(w, client, req, *ex, *decode, request_id, scope,
-                                      conversation);
-    }
-    DecodeOutputFilter filter(decode->spec.host, w.cfg.expose_kv_params);
-    co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id, &filter,
-                                   conversation);
+    relay = std::make_unique<DecodeRelay>();
+    relay->view = std::move(view);
+    relay->guard = std::move(guard);
+    relay->report = std::move(report);
+    relay->ex = std::move(ex);
+    relay->decode = decode;
+    relay->conversation = conversation;
+    relay->stream = facts->stream;
+    co_return true;
   }
+}
+
+}  // namespace
+
+net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
+                                      http::request<http::string_body>& req, RequestScope& scope,
+                                      bool is_chat) {
+  // Routing runs in its own frame, gone before the relay starts; this
+  // frame holds only the relay's state.
+  std::unique_ptr<DecodeRelay> relay;
+  const bool keep_alive = co_await route_completion(w, client, req, scope, is_chat, relay);
+  if (!relay)
+    co_return keep_alive;
+  DecodeRelay& r = *relay;
+  if (r.stream) {
+    co_return co_await relay_stream(w, client, req, *r.ex, *r.decode, r.view->request_id, scope,
+                                    r.conversation);
+  }
+  DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params);
+  co_return co_await relay_whole(w, client, req, *r.ex, *r.decode, Stage::decode,
+                                 r.view->request_id, &filter, r.conversation);
 }
 
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
