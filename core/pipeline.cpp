@@ -113,11 +113,11 @@ net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view dat
 // client as soon as it has arrived, never held for more. If decode breaks
 // off mid-stream, the client gets an in-band error event and the stream
 // ends: never an invented finish_reason or [DONE].
-net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
-                                  const http::request<http::string_body>& req, UpstreamExchange& ex,
-                                  const Instance& decode, const std::string& request_id,
-                                  RequestScope& scope,
-                                  const std::optional<std::string>& conversation) {
+// The stream's response header. Its own coroutine, so that the header and
+// its serializer are gone while the stream relays (and idles).
+net::awaitable<bool> write_stream_header(WorkerContext& w, beast::tcp_stream& client,
+                                         const http::request<http::string_body>& req,
+                                         UpstreamExchange& ex, const std::string& request_id) {
   http::response<http::empty_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
   copy_answer_headers(ex.header(), res);
@@ -129,10 +129,22 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
   res.keep_alive(req.keep_alive());
   http::response_serializer<http::empty_body> sr{res};
   client.expires_after(w.cfg.client_idle_timeout);
-  if (auto [ec, n] = co_await http::async_write_header(client, sr, use_tuple); ec) {
+  auto [ec, n] = co_await http::async_write_header(client, sr, use_tuple);
+  co_return !ec;
+}
+
+net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
+                                  const http::request<http::string_body>& req, UpstreamExchange& ex,
+                                  const Instance& decode, const std::string& request_id,
+                                  RequestScope& scope,
+                                  const std::optional<std::string>& conversation) {
+  if (!co_await write_stream_header(w, client, req, ex, request_id)) {
     scope.on_client_gone();
     co_return false;
   }
+  // The engine's header fields are no longer needed (status and framing
+  // are kept by the parser).
+  ex.drop_header_fields();
 
   SseScanner scanner;
   SseEvent event;
@@ -165,6 +177,12 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
       scope.on_client_gone();
       co_return false;
     }
+    // Between events a stream may idle for minutes: it holds no event
+    // buffers meanwhile (a few small allocations per event instead).
+    std::string().swap(in);
+    std::string().swap(out);
+    event = SseEvent{};
+    scanner.release_idle_memory();
   }
   if (!failure.empty()) {
     spdlog::warn("request {}: decode stream broke off: {}", request_id, failure);

@@ -29,6 +29,14 @@ void SseScanner::compact() {
   head_ = 0;
 }
 
+void SseScanner::release_idle_memory() {
+  if (head_ != buf_.size() || ready_head_ != ready_.size())
+    return;
+  std::string().swap(buf_);
+  std::vector<std::size_t>().swap(ready_);
+  head_ = event_begin_ = scan_ = ready_head_ = 0;
+}
+
 bool SseScanner::feed(std::string_view bytes) {
   if (!error_.empty())
     return false;

@@ -37,6 +37,10 @@ class SseScanner {
   // popping is linear in the bytes fed, however they are split.
   bool next(SseEvent& out);
 
+  // Frees the buffers when no byte is held (all events popped, no partial
+  // event): for streams that idle between events.
+  void release_idle_memory();
+
   // Bytes of an incomplete event held.
   std::size_t pending_bytes() const { return buf_.size() - event_begin_; }
 

@@ -124,6 +124,9 @@ class UpstreamExchange {
   unsigned status() const { return parser_->get().result_int(); }
   const http::response_header<>& header() const { return parser_->get().base(); }
   bool done() const { return parser_->is_done(); }
+  // Frees the response's header fields once they have been copied (a relay
+  // that lasts minutes does not keep them); status() stays valid.
+  void drop_header_fields() { parser_->get().base().clear(); }
 
   // Appends whatever body bytes are available now (at least one unless the
   // body is done) to `out`, up to `max` bytes.
