@@ -181,7 +181,9 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
     // buffers meanwhile (a few small allocations per event instead).
     std::string().swap(in);
     std::string().swap(out);
-    event = SseEvent{};
+    // swap, not assignment: a moved-in short string keeps the old buffer.
+    std::string().swap(event.raw);
+    std::string().swap(event.data);
     scanner.release_idle_memory();
   }
   if (!failure.empty()) {
