@@ -498,13 +498,9 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
   }
 }
 
-net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
-  WorkerContext& w = worker.ctx;
+net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                           http::request<http::string_body>& req) {
   const Config& cfg = cfg_;
-  beast::tcp_stream stream(std::move(socket));
-  beast::flat_buffer buffer;
-  bool first = true;
-
   // Answers a request that cannot be read to the end, then closes the way
   // nginx's lingering close does: stop sending, and read (and drop) what
   // the client is still sending for a moment. Closing with unread bytes in
@@ -525,6 +521,72 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     }
   };
 
+  http::request_parser<AppendStringBody> parser;
+  parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
+  parser.body_limit(cfg.max_body_bytes);
+  stream.expires_after(cfg.header_timeout);
+  if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
+    if (ec == http::error::body_limit) {
+      // Beast checks Content-Length against the body limit as soon as the
+      // header is complete.
+      co_await refuse(413, "request body exceeds the limit of " +
+                               std::to_string(cfg.max_body_bytes) + " bytes");
+    } else if (ec == http::error::header_limit) {
+      co_await refuse(431, "request header exceeds " + std::to_string(cfg.max_header_bytes) +
+                               " bytes");
+    } else if (ec == beast::error::timeout) {
+      co_await refuse(408, "request header not received within the header timeout");
+    } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
+               ec != net::error::connection_reset) {
+      co_await refuse(400, "malformed HTTP request: " + ec.message());
+    }
+    co_return false;
+  }
+  if (auto len = parser.content_length(); len && *len > cfg.max_body_bytes) {
+    co_await refuse(413, "request body of " + std::to_string(*len) + " bytes exceeds the limit of " +
+                             std::to_string(cfg.max_body_bytes) + " bytes");
+    co_return false;
+  }
+  if (auto it = parser.get().find(http::field::expect);
+      it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
+    if (ec) co_return false;
+  }
+  // Beast reads at most the buffer's free capacity per call: a large body
+  // read through a 4 KiB buffer costs a system call (and often an epoll
+  // wait) per 2-4 KiB. Up to 1 MiB of room is made for it instead; the
+  // buffer is shrunk again once the request is read.
+  if (auto len = parser.content_length(); len && *len > buffer.capacity() - buffer.size()) {
+    buffer.reserve(buffer.size() + static_cast<std::size_t>(std::min<std::uint64_t>(*len, 1u << 20)));
+  }
+  stream.expires_after(cfg.client_idle_timeout);
+  if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple); ec) {
+    if (ec == http::error::body_limit) {
+      co_await refuse(413, "request body exceeds the limit of " +
+                               std::to_string(cfg.max_body_bytes) + " bytes");
+    } else if (ec == beast::error::timeout) {
+      co_await refuse(408, "request body not received in time");
+    }
+    co_return false;
+  }
+  stream.expires_never();
+  // Moved into the string_body message the handlers take (the body type
+  // only changes how it was read).
+  req = [&parser] {
+    auto parsed = parser.release();
+    return http::request<http::string_body>(std::move(parsed.base()), std::move(parsed.body()));
+  }();
+  co_return true;
+}
+
+net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
+  WorkerContext& w = worker.ctx;
+  const Config& cfg = cfg_;
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  bool first = true;
+
   while (!stopping_.load(std::memory_order_relaxed)) {
     // Between requests a keep-alive connection may idle; once bytes of a
     // request arrive, the whole header must follow within header_timeout.
@@ -536,63 +598,11 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     }
     first = false;
 
-    http::request_parser<AppendStringBody> parser;
-    parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
-    parser.body_limit(cfg.max_body_bytes);
-    stream.expires_after(cfg.header_timeout);
-    if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
-      if (ec == http::error::body_limit) {
-        // Beast checks Content-Length against the body limit as soon as the
-        // header is complete.
-        co_await refuse(413, "request body exceeds the limit of " +
-                                 std::to_string(cfg.max_body_bytes) + " bytes");
-      } else if (ec == http::error::header_limit) {
-        co_await refuse(431, "request header exceeds " + std::to_string(cfg.max_header_bytes) +
-                                 " bytes");
-      } else if (ec == beast::error::timeout) {
-        co_await refuse(408, "request header not received within the header timeout");
-      } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
-                 ec != net::error::connection_reset) {
-        co_await refuse(400, "malformed HTTP request: " + ec.message());
-      }
+    // Parsing in its own coroutine: the parser and the refusals take no
+    // room in this frame, which lives as long as the connection.
+    http::request<http::string_body> req;
+    if (!co_await read_request(stream, buffer, req))
       break;
-    }
-    if (auto len = parser.content_length(); len && *len > cfg.max_body_bytes) {
-      co_await refuse(413, "request body of " + std::to_string(*len) + " bytes exceeds the limit of " +
-                               std::to_string(cfg.max_body_bytes) + " bytes");
-      break;
-    }
-    if (auto it = parser.get().find(http::field::expect);
-        it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
-      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
-      if (ec) break;
-    }
-    // Beast reads at most the buffer's free capacity per call: a large body
-    // read through a 4 KiB buffer costs a system call (and often an epoll
-    // wait) per 2-4 KiB. Up to 1 MiB of room is made for it instead; the
-    // buffer is shrunk again below once the request is read.
-    if (auto len = parser.content_length(); len && *len > buffer.capacity() - buffer.size()) {
-      buffer.reserve(buffer.size() + static_cast<std::size_t>(std::min<std::uint64_t>(*len, 1u << 20)));
-    }
-    stream.expires_after(cfg.client_idle_timeout);
-    if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple); ec) {
-      if (ec == http::error::body_limit) {
-        co_await refuse(413, "request body exceeds the limit of " +
-                                 std::to_string(cfg.max_body_bytes) + " bytes");
-      } else if (ec == beast::error::timeout) {
-        co_await refuse(408, "request body not received in time");
-      }
-      break;
-    }
-    stream.expires_never();
-    // Moved into the string_body message the handlers take (the body
-    // type only changes how it was read); a lambda keeps the temporary out
-    // of the coroutine frame.
-    http::request<http::string_body> req = [&parser] {
-      auto parsed = parser.release();
-      return http::request<http::string_body>(std::move(parsed.base()), std::move(parsed.body()));
-    }();
     // The read buffer is empty unless the client pipelined; a streamed
     // answer can last minutes, so it does not keep its 4 KiB+ meanwhile
     // (with 10,000 open streams that is 40 MiB of nothing).
