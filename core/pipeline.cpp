@@ -776,6 +776,16 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
   }
 }
 
+// A non-streaming decode answer, through the filter (its own frame, so the
+// filter takes no room in serve_completion's while a stream relays).
+net::awaitable<bool> relay_decode_whole(WorkerContext& w, beast::tcp_stream& client,
+                                        const http::request<http::string_body>& req,
+                                        DecodeRelay& r) {
+  DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params);
+  co_return co_await relay_whole(w, client, req, *r.ex, *r.decode, Stage::decode,
+                                 r.view->request_id, &filter, r.conversation);
+}
+
 }  // namespace
 
 net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
@@ -792,9 +802,7 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     co_return co_await relay_stream(w, client, req, *r.ex, *r.decode, r.view->request_id, scope,
                                     r.conversation);
   }
-  DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params);
-  co_return co_await relay_whole(w, client, req, *r.ex, *r.decode, Stage::decode,
-                                 r.view->request_id, &filter, r.conversation);
+  co_return co_await relay_decode_whole(w, client, req, r);
 }
 
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,

@@ -580,6 +580,48 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
   co_return true;
 }
 
+net::awaitable<bool> Gateway::serve_route(Worker& worker, beast::tcp_stream& stream,
+                                          http::request<http::string_body>& req,
+                                          RequestScope& scope, std::string_view path) {
+  WorkerContext& w = worker.ctx;
+  const auto method = req.method();
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    auto res = make_error_response(client_error(405, "use POST for " + std::string(path)),
+                                   req.version(), req.keep_alive());
+    res.set(http::field::allow, "POST");
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  } else if (path == "/v1/models" && method == http::verb::get) {
+    co_return co_await serve_models(w, stream, req, scope);
+  } else if (path == "/health" && method == http::verb::get) {
+    co_return co_await serve_health(w, stream, req, scope);
+  } else if ((path == "/start_profile" || path == "/stop_profile") &&
+             method == http::verb::post) {
+    co_return co_await serve_profile(w, stream, req, scope, std::string(path));
+  } else if (path == "/status" && method == http::verb::get) {
+    auto res = json_response(req, http::status::ok, nlohmann::json::parse(status_json()));
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  } else if (path == "/metrics" && method == http::verb::get) {
+    http::response<http::string_body> res{http::status::ok, req.version()};
+    res.set(http::field::server, "pdgate");
+    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    res.keep_alive(req.keep_alive());
+    res.body() = metrics_text();
+    res.prepare_payload();
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  } else if (path == "/instances/add" && method == http::verb::post) {
+    // The vLLM demo proxy's endpoint, on the client port as it had it.
+    auto res = co_await admin_->handle_demo_add(req);
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  } else {
+    auto res = make_error_response(
+        client_error(404, "no route for " + std::string(req.method_string()) + " " +
+                              std::string(path)),
+        req.version(), req.keep_alive());
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  }
+  co_return false;
+}
+
 net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
   WorkerContext& w = worker.ctx;
   const Config& cfg = cfg_;
@@ -615,43 +657,13 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     bool keep_alive = false;
     const std::string_view path = path_of(req.target());
     const auto method = req.method();
-    if (path == "/v1/completions" || path == "/v1/chat/completions") {
-      if (method == http::verb::post) {
-        keep_alive = co_await serve_completion(w, stream, req, *scope, path != "/v1/completions");
-      } else {
-        auto res = make_error_response(client_error(405, "use POST for " + std::string(path)),
-                                       req.version(), req.keep_alive());
-        res.set(http::field::allow, "POST");
-        keep_alive = co_await write_response(stream, res) && req.keep_alive();
-      }
-    } else if (path == "/v1/models" && method == http::verb::get) {
-      keep_alive = co_await serve_models(w, stream, req, *scope);
-    } else if (path == "/health" && method == http::verb::get) {
-      keep_alive = co_await serve_health(w, stream, req, *scope);
-    } else if ((path == "/start_profile" || path == "/stop_profile") &&
-               method == http::verb::post) {
-      keep_alive = co_await serve_profile(w, stream, req, *scope, std::string(path));
-    } else if (path == "/status" && method == http::verb::get) {
-      auto res = json_response(req, http::status::ok, nlohmann::json::parse(status_json()));
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
-    } else if (path == "/metrics" && method == http::verb::get) {
-      http::response<http::string_body> res{http::status::ok, req.version()};
-      res.set(http::field::server, "pdgate");
-      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-      res.keep_alive(req.keep_alive());
-      res.body() = metrics_text();
-      res.prepare_payload();
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
-    } else if (path == "/instances/add" && method == http::verb::post) {
-      // The vLLM demo proxy's endpoint, on the client port as it had it.
-      auto res = co_await admin_->handle_demo_add(req);
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+    if ((path == "/v1/completions" || path == "/v1/chat/completions") &&
+        method == http::verb::post) {
+      keep_alive = co_await serve_completion(w, stream, req, *scope, path != "/v1/completions");
     } else {
-      auto res = make_error_response(
-          client_error(404, "no route for " + std::string(req.method_string()) + " " +
-                                std::string(path)),
-          req.version(), req.keep_alive());
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+      // The other routes in their own frame: their responses would
+      // otherwise take room in this one for as long as a stream lasts.
+      keep_alive = co_await serve_route(worker, stream, req, *scope, path);
     }
     *done = true;
     scope->watch_cancel().emit(net::cancellation_type::all);
