@@ -80,8 +80,12 @@ Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& in
   return f;
 }
 
-std::string make_prefill_body(std::string_view body, const JsonObjectIndex& index,
-                              std::string_view kv_params_raw) {
+namespace {
+
+// The prefill computes the prompt's KV cache and stops after one token.
+// `kv_params_raw`: what to ask of it, or nullopt to drop the client's.
+JsonBodyEditor prefill_edits(std::string_view body, const JsonObjectIndex& index,
+                             std::optional<std::string_view> kv_params_raw) {
   JsonBodyEditor e(body, index);
   e.set("stream", "false");
   e.set("max_tokens", "1");
@@ -91,12 +95,16 @@ std::string make_prefill_body(std::string_view body, const JsonObjectIndex& inde
   // vLLM rejects stream_options when stream is false.
   e.remove("stream_options");
   e.remove("conversation_id");
-  e.set("kv_transfer_params", std::string(kv_params_raw));
-  return e.render();
+  if (kv_params_raw) {
+    e.set("kv_transfer_params", std::string(*kv_params_raw));
+  } else {
+    e.remove("kv_transfer_params");
+  }
+  return e;
 }
 
-std::string make_decode_body(std::string_view body, const JsonObjectIndex& index,
-                             std::optional<std::string_view> kv_params_raw) {
+JsonBodyEditor decode_edits(std::string_view body, const JsonObjectIndex& index,
+                            std::optional<std::string_view> kv_params_raw) {
   JsonBodyEditor e(body, index);
   e.remove("conversation_id");
   // Params the client sent itself must never reach decode: they would make
@@ -106,14 +114,41 @@ std::string make_decode_body(std::string_view body, const JsonObjectIndex& index
   } else {
     e.remove("kv_transfer_params");
   }
-  return e.render();
+  return e;
+}
+
+}  // namespace
+
+std::string make_prefill_body(std::string_view body, const JsonObjectIndex& index,
+                              std::string_view kv_params_raw) {
+  return prefill_edits(body, index, kv_params_raw).render();
+}
+
+std::string make_decode_body(std::string_view body, const JsonObjectIndex& index,
+                             std::optional<std::string_view> kv_params_raw) {
+  return decode_edits(body, index, kv_params_raw).render();
 }
 
 std::string make_passthrough_body(std::string_view body, const JsonObjectIndex& index) {
-  JsonBodyEditor e(body, index);
-  e.remove("conversation_id");
-  e.remove("kv_transfer_params");
-  return e.render();
+  return decode_edits(body, index, std::nullopt).render();
+}
+
+SplicedText splice_prefill_body(std::string_view body, const JsonObjectIndex& index,
+                                std::string_view kv_params_raw) {
+  return prefill_edits(body, index, kv_params_raw).splice();
+}
+
+SplicedText splice_decode_body(std::string_view body, const JsonObjectIndex& index,
+                               std::optional<std::string_view> kv_params_raw) {
+  return decode_edits(body, index, kv_params_raw).splice();
+}
+
+SplicedText splice_passthrough_body(std::string_view body, const JsonObjectIndex& index) {
+  return decode_edits(body, index, std::nullopt).splice();
+}
+
+SplicedText splice_one_token_body(std::string_view body, const JsonObjectIndex& index) {
+  return prefill_edits(body, index, std::nullopt).splice();
 }
 
 Result<std::optional<std::string>> extract_kv_params(std::string_view response_body) {

@@ -57,6 +57,19 @@ std::string make_decode_body(std::string_view body, const JsonObjectIndex& index
 // conversation_id and client-sent kv_transfer_params removed.
 std::string make_passthrough_body(std::string_view body, const JsonObjectIndex& index);
 
+// The same three bodies as slices of the client's `body` plus the edited
+// fragments (core/json_body.hpp), for sending without copying the prompt.
+// `body` must outlive the result. Concatenated, each is byte for byte what
+// the make_* function above returns.
+SplicedText splice_prefill_body(std::string_view body, const JsonObjectIndex& index,
+                                std::string_view kv_params_raw = kDefaultPrefillKvParams);
+SplicedText splice_decode_body(std::string_view body, const JsonObjectIndex& index,
+                               std::optional<std::string_view> kv_params_raw);
+SplicedText splice_passthrough_body(std::string_view body, const JsonObjectIndex& index);
+// A prefill body for connectors that pass no params (LMCache, P2P NCCL):
+// as the prefill body, with any client-sent kv_transfer_params removed.
+SplicedText splice_one_token_body(std::string_view body, const JsonObjectIndex& index);
+
 // The raw text of a response's top-level kv_transfer_params (nullopt when
 // absent or null). Fails when the response is not a JSON object or the
 // params are neither an object nor null.

@@ -5,6 +5,10 @@
 #include <cstring>
 #include <utility>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace pdgate {
 namespace {
 
@@ -45,6 +49,40 @@ bool eight_plain_bytes(const char* p) {
                                 has_zero_byte(x ^ (kOnes * '\\')) |
                                 ((x - kOnes * 0x20) & ~x & kHighs) | (x & kHighs);
   return special == 0;
+}
+
+#if defined(__SSE2__)
+// How many of the 16 bytes at `p` come before the first one that needs
+// attention inside a string (16 when none does): one compare per class
+// for 16 bytes. A signed compare below 0x20 catches both the control
+// characters and every byte >= 0x80.
+std::size_t plain_prefix16(const char* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i special = _mm_or_si128(
+      _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+      _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
+  const auto mask = static_cast<unsigned>(_mm_movemask_epi8(special));
+  return mask == 0 ? 16 : static_cast<std::size_t>(__builtin_ctz(mask));
+}
+#endif
+
+// Index of the first byte at or after `run` in `t` that is not plain
+// inside a string (t.size() when there is none).
+std::size_t skip_plain(std::string_view t, std::size_t run) {
+  const std::size_t n = t.size();
+#if defined(__SSE2__)
+  while (run + 16 <= n) {
+    const std::size_t k = plain_prefix16(t.data() + run);
+    run += k;
+    if (k < 16)
+      return run;
+  }
+#endif
+  while (run + 8 <= n && eight_plain_bytes(t.data() + run))
+    run += 8;
+  while (run < n && kStringClass[static_cast<unsigned char>(t[run])] == kPlain)
+    ++run;
+  return run;
 }
 
 bool is_ws(char c) {
@@ -148,11 +186,7 @@ class Scanner {
     ++p_;
     const std::size_t n = t_.size();
     while (true) {
-      std::size_t run = p_;
-      while (run + 8 <= n && eight_plain_bytes(t_.data() + run))
-        run += 8;
-      while (run < n && kStringClass[static_cast<unsigned char>(t_[run])] == kPlain)
-        ++run;
+      const std::size_t run = skip_plain(t_, p_);
       if (decoded != nullptr)
         decoded->append(t_.data() + p_, run - p_);
       p_ = run;
@@ -598,7 +632,8 @@ const JsonBodyEditor::Edit* JsonBodyEditor::find_edit(std::string_view key) cons
   return nullptr;
 }
 
-std::string JsonBodyEditor::render() const {
+template <class Original, class Fragment>
+void JsonBodyEditor::walk(Original&& original, Fragment&& fragment) const {
   const auto& members = index_->members;
   // What happens to each original member: kept verbatim, kept with a new
   // value (first occurrence of a set key) or dropped.
@@ -618,49 +653,98 @@ std::string JsonBodyEditor::render() const {
     }
   }
 
-  // The layout, as a list of pieces, is walked twice: once to size the
-  // output and once to fill it, so the body is allocated exactly once.
-  const auto walk = [&](auto&& emit) {
-    const std::size_t prefix_end = members.empty() ? index_->close_brace : members.front().begin;
-    emit(text_.substr(0, prefix_end));
-    bool first = true;
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      if (fate[i] == Fate::drop)
-        continue;
-      const JsonMember& m = members[i];
-      // A member's own leading separator (`ws , ws` after the previous
-      // member) holds exactly one comma, so it stays correct when the
-      // previous member was dropped. The first kept member follows the
-      // object's prefix directly instead.
-      if (!first)
-        emit(text_.substr(members[i - 1].end, m.begin - members[i - 1].end));
-      first = false;
-      if (fate[i] == Fate::keep) {
-        emit(text_.substr(m.begin, m.end - m.begin));
-      } else {
-        emit(text_.substr(m.begin, m.value_begin - m.begin));
-        emit(std::string_view(*find_edit(m.key)->value));
-        emit(text_.substr(m.value_end, m.end - m.value_end));
-      }
+  const std::size_t prefix_end = members.empty() ? index_->close_brace : members.front().begin;
+  original(0, prefix_end);
+  bool first = true;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (fate[i] == Fate::drop)
+      continue;
+    const JsonMember& m = members[i];
+    // A member's own leading separator (`ws , ws` after the previous
+    // member) holds exactly one comma, so it stays correct when the
+    // previous member was dropped. The first kept member follows the
+    // object's prefix directly instead.
+    if (!first)
+      original(members[i - 1].end, m.begin);
+    first = false;
+    if (fate[i] == Fate::keep) {
+      original(m.begin, m.end);
+    } else {
+      original(m.begin, m.value_begin);
+      fragment(std::string_view(*find_edit(m.key)->value));
+      original(m.value_end, m.end);
     }
-    for (std::size_t k = 0; k < edits_.size(); ++k) {
-      if (!edits_[k].value || edit_placed[k])
-        continue;
-      if (!first)
-        emit(std::string_view(","));
-      first = false;
-      emit(std::string_view(json_quote(edits_[k].key)));
-      emit(std::string_view(":"));
-      emit(std::string_view(*edits_[k].value));
-    }
-    const std::size_t suffix_begin = members.empty() ? index_->close_brace : members.back().end;
-    emit(text_.substr(suffix_begin));
-  };
+  }
+  for (std::size_t k = 0; k < edits_.size(); ++k) {
+    if (!edits_[k].value || edit_placed[k])
+      continue;
+    if (!first)
+      fragment(std::string_view(","));
+    first = false;
+    fragment(std::string_view(json_quote(edits_[k].key)));
+    fragment(std::string_view(":"));
+    fragment(std::string_view(*edits_[k].value));
+  }
+  const std::size_t suffix_begin = members.empty() ? index_->close_brace : members.back().end;
+  original(suffix_begin, text_.size());
+}
+
+std::string JsonBodyEditor::render() const {
+  // The layout is walked twice: once to size the output and once to fill
+  // it, so the body is allocated exactly once.
   std::size_t total = 0;
-  walk([&](std::string_view piece) { total += piece.size(); });
+  walk([&](std::size_t b, std::size_t e) { total += e - b; },
+       [&](std::string_view piece) { total += piece.size(); });
   std::string out;
   out.reserve(total);
-  walk([&](std::string_view piece) { out.append(piece); });
+  walk([&](std::size_t b, std::size_t e) { out.append(text_.substr(b, e - b)); },
+       [&](std::string_view piece) { out.append(piece); });
+  return out;
+}
+
+SplicedText JsonBodyEditor::splice() const {
+  SplicedText out;
+  out.original_ = text_;
+  walk([&](std::size_t b, std::size_t e) { out.add_original(b, e - b); },
+       [&](std::string_view piece) { out.add_fragment(piece); });
+  return out;
+}
+
+SplicedText::SplicedText(std::string_view original) : original_(original) {
+  add_original(0, original.size());
+}
+
+void SplicedText::add_original(std::size_t begin, std::size_t size) {
+  if (size == 0)
+    return;
+  size_ += size;
+  // Kept members lie next to each other in the original: one piece.
+  if (!pieces_.empty() && !pieces_.back().fragment &&
+      pieces_.back().begin + pieces_.back().size == begin) {
+    pieces_.back().size += size;
+    return;
+  }
+  pieces_.push_back(Piece{false, begin, size});
+}
+
+void SplicedText::add_fragment(std::string_view bytes) {
+  if (bytes.empty())
+    return;
+  size_ += bytes.size();
+  const std::size_t begin = fragments_.size();
+  fragments_.append(bytes);
+  if (!pieces_.empty() && pieces_.back().fragment &&
+      pieces_.back().begin + pieces_.back().size == begin) {
+    pieces_.back().size += bytes.size();
+    return;
+  }
+  pieces_.push_back(Piece{true, begin, bytes.size()});
+}
+
+std::string SplicedText::str() const {
+  std::string out;
+  out.reserve(size_);
+  for_each([&](std::string_view piece) { out.append(piece); });
   return out;
 }
 

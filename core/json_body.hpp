@@ -69,6 +69,50 @@ std::optional<std::string> decode_json_string(std::string_view literal);
 // is always valid JSON.
 std::string json_quote(std::string_view s);
 
+// An edited text that shares the bytes of the original: the edited text is
+// the concatenation of its pieces, each either a slice of the original or
+// one of the few small fragments the edit made (new values, separators).
+// A 1 MiB prompt is then sent upstream from the client's own buffer, as a
+// buffer sequence, instead of being copied once per upstream request. The
+// original text must outlive it; moving it keeps its pieces valid.
+class SplicedText {
+ public:
+  SplicedText() = default;
+  // A text with no edits: all of `original`.
+  explicit SplicedText(std::string_view original);
+
+  // Bytes in the edited text.
+  std::size_t size() const { return size_; }
+  std::size_t piece_count() const { return pieces_.size(); }
+  // Visits the pieces in order as string_views (none empty).
+  template <class F>
+  void for_each(F&& f) const {
+    for (const Piece& p : pieces_) {
+      f(p.fragment ? std::string_view(fragments_).substr(p.begin, p.size)
+                   : original_.substr(p.begin, p.size));
+    }
+  }
+  // The edited text as one string (a copy).
+  std::string str() const;
+
+ private:
+  friend class JsonBodyEditor;
+  struct Piece {
+    bool fragment = false;  // in fragments_, else in original_
+    std::size_t begin = 0;
+    std::size_t size = 0;
+  };
+  void add_original(std::size_t begin, std::size_t size);
+  void add_fragment(std::string_view bytes);
+
+  std::string_view original_;
+  // Offsets, not pointers, into fragments_: a short string's bytes move
+  // with the object.
+  std::string fragments_;
+  std::vector<Piece> pieces_;
+  std::size_t size_ = 0;
+};
+
 // Collects edits of top-level members and renders the edited body once,
 // with one allocation of the right size. The text and the index must
 // outlive the editor. Values passed to set() must be valid JSON: they are
@@ -90,12 +134,20 @@ class JsonBodyEditor {
   // the same key override earlier ones.
   std::string render() const;
 
+  // The same text as render(), as slices of the original plus the edited
+  // fragments: no copy of the untouched bytes.
+  SplicedText splice() const;
+
  private:
   struct Edit {
     std::string key;
     std::optional<std::string> value;  // nullopt: remove
   };
   const Edit* find_edit(std::string_view key) const;
+  // Walks the edited layout: `original(begin, end)` for a slice of the
+  // text, `fragment(bytes)` for new bytes (valid only during the call).
+  template <class Original, class Fragment>
+  void walk(Original&& original, Fragment&& fragment) const;
 
   std::string_view text_;
   const JsonObjectIndex* index_;

@@ -2,11 +2,11 @@
 
 #include <array>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/uuid/uuid_io.hpp>
-#include <spdlog/spdlog.h>
 
 #include "core/body_rewrite.hpp"
 #include "core/conversation.hpp"
@@ -15,8 +15,8 @@
 #include "core/http_head.hpp"
 #include "core/json_body.hpp"
 #include "core/sse.hpp"
-#include "plugins/kv_connector.hpp"
 #include "core/stage.hpp"
+#include "plugins/kv_connector.hpp"
 
 namespace pdgate {
 
@@ -32,7 +32,8 @@ constexpr std::size_t kMaxErrorBody = 1u << 20;
 constexpr std::size_t kMaxRequestIdLength = 256;
 
 bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
+  if (a.size() != b.size())
+    return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (std::tolower(static_cast<unsigned char>(a[i])) !=
         std::tolower(static_cast<unsigned char>(b[i])))
@@ -42,8 +43,10 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -59,8 +62,10 @@ std::string request_id_for(WorkerContext& w, const http::request<http::string_bo
   if (it != req.end()) {
     std::string_view v = it->value();
     bool ok = !v.empty() && v.size() <= kMaxRequestIdLength;
-    for (char c : v) ok = ok && c > 0x20 && c < 0x7f;
-    if (ok) return std::string(v);
+    for (char c : v)
+      ok = ok && c > 0x20 && c < 0x7f;
+    if (ok)
+      return std::string(v);
   }
   return boost::uuids::to_string(w.uuids());
 }
@@ -84,7 +89,8 @@ void policy_headers(const void* source, void* user, PickContext::HeaderEmit emit
 
 std::string authorization_for(const WorkerContext& w, const http::request<http::string_body>& req) {
   auto it = req.find(http::field::authorization);
-  if (it != req.end()) return std::string(it->value());
+  if (it != req.end())
+    return std::string(it->value());
   return w.default_authorization;
 }
 
@@ -95,7 +101,8 @@ net::awaitable<bool> send_error(beast::tcp_stream& client,
   if (scope != nullptr)
     scope->status = err.status;
   auto res = make_error_response(err, req.version(), req.keep_alive());
-  if (!request_id.empty()) res.set("X-Request-Id", request_id);
+  if (!request_id.empty())
+    res.set("X-Request-Id", request_id);
   if (err.status >= 500) {
     spdlog::warn("request {} -> {}: {}", request_id, err.status, err.message);
   } else {
@@ -109,7 +116,8 @@ void copy_answer_headers(const http::response_header<>& from, http::response_hea
   // belong to the upstream connection, not to the client's.
   for (auto field : {http::field::content_type, http::field::cache_control}) {
     auto it = from.find(field);
-    if (it != from.end()) to.set(field, it->value());
+    if (it != from.end())
+      to.set(field, it->value());
   }
 }
 
@@ -117,8 +125,7 @@ void copy_answer_headers(const http::response_header<>& from, http::response_hea
 net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view data,
                                  const Config& cfg) {
   client.expires_after(cfg.client_idle_timeout);
-  auto [ec, n] =
-      co_await net::async_write(client, http::make_chunk(net::buffer(data)), use_tuple);
+  auto [ec, n] = co_await net::async_write(client, http::make_chunk(net::buffer(data)), use_tuple);
   co_return !ec;
 }
 
@@ -126,11 +133,11 @@ net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view dat
 // client as soon as it has arrived, never held for more. If decode breaks
 // off mid-stream, the client gets an in-band error event and the stream
 // ends: never an invented finish_reason or [DONE].
-net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
-                                  const http::request<http::string_body>& req,
-                                  UpstreamExchange& ex, const Instance& decode,
-                                  const std::string& request_id, RequestScope& scope,
-                                  const std::optional<std::string>& conversation) {
+// The stream's response header. Its own coroutine, so that the header and
+// its serializer are gone while the stream relays (and idles).
+net::awaitable<bool> write_stream_header(WorkerContext& w, beast::tcp_stream& client,
+                                         const http::request<http::string_body>& req,
+                                         UpstreamExchange& ex, const std::string& request_id) {
   http::response<http::empty_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
   copy_answer_headers(ex.header(), res);
@@ -142,10 +149,22 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
   res.keep_alive(req.keep_alive());
   http::response_serializer<http::empty_body> sr{res};
   client.expires_after(w.cfg.client_idle_timeout);
-  if (auto [ec, n] = co_await http::async_write_header(client, sr, use_tuple); ec) {
+  auto [ec, n] = co_await http::async_write_header(client, sr, use_tuple);
+  co_return !ec;
+}
+
+net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
+                                  const http::request<http::string_body>& req, UpstreamExchange& ex,
+                                  const Instance& decode, const std::string& request_id,
+                                  RequestScope& scope,
+                                  const std::optional<std::string>& conversation) {
+  if (!co_await write_stream_header(w, client, req, ex, request_id)) {
     scope.on_client_gone();
     co_return false;
   }
+  // The engine's header fields are no longer needed (status and framing
+  // are kept by the parser).
+  ex.drop_header_fields();
 
   SseScanner scanner;
   SseEvent event;
@@ -156,7 +175,8 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
   while (!ex.done()) {
     in.clear();
     if (auto err = co_await ex.read_some(in); err) {
-      if (err.kind == UpstreamFailure::aborted) co_return false;
+      if (err.kind == UpstreamFailure::aborted)
+        co_return false;
       failure = err.detail;
       break;
     }
@@ -165,7 +185,8 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
       break;
     }
     out.clear();
-    while (scanner.next(event)) out += filter.on_event(event);
+    while (scanner.next(event))
+      out += filter.on_event(event);
     // Stored before the client sees the end of the turn, so a client that
     // sends its next turn at once (to any replica) finds them.
     if (filter.take_new_capture() && conversation && w.conversations) {
@@ -176,12 +197,22 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
       scope.on_client_gone();
       co_return false;
     }
+    // Between events a stream may idle for minutes: it holds no event
+    // buffers meanwhile (a few small allocations per event instead).
+    std::string().swap(in);
+    std::string().swap(out);
+    // swap, not assignment: a moved-in short string keeps the old buffer.
+    std::string().swap(event.raw);
+    std::string().swap(event.data);
+    scanner.release_idle_memory();
   }
   if (!failure.empty()) {
     spdlog::warn("request {}: decode stream broke off: {}", request_id, failure);
     decode.failures_total.fetch_add(1, std::memory_order_relaxed);
-    const std::string ev = sse_data_event(error_json(502, "decode stage failed mid-stream: " + failure));
-    if (!co_await write_chunk(client, ev, w.cfg)) co_return false;
+    const std::string ev =
+        sse_data_event(error_json(502, "decode stage failed mid-stream: " + failure));
+    if (!co_await write_chunk(client, ev, w.cfg))
+      co_return false;
   } else {
     ex.finish();
   }
@@ -193,15 +224,15 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
 // Relays a non-streaming answer: status, the headers that describe the
 // body, the body.
 net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
-                                 const http::request<http::string_body>& req,
-                                 UpstreamExchange& ex, const Instance& inst, Stage stage,
-                                 const std::string& request_id,
+                                 const http::request<http::string_body>& req, UpstreamExchange& ex,
+                                 const Instance& inst, Stage stage, const std::string& request_id,
                                  DecodeOutputFilter* filter = nullptr,
                                  const std::optional<std::string>& conversation = std::nullopt) {
   std::string body;
   if (auto err = co_await ex.read_all(body, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
       err) {
-    if (err.kind == UpstreamFailure::aborted) co_return false;
+    if (err.kind == UpstreamFailure::aborted)
+      co_return false;
     inst.failures_total.fetch_add(1, std::memory_order_relaxed);
     co_return co_await send_error(client, req, stage_failure(stage, err), request_id);
   }
@@ -320,14 +351,11 @@ class RetryToken {
 // the other connectors move the cache out of band and the answer is
 // dropped. `decode` is the decode already chosen, when the connector names
 // both peers in the request id.
-net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& set,
-                                          const http::request<http::string_body>& req,
-                                          std::string_view client_body,
-                                          const JsonObjectIndex& index,
-                                          std::string_view prefill_params, const Instance* decode,
-                                          const PickContext& base, const std::string& request_id,
-                                          const std::string& authorization, RequestScope& scope,
-                                          const Instance* skip = nullptr) {
+net::awaitable<PrefillResult> run_prefill(
+    WorkerContext& w, const InstanceSet& set, const http::request<http::string_body>& req,
+    std::string_view client_body, const JsonObjectIndex& index, std::string_view prefill_params,
+    const Instance* decode, const PickContext& base, const std::string& request_id,
+    const std::string& authorization, RequestScope& scope, const Instance* skip = nullptr) {
   const KvConnector& connector = *w.connector;
   PrefillResult r;
   PickContext ctx = base;
@@ -348,13 +376,18 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
   InFlightGuard guard(r.instance);
   StageReport report(w.picker, r.instance, ctx);
   const UpstreamSpec* decode_spec = decode != nullptr ? &decode->spec : nullptr;
-  r.request_id = connector.stage_request_id(request_id, &r.instance->spec, decode_spec, uuid_hex(w));
-  auto up = upstream_request(http::verb::post, *r.instance, req.target(),
-                             connector.prefill_body(client_body, index, prefill_params),
-                             r.request_id, authorization);
+  r.request_id =
+      connector.stage_request_id(request_id, &r.instance->spec, decode_spec, uuid_hex(w));
+  // Slices of the client's body plus the few edited bytes: the prompt is
+  // written from where it was received, never copied.
+  const SplicedText body = connector.prefill_body(client_body, index, prefill_params);
+  const auto head = upstream_head(http::verb::post, *r.instance, req.target(), body.size(),
+                                  r.request_id, authorization);
+  const auto buffers = body_buffers(body);
   auto& pool = w.pools.for_instance(r.instance);
-  auto [err, ex] = co_await UpstreamExchange::start(pool, up, scope, w.timeouts());
-  if (ex) report.first_byte(ex->status());
+  auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, scope, w.timeouts());
+  if (ex)
+    report.first_byte(ex->status());
   if (err) {
     if (retriable(err)) {
       note_failure(w, *r.instance, err.detail);
@@ -408,25 +441,49 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
 
 }  // namespace
 
+http::request_header<> upstream_head(http::verb method, const Instance& inst,
+                                     std::string_view target, std::size_t body_size,
+                                     const std::string& request_id,
+                                     const std::string& authorization) {
+  http::request_header<> h;
+  h.method(method);
+  h.target(target);
+  h.version(11);
+  h.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
+  h.set(http::field::user_agent, "pdgate");
+  h.set("X-Request-Id", request_id);
+  if (!authorization.empty())
+    h.set(http::field::authorization, authorization);
+  if (method == http::verb::post) {
+    h.set(http::field::content_type, "application/json");
+    h.set(http::field::content_length, std::to_string(body_size));
+  }
+  return h;
+}
+
 http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
                                                   std::string_view target, std::string body,
                                                   const std::string& request_id,
                                                   const std::string& authorization) {
-  http::request<http::string_body> r{method, target, 11};
-  r.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
-  r.set(http::field::user_agent, "pdgate");
-  r.set("X-Request-Id", request_id);
-  if (!authorization.empty()) r.set(http::field::authorization, authorization);
-  if (method == http::verb::post) r.set(http::field::content_type, "application/json");
+  http::request<http::string_body> r{
+      upstream_head(method, inst, target, body.size(), request_id, authorization)};
   r.keep_alive(true);
   r.body() = std::move(body);
   r.prepare_payload();
   return r;
 }
 
+std::vector<net::const_buffer> body_buffers(const SplicedText& body) {
+  std::vector<net::const_buffer> out;
+  out.reserve(body.piece_count());
+  body.for_each([&](std::string_view piece) { out.emplace_back(piece.data(), piece.size()); });
+  return out;
+}
+
 std::string snippet(std::string_view s, std::size_t max) {
   std::string out(s.substr(0, max));
-  if (s.size() > max) out += "...";
+  if (s.size() > max)
+    out += "...";
   return out;
 }
 
@@ -435,8 +492,8 @@ GatewayError stage_failure(Stage stage, const UpstreamError& e) {
 }
 
 GatewayError no_instance(Stage stage) {
-  return upstream_error(503, std::string("no healthy ") + to_string(stage) +
-                                 " instance is available");
+  return upstream_error(503,
+                        std::string("no healthy ") + to_string(stage) + " instance is available");
 }
 
 // An engine answered with an error status. Its own 4xx goes to the client
@@ -448,13 +505,14 @@ net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& 
   auto err = co_await ex.read_all(body, kMaxErrorBody);
   const unsigned status = ex.status();
   if (status >= 400 && status < 500) {
-    GatewayError g = upstream_error(status, std::string(to_string(stage)) + " stage: " +
-                                                inst.spec.url + " answered " +
-                                                std::to_string(status));
+    GatewayError g =
+        upstream_error(status, std::string(to_string(stage)) + " stage: " + inst.spec.url +
+                                   " answered " + std::to_string(status));
     if (!err && !body.empty()) {
       g.passthrough_body = std::move(body);
       auto ct = ex.header().find(http::field::content_type);
-      if (ct != ex.header().end()) g.passthrough_content_type = std::string(ct->value());
+      if (ct != ex.header().end())
+        g.passthrough_content_type = std::string(ct->value());
     }
     co_return g;
   }
@@ -476,10 +534,42 @@ net::awaitable<bool> write_response(beast::tcp_stream& client,
   co_return !ec;
 }
 
-net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
+namespace {
+
+// The request as the routing policy sees it (PickContext and the strings
+// its views point to). On the heap so that it can outlive the routing
+// coroutine: the decode stage's StageReport hands it to the policy's
+// on_complete when the relay ends.
+struct RequestView {
+  std::string request_id;
+  std::string model;
+  PickContext ctx;
+};
+
+// What relaying decode's answer needs, handed from the routing coroutine
+// to the relay once decode answered 2xx. Routing's frame (several KiB:
+// GCC gives every local of every branch its own slot), the JSON index and
+// the upstream request are freed before the relay starts: a stream can
+// idle for minutes, and 10,000 of them must fit in 100 MiB.
+struct DecodeRelay {
+  std::unique_ptr<RequestView> view;
+  std::unique_ptr<InFlightGuard> guard;
+  std::unique_ptr<StageReport> report;  // refers to view->ctx
+  std::unique_ptr<UpstreamExchange> ex;
+  InstancePtr decode;
+  std::optional<std::string> conversation;
+  bool stream = false;
+};
+
+// Validation, policies, encode, prefill and the start of decode (with
+// failover). Returns whether the client connection may be reused, unless
+// it sets `relay`: then decode answered 2xx and the caller relays it.
+net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& client,
                                       http::request<http::string_body>& req, RequestScope& scope,
-                                      bool is_chat) {
-  const std::string request_id = request_id_for(w, req);
+                                      bool is_chat, std::unique_ptr<DecodeRelay>& relay) {
+  auto view = std::make_unique<RequestView>();
+  view->request_id = request_id_for(w, req);
+  const std::string& request_id = view->request_id;
   auto ct = req.find(http::field::content_type);
   if (ct == req.end() || !is_json_content_type(ct->value())) {
     co_return co_await send_error(
@@ -501,8 +591,9 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
 
   const std::string authorization = authorization_for(w, req);
   const auto set = w.registry.snapshot();
-  PickContext ctx;
-  ctx.model = facts->model;
+  PickContext& ctx = view->ctx;
+  view->model = facts->model;
+  ctx.model = view->model;
   ctx.stream = facts->stream;
   ctx.is_chat = is_chat;
   ctx.prompt_raw = raw_member(body, *index, is_chat ? "messages" : "prompt").value_or("");
@@ -517,10 +608,12 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   // Stage 0: images and audio go to the encoders first (E -> P -> D or
   // E -> PD); nothing reaches prefill or decode if one of them fails.
   if (is_chat) {
-    auto encode_error = co_await run_encode_stage(w, *set, body, *index, ctx, request_id,
-                                                  authorization, scope);
-    if (scope.client_gone()) co_return false;
-    if (encode_error) co_return co_await send_error(client, req, *encode_error, request_id);
+    auto encode_error =
+        co_await run_encode_stage(w, *set, body, *index, ctx, request_id, authorization, scope);
+    if (scope.client_gone())
+      co_return false;
+    if (encode_error)
+      co_return co_await send_error(client, req, *encode_error, request_id);
   }
 
   RetryToken retry;  // one retry per request at most
@@ -532,7 +625,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   // name a previous turn's blocks: no reuse otherwise.
   const bool reuse = !one_hop && connector.passes_params();
   const std::optional<std::string> conversation = reuse ? ctx.conversation_id : std::nullopt;
-  std::string decode_body;
+  // Slices of `body` plus edits; small however long the prompt.
+  SplicedText decode_body;
   InstancePtr prefill;
   InstancePtr decode;
   std::string stage_id = request_id;
@@ -543,7 +637,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
       // The request id names both peers, so decode is chosen first.
       ctx.stage = Stage::decode;
       decode = w.picker.pick(set->decode, ctx);
-      if (!decode) co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
+      if (!decode)
+        co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
       if (decode->spec.kv_peer.empty()) {
         co_return co_await send_error(client, req, missing_kv_peer(*decode), request_id);
       }
@@ -555,16 +650,19 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     if (w.conversations) {
       prefill_params = co_await prefill_kv_params_for_turn(
           *w.conversations, w.conversation_stores->counters(), conversation, request_id);
-      if (scope.client_gone()) co_return false;
+      if (scope.client_gone())
+        co_return false;
     }
     PrefillResult pre = co_await run_prefill(w, *set, req, body, *index, prefill_params,
                                              decode.get(), ctx, request_id, authorization, scope);
-    if (scope.client_gone()) co_return false;
+    if (scope.client_gone())
+      co_return false;
     // Failover: a prefill that failed on the engine's side is tried once
     // more on another prefill instance, within the retry budget.
     if (pre.error && pre.retriable && has_alternative(set->prefill, pre.instance.get()) &&
         retry.take(w)) {
-      if (w.metrics) w.metrics->retries_prefill.fetch_add(1, std::memory_order_relaxed);
+      if (w.metrics)
+        w.metrics->retries_prefill.fetch_add(1, std::memory_order_relaxed);
       spdlog::info("request {}: prefill on {} failed, retrying on another instance", request_id,
                    pre.instance->spec.url);
       // A named result, not `pre = co_await ...`: assigning a co_await
@@ -574,7 +672,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
           co_await run_prefill(w, *set, req, body, *index, prefill_params, decode.get(), ctx,
                                request_id, authorization, scope, failed.get());
       pre = std::move(second);
-      if (scope.client_gone()) co_return false;
+      if (scope.client_gone())
+        co_return false;
     }
     if (pre.error) {
       scope.stage = "prefill";
@@ -583,7 +682,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     prefill = pre.instance;
     stage_id = pre.request_id;
     std::optional<std::string_view> kv_params;
-    if (pre.kv_params) kv_params = *pre.kv_params;
+    if (pre.kv_params)
+      kv_params = *pre.kv_params;
     decode_body = connector.decode_body(body, *index, kv_params);
     prefill_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_started).count();
@@ -611,48 +711,54 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
       w.metrics->overhead_seconds.observe(
           std::chrono::duration<double>(decode_started - scope.received).count() - prefill_seconds);
     }
-    InFlightGuard guard(decode);
-    StageReport report(w.picker, decode, ctx);
-    auto up = upstream_request(http::verb::post, *decode, req.target(), decode_body, stage_id,
-                               authorization);
-    auto [err, ex] =
-        co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
-    // Sent (start retries internally): a stream that lasts minutes must not
-    // hold a copy of its prompt meanwhile.
-    std::string().swap(up.body());
-    if (ex) report.first_byte(ex->status());
+    auto guard = std::make_unique<InFlightGuard>(decode);
+    auto report = std::make_unique<StageReport>(w.picker, decode, ctx);
+    const auto head = upstream_head(http::verb::post, *decode, req.target(), decode_body.size(),
+                                    stage_id, authorization);
+    const auto buffers = body_buffers(decode_body);
+    auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
+                                                      scope, w.timeouts());
+    if (ex)
+      report->first_byte(ex->status());
     std::optional<GatewayError> failure;
     if (err) {
-      if (err.kind == UpstreamFailure::aborted) co_return false;
+      if (err.kind == UpstreamFailure::aborted)
+        co_return false;
       note_failure(w, *decode, err.detail);
       failure = stage_failure(Stage::decode, err);
     } else if (ex->status() >= 500) {
       note_failure(w, *decode, "answered " + std::to_string(ex->status()));
       failure = co_await engine_status_error(Stage::decode, *ex, *decode);
-      if (scope.client_gone()) co_return false;
+      if (scope.client_gone())
+        co_return false;
     } else if (ex->status() < 200 || ex->status() >= 300) {
       auto e = co_await engine_status_error(Stage::decode, *ex, *decode);
-      if (scope.client_gone()) co_return false;
+      if (scope.client_gone())
+        co_return false;
       scope.stage = "decode";
       co_return co_await send_error(client, req, e, request_id, &scope);
     }
     if (failure) {
       if (attempt == 0 && !connector.names_peers() && !scope.client_gone() &&
           has_alternative(set->decode, decode.get()) && retry.take(w)) {
-        if (w.metrics) w.metrics->retries_decode.fetch_add(1, std::memory_order_relaxed);
+        if (w.metrics)
+          w.metrics->retries_decode.fetch_add(1, std::memory_order_relaxed);
         spdlog::info("request {}: decode on {} failed before its first byte, retrying", request_id,
                      decode->spec.url);
         failed_decode = decode;
-        if (one_hop) continue;
+        if (one_hop)
+          continue;
         PrefillResult again =
             co_await run_prefill(w, *set, req, body, *index, kDefaultPrefillKvParams, nullptr, ctx,
                                  request_id, authorization, scope);
-        if (scope.client_gone()) co_return false;
+        if (scope.client_gone())
+          co_return false;
         if (!again.error) {
           prefill = again.instance;
           stage_id = again.request_id;
           std::optional<std::string_view> again_params;
-          if (again.kv_params) again_params = *again.kv_params;
+          if (again.kv_params)
+            again_params = *again.kv_params;
           decode_body = connector.decode_body(body, *index, again_params);
           continue;
         }
@@ -668,17 +774,48 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     }
     // The decode stage counts as succeeded once it answered 2xx: what
     // happens while relaying is the stream's own business.
-    report.succeeded();
+    report->succeeded();
     scope.status = ex->status();
     scope.stage = "decode";
-    if (facts->stream) {
-      co_return co_await relay_stream(w, client, req, *ex, *decode, request_id, scope,
-                                      conversation);
-    }
-    DecodeOutputFilter filter(decode->spec.host, w.cfg.expose_kv_params);
-    co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id, &filter,
-                                   conversation);
+    relay = std::make_unique<DecodeRelay>();
+    relay->view = std::move(view);
+    relay->guard = std::move(guard);
+    relay->report = std::move(report);
+    relay->ex = std::move(ex);
+    relay->decode = decode;
+    relay->conversation = conversation;
+    relay->stream = facts->stream;
+    co_return true;
   }
+}
+
+// A non-streaming decode answer, through the filter (its own frame, so the
+// filter takes no room in serve_completion's while a stream relays).
+net::awaitable<bool> relay_decode_whole(WorkerContext& w, beast::tcp_stream& client,
+                                        const http::request<http::string_body>& req,
+                                        DecodeRelay& r) {
+  DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params);
+  co_return co_await relay_whole(w, client, req, *r.ex, *r.decode, Stage::decode,
+                                 r.view->request_id, &filter, r.conversation);
+}
+
+}  // namespace
+
+net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
+                                      http::request<http::string_body>& req, RequestScope& scope,
+                                      bool is_chat) {
+  // Routing runs in its own frame, gone before the relay starts; this
+  // frame holds only the relay's state.
+  std::unique_ptr<DecodeRelay> relay;
+  const bool keep_alive = co_await route_completion(w, client, req, scope, is_chat, relay);
+  if (!relay)
+    co_return keep_alive;
+  DecodeRelay& r = *relay;
+  if (r.stream) {
+    co_return co_await relay_stream(w, client, req, *r.ex, *r.decode, r.view->request_id, scope,
+                                    r.conversation);
+  }
+  co_return co_await relay_decode_whole(w, client, req, r);
 }
 
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
@@ -695,7 +832,8 @@ net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
   if (err) {
-    if (err.kind == UpstreamFailure::aborted) co_return false;
+    if (err.kind == UpstreamFailure::aborted)
+      co_return false;
     co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id,
                                   &scope);
   }

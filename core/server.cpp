@@ -20,6 +20,7 @@
 #include "core/conversation.hpp"
 #include "core/errors.hpp"
 #include "core/health.hpp"
+#include "core/http_body.hpp"
 #include "core/pipeline.hpp"
 
 namespace pdgate {
@@ -504,13 +505,9 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
   }
 }
 
-net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
-  WorkerContext& w = worker.ctx;
+net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                           http::request<http::string_body>& req) {
   const Config& cfg = cfg_;
-  beast::tcp_stream stream(std::move(socket));
-  beast::flat_buffer buffer;
-  bool first = true;
-
   // Answers a request that cannot be read to the end, then closes the way
   // nginx's lingering close does: stop sending, and read (and drop) what
   // the client is still sending for a moment. Closing with unread bytes in
@@ -531,6 +528,114 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     }
   };
 
+  http::request_parser<AppendStringBody> parser;
+  parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
+  parser.body_limit(cfg.max_body_bytes);
+  stream.expires_after(cfg.header_timeout);
+  if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
+    if (ec == http::error::body_limit) {
+      // Beast checks Content-Length against the body limit as soon as the
+      // header is complete.
+      co_await refuse(413, "request body exceeds the limit of " +
+                               std::to_string(cfg.max_body_bytes) + " bytes");
+    } else if (ec == http::error::header_limit) {
+      co_await refuse(431, "request header exceeds " + std::to_string(cfg.max_header_bytes) +
+                               " bytes");
+    } else if (ec == beast::error::timeout) {
+      co_await refuse(408, "request header not received within the header timeout");
+    } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
+               ec != net::error::connection_reset) {
+      co_await refuse(400, "malformed HTTP request: " + ec.message());
+    }
+    co_return false;
+  }
+  if (auto len = parser.content_length(); len && *len > cfg.max_body_bytes) {
+    co_await refuse(413, "request body of " + std::to_string(*len) + " bytes exceeds the limit of " +
+                             std::to_string(cfg.max_body_bytes) + " bytes");
+    co_return false;
+  }
+  if (auto it = parser.get().find(http::field::expect);
+      it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
+    if (ec) co_return false;
+  }
+  // Beast reads at most the buffer's free capacity per call: a large body
+  // read through a 4 KiB buffer costs a system call (and often an epoll
+  // wait) per 2-4 KiB. Up to 1 MiB of room is made for it instead; the
+  // buffer is shrunk again once the request is read.
+  if (auto len = parser.content_length(); len && *len > buffer.capacity() - buffer.size()) {
+    buffer.reserve(buffer.size() + static_cast<std::size_t>(std::min<std::uint64_t>(*len, 1u << 20)));
+  }
+  stream.expires_after(cfg.client_idle_timeout);
+  if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple); ec) {
+    if (ec == http::error::body_limit) {
+      co_await refuse(413, "request body exceeds the limit of " +
+                               std::to_string(cfg.max_body_bytes) + " bytes");
+    } else if (ec == beast::error::timeout) {
+      co_await refuse(408, "request body not received in time");
+    }
+    co_return false;
+  }
+  stream.expires_never();
+  // Moved into the string_body message the handlers take (the body type
+  // only changes how it was read).
+  req = [&parser] {
+    auto parsed = parser.release();
+    return http::request<http::string_body>(std::move(parsed.base()), std::move(parsed.body()));
+  }();
+  co_return true;
+}
+
+net::awaitable<bool> Gateway::serve_route(Worker& worker, beast::tcp_stream& stream,
+                                          http::request<http::string_body>& req,
+                                          RequestScope& scope, std::string_view path) {
+  WorkerContext& w = worker.ctx;
+  const auto method = req.method();
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    auto res = make_error_response(client_error(405, "use POST for " + std::string(path)),
+                                   req.version(), req.keep_alive());
+    res.set(http::field::allow, "POST");
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  } else if (path == "/v1/models" && method == http::verb::get) {
+    co_return co_await serve_models(w, stream, req, scope);
+  } else if (path == "/health" && method == http::verb::get) {
+    co_return co_await serve_health(w, stream, req, scope);
+  } else if ((path == "/start_profile" || path == "/stop_profile") &&
+             method == http::verb::post) {
+    co_return co_await serve_profile(w, stream, req, scope, std::string(path));
+  } else if (path == "/status" && method == http::verb::get) {
+    auto res = json_response(req, http::status::ok, nlohmann::json::parse(status_json()));
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  } else if (path == "/metrics" && method == http::verb::get) {
+    http::response<http::string_body> res{http::status::ok, req.version()};
+    res.set(http::field::server, "pdgate");
+    res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    res.keep_alive(req.keep_alive());
+    res.body() = metrics_text();
+    res.prepare_payload();
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  } else if (path == "/instances/add" && method == http::verb::post) {
+    // The vLLM demo proxy's endpoint, on the client port as it had it.
+    auto res = co_await admin_->handle_demo_add(req);
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  } else {
+    auto res = make_error_response(
+        client_error(404, "no route for " + std::string(req.method_string()) + " " +
+                              std::string(path)),
+        req.version(), req.keep_alive());
+    co_return co_await write_response(stream, res) && req.keep_alive();
+  }
+  co_return false;
+}
+
+net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
+  WorkerContext& w = worker.ctx;
+  const Config& cfg = cfg_;
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  bool first = true;
+
   while (!stopping_.load(std::memory_order_relaxed)) {
     // Between requests a keep-alive connection may idle; once bytes of a
     // request arrive, the whole header must follow within header_timeout.
@@ -542,50 +647,11 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     }
     first = false;
 
-    http::request_parser<http::string_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
-    parser.body_limit(cfg.max_body_bytes);
-    stream.expires_after(cfg.header_timeout);
-    if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
-      if (ec == http::error::body_limit) {
-        // Beast checks Content-Length against the body limit as soon as the
-        // header is complete.
-        co_await refuse(413, "request body exceeds the limit of " +
-                                 std::to_string(cfg.max_body_bytes) + " bytes");
-      } else if (ec == http::error::header_limit) {
-        co_await refuse(431, "request header exceeds " + std::to_string(cfg.max_header_bytes) +
-                                 " bytes");
-      } else if (ec == beast::error::timeout) {
-        co_await refuse(408, "request header not received within the header timeout");
-      } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
-                 ec != net::error::connection_reset) {
-        co_await refuse(400, "malformed HTTP request: " + ec.message());
-      }
+    // Parsing in its own coroutine: the parser and the refusals take no
+    // room in this frame, which lives as long as the connection.
+    http::request<http::string_body> req;
+    if (!co_await read_request(stream, buffer, req))
       break;
-    }
-    if (auto len = parser.content_length(); len && *len > cfg.max_body_bytes) {
-      co_await refuse(413, "request body of " + std::to_string(*len) + " bytes exceeds the limit of " +
-                               std::to_string(cfg.max_body_bytes) + " bytes");
-      break;
-    }
-    if (auto it = parser.get().find(http::field::expect);
-        it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
-      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
-      if (ec) break;
-    }
-    stream.expires_after(cfg.client_idle_timeout);
-    if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple); ec) {
-      if (ec == http::error::body_limit) {
-        co_await refuse(413, "request body exceeds the limit of " +
-                                 std::to_string(cfg.max_body_bytes) + " bytes");
-      } else if (ec == beast::error::timeout) {
-        co_await refuse(408, "request body not received in time");
-      }
-      break;
-    }
-    stream.expires_never();
-    http::request<http::string_body> req = parser.release();
     // The read buffer is empty unless the client pipelined; a streamed
     // answer can last minutes, so it does not keep its 4 KiB+ meanwhile
     // (with 10,000 open streams that is 40 MiB of nothing).
@@ -599,43 +665,13 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     bool keep_alive = false;
     const std::string_view path = path_of(req.target());
     const auto method = req.method();
-    if (path == "/v1/completions" || path == "/v1/chat/completions") {
-      if (method == http::verb::post) {
-        keep_alive = co_await serve_completion(w, stream, req, *scope, path != "/v1/completions");
-      } else {
-        auto res = make_error_response(client_error(405, "use POST for " + std::string(path)),
-                                       req.version(), req.keep_alive());
-        res.set(http::field::allow, "POST");
-        keep_alive = co_await write_response(stream, res) && req.keep_alive();
-      }
-    } else if (path == "/v1/models" && method == http::verb::get) {
-      keep_alive = co_await serve_models(w, stream, req, *scope);
-    } else if (path == "/health" && method == http::verb::get) {
-      keep_alive = co_await serve_health(w, stream, req, *scope);
-    } else if ((path == "/start_profile" || path == "/stop_profile") &&
-               method == http::verb::post) {
-      keep_alive = co_await serve_profile(w, stream, req, *scope, std::string(path));
-    } else if (path == "/status" && method == http::verb::get) {
-      auto res = json_response(req, http::status::ok, nlohmann::json::parse(status_json()));
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
-    } else if (path == "/metrics" && method == http::verb::get) {
-      http::response<http::string_body> res{http::status::ok, req.version()};
-      res.set(http::field::server, "pdgate");
-      res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-      res.keep_alive(req.keep_alive());
-      res.body() = metrics_text();
-      res.prepare_payload();
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
-    } else if (path == "/instances/add" && method == http::verb::post) {
-      // The vLLM demo proxy's endpoint, on the client port as it had it.
-      auto res = co_await admin_->handle_demo_add(req);
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+    if ((path == "/v1/completions" || path == "/v1/chat/completions") &&
+        method == http::verb::post) {
+      keep_alive = co_await serve_completion(w, stream, req, *scope, path != "/v1/completions");
     } else {
-      auto res = make_error_response(
-          client_error(404, "no route for " + std::string(req.method_string()) + " " +
-                                std::string(path)),
-          req.version(), req.keep_alive());
-      keep_alive = co_await write_response(stream, res) && req.keep_alive();
+      // The other routes in their own frame: their responses would
+      // otherwise take room in this one for as long as a stream lasts.
+      keep_alive = co_await serve_route(worker, stream, req, *scope, path);
     }
     watched->done = true;
     scope->watch_cancel().emit(net::cancellation_type::all);

@@ -52,6 +52,14 @@ class Gateway {
   struct Worker;
   net::awaitable<void> accept_loop(Worker& worker);
   net::awaitable<void> session(Worker& worker, tcp::socket socket);
+  // The routes other than POST completions.
+  net::awaitable<bool> serve_route(Worker& worker, beast::tcp_stream& stream,
+                                   http::request<http::string_body>& req, RequestScope& scope,
+                                   std::string_view path);
+  // Reads one request after its first bytes arrived; answers (and returns
+  // false) when it cannot be read and the connection must close.
+  net::awaitable<bool> read_request(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                    http::request<http::string_body>& req);
   net::awaitable<void> admin_accept_loop();
   net::awaitable<void> admin_session(tcp::socket socket);
   std::string status_json() const;

@@ -7,6 +7,11 @@ namespace pdgate {
 SseScanner::SseScanner(std::size_t max_event_bytes) : max_event_bytes_(max_event_bytes) {}
 
 void SseScanner::compact() {
+  // Popped lengths go the same way (amortized, as below).
+  if (ready_head_ > 0 && ready_head_ * 2 >= ready_.size()) {
+    ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(ready_head_));
+    ready_head_ = 0;
+  }
   // Popped bytes are dropped only when they are at least half the buffer,
   // so each byte is moved a bounded number of times and feeding stays
   // linear even when the caller pops one event per feed.
@@ -22,6 +27,14 @@ void SseScanner::compact() {
   event_begin_ -= head_;
   scan_ -= head_;
   head_ = 0;
+}
+
+void SseScanner::release_idle_memory() {
+  if (head_ != buf_.size() || ready_head_ != ready_.size())
+    return;
+  std::string().swap(buf_);
+  std::vector<std::size_t>().swap(ready_);
+  head_ = event_begin_ = scan_ = ready_head_ = 0;
 }
 
 bool SseScanner::feed(std::string_view bytes) {
@@ -40,7 +53,7 @@ bool SseScanner::feed(std::string_view bytes) {
           // previous event, which was cut without waiting for this byte (to
           // relay it at once). The '\n' completes that line ending, so it
           // is attached to that event if it is still queued, else dropped.
-          if (ready_.empty()) {
+          if (ready_head_ == ready_.size()) {
             ++head_;
           } else {
             ++ready_.back();
@@ -81,10 +94,13 @@ bool SseScanner::feed(std::string_view bytes) {
 }
 
 bool SseScanner::next(SseEvent& out) {
-  if (ready_.empty())
+  if (ready_head_ == ready_.size())
     return false;
-  const std::size_t len = ready_.front();
-  ready_.pop_front();
+  const std::size_t len = ready_[ready_head_++];
+  if (ready_head_ == ready_.size()) {
+    ready_.clear();
+    ready_head_ = 0;
+  }
   out.raw.assign(buf_, head_, len);
   head_ += len;
 

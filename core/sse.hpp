@@ -6,9 +6,9 @@
 #pragma once
 
 #include <cstddef>
-#include <deque>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace pdgate {
 
@@ -37,6 +37,10 @@ class SseScanner {
   // popping is linear in the bytes fed, however they are split.
   bool next(SseEvent& out);
 
+  // Frees the buffers when no byte is held (all events popped, no partial
+  // event): for streams that idle between events.
+  void release_idle_memory();
+
   // Bytes of an incomplete event held.
   std::size_t pending_bytes() const { return buf_.size() - event_begin_; }
 
@@ -47,11 +51,16 @@ class SseScanner {
 
   std::size_t max_event_bytes_;
   std::string buf_;
-  std::size_t head_ = 0;           // start of the first complete event not popped yet
-  std::deque<std::size_t> ready_;  // lengths of the complete events from head_ on
-  std::size_t event_begin_ = 0;    // start of the incomplete event
-  std::size_t scan_ = 0;           // next byte to examine
-  bool line_empty_ = true;         // no byte of the current line seen yet
+  std::size_t head_ = 0;  // start of the first complete event not popped yet
+  // Lengths of the complete events from head_ on, the first at
+  // ready_[ready_head_]. A vector, not a deque: libstdc++'s deque allocates
+  // ~600 bytes even when empty, and a relayed stream holds its scanner for
+  // as long as it lasts (10,000 idle streams: 6 MiB).
+  std::vector<std::size_t> ready_;
+  std::size_t ready_head_ = 0;
+  std::size_t event_begin_ = 0;  // start of the incomplete event
+  std::size_t scan_ = 0;         // next byte to examine
+  bool line_empty_ = true;       // no byte of the current line seen yet
   // The previous byte ended a line with '\r': a '\n' right after it belongs
   // to the same line ending, even when it arrives in a later feed.
   bool after_cr_ = false;

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/http.hpp>
 
 #include "core/errors.hpp"
 #include "core/instance.hpp"
+#include "core/json_body.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {
@@ -21,6 +23,16 @@ http::request<http::string_body> upstream_request(http::verb method, const Insta
                                                   std::string_view target, std::string body,
                                                   const std::string& request_id,
                                                   const std::string& authorization);
+
+// The same request's header alone, for a body of `body_size` bytes sent as
+// a buffer sequence (UpstreamExchange::start with buffers).
+http::request_header<> upstream_head(http::verb method, const Instance& inst,
+                                     std::string_view target, std::size_t body_size,
+                                     const std::string& request_id,
+                                     const std::string& authorization);
+
+// The pieces of a spliced body as buffers for a gathering write.
+std::vector<net::const_buffer> body_buffers(const SplicedText& body);
 
 // The first `max` bytes of `s`, "..." when cut.
 std::string snippet(std::string_view s, std::size_t max = 300);

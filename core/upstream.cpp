@@ -1,13 +1,10 @@
 #include "core/upstream.hpp"
 
-#include <array>
-
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_range.hpp>
 #include <boost/beast/core/read_size.hpp>
-
-#include "core/http_head.hpp"
 
 namespace pdgate {
 
@@ -49,15 +46,20 @@ std::unique_ptr<UpstreamConnection> UpstreamPool::take_idle() {
 }
 
 void UpstreamPool::give_back(std::unique_ptr<UpstreamConnection> c) {
-  if (idle_.size() >= max_idle_) return;  // bounded: the surplus connection closes
+  if (idle_.size() >= max_idle_)
+    return;  // bounded: the surplus connection closes
   c->idle_since = std::chrono::steady_clock::now();
   c->buffer.clear();
+  // Whatever read_all grew it to: a connection reused for a stream that
+  // idles for minutes must not hold it.
+  c->buffer.shrink_to_fit();
   idle_.push_back(std::move(c));
 }
 
 void UpstreamPool::sweep() {
   const auto now = std::chrono::steady_clock::now();
-  while (!idle_.empty() && now - idle_.front()->idle_since >= idle_timeout_) idle_.pop_front();
+  while (!idle_.empty() && now - idle_.front()->idle_since >= idle_timeout_)
+    idle_.pop_front();
 }
 
 net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> UpstreamPool::connect(
@@ -79,16 +81,18 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
     resolved_at_ = now;
   }
   auto conn = std::make_unique<UpstreamConnection>(ex_);
-  if (scope) scope->add(&conn->stream);
+  if (scope)
+    scope->add(&conn->stream);
   conn->stream.expires_after(timeout);
   auto [ec, ep] = co_await conn->stream.async_connect(*resolved_, use_tuple);
-  if (scope) scope->remove(&conn->stream);
+  if (scope)
+    scope->remove(&conn->stream);
   if (ec) {
     resolved_.reset();  // the address may have changed
     UpstreamError err{UpstreamFailure::connect, ""};
     if (ec == beast::error::timeout) {
-      err.detail = "connect to " + spec.url + " timed out after " +
-                   std::to_string(timeout.count()) + " ms";
+      err.detail =
+          "connect to " + spec.url + " timed out after " + std::to_string(timeout.count()) + " ms";
     } else if (scope && scope->client_gone()) {
       err = {UpstreamFailure::aborted, "client went away"};
     } else {
@@ -104,12 +108,14 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
 
 UpstreamPool& UpstreamPools::for_instance(const InstancePtr& inst) {
   auto& slot = pools_[inst->id];
-  if (!slot) slot = std::make_unique<UpstreamPool>(ex_, inst, max_idle_, idle_timeout_);
+  if (!slot)
+    slot = std::make_unique<UpstreamPool>(ex_, inst, max_idle_, idle_timeout_);
   return *slot;
 }
 
 void UpstreamPools::sweep() {
-  for (auto& [id, pool] : pools_) pool->sweep();
+  for (auto& [id, pool] : pools_)
+    pool->sweep();
 }
 
 void UpstreamPools::retain(const InstanceSet& set) {
@@ -133,7 +139,8 @@ UpstreamExchange::~UpstreamExchange() {
 
 UpstreamError UpstreamExchange::classify(const beast::error_code& ec, const char* during) const {
   const auto& url = pool_.instance()->spec.url;
-  if (scope_.client_gone()) return {UpstreamFailure::aborted, "client went away"};
+  if (scope_.client_gone())
+    return {UpstreamFailure::aborted, "client went away"};
   if (ec == beast::error::timeout) {
     return {UpstreamFailure::timeout, std::string("timed out ") + during + " from " + url};
   }
@@ -141,15 +148,36 @@ UpstreamError UpstreamExchange::classify(const beast::error_code& ec, const char
     return {UpstreamFailure::closed, url + " closed the connection " + during};
   }
   if (ec == http::error::body_limit || ec == http::error::header_limit) {
-    return {UpstreamFailure::too_large, std::string("response too large ") + during + " from " + url};
+    return {UpstreamFailure::too_large,
+            std::string("response too large ") + during + " from " + url};
   }
-  return {UpstreamFailure::protocol, std::string("error ") + during + " from " + url + ": " +
-                                         ec.message()};
+  return {UpstreamFailure::protocol,
+          std::string("error ") + during + " from " + url + ": " + ec.message()};
 }
 
 net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> UpstreamExchange::start(
     UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
     UpstreamTimeouts timeouts) {
+  const std::vector<net::const_buffer> body{net::buffer(req.body())};
+  co_return co_await start(pool, req.base(), body, scope, timeouts);
+}
+
+net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> UpstreamExchange::start(
+    UpstreamPool& pool, const http::request_header<>& head,
+    const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts) {
+  // The header's bytes as Beast lays them out (start line, fields, blank
+  // line), followed by the body's pieces: one gathering write.
+  // The writer owns part of the start line's bytes: it lives as long as
+  // the write does.
+  http::fields::writer header_bytes{head, head.version(), head.method()};
+  const auto header_view = header_bytes.get();
+  std::vector<net::const_buffer> out;
+  for (const auto b : beast::buffers_range_ref(header_view))
+    out.push_back(b);
+  for (const auto& b : body) {
+    if (b.size() != 0)
+      out.push_back(b);
+  }
   for (int attempt = 0;; ++attempt) {
     if (scope.client_gone()) {
       co_return std::pair{UpstreamError{UpstreamFailure::aborted, "client went away"}, nullptr};
@@ -157,7 +185,8 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     auto conn = attempt == 0 ? pool.take_idle() : nullptr;
     if (!conn) {
       auto [err, fresh] = co_await pool.connect(timeouts.connect, &scope);
-      if (err) co_return std::pair{err, nullptr};
+      if (err)
+        co_return std::pair{err, nullptr};
       conn = std::move(fresh);
     }
     const bool reused = conn->reused;
@@ -168,23 +197,15 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 
     auto& stream = ex->conn_->stream;
     stream.expires_after(timeouts.first_byte);
-    beast::error_code ec;
-    if (head_renders_message(req)) {
-      // One gather write of head and body (core/http_head.hpp).
-      const std::string head = render_head(req.base());
-      const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(req.body())};
-      auto [wec, wn] = co_await net::async_write(stream, parts, use_tuple);
-      ec = wec;
-    } else {
-      auto [wec, wn] = co_await http::async_write(stream, req, use_tuple);
-      ec = wec;
-    }
+    auto [wec, wn] = co_await net::async_write(stream, out, use_tuple);
+    beast::error_code ec = wec;
     if (!ec) {
       auto [rec, rn] =
           co_await http::async_read_header(stream, ex->conn_->buffer, *ex->parser_, use_tuple);
       ec = rec;
     }
-    if (!ec) co_return std::pair{UpstreamError{}, std::move(ex)};
+    if (!ec)
+      co_return std::pair{UpstreamError{}, std::move(ex)};
 
     // The engine may close an idle keep-alive connection at any moment; if
     // it did so before answering anything, the request never started there.
@@ -193,13 +214,14 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
       continue;
     }
     co_return std::pair{ex->classify(ec, ex->parser_->got_some() ? "reading the response header"
-                                                                  : "waiting for the first byte"),
+                                                                 : "waiting for the first byte"),
                         nullptr};
   }
 }
 
 net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std::size_t max) {
-  if (parser_->is_done()) co_return UpstreamError{};
+  if (parser_->is_done())
+    co_return UpstreamError{};
   conn_->stream.expires_after(timeouts_.first_byte);
   // Wait for bytes in the connection's own buffer before sizing `out`: a
   // stream that idles between tokens then holds no body buffer while it
@@ -211,7 +233,8 @@ net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std:
     auto [ec, n] = co_await conn_->stream.async_read_some(
         conn_->buffer.prepare(beast::read_size(conn_->buffer, max)), use_tuple);
     conn_->buffer.commit(n);
-    if (ec && ec != net::error::eof) co_return classify(ec, "while reading the response body");
+    if (ec && ec != net::error::eof)
+      co_return classify(ec, "while reading the response body");
   }
   // The body bytes parsed from the buffer are fewer than the buffer holds
   // (chunk framing). A floor keeps a call that must read again (a partial
@@ -223,32 +246,41 @@ net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std:
   auto& body = parser_->get().body();
   body.data = out.data() + old;
   body.size = max;
-  auto [ec, n] =
-      co_await http::async_read_some(conn_->stream, conn_->buffer, *parser_, use_tuple);
+  auto [ec, n] = co_await http::async_read_some(conn_->stream, conn_->buffer, *parser_, use_tuple);
   const std::size_t got = max - body.size;
   out.resize(old + got);
   body.data = nullptr;
   body.size = 0;
-  if (ec == http::error::need_buffer) ec = {};
-  if (ec) co_return classify(ec, "while reading the response body");
+  if (ec == http::error::need_buffer)
+    ec = {};
+  if (ec)
+    co_return classify(ec, "while reading the response body");
   co_return UpstreamError{};
 }
 
 net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::size_t limit) {
+  // A whole body is wanted (a prefill's answer carries a block id per 16
+  // tokens: ~100 KiB for a 1 MiB prompt), so the buffer gets room for big
+  // reads: at its idle size (512 B per read) that was ~200 system calls.
+  // It is shrunk again before the connection goes back to the pool.
+  if (!parser_->is_done())
+    conn_->buffer.reserve(std::min<std::size_t>(64 * 1024, conn_->buffer.max_size()));
   while (!parser_->is_done()) {
     auto err = co_await read_some(out, 64 * 1024);
-    if (err) co_return err;
+    if (err)
+      co_return err;
     if (out.size() > limit) {
       co_return UpstreamError{UpstreamFailure::too_large,
-                              "response body from " + pool_.instance()->spec.url +
-                                  " exceeds " + std::to_string(limit) + " bytes"};
+                              "response body from " + pool_.instance()->spec.url + " exceeds " +
+                                  std::to_string(limit) + " bytes"};
     }
   }
   co_return UpstreamError{};
 }
 
 void UpstreamExchange::finish() {
-  if (!conn_) return;
+  if (!conn_)
+    return;
   scope_.remove(&conn_->stream);
   if (parser_->is_done() && parser_->keep_alive() && conn_->buffer.size() == 0 &&
       !scope_.client_gone()) {

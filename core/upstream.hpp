@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -111,10 +112,21 @@ class UpstreamExchange {
   static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
       UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
       UpstreamTimeouts timeouts);
+  // The same with the body given as a buffer sequence (slices of the
+  // client's body and edited fragments, core/json_body.hpp), written after
+  // `head` in one gathering write: a large body is never copied. `head`
+  // must carry the body's Content-Length; the buffers' memory must stay
+  // valid until this completes.
+  static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
+      UpstreamPool& pool, const http::request_header<>& head,
+      const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts);
 
   unsigned status() const { return parser_->get().result_int(); }
   const http::response_header<>& header() const { return parser_->get().base(); }
   bool done() const { return parser_->is_done(); }
+  // Frees the response's header fields once they have been copied (a relay
+  // that lasts minutes does not keep them); status() stays valid.
+  void drop_header_fields() { parser_->get().base().clear(); }
 
   // Appends whatever body bytes are available now (at least one unless the
   // body is done) to `out`, up to `max` bytes.
@@ -127,8 +139,8 @@ class UpstreamExchange {
   void finish();
 
  private:
-  UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn, RequestScope& scope,
-                   UpstreamTimeouts timeouts);
+  UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
+                   RequestScope& scope, UpstreamTimeouts timeouts);
   UpstreamError classify(const beast::error_code& ec, const char* during) const;
 
   UpstreamPool& pool_;

@@ -6,34 +6,19 @@ namespace pdgate {
 
 namespace {
 
-// The prefill computes the prompt's KV cache and stops after one token.
-std::string one_token_body(std::string_view body, const JsonObjectIndex& index) {
-  JsonBodyEditor e(body, index);
-  e.set("stream", "false");
-  e.set("max_tokens", "1");
-  if (raw_member(body, index, "max_completion_tokens"))
-    e.set("max_completion_tokens", "1");
-  e.remove("min_tokens");
-  // vLLM rejects stream_options when stream is false.
-  e.remove("stream_options");
-  e.remove("conversation_id");
-  e.remove("kv_transfer_params");
-  return e.render();
-}
-
 // NixlConnector: the prefill answers with kv_transfer_params that tell
 // decode where to pull the blocks from (today's flow).
 class Nixl final : public KvConnector {
  public:
   std::string_view name() const override { return "nixl"; }
   bool passes_params() const override { return true; }
-  std::string prefill_body(std::string_view body, const JsonObjectIndex& index,
+  SplicedText prefill_body(std::string_view body, const JsonObjectIndex& index,
                            std::string_view kv_params_raw) const override {
-    return make_prefill_body(body, index, kv_params_raw);
+    return splice_prefill_body(body, index, kv_params_raw);
   }
-  std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+  SplicedText decode_body(std::string_view body, const JsonObjectIndex& index,
                           std::optional<std::string_view> kv_params_raw) const override {
-    return make_decode_body(body, index, kv_params_raw);
+    return splice_decode_body(body, index, kv_params_raw);
   }
 };
 
@@ -42,13 +27,13 @@ class Nixl final : public KvConnector {
 class LmCache final : public KvConnector {
  public:
   std::string_view name() const override { return "lmcache"; }
-  std::string prefill_body(std::string_view body, const JsonObjectIndex& index,
+  SplicedText prefill_body(std::string_view body, const JsonObjectIndex& index,
                            std::string_view) const override {
-    return one_token_body(body, index);
+    return splice_one_token_body(body, index);
   }
-  std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+  SplicedText decode_body(std::string_view body, const JsonObjectIndex& index,
                           std::optional<std::string_view>) const override {
-    return make_passthrough_body(body, index);
+    return splice_passthrough_body(body, index);
   }
 };
 
@@ -58,13 +43,13 @@ class P2pNccl final : public KvConnector {
  public:
   std::string_view name() const override { return "p2p-nccl"; }
   bool names_peers() const override { return true; }
-  std::string prefill_body(std::string_view body, const JsonObjectIndex& index,
+  SplicedText prefill_body(std::string_view body, const JsonObjectIndex& index,
                            std::string_view) const override {
-    return one_token_body(body, index);
+    return splice_one_token_body(body, index);
   }
-  std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+  SplicedText decode_body(std::string_view body, const JsonObjectIndex& index,
                           std::optional<std::string_view>) const override {
-    return make_passthrough_body(body, index);
+    return splice_passthrough_body(body, index);
   }
   std::string stage_request_id(const std::string&, const UpstreamSpec* prefill,
                                const UpstreamSpec* decode,
@@ -86,13 +71,13 @@ class None final : public KvConnector {
  public:
   std::string_view name() const override { return "none"; }
   bool has_prefill() const override { return false; }
-  std::string prefill_body(std::string_view, const JsonObjectIndex&,
+  SplicedText prefill_body(std::string_view, const JsonObjectIndex&,
                            std::string_view) const override {
     return {};
   }
-  std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+  SplicedText decode_body(std::string_view body, const JsonObjectIndex& index,
                           std::optional<std::string_view>) const override {
-    return make_passthrough_body(body, index);
+    return splice_passthrough_body(body, index);
   }
 };
 

@@ -29,11 +29,13 @@ class KvConnector {
 
   // The prefill's body; `kv_params_raw` is what the gateway asks the
   // prefill to do (NIXL's do_remote_decode), ignored by the others.
-  virtual std::string prefill_body(std::string_view body, const JsonObjectIndex& index,
+  // Both bodies are slices of `body` plus small edits (core/json_body.hpp):
+  // `body` must outlive them.
+  virtual SplicedText prefill_body(std::string_view body, const JsonObjectIndex& index,
                                    std::string_view kv_params_raw) const = 0;
   // The decode's body; `kv_params_raw` is the prefill's answer's params
   // (only for connectors that pass them).
-  virtual std::string decode_body(std::string_view body, const JsonObjectIndex& index,
+  virtual SplicedText decode_body(std::string_view body, const JsonObjectIndex& index,
                                   std::optional<std::string_view> kv_params_raw) const = 0;
   // The X-Request-Id both stages carry. `uuid_hex` is 32 fresh hex digits.
   virtual std::string stage_request_id(const std::string& client_id, const UpstreamSpec* prefill,

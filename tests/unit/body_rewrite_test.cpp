@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace pdgate {
 namespace {
@@ -288,6 +289,124 @@ TEST(StripMember, PresentAbsentInvalid) {
   EXPECT_EQ(*s, R"({"id":"c","choices":[{"delta":{},"finish_reason":"stop"}]})");
   EXPECT_EQ(strip_member(R"({"a":{"kv_transfer_params":1}})", "kv_transfer_params"), std::nullopt);
   EXPECT_EQ(strip_member("not json", "kv_transfer_params"), std::nullopt);
+}
+
+// --- Spliced bodies (sent as buffers over the client's body) ---------------------
+
+// Bodies covering what the edits meet: each edited field absent, present, duplicated, null,
+// nested under another key, spelled with escapes, at the start or end, with odd whitespace,
+// unicode, stream_options, an empty object.
+std::vector<std::string> splice_corpus() {
+  std::vector<std::string> c = {
+      kCompletions,
+      kChat,
+      "{}",
+      " { } ",
+      R"({"prompt":"x"})",
+      R"({"messages":[]})",
+      R"({"stream":true})",
+      R"({"conversation_id":"c"})",
+      R"({"kv_transfer_params":{"a":1}})",
+      R"({"kv_transfer_params":null,"prompt":"p"})",
+      R"({"conversation_id":"c","kv_transfer_params":{},"stream":true,"max_tokens":3})",
+      R"({"prompt":"p","conversation_id":12,"kv_transfer_params":[1]})",
+      R"({"max_tokens":5,"max_tokens":6,"stream":false,"stream":true})",
+      R"({"min_tokens":1,"stream_options":{"include_usage":true,"continuous_usage_stats":false},)"
+      R"("prompt":"caf\u00e9 \ud83d\ude00 \"q\" \\ /","max_completion_tokens":9})",
+      R"({"max\u005ftokens":7,"str\u0065am":true,"conversation\u005fid":"x"})",
+      R"({"extra":{"stream":true,"max_tokens":9,"conversation_id":"inner",)"
+      R"("kv_transfer_params":{"x":1}},"list":[{"stream_options":{}}],"prompt":"p"})",
+      "{\n  \"model\" : \"m\" ,\n\t\"stream\" :\ttrue ,\r\n \"prompt\" : "
+      "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"\n}\n",
+      R"({"model":null,"stream":null,"stream_options":null,"max_tokens":null,"prompt":"p"})",
+      R"({"prompt":"p","stream_options":{"include_usage":true}})",
+      R"({"stream_options":{"include_usage":true},"prompt":"p"})",
+  };
+  // A long prompt: the case the splicing is for.
+  std::string big = R"({"model":"m","prompt":")";
+  for (int i = 0; i < 4096; ++i)
+    big += "The quick brown fox \\u00e9 jumps. ";
+  big += R"(","stream":true,"max_tokens":16,"conversation_id":"c1"})";
+  c.push_back(std::move(big));
+  return c;
+}
+
+// Every spliced body, concatenated, is byte for byte the rendered one, for every corpus body and
+// every kind of params, and its pieces are views into the original wherever nothing changed.
+TEST(SplicedBody, ConcatenationEqualsRendered) {
+  const std::vector<std::optional<std::string_view>> decode_params = {
+      std::nullopt, std::string_view("null"), std::string_view(" null "),
+      std::string_view(kPrefillParams)};
+  for (const std::string& body : splice_corpus()) {
+    const auto idx = must_index(body);
+    SCOPED_TRACE(body.substr(0, 200));
+    const auto check = [&](const SplicedText& s, const std::string& rendered) {
+      EXPECT_EQ(s.str(), rendered);
+      EXPECT_EQ(s.size(), rendered.size());
+      std::size_t total = 0;
+      s.for_each([&](std::string_view piece) {
+        EXPECT_FALSE(piece.empty());
+        total += piece.size();
+      });
+      EXPECT_EQ(total, rendered.size());
+      EXPECT_TRUE(index_json_object(s.str()).ok()) << s.str();
+    };
+    check(splice_prefill_body(body, idx), make_prefill_body(body, idx));
+    check(splice_prefill_body(body, idx, kPrefillParams),
+          make_prefill_body(body, idx, kPrefillParams));
+    for (const auto& p : decode_params)
+      check(splice_decode_body(body, idx, p), make_decode_body(body, idx, p));
+    check(splice_passthrough_body(body, idx), make_passthrough_body(body, idx));
+    // The one-token body (connectors without params) is the prefill body without any
+    // kv_transfer_params.
+    json expected = parsed(make_prefill_body(body, idx));
+    expected.erase("kv_transfer_params");
+    EXPECT_EQ(parsed(splice_one_token_body(body, idx).str()), expected);
+  }
+}
+
+// The prompt is not copied: the spliced bodies of a long prompt are a few pieces, the prompt's
+// bytes a view into the client's body, and the bytes owned by the splice a few hundred.
+TEST(SplicedBody, PromptStaysInClientBuffer) {
+  const std::string body = splice_corpus().back();
+  const auto idx = must_index(body);
+  const auto prompt = raw_member(body, idx, "prompt");
+  ASSERT_TRUE(prompt);
+  for (const SplicedText& s :
+       {splice_prefill_body(body, idx), splice_decode_body(body, idx, kPrefillParams),
+        splice_passthrough_body(body, idx), splice_one_token_body(body, idx)}) {
+    EXPECT_LE(s.piece_count(), 8u);
+    bool prompt_in_place = false;
+    std::size_t outside = 0;
+    s.for_each([&](std::string_view piece) {
+      const bool inside = piece.data() >= body.data() && piece.data() < body.data() + body.size();
+      if (!inside)
+        outside += piece.size();
+      if (inside && piece.find(*prompt) != std::string_view::npos)
+        prompt_in_place = true;
+    });
+    EXPECT_TRUE(prompt_in_place);
+    EXPECT_LT(outside, 600u);
+  }
+}
+
+// A moved SplicedText (short fragments live inline in a small string) still yields its bytes.
+TEST(SplicedBody, SurvivesMove) {
+  const std::string body = R"({"stream":true,"prompt":"p"})";
+  const auto idx = must_index(body);
+  SplicedText a = splice_passthrough_body(body, idx);
+  SplicedText moved_from = splice_prefill_body(body, idx);
+  const std::string before = moved_from.str();
+  SplicedText b = std::move(moved_from);
+  std::vector<SplicedText> many;
+  for (int i = 0; i < 16; ++i)
+    many.push_back(splice_decode_body(body, idx, std::string_view(R"({"a":1})")));
+  EXPECT_EQ(b.str(), before);
+  EXPECT_EQ(a.str(), body);
+  for (const auto& s : many)
+    EXPECT_EQ(s.str(), make_decode_body(body, idx, std::string_view(R"({"a":1})")));
+  EXPECT_EQ(SplicedText(body).str(), body);
+  EXPECT_EQ(SplicedText().size(), 0u);
 }
 
 }  // namespace

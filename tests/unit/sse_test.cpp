@@ -111,6 +111,31 @@ TEST(Sse, CrLfEverySplit) {
   }
 }
 
+// The relay frees the scanner's buffers between events (release_idle_memory after popping
+// everything): events come out the same for every split, including a \r\n cut in two.
+TEST(Sse, ReleaseIdleMemoryBetweenFeeds) {
+  const std::string crlf = "data: a\r\ndata: b\r\n\r\n: c\r\n\r\ndata: [DONE]\r\n\r\n";
+  for (const std::string& text : {kStream, crlf}) {
+    const auto whole = scan({text});
+    for (std::size_t cut = 0; cut <= text.size(); ++cut) {
+      SseScanner s;
+      std::vector<SseEvent> out;
+      SseEvent ev;
+      for (const std::string& piece : {text.substr(0, cut), text.substr(cut)}) {
+        ASSERT_TRUE(s.feed(piece)) << s.error();
+        while (s.next(ev))
+          out.push_back(ev);
+        s.release_idle_memory();
+      }
+      EXPECT_EQ(datas(out), datas(whole)) << cut;
+      if (text == kStream) {
+        EXPECT_EQ(concat_raw(out), text) << cut;
+      }
+      EXPECT_EQ(s.pending_bytes(), 0u) << cut;
+    }
+  }
+}
+
 // A \r at the end of one feed followed by \n in the next is one line ending, not two.
 TEST(Sse, CrThenLfAcrossFeedsIsOneLineEnding) {
   // Were "\r" + "\n" two endings, the second would be a blank line ending the event early.
