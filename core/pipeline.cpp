@@ -289,6 +289,13 @@ class RetryToken {
     m_ = w.metrics;
     return taken_ = true;
   }
+  // The retry is over: its unit goes back to the budget (the request still
+  // may not retry again).
+  void release() {
+    if (m_)
+      m_->retries_in_flight.fetch_sub(1, std::memory_order_relaxed);
+    m_ = nullptr;
+  }
 
  private:
   GatewayMetrics* m_ = nullptr;
@@ -558,6 +565,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
           co_await run_prefill(w, *set, req, body, *index, prefill_params, decode.get(), ctx,
                                request_id, authorization, scope, failed.get());
       pre = std::move(second);
+      // The retried prefill is done; the decode that follows is no retry.
+      retry.release();
       if (scope.client_gone()) co_return false;
     }
     if (pre.error) {
