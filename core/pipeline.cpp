@@ -655,6 +655,9 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
       co_return co_await send_error(client, req, *failure, request_id, &scope);
     }
     decode->note_request_success();
+    // Nothing is retried once decode answered: a retry that got here is
+    // over, and the stream that follows (minutes, maybe) holds no budget.
+    retry.release();
     if (w.metrics) {
       w.metrics->decode_ttft_seconds.observe(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count());
