@@ -26,8 +26,6 @@ using json = nlohmann::json;
 namespace {
 
 constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
-// How long an added instance has to prove it serves --model.
-constexpr auto kModelCheckTimeout = std::chrono::seconds(5);
 
 AdminApi::Response json_response(const AdminApi::Request& req, unsigned status, const json& j) {
   AdminApi::Response res{static_cast<http::status>(status), req.version()};
@@ -108,6 +106,8 @@ json config_json(const Config& c) {
           {"health_fall", c.health_fall},
           {"eject_after", c.eject_after},
           {"retry_budget", c.retry_budget},
+          {"model_check_timeout_ms", c.model_check_timeout.count()},
+          {"shutdown_timeout_ms", c.shutdown_timeout.count()},
           {"log_level", c.log_level}};
 }
 
@@ -231,7 +231,7 @@ net::awaitable<std::optional<RegistryError>> AdminApi::validate_upstream(const U
     // also points inside the cluster must not slip through.
     tcp::resolver resolver(ex);
     net::steady_timer deadline(ex);
-    deadline.expires_after(kModelCheckTimeout);
+    deadline.expires_after(cfg_.model_check_timeout);
     deadline.async_wait([&resolver](const beast::error_code& ec) {
       if (!ec)
         resolver.cancel();
@@ -254,9 +254,7 @@ net::awaitable<std::optional<RegistryError>> AdminApi::validate_upstream(const U
     }
   }
   if (!cfg_.model.empty()) {
-    auto r = co_await probe_get(
-        ex, spec.host, spec.port, "/v1/models",
-        std::chrono::duration_cast<std::chrono::milliseconds>(kModelCheckTimeout));
+    auto r = co_await probe_get(ex, spec.host, spec.port, "/v1/models", cfg_.model_check_timeout);
     if (r.status != 200) {
       std::string why = r.error;
       if (r.status != 0)

@@ -136,6 +136,12 @@ constexpr std::array kOptions = {
            "Address the admin API listens on (default: 127.0.0.1)."},
     Option{"admin-key-file", "", 0, false, false, kGeneral, "FILE",
            "File holding the admin API key (default: env ADMIN_API_KEY)."},
+    Option{"model-check-timeout", "", 0, false, false, kGeneral, "DURATION",
+           "Time an instance added at run time has to answer GET /v1/models when --model "
+           "is set, and to resolve for --allowed-upstreams (default: 5s)."},
+    Option{"shutdown-timeout", "", 0, false, false, kGeneral, "DURATION",
+           "On SIGTERM or SIGINT, time in-flight requests have to finish before pdgate "
+           "exits anyway (default: 30s)."},
     Option{"allowed-upstreams", "", 0, true, false, kGeneral, "CIDR",
            "Networks instances added at run time must be in, e.g. 10.0.0.0/8 (default: any)."},
     Option{"health-interval", "", 0, false, false, kGeneral, "DURATION|off",
@@ -596,6 +602,8 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
       {"connect-timeout", &Config::connect_timeout},
       {"first-byte-timeout", &Config::first_byte_timeout},
       {"upstream-idle-timeout", &Config::upstream_idle_timeout},
+      {"model-check-timeout", &Config::model_check_timeout},
+      {"shutdown-timeout", &Config::shutdown_timeout},
   };
   for (const auto& [key, field] : durations) {
     if (const auto* v = get(key)) {
@@ -892,7 +900,8 @@ Result<std::string> read_file(const std::string& path) {
 
 std::optional<Role> role_from_string(std::string_view s) {
   for (Role r : {Role::prefill, Role::decode, Role::encode, Role::both}) {
-    if (s == to_string(r)) return r;
+    if (s == to_string(r))
+      return r;
   }
   return std::nullopt;
 }
@@ -1149,6 +1158,12 @@ Result<Config> validate(Config c) {
   for (const auto& [name, d] : durations) {
     if (d.count() <= 0)
       return fail(std::string(name) + " must be positive");
+  }
+  if (c.model_check_timeout > std::chrono::minutes(5)) {
+    return fail("--model-check-timeout must be at most 5m (an admin add waits for it)");
+  }
+  if (c.shutdown_timeout > std::chrono::hours(24)) {
+    return fail("--shutdown-timeout must be at most 24h");
   }
   for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
     for (const auto& u : *list) {

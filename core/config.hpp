@@ -86,6 +86,10 @@ struct Config {
   std::string admin_host = "127.0.0.1";
   std::uint16_t admin_port = 0;
   std::string admin_key_file;  // else env ADMIN_API_KEY
+  // Bound on an admin add's name resolution and GET /v1/models check.
+  std::chrono::milliseconds model_check_timeout{5'000};
+  // SIGTERM: in-flight requests get this long to finish, then pdgate exits.
+  std::chrono::milliseconds shutdown_timeout{30'000};
   // CIDRs an added instance's address must fall in (empty: any).
   std::vector<std::string> allowed_upstreams;
 

@@ -340,6 +340,13 @@ class RetryToken {
     m_ = w.metrics;
     return taken_ = true;
   }
+  // The retry is over: its unit goes back to the budget (the request still
+  // may not retry again).
+  void release() {
+    if (m_)
+      m_->retries_in_flight.fetch_sub(1, std::memory_order_relaxed);
+    m_ = nullptr;
+  }
 
  private:
   GatewayMetrics* m_ = nullptr;
@@ -672,6 +679,8 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
           co_await run_prefill(w, *set, req, body, *index, prefill_params, decode.get(), ctx,
                                request_id, authorization, scope, failed.get());
       pre = std::move(second);
+      // The retried prefill is done; the decode that follows is no retry.
+      retry.release();
       if (scope.client_gone())
         co_return false;
     }
@@ -768,6 +777,9 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
       co_return co_await send_error(client, req, *failure, request_id, &scope);
     }
     decode->note_request_success();
+    // Nothing is retried once decode answered: a retry that got here is
+    // over, and the stream that follows (minutes, maybe) holds no budget.
+    retry.release();
     if (w.metrics) {
       w.metrics->decode_ttft_seconds.observe(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count());

@@ -29,8 +29,6 @@ namespace {
 
 constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 using reuse_port = net::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
-// How long SIGTERM waits for in-flight requests before exiting anyway.
-constexpr auto kDrainDeadline = std::chrono::seconds(30);
 constexpr auto kSweepInterval = std::chrono::seconds(5);
 
 std::string default_authorization() {
@@ -139,7 +137,21 @@ net::awaitable<bool> serve_profile(WorkerContext& w, beast::tcp_stream& stream,
 
 }  // namespace
 
+// An io_context whose pending handlers (suspended sessions included) can
+// be destroyed before the objects they refer to.
+class WorkerIoContext : public net::io_context {
+ public:
+  explicit WorkerIoContext(int hint) : net::io_context(hint) {}
+  using net::io_context::shutdown;
+};
+
 struct Gateway::Worker {
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+  // Sessions still suspended when the loop stopped (the drain deadline
+  // passed) hold references to ctx: destroy them while ctx is alive, not
+  // in ~io_context after it.
+  ~Worker() { ioc.shutdown(); }
   Worker(Gateway& g, std::size_t index_)
       : index(index_),
         ctx(g.cfg_, g.registry_, g.make_picker_(index_), ioc.get_executor(),
@@ -151,7 +163,7 @@ struct Gateway::Worker {
   }
 
   std::size_t index;
-  net::io_context ioc{1};
+  WorkerIoContext ioc{1};
   WorkerContext ctx;
   std::optional<tcp::acceptor> acceptor;
   net::steady_timer sweep_timer;
@@ -459,7 +471,7 @@ int Gateway::run() {
     drain.async_wait([&](const beast::error_code& ec) {
       if (ec) return;
       if (stopping_.load()) {
-        poll(std::chrono::steady_clock::now() + kDrainDeadline);
+        poll(std::chrono::steady_clock::now() + cfg_.shutdown_timeout);
       } else {
         wait_for_stop();
       }

@@ -124,6 +124,9 @@ RedisReply copy_reply(const redisReply* r) {
       break;
     case REDIS_REPLY_ARRAY:
       out.type = RedisReply::Type::array;
+      out.elements.reserve(r->elements);
+      for (std::size_t i = 0; i < r->elements; ++i)
+        out.elements.push_back(copy_reply(r->element[i]));
       return out;
     case REDIS_REPLY_INTEGER:
       out.type = RedisReply::Type::integer;
@@ -186,6 +189,25 @@ struct RedisConnection::Callbacks {
     p->timer.cancel();
   }
 
+  // Subscriber mode: hiredis keeps this callback for the channel and calls
+  // it with the confirmation (["subscribe", channel, n]), every message
+  // (["message", channel, payload]) and, null, when the context goes away.
+  static void on_subscription(redisAsyncContext* ac, void* reply, void* /*privdata*/) {
+    auto* conn = static_cast<RedisConnection*>(ac->data);
+    if (reply == nullptr || conn->stopped_ || conn->ac_ != ac)
+      return;
+    const RedisReply r = copy_reply(static_cast<redisReply*>(reply));
+    if (r.type != RedisReply::Type::array || r.elements.size() < 3)
+      return;
+    const std::string& kind = r.elements[0].text;
+    if (kind == "subscribe" && conn->on_subscribed_) {
+      conn->on_subscribed_();
+    } else if (kind == "message" && conn->on_message_ &&
+               r.elements[2].type == RedisReply::Type::string) {
+      conn->on_message_(r.elements[2].text);
+    }
+  }
+
   static void on_connect(const redisAsyncContext* ac, int status) {
     auto* conn = static_cast<RedisConnection*>(ac->data);
     if (status == REDIS_OK)
@@ -233,6 +255,14 @@ RedisConnection::~RedisConnection() {
   set_ready(false);
 }
 
+void RedisConnection::subscribe(std::string channel,
+                                std::function<void(std::string_view)> on_message,
+                                std::function<void()> on_subscribed) {
+  channel_ = std::move(channel);
+  on_message_ = std::move(on_message);
+  on_subscribed_ = std::move(on_subscribed);
+}
+
 void RedisConnection::start() {
   net::co_spawn(ex_, run(shared_from_this()), net::detached);
 }
@@ -240,6 +270,8 @@ void RedisConnection::start() {
 void RedisConnection::stop() {
   stopped_ = true;
   drop("stopping");
+  on_message_ = nullptr;
+  on_subscribed_ = nullptr;
   notify();
 }
 
@@ -388,6 +420,16 @@ net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
   if (ok) {
     std::vector<std::string_view> ping{std::string_view("PING")};
     ok = co_await step(std::move(ping), "PONG", "PING");
+  }
+  if (ok && !channel_.empty()) {
+    // The callback stays registered for the channel: no per-call state.
+    const char* argv[] = {"SUBSCRIBE", channel_.c_str()};
+    const std::size_t lens[] = {9, channel_.size()};
+    if (ac_ == nullptr || redisAsyncCommandArgv(ac_, &Callbacks::on_subscription, nullptr, 2, argv,
+                                                lens) != REDIS_OK) {
+      why = "SUBSCRIBE: connection closing";
+      ok = false;
+    }
   }
   if (!ok) {
     drop(why);

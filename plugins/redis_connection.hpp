@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -55,9 +56,19 @@ class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
 
+  // Subscriber mode; call before start(). After every (re)connect the
+  // connection SUBSCRIBEs to `channel`; `on_subscribed` runs each time
+  // Redis confirms the subscription (so the owner can catch up on what it
+  // missed while disconnected) and `on_message` for every message
+  // published on the channel. Both run on the connection's executor. A
+  // subscriber connection takes no command().
+  void subscribe(std::string channel, std::function<void(std::string_view)> on_message,
+                 std::function<void()> on_subscribed);
+
   // Starts connecting (and reconnecting, until stop()).
   void start();
-  // Closes the connection; pending commands complete with no reply.
+  // Closes the connection; pending commands complete with no reply, and
+  // the subscription callbacks are never called again.
   void stop();
 
   bool ready() const { return ready_; }
@@ -97,6 +108,10 @@ class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
   std::deque<std::chrono::steady_clock::time_point> sent_;
   // Wakes the reconnect loop on connection state changes; also its sleep.
   net::steady_timer signal_;
+  // Subscriber mode (empty channel: a command connection).
+  std::string channel_;
+  std::function<void(std::string_view)> on_message_;
+  std::function<void()> on_subscribed_;
 };
 
 }  // namespace pdgate

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/result.hpp"
 #include "plugins/conversation_store.hpp"
@@ -43,6 +44,7 @@ struct RedisReply {
   Type type = Type::none;
   std::string text;
   long long integer = 0;
+  std::vector<RedisReply> elements;  // of an array (e.g. a pub/sub message)
 };
 
 // GETDEL (or the GET+DEL script): nil is a miss, a bulk string is a hit,

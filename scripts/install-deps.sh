@@ -15,6 +15,8 @@ PACKAGES=(
   libhiredis-dev libspdlog-dev libyaml-cpp-dev
   # Tests and benchmarks.
   googletest libgtest-dev libgmock-dev libbenchmark-dev redis-server
+  # The HA test and examples/ha (HAProxy in front of two replicas).
+  haproxy
   # Demo and the Node SDK test.
   curl
 )

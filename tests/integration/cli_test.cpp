@@ -175,5 +175,34 @@ TEST(Shutdown, SigtermDrainsInFlightStreams) {
   EXPECT_EQ(WEXITSTATUS(st), 0);
 }
 
+// --shutdown-timeout bounds the drain: a stream that would run for a
+// minute is cut at the deadline and pdgate exits 0.
+TEST(Shutdown, ShutdownTimeoutCutsLongStreams) {
+  Sim p("prefill"), d("decode", {"--itl-ms", "100"});
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport(), "--shutdown-timeout", "1s"});
+  Connection c(gw.port());
+  Json body = chat(true);
+  body["max_tokens"] = 600;  // 60 s of tokens
+  c.send_request("POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(c.read_head().status, 200);
+  std::string got = c.read_body_some();
+  gw.process().signal(SIGTERM);
+  // Exits within the deadline plus a generous margin, far below the
+  // stream's length and the 30 s default.
+  int st = gw.process().wait(std::chrono::seconds(15));
+  ASSERT_NE(st, -1) << "pdgate still running 15 s after SIGTERM with --shutdown-timeout 1s";
+  EXPECT_TRUE(WIFEXITED(st)) << "killed by signal " << WTERMSIG(st) << "; log:\n"
+                             << gw.process().log();
+  EXPECT_EQ(WEXITSTATUS(st), 0);
+  try {
+    for (std::string piece; !(piece = c.read_body_some(std::chrono::seconds(5))).empty();)
+      got += piece;
+  } catch (const std::exception&) {
+    // cut mid-stream, as expected
+  }
+  auto events = sse_data(got);
+  EXPECT_TRUE(events.empty() || events.back() != "[DONE]") << "the stream was not cut";
+}
+
 }  // namespace
 }  // namespace pdgate::test

@@ -14,6 +14,7 @@
 #include <boost/asio/use_future.hpp>
 
 #include "plugins/conversation_store.hpp"
+#include "plugins/redis_connection.hpp"
 #include "tests/plugins/redis_server.hpp"
 
 namespace pdgate::test {
@@ -245,6 +246,90 @@ TEST(RedisStoreAuth, WrongPassword) {
   io.run_for(300ms);
   EXPECT_FALSE((*stores)->health().reachable);
   EXPECT_EQ(await_on(io, h->take("c")).kind, TakeResult::Kind::error);
+}
+
+// Drives `io` until `pred` holds (the reconnect loop never lets run()
+// return by itself).
+template <typename Pred>
+bool run_until(net::io_context& io, Pred pred, std::chrono::milliseconds limit = 5s) {
+  const auto deadline = Clock::now() + limit;
+  while (!pred() && Clock::now() < deadline)
+    io.run_one_for(10ms);
+  return pred();
+}
+
+RedisConnectionSettings settings_for(const RedisServer& redis) {
+  RedisConnectionSettings s;
+  auto ep = parse_redis_url(redis.url());
+  EXPECT_TRUE(ep) << ep.error();
+  s.endpoint = *ep;
+  s.command_timeout = 500ms;
+  s.reconnect_min = 50ms;
+  s.reconnect_max = 200ms;
+  return s;
+}
+
+// Array replies keep their elements (nested ones too).
+TEST(RedisConnectionReplies, ArrayElements) {
+  RedisServer redis;
+  net::io_context io;
+  RedisConnectionsShared shared;
+  auto conn = RedisConnection::create(io.get_executor(), settings_for(redis), shared);
+  conn->start();
+  ASSERT_TRUE(run_until(io, [&] { return conn->ready(); }));
+  const std::string rpush = "RPUSH", key = "list", a = "a", b = "bee";
+  std::vector<std::string_view> push = {rpush, key, a, b};
+  EXPECT_EQ(await_on(io, conn->command(std::move(push))).integer, 2);
+  const std::string lrange = "LRANGE", from = "0", to = "-1";
+  std::vector<std::string_view> range = {lrange, key, from, to};
+  const RedisReply r = await_on(io, conn->command(std::move(range)));
+  ASSERT_EQ(r.type, RedisReply::Type::array);
+  ASSERT_EQ(r.elements.size(), 2u);
+  EXPECT_EQ(r.elements[0].text, "a");
+  EXPECT_EQ(r.elements[1].text, "bee");
+  const std::string eval = "EVAL", script = "return {1, {'x', 2}}", nkeys = "0";
+  std::vector<std::string_view> nested = {eval, script, nkeys};
+  const RedisReply n = await_on(io, conn->command(std::move(nested)));
+  ASSERT_EQ(n.type, RedisReply::Type::array);
+  ASSERT_EQ(n.elements.size(), 2u);
+  EXPECT_EQ(n.elements[0].integer, 1);
+  ASSERT_EQ(n.elements[1].elements.size(), 2u);
+  EXPECT_EQ(n.elements[1].elements[0].text, "x");
+  EXPECT_EQ(n.elements[1].elements[1].integer, 2);
+  conn->stop();
+}
+
+// A subscriber connection gets every message published on its channel,
+// and after Redis restarts it subscribes again by itself: a message
+// published then still arrives.
+TEST(RedisSubscriber, MessagesAndResubscribeAfterRestart) {
+  RedisServer redis;
+  net::io_context io;
+  RedisConnectionsShared shared;
+  auto sub = RedisConnection::create(io.get_executor(), settings_for(redis), shared);
+  std::vector<std::string> got;
+  int subscribed = 0;
+  sub->subscribe(
+      "pdgate:test:chan", [&](std::string_view m) { got.emplace_back(m); }, [&] { ++subscribed; });
+  sub->start();
+  ASSERT_TRUE(run_until(io, [&] { return subscribed == 1; }));
+  EXPECT_EQ(redis.cli("PUBLISH pdgate:test:chan hello"), "1");
+  EXPECT_EQ(redis.cli("PUBLISH pdgate:test:other nobody"), "0");
+  ASSERT_TRUE(run_until(io, [&] { return got.size() == 1; }));
+  EXPECT_EQ(got[0], "hello");
+
+  redis.restart();
+  ASSERT_TRUE(run_until(io, [&] { return subscribed == 2; }));
+  EXPECT_EQ(redis.cli("PUBLISH pdgate:test:chan again"), "1");
+  ASSERT_TRUE(run_until(io, [&] { return got.size() == 2; }));
+  EXPECT_EQ(got[1], "again");
+
+  // After stop() nothing is delivered any more.
+  sub->stop();
+  io.run_for(100ms);
+  EXPECT_EQ(redis.cli("PUBLISH pdgate:test:chan late"), "0");
+  io.run_for(100ms);
+  EXPECT_EQ(got.size(), 2u);
 }
 
 }  // namespace

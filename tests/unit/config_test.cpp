@@ -730,6 +730,26 @@ TEST(ConfigAdmin, AdminAndHealthFlags) {
   expect_error(parse({"-d", "b:2", "-p", "a:1", "--retry-budget", "2"}), {"retry-budget"});
 }
 
+// The SIGTERM drain deadline and the admin add's model check bound.
+TEST(ConfigAdmin, ShutdownAndModelCheckTimeouts) {
+  const auto defaults = parse({"-d", "b:2", "-p", "a:1"});
+  ASSERT_TRUE(defaults.ok()) << defaults.error();
+  EXPECT_EQ(defaults->config.shutdown_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(defaults->config.model_check_timeout, std::chrono::seconds(5));
+  const auto r = parse(
+      {"-d", "b:2", "-p", "a:1", "--shutdown-timeout", "2m", "--model-check-timeout", "750ms"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.shutdown_timeout, std::chrono::minutes(2));
+  EXPECT_EQ(r->config.model_check_timeout, std::chrono::milliseconds(750));
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--shutdown-timeout", "0"}), {"shutdown-timeout"});
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--shutdown-timeout", "25h"}),
+               {"shutdown-timeout"});
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--model-check-timeout", "10m"}),
+               {"model-check-timeout"});
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--model-check-timeout", "soon"}),
+               {"model-check-timeout"});
+}
+
 }  // namespace
 }  // namespace pdgate
 
