@@ -97,10 +97,18 @@ def added(workload, t, key, r, floor="direct"):
     return val(workload, t, key, r) - val(workload, floor, key, r)
 
 
-target("P/D added p50 latency ÷ nginx added p50 latency (c=1)",
-       per_round(lambda r: added("latency", "pd", "e2e_p50", r, "directpd") /
-                 added("latency", "nginx", "e2e_p50", r)),
-       "{:.2f}×", "≤ 2×", lambda m: m <= 2, "directpd")
+# A per-round ratio is meaningless when nginx's added latency is at or
+# below zero (it is a few µs on loopback, inside the engine's own jitter):
+# the verdict compares the medians instead, P/D ≤ 2 × max(nginx, 0).
+pd_added = per_round(lambda r: added("latency", "pd", "e2e_p50", r, "directpd"))
+nginx_added = per_round(lambda r: added("latency", "nginx", "e2e_p50", r))
+if pd_added and nginx_added:
+    pd_m, ng_m = med(pd_added), med(nginx_added)
+    shown = (f"{pd_m / ng_m:.2f}×" if ng_m > 0 else
+             f"n/a: nginx's added latency {ng_m:+.3f} ms is ≤ 0 (noise), P/D's {pd_m:+.3f} ms")
+    verdict = "**met**" if pd_m <= 2 * max(ng_m, 0.0) else "**missed**"
+    rows.append(f"| P/D added p50 latency ÷ nginx added p50 latency (c=1), ratio of medians "
+                f"| {FLOORS['directpd']} | {shown} | ≤ 2× | {verdict} |")
 target("P/D added p50 latency (ms, c=1)",
        per_round(lambda r: added("latency", "pd", "e2e_p50", r, "directpd")), "{:+.3f}", "—",
        lambda m: True, "directpd")
