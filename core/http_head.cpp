@@ -33,17 +33,4 @@ std::string render_head(const boost::beast::http::response_header<>& res) {
   return head;
 }
 
-std::string render_head(const boost::beast::http::request_header<>& req) {
-  std::string head;
-  head.reserve(256);
-  head += req.method_string();
-  head += ' ';
-  head += req.target();
-  head += ' ';
-  head += version_text(req.version());
-  head += "\r\n";
-  append_fields(head, req);
-  return head;
-}
-
 }  // namespace pdgate

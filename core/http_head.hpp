@@ -1,9 +1,10 @@
-// The start line and header fields of an HTTP/1.x message, rendered the
+// The status line and header fields of an HTTP/1.x response, rendered the
 // way Beast's serializer writes them (fields in order, then the empty
-// line), so that a message with a string body can go out as one gather
-// write of head and body: for the small messages most requests are made
-// of, Beast's generic serializer costs more CPU than the rest of sending
-// them.
+// line), so that an answer with a string body can go out as one gather
+// write of head and body: for the small messages most answers are, Beast's
+// generic serializer costs more CPU than the rest of sending them.
+// (Upstream requests are gathered from Beast's own fields writer instead:
+// core/upstream.cpp.)
 #pragma once
 
 #include <string>
@@ -13,7 +14,6 @@
 namespace pdgate {
 
 std::string render_head(const boost::beast::http::response_header<>& res);
-std::string render_head(const boost::beast::http::request_header<>& req);
 
 // Whether render_head() + body is the whole message: HTTP/1.0 or 1.1, not
 // chunked (chunked bodies need Beast's framing).

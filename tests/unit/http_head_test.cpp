@@ -1,6 +1,6 @@
-// Client answers and upstream requests are written as a hand-rendered head
-// plus the body (core/http_head.hpp): the bytes must be exactly what
-// Beast's serializer writes for the same message.
+// Client answers are written as a hand-rendered head plus the body
+// (core/http_head.hpp): the bytes must be exactly what Beast's serializer
+// writes for the same message.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -16,15 +16,13 @@ namespace {
 
 namespace http = boost::beast::http;
 
-template <bool isRequest>
-std::string beast_bytes(const http::message<isRequest, http::string_body>& m) {
+std::string beast_bytes(const http::response<http::string_body>& m) {
   std::ostringstream os;
   os << m;
   return os.str();
 }
 
-template <bool isRequest>
-std::string our_bytes(const http::message<isRequest, http::string_body>& m) {
+std::string our_bytes(const http::response<http::string_body>& m) {
   EXPECT_TRUE(head_renders_message(m));
   return render_head(m.base()) + m.body();
 }
@@ -62,32 +60,13 @@ TEST(HttpHead, ResponsesSameBytesAsBeast) {
   EXPECT_EQ(render_head(odd.base()).rfind("HTTP/1.1 499 Client Closed Request\r\n", 0), 0u);
 }
 
-TEST(HttpHead, RequestsSameBytesAsBeast) {
-  http::request<http::string_body> post{http::verb::post, "/v1/completions?x=1", 11};
-  post.set(http::field::host, "127.0.0.1:8000");
-  post.set(http::field::user_agent, "pdgate");
-  post.set("X-Request-Id", "r-2");
-  post.set(http::field::content_type, "application/json");
-  post.keep_alive(true);
-  post.body() = R"({"prompt":"hi","max_tokens":1})";
-  post.prepare_payload();
-  EXPECT_EQ(our_bytes(post), beast_bytes(post));
-
-  http::request<http::string_body> get{http::verb::get, "/v1/models", 11};
-  get.set(http::field::host, "h:1");
-  get.prepare_payload();
-  EXPECT_EQ(our_bytes(get), beast_bytes(get));
-
-  http::request<http::string_body> custom;
-  custom.method_string("PURGE");
-  custom.target("/x");
-  custom.version(10);
-  EXPECT_EQ(our_bytes(custom), beast_bytes(custom));
-
-  // Chunked bodies are left to Beast.
-  http::request<http::string_body> chunked = post;
+TEST(HttpHead, ChunkedAnswersLeftToBeast) {
+  http::response<http::string_body> chunked{http::status::ok, 11};
+  chunked.body() = "{}";
   chunked.chunked(true);
   EXPECT_FALSE(head_renders_message(chunked));
+  http::response<http::string_body> http2{http::status::ok, 20};
+  EXPECT_FALSE(head_renders_message(http2));
 }
 
 }  // namespace
