@@ -22,11 +22,10 @@ class Nixl final : public KvConnector {
   }
 };
 
-// LMCache / shared storage: the prefill stores the KV cache out of band and
-// decode finds it there; no params travel.
-class LmCache final : public KvConnector {
+// Connectors whose KV cache travels out of band (the prefill stores it or
+// sends it to its peer itself): no params in either body.
+class OutOfBand : public KvConnector {
  public:
-  std::string_view name() const override { return "lmcache"; }
   SplicedText prefill_body(std::string_view body, const JsonObjectIndex& index,
                            std::string_view) const override {
     return splice_one_token_body(body, index);
@@ -37,20 +36,19 @@ class LmCache final : public KvConnector {
   }
 };
 
+// LMCache / shared storage: the prefill stores the KV cache out of band and
+// decode finds it there; no params travel.
+class LmCache final : public OutOfBand {
+ public:
+  std::string_view name() const override { return "lmcache"; }
+};
+
 // P2pNcclConnector: the engines find each other from the request id,
 // which names both ZMQ addresses; no params travel.
-class P2pNccl final : public KvConnector {
+class P2pNccl final : public OutOfBand {
  public:
   std::string_view name() const override { return "p2p-nccl"; }
   bool names_peers() const override { return true; }
-  SplicedText prefill_body(std::string_view body, const JsonObjectIndex& index,
-                           std::string_view) const override {
-    return splice_one_token_body(body, index);
-  }
-  SplicedText decode_body(std::string_view body, const JsonObjectIndex& index,
-                          std::optional<std::string_view>) const override {
-    return splice_passthrough_body(body, index);
-  }
   std::string stage_request_id(const std::string&, const UpstreamSpec* prefill,
                                const UpstreamSpec* decode,
                                std::string_view uuid_hex) const override {
