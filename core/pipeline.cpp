@@ -262,6 +262,13 @@ struct PrefillResult {
   std::optional<std::string> kv_params;  // raw JSON of kv_transfer_params, if not null
   InstancePtr instance;
   std::string request_id;  // the X-Request-Id both stages carry
+
+  // What the decode body carries: the params, or nothing when null.
+  std::optional<std::string_view> kv_params_view() const {
+    if (kv_params)
+      return std::string_view(*kv_params);
+    return std::nullopt;
+  }
 };
 
 // p2p-nccl names each peer by its ZMQ address, which only the instance's
@@ -690,10 +697,7 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
     }
     prefill = pre.instance;
     stage_id = pre.request_id;
-    std::optional<std::string_view> kv_params;
-    if (pre.kv_params)
-      kv_params = *pre.kv_params;
-    decode_body = connector.decode_body(body, *index, kv_params);
+    decode_body = connector.decode_body(body, *index, pre.kv_params_view());
     prefill_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_started).count();
   }
@@ -765,10 +769,7 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
         if (!again.error) {
           prefill = again.instance;
           stage_id = again.request_id;
-          std::optional<std::string_view> again_params;
-          if (again.kv_params)
-            again_params = *again.kv_params;
-          decode_body = connector.decode_body(body, *index, again_params);
+          decode_body = connector.decode_body(body, *index, again.kv_params_view());
           continue;
         }
         failure = again.error;
