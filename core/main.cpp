@@ -1,5 +1,7 @@
 // pdgate: an OpenAI-compatible gateway for disaggregated (prefill/decode)
 // vLLM serving. See README.md.
+#include <malloc.h>
+
 #include <cstdio>
 #include <thread>
 
@@ -12,7 +14,19 @@
 #include "policies/engine.hpp"
 #include "policies/metrics.hpp"
 
+// glibc's defaults return a freed 1 MiB request body to the kernel at
+// once (a worker thread's arena shrinks its heap when 2 MiB are free at
+// the top), so the next large request page-faults and zero-fills it
+// again: a quarter of the CPU time of a 1 MiB prompt went to that. Bodies
+// up to 8 MiB come from the heap and up to 32 MiB of free top is kept per
+// arena (one per worker); larger bodies still get their own mappings.
+void tune_malloc() {
+  mallopt(M_MMAP_THRESHOLD, 8 << 20);
+  mallopt(M_TRIM_THRESHOLD, 32 << 20);
+}
+
 int main(int argc, char** argv) {
+  tune_malloc();
   auto parsed = pdgate::parse_command_line(argc, argv);
   if (!parsed) {
     std::fprintf(stderr, "pdgate: %s\nTry 'pdgate --help'.\n", parsed.error().c_str());

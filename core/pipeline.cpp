@@ -174,6 +174,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
   std::string failure;
   while (!ex.done()) {
     in.clear();
+    ex.release_idle_memory();  // before each wait, the first included
     if (auto err = co_await ex.read_some(in); err) {
       if (err.kind == UpstreamFailure::aborted)
         co_return false;

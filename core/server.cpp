@@ -42,6 +42,7 @@ std::string default_authorization() {
 struct WatchedRequest {
   RequestScope scope;
   bool done = false;
+  char peek = 0;  // the watch's receive buffer (it must outlive the wait)
 };
 
 // Watches the client's socket while its request is being served: the
@@ -49,24 +50,26 @@ struct WatchedRequest {
 // means it closed the connection (or pipelined a request, which we leave
 // in the socket). On close, every upstream connection of the request is
 // closed at once so the engines abort.
+//
+// The watch is a 1-byte MSG_PEEK receive rather than an async_wait: Asio
+// queues a wait with an epoll_ctl that re-arms the descriptor (a system
+// call per request), while a receive is queued for free when the last
+// read left the socket empty, which is the usual case right after the
+// request was read. Peeked bytes stay in the socket for the next read.
 void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req) {
   auto slot = req->scope.watch_cancel().slot();
-  socket.async_wait(tcp::socket::wait_read,
-                    net::bind_cancellation_slot(slot, [&socket, req](const beast::error_code& ec) {
-                      // `done` is checked first: once the request completed, the session
-                      // may already have moved on and `socket` must not be touched.
-                      if (ec || req->done)
-                        return;
-                      char c;
-                      const auto n = ::recv(socket.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-                      if (n > 0)
-                        return;  // pipelined bytes: the client is still there
-                      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-                        watch_client(socket, req);
-                        return;
-                      }
-                      req->scope.on_client_gone();
-                    }));
+  auto& peek = req->peek;
+  socket.async_receive(
+      net::buffer(&peek, 1), tcp::socket::message_peek,
+      net::bind_cancellation_slot(slot, [req](const beast::error_code& ec, std::size_t n) {
+        // `done` is checked first: once the request completed, the session
+        // may already have moved on.
+        if (req->done || ec == net::error::operation_aborted)
+          return;
+        if (!ec && n > 0)
+          return;  // pipelined bytes: the client is still there
+        req->scope.on_client_gone();  // end of stream or a reset
+      }));
 }
 
 std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }

@@ -14,6 +14,11 @@ constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 // Resolved addresses are reused for a while so a request does not pay a
 // DNS round trip, but re-resolved often enough to follow a moved engine.
 constexpr auto kResolveTtl = std::chrono::seconds(30);
+// A response's first read: a whole non-streaming completion or prefill
+// answer for a short prompt, header included, fits.
+constexpr std::size_t kFirstRead = 4096;
+// Beast's smallest read: what a stream keeps between events.
+constexpr std::size_t kIdleRead = 512;
 
 bool is_closed_error(const beast::error_code& ec) {
   return ec == http::error::end_of_stream || ec == net::error::eof ||
@@ -51,8 +56,10 @@ void UpstreamPool::give_back(std::unique_ptr<UpstreamConnection> c) {
   c->idle_since = std::chrono::steady_clock::now();
   c->buffer.clear();
   // Whatever read_all grew it to: a connection reused for a stream that
-  // idles for minutes must not hold it.
-  c->buffer.shrink_to_fit();
+  // idles for minutes must not hold it. The first read's room is kept
+  // (idle connections are bounded), so a request does not pay for it.
+  if (c->buffer.capacity() > kFirstRead)
+    c->buffer.shrink_to_fit();
   idle_.push_back(std::move(c));
 }
 
@@ -196,6 +203,9 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     ex->parser_->body_limit(boost::none);
 
     auto& stream = ex->conn_->stream;
+    // Room for a whole small answer in the first read: at the buffer's
+    // idle size (512 B) a ~700-byte completion took two system calls.
+    ex->conn_->buffer.reserve(kFirstRead);
     stream.expires_after(timeouts.first_byte);
     auto [wec, wn] = co_await net::async_write(stream, out, use_tuple);
     beast::error_code ec = wec;
@@ -263,8 +273,14 @@ net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::
   // tokens: ~100 KiB for a 1 MiB prompt), so the buffer gets room for big
   // reads: at its idle size (512 B per read) that was ~200 system calls.
   // It is shrunk again before the connection goes back to the pool.
-  if (!parser_->is_done())
-    conn_->buffer.reserve(std::min<std::size_t>(64 * 1024, conn_->buffer.max_size()));
+  // Not when the rest of the body is already buffered (a small answer
+  // arrives with its header): 64 KiB for nothing was a malloc, a free and
+  // often a malloc_consolidate per request.
+  if (!parser_->is_done()) {
+    const auto remaining = parser_->content_length_remaining();
+    if (!remaining || *remaining > conn_->buffer.size())
+      conn_->buffer.reserve(std::min<std::size_t>(64 * 1024, conn_->buffer.max_size()));
+  }
   while (!parser_->is_done()) {
     auto err = co_await read_some(out, 64 * 1024);
     if (err)
@@ -276,6 +292,11 @@ net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::
     }
   }
   co_return UpstreamError{};
+}
+
+void UpstreamExchange::release_idle_memory() {
+  if (conn_ && conn_->buffer.size() == 0 && conn_->buffer.capacity() > kIdleRead)
+    conn_->buffer.shrink_to_fit();
 }
 
 void UpstreamExchange::finish() {

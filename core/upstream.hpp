@@ -133,6 +133,10 @@ class UpstreamExchange {
   net::awaitable<UpstreamError> read_some(std::string& out, std::size_t max = 16 * 1024);
   // Reads the rest of the body into `out`, failing past `limit` bytes.
   net::awaitable<UpstreamError> read_all(std::string& out, std::size_t limit);
+  // Between a stream's events: gives back the connection buffer's room
+  // beyond a small read's (the first read's 4 KiB), so a stream idling
+  // for minutes holds ~512 bytes here.
+  void release_idle_memory();
 
   // Hands the connection back to the pool when the response completed and
   // the engine allows keep-alive; closes it otherwise.

@@ -145,6 +145,36 @@ TEST(JsonValidate, ErrorOffsetIsExact) {
   EXPECT_NE(lz.error().find("at byte 7"), std::string::npos) << lz.error();
 }
 
+// Long integer arrays (a prefill answer's block ids) take a fast path; a bad element anywhere in
+// one is still found, at its exact offset, and every other element form is still accepted.
+TEST(JsonValidate, LongIntegerArrays) {
+  std::string ids;
+  for (int i = 0; i < 5000; ++i)
+    ids += (i == 0 ? "" : ",") + std::to_string(i * 37);
+  const std::string ok = R"({"kv":{"remote_block_ids":[)" + ids + R"(]},"x":1})";
+  ASSERT_TRUE(index_json_object(ok).ok());
+  EXPECT_TRUE(json::accept(ok));
+  const std::size_t mid = ok.find(",1850,");  // element 50
+  ASSERT_NE(mid, std::string::npos);
+  for (const std::string bad : {"01", "1.", "-", "1e", "+1", "", "1 1", "0x1"}) {
+    std::string text = ok;
+    text.replace(mid + 1, 4, bad);
+    const auto r = index_json_object(text);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(json::accept(text), false) << bad;
+  }
+  for (const std::string good : {"-1", "1.5", " 7 ", "0", "2e3", "\"s\"", "[1,2]", "null"}) {
+    std::string text = ok;
+    text.replace(mid + 1, 4, good);
+    EXPECT_TRUE(index_json_object(text).ok()) << good;
+  }
+  std::string lz = ok;
+  lz.replace(mid + 1, 4, "0185");
+  const auto r = index_json_object(lz);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("at byte " + std::to_string(mid + 1)), std::string::npos) << r.error();
+}
+
 // Nesting of exactly kMaxJsonDepth levels is accepted; one more is rejected.
 TEST(JsonValidate, DepthLimit) {
   EXPECT_TRUE(index_json_object(nested(kMaxJsonDepth - 1)).ok());
@@ -171,6 +201,9 @@ TEST(JsonValidate, AgreesWithNlohmannOnMutations) {
       R"({"model":"m","prompt":"a\"b\\c\u00e9","n":[1,-2.5e3,true,null],"o":{"k":"v"}})",
       R"({"messages":[{"role":"user","content":"hi \ud83d\ude00"}],"max_tokens":10})",
       "{ \"a\" : [ 0 , 1.0 , -0e0 ] , \"b\" : \"\xc3\xa9\" }",
+      // Integer arrays take a fast path (block ids in prefill answers); small numbers, as a
+      // mutated exponent past e308 is a known disagreement (AcceptsHugeExponent).
+      R"({"kv":{"ids":[0,1,12,3,45,0,10,7],"h":"x"},"n":[5,0,3]})",
   };
   const std::string alphabet = "{}[]:,\"\\ u0123456789.-+eEtrufalsnd\x01\n\xc3\xa9\xed\xa0\x80\xff";
   std::mt19937 rng(12345);
