@@ -642,6 +642,7 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
   const std::optional<std::string> conversation = reuse ? ctx.conversation_id : std::nullopt;
   // Slices of `body` plus edits; small however long the prompt.
   SplicedText decode_body;
+  const std::size_t read_room = facts->stream ? kStreamRead : kWholeAnswerRead;
   InstancePtr prefill;
   InstancePtr decode;
   std::string stage_id = request_id;
@@ -730,8 +731,9 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
     const auto head = upstream_head(http::verb::post, *decode, req.target(), decode_body.size(),
                                     stage_id, authorization);
     const auto buffers = body_buffers(decode_body);
-    auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
-                                                      scope, w.timeouts());
+    auto [err, ex] =
+        co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers, scope,
+                                         w.timeouts(), read_room);
     if (ex)
       report->first_byte(ex->status());
     std::optional<GatewayError> failure;

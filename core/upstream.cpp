@@ -14,11 +14,7 @@ constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 // Resolved addresses are reused for a while so a request does not pay a
 // DNS round trip, but re-resolved often enough to follow a moved engine.
 constexpr auto kResolveTtl = std::chrono::seconds(30);
-// A response's first read: a whole non-streaming completion or prefill
-// answer for a short prompt, header included, fits.
-constexpr std::size_t kFirstRead = 4096;
-// Beast's smallest read: what a stream keeps between events.
-constexpr std::size_t kIdleRead = 512;
+
 
 bool is_closed_error(const beast::error_code& ec) {
   return ec == http::error::end_of_stream || ec == net::error::eof ||
@@ -58,7 +54,7 @@ void UpstreamPool::give_back(std::unique_ptr<UpstreamConnection> c) {
   // Whatever read_all grew it to: a connection reused for a stream that
   // idles for minutes must not hold it. The first read's room is kept
   // (idle connections are bounded), so a request does not pay for it.
-  if (c->buffer.capacity() > kFirstRead)
+  if (c->buffer.capacity() > kWholeAnswerRead)
     c->buffer.shrink_to_fit();
   idle_.push_back(std::move(c));
 }
@@ -171,7 +167,8 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 
 net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> UpstreamExchange::start(
     UpstreamPool& pool, const http::request_header<>& head,
-    const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts) {
+    const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts,
+    std::size_t first_read) {
   // The header's bytes as Beast lays them out (start line, fields, blank
   // line), followed by the body's pieces: one gathering write.
   // The writer owns part of the start line's bytes: it lives as long as
@@ -205,7 +202,7 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     auto& stream = ex->conn_->stream;
     // Room for a whole small answer in the first read: at the buffer's
     // idle size (512 B) a ~700-byte completion took two system calls.
-    ex->conn_->buffer.reserve(kFirstRead);
+    ex->conn_->buffer.reserve(first_read);
     stream.expires_after(timeouts.first_byte);
     auto [wec, wn] = co_await net::async_write(stream, out, use_tuple);
     beast::error_code ec = wec;
@@ -295,7 +292,7 @@ net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::
 }
 
 void UpstreamExchange::release_idle_memory() {
-  if (conn_ && conn_->buffer.size() == 0 && conn_->buffer.capacity() > kIdleRead)
+  if (conn_ && conn_->buffer.size() == 0 && conn_->buffer.capacity() > kStreamRead)
     conn_->buffer.shrink_to_fit();
 }
 

@@ -42,6 +42,13 @@ struct UpstreamError {
   explicit operator bool() const { return kind != UpstreamFailure::none; }
 };
 
+// A response's first read: a whole non-streaming completion or prefill
+// answer for a short prompt, header included, fits.
+inline constexpr std::size_t kWholeAnswerRead = 4096;
+// Beast's smallest read: a stream's header, and what a stream keeps
+// between events.
+inline constexpr std::size_t kStreamRead = 512;
+
 struct UpstreamConnection {
   explicit UpstreamConnection(const net::any_io_executor& ex) : stream(ex) {}
   beast::tcp_stream stream;
@@ -117,9 +124,14 @@ class UpstreamExchange {
   // `head` in one gathering write: a large body is never copied. `head`
   // must carry the body's Content-Length; the buffers' memory must stay
   // valid until this completes.
+  // `first_read` is the room for the answer's first read: enough for a
+  // whole small answer (kWholeAnswerRead), or kStreamRead where a stream
+  // is expected (10,000 streams each allocating 4 KiB for their header
+  // fragmented the heap by ~2 KiB per stream even though it was freed).
   static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
       UpstreamPool& pool, const http::request_header<>& head,
-      const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts);
+      const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts,
+      std::size_t first_read = kWholeAnswerRead);
 
   unsigned status() const { return parser_->get().result_int(); }
   const http::response_header<>& header() const { return parser_->get().base(); }
