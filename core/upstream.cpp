@@ -15,7 +15,6 @@ constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 // DNS round trip, but re-resolved often enough to follow a moved engine.
 constexpr auto kResolveTtl = std::chrono::seconds(30);
 
-
 bool is_closed_error(const beast::error_code& ec) {
   return ec == http::error::end_of_stream || ec == net::error::eof ||
          ec == net::error::connection_reset || ec == net::error::broken_pipe ||
