@@ -5,16 +5,17 @@
 #include <cerrno>
 #include <cstdio>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/read.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "core/cluster_ops.hpp"
 #include "core/conversation.hpp"
@@ -33,7 +34,8 @@ constexpr auto kSweepInterval = std::chrono::seconds(5);
 
 std::string default_authorization() {
   const char* key = std::getenv("OPENAI_API_KEY");
-  if (key == nullptr || *key == '\0') return {};
+  if (key == nullptr || *key == '\0')
+    return {};
   return std::string("Bearer ") + key;
 }
 
@@ -67,12 +69,14 @@ void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req) {
         if (req->done || ec == net::error::operation_aborted)
           return;
         if (!ec && n > 0)
-          return;  // pipelined bytes: the client is still there
+          return;                     // pipelined bytes: the client is still there
         req->scope.on_client_gone();  // end of stream or a reset
       }));
 }
 
-std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
+std::string_view path_of(std::string_view target) {
+  return target.substr(0, target.find('?'));
+}
 
 nlohmann::json instances_json(const std::vector<InstancePtr>& list) {
   auto arr = nlohmann::json::array();
@@ -90,12 +94,13 @@ nlohmann::json instances_json(const std::vector<InstancePtr>& list) {
 
 nlohmann::json host_ports(const std::vector<InstancePtr>& list) {
   auto arr = nlohmann::json::array();
-  for (const auto& i : list) arr.push_back(i->spec.host + ":" + std::to_string(i->spec.port));
+  for (const auto& i : list)
+    arr.push_back(i->spec.host + ":" + std::to_string(i->spec.port));
   return arr;
 }
 
 http::response<http::string_body> json_response(const http::request<http::string_body>& req,
-                                                 http::status status, const nlohmann::json& j) {
+                                                http::status status, const nlohmann::json& j) {
   http::response<http::string_body> res{status, req.version()};
   res.set(http::field::server, "pdgate");
   res.set(http::field::content_type, "application/json");
@@ -107,7 +112,8 @@ http::response<http::string_body> json_response(const http::request<http::string
 
 // Per-role health of the engines behind the gateway (core/cluster_ops.hpp).
 net::awaitable<bool> serve_health(WorkerContext& w, beast::tcp_stream& stream,
-                                  const http::request<http::string_body>& req, RequestScope& scope) {
+                                  const http::request<http::string_body>& req,
+                                  RequestScope& scope) {
   // Redis being down degrades reuse, not serving: it does not make the
   // gateway unhealthy.
   nlohmann::json extra = nlohmann::json::object();
@@ -116,7 +122,8 @@ net::awaitable<bool> serve_health(WorkerContext& w, beast::tcp_stream& stream,
   }
   const auto set = w.registry.snapshot();
   auto [status, j] = co_await aggregated_health(w, *set, std::move(extra), scope);
-  if (scope.client_gone()) co_return false;
+  if (scope.client_gone())
+    co_return false;
   auto res = json_response(req, status, j);
   co_return co_await write_response(stream, res) && req.keep_alive();
 }
@@ -133,7 +140,8 @@ net::awaitable<bool> serve_profile(WorkerContext& w, beast::tcp_stream& stream,
   const auto set = w.registry.snapshot();
   auto [status, j] = co_await profile_fan_out(w, *set, std::move(path), std::move(body),
                                               std::move(authorization), scope);
-  if (scope.client_gone()) co_return false;
+  if (scope.client_gone())
+    co_return false;
   auto res = json_response(req, status, j);
   co_return co_await write_response(stream, res) && req.keep_alive();
 }
@@ -180,8 +188,10 @@ Gateway::Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
       make_picker_(std::move(make_picker)),
       conversations_(std::move(conversations)) {
   unsigned n = cfg_.workers;
-  if (n == 0) n = std::max(1u, std::thread::hardware_concurrency());
-  for (unsigned i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
+  if (n == 0)
+    n = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 0; i < n; ++i)
+    workers_.push_back(std::make_unique<Worker>(*this, i));
 }
 
 Gateway::~Gateway() {
@@ -190,7 +200,8 @@ Gateway::~Gateway() {
     admin_thread_.join();
   for (auto& w : workers_) {
     w->ioc.stop();
-    if (w->thread.joinable()) w->thread.join();
+    if (w->thread.joinable())
+      w->thread.join();
   }
 }
 
@@ -202,7 +213,8 @@ Result<std::uint16_t> Gateway::bind() {
     net::io_context tmp;
     tcp::resolver resolver(tmp);
     auto results = resolver.resolve(cfg_.host, std::to_string(cfg_.port), ec);
-    if (ec || results.empty()) return fail("cannot resolve --host " + cfg_.host + ": " + ec.message());
+    if (ec || results.empty())
+      return fail("cannot resolve --host " + cfg_.host + ": " + ec.message());
     address = results.begin()->endpoint().address();
   }
   std::uint16_t port = cfg_.port;
@@ -210,10 +222,14 @@ Result<std::uint16_t> Gateway::bind() {
     tcp::endpoint ep(address, port);
     auto& acc = w->acceptor.emplace(w->ioc);
     acc.open(ep.protocol(), ec);
-    if (!ec) acc.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acc.set_option(reuse_port(true), ec);
-    if (!ec) acc.bind(ep, ec);
-    if (!ec) acc.listen(net::socket_base::max_listen_connections, ec);
+    if (!ec)
+      acc.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec)
+      acc.set_option(reuse_port(true), ec);
+    if (!ec)
+      acc.bind(ep, ec);
+    if (!ec)
+      acc.listen(net::socket_base::max_listen_connections, ec);
     if (ec) {
       return fail("cannot listen on " + cfg_.host + ":" + std::to_string(port) + ": " +
                   ec.message());
@@ -394,7 +410,8 @@ int Gateway::run() {
           for (;;) {
             w.sweep_timer.expires_after(kSweepInterval);
             auto [ec] = co_await w.sweep_timer.async_wait(use_tuple);
-            if (ec) co_return;
+            if (ec)
+              co_return;
             w.ctx.pools.sweep();
             w.ctx.pools.retain(*w.ctx.registry.snapshot());
           }
@@ -440,7 +457,8 @@ int Gateway::run() {
   net::io_context control;
   net::signal_set signals(control, SIGINT, SIGTERM);
   signals.async_wait([this](const beast::error_code& ec, int sig) {
-    if (ec) return;
+    if (ec)
+      return;
     spdlog::info("signal {}: no longer accepting; draining {} in-flight request(s)", sig,
                  active_requests_.load());
     stop_gracefully();
@@ -450,7 +468,8 @@ int Gateway::run() {
       [&](std::chrono::steady_clock::time_point deadline) {
         drain.expires_after(std::chrono::milliseconds(50));
         drain.async_wait([&, deadline](const beast::error_code& ec) {
-          if (ec) return;
+          if (ec)
+            return;
           if (!stopping_.load()) {
             poll(deadline);
             return;
@@ -463,7 +482,8 @@ int Gateway::run() {
             spdlog::warn("drain deadline passed with {} request(s) in flight",
                          active_requests_.load());
           }
-          for (auto& w : workers_) w->ioc.stop();
+          for (auto& w : workers_)
+            w->ioc.stop();
           control.stop();
         });
       };
@@ -472,7 +492,8 @@ int Gateway::run() {
   std::function<void()> wait_for_stop = [&] {
     drain.expires_after(std::chrono::milliseconds(50));
     drain.async_wait([&](const beast::error_code& ec) {
-      if (ec) return;
+      if (ec)
+        return;
       if (stopping_.load()) {
         poll(std::chrono::steady_clock::now() + cfg_.shutdown_timeout);
       } else {
@@ -483,7 +504,8 @@ int Gateway::run() {
   wait_for_stop();
   control.run();
   for (auto& w : workers_) {
-    if (w->thread.joinable()) w->thread.join();
+    if (w->thread.joinable())
+      w->thread.join();
   }
   admin_ioc_.stop();
   if (admin_thread_.joinable())
@@ -498,7 +520,8 @@ void Gateway::stop_gracefully() {
     Worker& w = *wp;
     net::post(w.ioc, [&w] {
       beast::error_code ec;
-      if (w.acceptor) w.acceptor->close(ec);
+      if (w.acceptor)
+        w.acceptor->close(ec);
     });
   }
 }
@@ -507,7 +530,8 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
   for (;;) {
     auto [ec, socket] = co_await w.acceptor->async_accept(use_tuple);
     if (ec) {
-      if (ec == net::error::operation_aborted || !w.acceptor->is_open()) co_return;
+      if (ec == net::error::operation_aborted || !w.acceptor->is_open())
+        co_return;
       // Out of file descriptors and the like: back off instead of spinning.
       spdlog::warn("accept failed: {}", ec.message());
       net::steady_timer t(w.ioc, std::chrono::milliseconds(50));
@@ -520,6 +544,30 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
   }
 }
 
+namespace {
+
+// Bodies with more than this still to arrive after the header are read
+// straight into the body string.
+constexpr std::size_t kDirectBodyRead = 64 * 1024;
+
+// Reads a Content-Length body of `len` bytes into `body` (which the
+// parser's reader already reserved), the bytes that came with the header
+// first: the kernel copies the rest into place, instead of into the read
+// buffer and from there into the body (a 1 MiB memcpy per 1 MiB prompt).
+net::awaitable<beast::error_code> read_body_directly(beast::tcp_stream& stream,
+                                                     beast::flat_buffer& buffer, std::string& body,
+                                                     std::size_t len) {
+  body.resize(len);  // zero-fills: far cheaper than the copy it replaces
+  const std::size_t have = std::min(buffer.size(), len);
+  net::buffer_copy(net::buffer(body.data(), have), buffer.data());
+  buffer.consume(have);
+  auto [ec, n] =
+      co_await net::async_read(stream, net::buffer(body.data() + have, len - have), use_tuple);
+  co_return ec;
+}
+
+}  // namespace
+
 net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::flat_buffer& buffer,
                                            http::request<http::string_body>& req) {
   const Config& cfg = cfg_;
@@ -530,7 +578,8 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
   // lose the answer that explains the refusal.
   auto refuse = [&](unsigned status, std::string message) -> net::awaitable<void> {
     auto res = make_error_response(client_error(status, std::move(message)), 11, false);
-    if (!co_await write_response(stream, res)) co_return;
+    if (!co_await write_response(stream, res))
+      co_return;
     beast::error_code ec;
     stream.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream.expires_after(std::chrono::seconds(2));
@@ -538,7 +587,8 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
     while (drained < cfg.max_body_bytes + (1u << 20)) {
       buffer.clear();
       auto [rec, n] = co_await stream.async_read_some(buffer.prepare(64 * 1024), use_tuple);
-      if (rec) break;
+      if (rec)
+        break;
       drained += n;
     }
   };
@@ -554,10 +604,11 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
       co_await refuse(413, "request body exceeds the limit of " +
                                std::to_string(cfg.max_body_bytes) + " bytes");
     } else if (ec == http::error::header_limit) {
-      co_await refuse(431, "request header exceeds " + std::to_string(cfg.max_header_bytes) +
-                               " bytes");
+      co_await refuse(431,
+                      "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes");
     } else if (ec == beast::error::timeout) {
-      co_await refuse(408, "request header not received within the header timeout");
+      // tcp_stream's timeout has closed the socket: as nginx does on its
+      // client_header_timeout, the connection ends without an answer.
     } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
                ec != net::error::connection_reset) {
       co_await refuse(400, "malformed HTTP request: " + ec.message());
@@ -565,31 +616,41 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
     co_return false;
   }
   if (auto len = parser.content_length(); len && *len > cfg.max_body_bytes) {
-    co_await refuse(413, "request body of " + std::to_string(*len) + " bytes exceeds the limit of " +
-                             std::to_string(cfg.max_body_bytes) + " bytes");
+    co_await refuse(413, "request body of " + std::to_string(*len) +
+                             " bytes exceeds the limit of " + std::to_string(cfg.max_body_bytes) +
+                             " bytes");
     co_return false;
   }
   if (auto it = parser.get().find(http::field::expect);
       it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
-    if (ec) co_return false;
-  }
-  // Beast reads at most the buffer's free capacity per call: a large body
-  // read through a 4 KiB buffer costs a system call (and often an epoll
-  // wait) per 2-4 KiB. Up to 1 MiB of room is made for it instead; the
-  // buffer is shrunk again once the request is read.
-  if (auto len = parser.content_length(); len && *len > buffer.capacity() - buffer.size()) {
-    buffer.reserve(buffer.size() + static_cast<std::size_t>(std::min<std::uint64_t>(*len, 1u << 20)));
+    if (ec)
+      co_return false;
   }
   stream.expires_after(cfg.client_idle_timeout);
-  if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple); ec) {
+  beast::error_code body_ec;
+  if (const auto len = parser.content_length();
+      len && !parser.chunked() && *len > buffer.size() + kDirectBodyRead) {
+    body_ec = co_await read_body_directly(stream, buffer, parser.get().body(),
+                                          static_cast<std::size_t>(*len));
+  } else {
+    // Beast reads at most the buffer's free capacity per call: a body
+    // read through a 4 KiB buffer costs a system call (and often an epoll
+    // wait) per 2-4 KiB. Room is made for it instead; the buffer is shrunk
+    // again once the request is read.
+    if (len && *len > buffer.capacity() - buffer.size())
+      buffer.reserve(buffer.size() + static_cast<std::size_t>(*len));
+    auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
+    body_ec = ec;
+  }
+  if (const auto ec = body_ec; ec) {
     if (ec == http::error::body_limit) {
       co_await refuse(413, "request body exceeds the limit of " +
                                std::to_string(cfg.max_body_bytes) + " bytes");
-    } else if (ec == beast::error::timeout) {
-      co_await refuse(408, "request body not received in time");
     }
+    // A timeout (the socket is closed already, as nginx closes on its
+    // client_body_timeout), a body cut short or a reset: nothing to answer.
     co_return false;
   }
   stream.expires_never();
@@ -616,8 +677,7 @@ net::awaitable<bool> Gateway::serve_route(Worker& worker, beast::tcp_stream& str
     co_return co_await serve_models(w, stream, req, scope);
   } else if (path == "/health" && method == http::verb::get) {
     co_return co_await serve_health(w, stream, req, scope);
-  } else if ((path == "/start_profile" || path == "/stop_profile") &&
-             method == http::verb::post) {
+  } else if ((path == "/start_profile" || path == "/stop_profile") && method == http::verb::post) {
     co_return co_await serve_profile(w, stream, req, scope, std::string(path));
   } else if (path == "/status" && method == http::verb::get) {
     auto res = json_response(req, http::status::ok, nlohmann::json::parse(status_json()));
@@ -635,10 +695,10 @@ net::awaitable<bool> Gateway::serve_route(Worker& worker, beast::tcp_stream& str
     auto res = co_await admin_->handle_demo_add(req);
     co_return co_await write_response(stream, res) && req.keep_alive();
   } else {
-    auto res = make_error_response(
-        client_error(404, "no route for " + std::string(req.method_string()) + " " +
-                              std::string(path)),
-        req.version(), req.keep_alive());
+    auto res =
+        make_error_response(client_error(404, "no route for " + std::string(req.method_string()) +
+                                                  " " + std::string(path)),
+                            req.version(), req.keep_alive());
     co_return co_await write_response(stream, res) && req.keep_alive();
   }
   co_return false;
@@ -657,7 +717,8 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     if (buffer.size() == 0) {
       stream.expires_after(first ? cfg.header_timeout : cfg.client_idle_timeout);
       auto [ec, n] = co_await stream.async_read_some(buffer.prepare(4096), use_tuple);
-      if (ec) break;
+      if (ec)
+        break;
       buffer.commit(n);
     }
     first = false;
@@ -670,7 +731,8 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     // The read buffer is empty unless the client pipelined; a streamed
     // answer can last minutes, so it does not keep its 4 KiB+ meanwhile
     // (with 10,000 open streams that is 40 MiB of nothing).
-    if (buffer.size() == 0) buffer.shrink_to_fit();
+    if (buffer.size() == 0)
+      buffer.shrink_to_fit();
 
     active_requests_.fetch_add(1);
     auto watched = std::make_shared<WatchedRequest>();
@@ -698,7 +760,8 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
               .count());
     }
     active_requests_.fetch_sub(1);
-    if (!keep_alive || scope->client_gone()) break;
+    if (!keep_alive || scope->client_gone())
+      break;
   }
   beast::error_code ec;
   stream.socket().shutdown(tcp::socket::shutdown_send, ec);

@@ -314,6 +314,82 @@ TEST(Limits, BodyAndHeaderLimits) {
   EXPECT_EQ(post_json(gw.port(), "/v1/completions", completion_body(false, 1)).status, 200);
 }
 
+// Bodies much larger than what arrives with the header are read straight
+// into the request (no copy through the read buffer): sent in pieces, with
+// and without Expect: 100-continue, they reach both engines byte for byte;
+// a body cut short or stalled costs only its own connection.
+TEST(Limits, LargeBodiesInPieces) {
+  const std::vector<std::string> roomy = {
+      "--max-model-len", "1000000", "--kv-blocks", "1000000", "--prefill-us-per-token", "0"};
+  Sim p("prefill", roomy), d("decode", roomy);
+  Gateway gw(
+      {"--prefill", p.hostport(), "--decode", d.hostport(), "--client-idle-timeout", "500ms"});
+  std::string prompt;
+  for (int i = 0; prompt.size() < 300 * 1024; ++i)
+    prompt += "piece " + std::to_string(i) + " \u00e9\n ";
+  Json body = completion_body(false, 1);
+  body["prompt"] = prompt;
+  const std::string text = body.dump();
+  for (const bool expect : {false, true}) {
+    p.clear();
+    d.clear();
+    Connection c(gw.port());
+    std::string head =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        "application/json\r\nContent-Length: " +
+        std::to_string(text.size()) + "\r\n";
+    if (expect)
+      head += "Expect: 100-continue\r\n";
+    c.send_raw(head + "\r\n" + text.substr(0, 1000));
+    if (expect) {
+      const auto cont = c.read_head();
+      EXPECT_EQ(cont.status, 100);
+    }
+    for (std::size_t at = 1000; at < text.size(); at += 70001) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      c.send_raw(text.substr(at, 70001));
+    }
+    const auto r = c.read_response();
+    ASSERT_EQ(r.status, 200) << r.body;
+    for (Sim* s : {&p, &d}) {
+      const auto reqs = s->requests();
+      ASSERT_EQ(reqs.size(), 1u);
+      EXPECT_EQ(Json::parse(reqs[0]["body"].get<std::string>())["prompt"], prompt)
+          << (s == &p ? "prefill" : "decode");
+    }
+    // The connection is reused for a small request afterwards.
+    c.send_request("POST", "/v1/completions", completion_body(false, 1).dump());
+    EXPECT_EQ(c.read_response().status, 200);
+  }
+  // Cut short: the client closes mid-body. Nothing reaches the engines.
+  p.clear();
+  d.clear();
+  {
+    Connection c(gw.port());
+    c.send_raw(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        "application/json\r\nContent-Length: " +
+        std::to_string(text.size()) + "\r\n\r\n" + text.substr(0, 100000));
+    c.close();
+  }
+  // Stalled: half the body, then nothing; the connection is closed after
+  // the idle timeout (as nginx's client_body_timeout does).
+  {
+    Connection c(gw.port());
+    const auto start = Clock::now();
+    c.send_raw(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        "application/json\r\nContent-Length: " +
+        std::to_string(text.size()) + "\r\n\r\n" + text.substr(0, 100000));
+    EXPECT_TRUE(c.peer_closed(std::chrono::seconds(5)));
+    EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(400));
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+  }
+  EXPECT_TRUE(p.requests().empty());
+  EXPECT_TRUE(d.requests().empty());
+  EXPECT_EQ(post_json(gw.port(), "/v1/completions", completion_body(false, 1)).status, 200);
+}
+
 // A client that sends half a header and stalls is cut off by the header timeout.
 TEST(Limits, HeaderTimeout) {
   Sim d("decode");
