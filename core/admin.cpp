@@ -14,6 +14,7 @@
 
 #include "core/errors.hpp"
 #include "core/health.hpp"
+#include "core/http_head.hpp"
 
 namespace pdgate {
 
@@ -68,10 +69,6 @@ json instance_json(const Instance& i) {
           {"consecutive_failures", i.consecutive_failures.load()},
           {"ejections", i.ejections.load()},
           {"health_history", history}};
-}
-
-std::string_view path_of(std::string_view target) {
-  return target.substr(0, target.find('?'));
 }
 
 json config_json(const Config& c) {

@@ -8,10 +8,16 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <boost/beast/http/message.hpp>
 
 namespace pdgate {
+
+// The path of a request target: what routes match on, without the query.
+inline std::string_view path_of(std::string_view target) {
+  return target.substr(0, target.find('?'));
+}
 
 std::string render_head(const boost::beast::http::response_header<>& res);
 

@@ -22,6 +22,7 @@
 #include "core/errors.hpp"
 #include "core/health.hpp"
 #include "core/http_body.hpp"
+#include "core/http_head.hpp"
 #include "core/pipeline.hpp"
 
 namespace pdgate {
@@ -72,10 +73,6 @@ void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req) {
           return;                     // pipelined bytes: the client is still there
         req->scope.on_client_gone();  // end of stream or a reset
       }));
-}
-
-std::string_view path_of(std::string_view target) {
-  return target.substr(0, target.find('?'));
 }
 
 nlohmann::json instances_json(const std::vector<InstancePtr>& list) {

@@ -13,10 +13,7 @@ local turns = { encode = 0, prefill = 0, decode = 0 }
 
 -- Load as pdgate.least_loaded counts it (docs/policies.md): live
 -- in-flight plus, when the engine's metrics are fresh, others' load.
-local function load_of(inst)
-  if inst.has_metrics then return inst.in_flight + inst.other_load end
-  return inst.in_flight
-end
+local load_of = pdgate.load
 
 return {
   pick = function(ctx, instances)

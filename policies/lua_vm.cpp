@@ -273,7 +273,8 @@ int l_conversation(lua_State* L) {
 std::int64_t load_of(const Instance& inst, std::int64_t now_ms) {
   std::int64_t l = inst.in_flight.load(std::memory_order_relaxed);
   const std::int64_t at = inst.metrics_at_ms.load(std::memory_order_relaxed);
-  if (at != 0 && now_ms - at < 10'000) l += inst.engine_other_load.load(std::memory_order_relaxed);
+  if (at != 0 && now_ms - at < 10'000)
+    l += inst.engine_other_load.load(std::memory_order_relaxed);
   return l;
 }
 
@@ -310,6 +311,23 @@ int l_least_loaded(lua_State* L) {
   lua_pushnumber(L, static_cast<double>(best_load));
   lua_pushnumber(L, static_cast<double>(max_load));
   return 3;
+}
+
+// pdgate.load(instance) -> the instance's load as least_loaded counts it,
+// from its Lua table: in_flight, plus other_load when has_metrics.
+int l_load(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_getfield(L, 1, "in_flight");
+  lua_Number l = lua_tonumber(L, -1);
+  lua_getfield(L, 1, "has_metrics");
+  if (lua_toboolean(L, -1)) {
+    lua_getfield(L, 1, "other_load");
+    l += lua_tonumber(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 2);
+  lua_pushnumber(L, l);
+  return 1;
 }
 
 // Runtime failures return nil, err (OpenResty style); caller mistakes raise.
@@ -405,6 +423,7 @@ const luaL_Reg kPdgateLib[] = {
     {"prefix_hashes", l_prefix_hashes},
     {"prefix_matches", l_prefix_matches},
     {"least_loaded", l_least_loaded},
+    {"load", l_load},
     {"conversation", l_conversation},
     {"kv_get", l_kv_get},
     {"kv_set", l_kv_set},

@@ -7,10 +7,7 @@ math.randomseed(pdgate.now_ms() * 1000 % 2147483647)
 
 -- Load as pdgate.least_loaded counts it (docs/policies.md): live
 -- in-flight plus, when the engine's metrics are fresh, others' load.
-local function load_of(inst)
-  if inst.has_metrics then return inst.in_flight + inst.other_load end
-  return inst.in_flight
-end
+local load_of = pdgate.load
 
 return {
   pick = function(ctx, instances)

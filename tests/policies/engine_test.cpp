@@ -149,6 +149,10 @@ TEST(PolicyPick, ContextFields) {
       assert(i.running == 3 and i.waiting == 2 and i.has_metrics == true, "metrics")
       assert(math.abs(i.kv_usage - 0.5) < 1e-9, "kv")
       assert(type(i.labels) == "table", "labels")
+      assert(pdgate.load(i) == i.in_flight + i.other_load, "load with metrics")
+      assert(pdgate.load(instances[2]) == instances[2].in_flight, "load without metrics")
+      assert(pdgate.load({in_flight = 3, other_load = 7, has_metrics = false}) == 3, "stale")
+      assert(pdgate.load({in_flight = 3, other_load = 7, has_metrics = true}) == 10, "fresh")
       return 2
     end }
   )lua");

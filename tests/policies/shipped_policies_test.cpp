@@ -20,6 +20,13 @@ PickContext ctx_for(Stage stage) {
   return c;
 }
 
+// The clock store_metrics() stamps scrapes with.
+std::int64_t steady_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // Runs `n` picks and counts the chosen instances by index.
 std::map<std::size_t, int> spread(InstancePicker& p, const std::vector<InstancePtr>& inst,
                                   const PickContext& ctx, int n) {
@@ -92,9 +99,7 @@ TEST(LeastLoad, UsesEngineQueue) {
   auto e = engine_for("least_load");
   auto p = e->make_picker(0);
   auto inst = fake_instances(2);
-  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
-                       std::chrono::steady_clock::now().time_since_epoch())
-                       .count();
+  const auto now = steady_now_ms();
   store_metrics(*inst[0], EngineMetrics{4.0, 10.0, 0.9}, now);  // busy via other gateways
   store_metrics(*inst[1], EngineMetrics{1.0, 0.0, 0.1}, now);
   inst[0]->in_flight = 0;
@@ -121,6 +126,20 @@ TEST(PowerOfTwo, AvoidsTheBusiest) {
   const auto s = spread(*p, inst, ctx_for(Stage::decode), 1000);
   EXPECT_EQ(s.count(2), 0u);
   for (std::size_t k : {0u, 1u, 3u})
+    EXPECT_GT(s.at(k), 150) << k;
+}
+
+// power_of_two counts the load other gateways put on an engine (pdgate.load): an instance idle
+// here but busy per its fresh metrics is avoided like one busy here.
+TEST(PowerOfTwo, CountsEngineReportedLoad) {
+  auto e = engine_for("power_of_two");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(4);
+  const auto now = steady_now_ms();
+  store_metrics(*inst[1], EngineMetrics{40.0, 60.0, 0.9}, now);  // 100 queued via others
+  const auto s = spread(*p, inst, ctx_for(Stage::decode), 1000);
+  EXPECT_EQ(s.count(1), 0u);
+  for (std::size_t k : {0u, 2u, 3u})
     EXPECT_GT(s.at(k), 150) << k;
 }
 
