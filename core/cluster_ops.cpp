@@ -1,14 +1,14 @@
 #include "core/cluster_ops.hpp"
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <boost/uuid/uuid_io.hpp>
 
+#include "core/child_group.hpp"
 #include "core/errors.hpp"
 #include "core/stage.hpp"
 
@@ -21,15 +21,9 @@ constexpr std::size_t kMaxReplyBody = 1u << 20;
 // balancers poll the gateway's /health with short timeouts of their own.
 constexpr UpstreamTimeouts kHealthTimeouts{Millis(1'000), Millis(2'000)};
 
-struct Pending {
-  explicit Pending(const net::any_io_executor& ex) : all_done(ex) {}
-  std::size_t count = 0;
-  net::steady_timer all_done;
-};
-
 net::awaitable<void> ask_one(WorkerContext& w, InstancePtr inst,
                              http::request<http::string_body> up, UpstreamTimeouts timeouts,
-                             RequestScope& scope, FanOutReply& out, Pending& pending) {
+                             RequestScope& scope, FanOutReply& out) {
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(inst), up, scope, timeouts);
   if (err) {
@@ -43,8 +37,6 @@ net::awaitable<void> ask_one(WorkerContext& w, InstancePtr inst,
       ex->finish();
     }
   }
-  if (--pending.count == 0)
-    pending.all_done.cancel();
 }
 
 std::vector<InstancePtr> all_instances(const InstanceSet& set) {
@@ -66,21 +58,21 @@ net::awaitable<std::vector<FanOutReply>> fan_out(WorkerContext& w,
   if (targets.empty())
     co_return replies;
   auto executor = co_await net::this_coro::executor;
-  Pending pending(executor);
-  pending.count = targets.size();
-  pending.all_done.expires_at(net::steady_timer::time_point::max());
+  ChildGroup children(executor);
   const std::string request_id = boost::uuids::to_string(w.uuids());
   for (std::size_t i = 0; i < targets.size(); ++i) {
     auto up = upstream_request(method, *targets[i], target, body, request_id, authorization);
-    net::co_spawn(executor,
-                  ask_one(w, targets[i], std::move(up), timeouts, scope, replies[i], pending),
-                  net::detached);
+    children.spawn(ask_one(w, targets[i], std::move(up), timeouts, scope, replies[i]));
   }
-  // Every child ends (answer, error or timeout) before `replies` and
-  // `pending` go away.
-  while (pending.count > 0) {
-    auto [ec] = co_await pending.all_done.async_wait(net::as_tuple(net::use_awaitable));
-    (void)ec;
+  // Every child ends (answer, error, timeout or exception) before
+  // `replies` goes away.
+  co_await children.wait();
+  if (children.failure()) {
+    spdlog::error("request {}: a fan-out request threw: {}", request_id, *children.failure());
+    for (auto& r : replies) {
+      if (r.status == 0 && r.error.empty())
+        r.error = "internal error";
+    }
   }
   co_return replies;
 }

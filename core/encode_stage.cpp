@@ -2,13 +2,12 @@
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/uuid/uuid.hpp>
 
+#include "core/child_group.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {
@@ -88,11 +87,8 @@ std::string short_hex(decltype(WorkerContext::uuids)& gen) {
 // The fan-out's shared state; lives in run_encode_stage's frame, which
 // waits for every child before it returns.
 struct FanOut {
-  explicit FanOut(const net::any_io_executor& ex) : all_done(ex) {}
   RequestScope scope;  // the encoders' connections: aborted together
-  std::size_t pending = 0;
   std::optional<GatewayError> first_error;
-  net::steady_timer all_done;  // cancelled when `pending` reaches 0
 };
 
 // One encoder request. On failure it records the first error and aborts
@@ -132,8 +128,6 @@ net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext 
     fan.first_error = std::move(error);
     fan.scope.on_client_gone();  // fail fast: the siblings' work is wasted now
   }
-  if (--fan.pending == 0)
-    fan.all_done.cancel();
 }
 
 }  // namespace
@@ -199,23 +193,23 @@ net::awaitable<std::optional<GatewayError>> run_encode_stage(
   }
 
   auto executor = co_await net::this_coro::executor;
-  FanOut fan(executor);
+  FanOut fan;
   scope.add_child(&fan.scope);
-  fan.pending = items.size();
-  fan.all_done.expires_at(net::steady_timer::time_point::max());
+  ChildGroup children(executor, [&fan] { fan.scope.on_client_gone(); });
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::string child_id = request_id + ":" + std::to_string(i) + ":" + short_hex(w.uuids);
     auto up = upstream_request(http::verb::post, *chosen[i], "/v1/chat/completions",
                                make_encoder_body(model_raw, items[i]), child_id, authorization);
-    net::co_spawn(executor, encode_one(w, chosen[i], ctx, std::move(up), fan), net::detached);
+    children.spawn(encode_one(w, chosen[i], ctx, std::move(up), fan));
   }
   // Waits for every child, failures included (they end fast: a failure
   // aborts the rest), so none outlives `fan`.
-  while (fan.pending > 0) {
-    auto [ec] = co_await fan.all_done.async_wait(net::as_tuple(net::use_awaitable));
-    (void)ec;
-  }
+  co_await children.wait();
   scope.remove_child(&fan.scope);
+  if (children.failure() && !fan.first_error) {
+    spdlog::error("request {}: an encoder request threw: {}", request_id, *children.failure());
+    fan.first_error = upstream_error(500, "encode stage failed: internal error");
+  }
   if (fan.first_error)
     co_return std::move(fan.first_error);
   if (scope.client_gone())
