@@ -25,22 +25,38 @@ GatewayError upstream_error(unsigned status, std::string message) {
 
 const char* error_type_for(unsigned status) {
   switch (status) {
-    case 400: return "BadRequestError";
-    case 401: return "AuthenticationError";
-    case 403: return "PermissionDeniedError";
-    case 404: return "NotFoundError";
-    case 405: return "MethodNotAllowedError";
-    case 408: return "RequestTimeoutError";
-    case 409: return "ConflictError";
-    case 413: return "RequestTooLargeError";
-    case 415: return "UnsupportedMediaTypeError";
-    case 422: return "UnprocessableEntityError";
-    case 429: return "RateLimitError";
-    case 431: return "RequestHeaderFieldsTooLargeError";
-    case 502: return "BadGatewayError";
-    case 503: return "ServiceUnavailableError";
-    case 504: return "GatewayTimeoutError";
-    default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+    case 400:
+      return "BadRequestError";
+    case 401:
+      return "AuthenticationError";
+    case 403:
+      return "PermissionDeniedError";
+    case 404:
+      return "NotFoundError";
+    case 405:
+      return "MethodNotAllowedError";
+    case 408:
+      return "RequestTimeoutError";
+    case 409:
+      return "ConflictError";
+    case 413:
+      return "RequestTooLargeError";
+    case 415:
+      return "UnsupportedMediaTypeError";
+    case 422:
+      return "UnprocessableEntityError";
+    case 429:
+      return "RateLimitError";
+    case 431:
+      return "RequestHeaderFieldsTooLargeError";
+    case 502:
+      return "BadGatewayError";
+    case 503:
+      return "ServiceUnavailableError";
+    case 504:
+      return "GatewayTimeoutError";
+    default:
+      return status >= 500 ? "InternalServerError" : "BadRequestError";
   }
 }
 

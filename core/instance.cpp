@@ -105,18 +105,24 @@ void Instance::readmit_if_due(bool checks_on) const {
 
 const char* to_string(Stage s) {
   switch (s) {
-    case Stage::encode: return "encode";
-    case Stage::prefill: return "prefill";
-    case Stage::decode: return "decode";
+    case Stage::encode:
+      return "encode";
+    case Stage::prefill:
+      return "prefill";
+    case Stage::decode:
+      return "decode";
   }
   return "?";
 }
 
 const std::vector<InstancePtr>& InstanceSet::for_stage(Stage s) const {
   switch (s) {
-    case Stage::encode: return encode;
-    case Stage::prefill: return prefill;
-    case Stage::decode: break;
+    case Stage::encode:
+      return encode;
+    case Stage::prefill:
+      return prefill;
+    case Stage::decode:
+      break;
   }
   return decode;
 }
@@ -240,13 +246,15 @@ std::size_t Registry::forget_idle() {
 InstancePtr RoundRobinPicker::pick(const std::vector<InstancePtr>& candidates,
                                    const PickContext& ctx) {
   const std::size_t n = candidates.size();
-  if (n == 0) return nullptr;
+  if (n == 0)
+    return nullptr;
   auto& counter = shared_->next[static_cast<int>(ctx.stage)];
   const std::uint64_t start = counter.fetch_add(1, std::memory_order_relaxed);
   // Skip unhealthy instances but keep the rotation fair among the rest.
   for (std::size_t i = 0; i < n; ++i) {
     const auto& c = candidates[(start + i) % n];
-    if (c->healthy.load(std::memory_order_relaxed)) return c;
+    if (c->healthy.load(std::memory_order_relaxed))
+      return c;
   }
   return nullptr;
 }

@@ -125,7 +125,8 @@ class InFlightGuard {
 
  private:
   void release() {
-    if (inst_) inst_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    if (inst_)
+      inst_->in_flight.fetch_sub(1, std::memory_order_relaxed);
     inst_.reset();
   }
   InstancePtr inst_;

@@ -731,9 +731,8 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
     const auto head = upstream_head(http::verb::post, *decode, req.target(), decode_body.size(),
                                     stage_id, authorization);
     const auto buffers = body_buffers(decode_body);
-    auto [err, ex] =
-        co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers, scope,
-                                         w.timeouts(), read_room);
+    auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
+                                                      scope, w.timeouts(), read_room);
     if (ex)
       report->first_byte(ex->status());
     std::optional<GatewayError> failure;

@@ -36,6 +36,8 @@ class [[nodiscard]] Result {
   std::variant<T, Failure> v_;
 };
 
-inline Failure fail(std::string message) { return Failure{std::move(message)}; }
+inline Failure fail(std::string message) {
+  return Failure{std::move(message)};
+}
 
 }  // namespace pdgate

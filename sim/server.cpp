@@ -652,7 +652,8 @@ class Server {
     if (opts_.kv_connector == "p2p-nccl" && opts_.role != SimRole::both &&
         !std::regex_match(rid, kP2pId)) {
       return "p2p-nccl request id must be ___prefill_addr_{host:port}___decode_addr_{host:port}_"
-             "{32 hex}, got '" + rid + "'";
+             "{32 hex}, got '" +
+             rid + "'";
     }
     return {};
   }

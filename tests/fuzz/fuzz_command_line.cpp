@@ -35,16 +35,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   args.push_back(cur);
   for (const auto& a : args) {
     // --config would read arbitrary files (/dev/zero never ends).
-    if (a.find("config") != std::string::npos) return 0;
+    if (a.find("config") != std::string::npos)
+      return 0;
   }
   std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
+  for (const auto& a : args)
+    argv.push_back(a.c_str());
   const auto r = pdgate::parse_command_line(static_cast<int>(argv.size()), argv.data());
   if (!r.ok()) {
     check(!r.error().empty(), "empty error message");
     return 0;
   }
-  if (r->help) return 0;
+  if (r->help)
+    return 0;
   check(pdgate::validate(r->config).ok(), "accepted config fails validate");
   for (const auto* list : {&r->config.prefill, &r->config.decode, &r->config.encode}) {
     for (const auto& u : *list) {

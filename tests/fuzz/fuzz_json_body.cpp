@@ -34,7 +34,9 @@ bool nlohmann_accepts_object(std::string_view text, bool& overflow_only) {
   return false;
 }
 
-bool index_ok(const std::string& text) { return pdgate::index_json_object(text).ok(); }
+bool index_ok(const std::string& text) {
+  return pdgate::index_json_object(text).ok();
+}
 
 }  // namespace
 
@@ -43,7 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto idx = pdgate::index_json_object(text);
   bool overflow_only = false;
   const bool theirs = nlohmann_accepts_object(text, overflow_only);
-  if (idx.ok() && !theirs) check(overflow_only, "accepted a text nlohmann rejects");
+  if (idx.ok() && !theirs)
+    check(overflow_only, "accepted a text nlohmann rejects");
   if (!idx.ok() && theirs) {
     // Known differences: nlohmann skips a UTF-8 BOM, stops reading at a NUL
     // byte (so "{}\0junk" passes) and has no depth limit.
@@ -53,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(bom || nul || deep, "rejected a text nlohmann accepts");
   }
   (void)pdgate::extract_kv_params(text);
-  if (!idx.ok()) return 0;
+  if (!idx.ok())
+    return 0;
 
   for (const auto& m : idx->members) {
     check(pdgate::validate_json(text.substr(m.value_begin, m.value_end - m.value_begin)).ok(),

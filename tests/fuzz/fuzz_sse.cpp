@@ -31,23 +31,27 @@ Run scan(std::string_view stream, std::size_t piece, bool pop_each) {
   pdgate::SseEvent ev;
   for (std::size_t i = 0; i < stream.size(); i += piece) {
     check(s.feed(stream.substr(i, piece)), "feed failed under the cap");
-    while (pop_each && s.next(ev)) r.events.push_back(ev);
+    while (pop_each && s.next(ev))
+      r.events.push_back(ev);
   }
-  while (s.next(ev)) r.events.push_back(ev);
+  while (s.next(ev))
+    r.events.push_back(ev);
   r.pending = s.pending_bytes();
   return r;
 }
 
 std::string raw_of(const Run& r) {
   std::string out;
-  for (const auto& e : r.events) out += e.raw;
+  for (const auto& e : r.events)
+    out += e.raw;
   return out;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  if (size == 0) return 0;
+  if (size == 0)
+    return 0;
   const std::size_t piece = data[0] % 16 + 1;
   const std::string_view stream(reinterpret_cast<const char*>(data) + 1, size - 1);
   const Run whole = scan(stream, stream.size() + 1, true);

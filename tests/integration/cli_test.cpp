@@ -15,7 +15,9 @@ namespace pdgate::test {
 namespace {
 
 // A free port for a command line that must name one (the seeds do).
-std::uint16_t free_port() { return closed_port(); }
+std::uint16_t free_port() {
+  return closed_port();
+}
 
 Json chat(bool stream) {
   return {{"model", "sim-model"},
@@ -37,12 +39,11 @@ void expect_serves(std::uint16_t port, Sim& decode) {
 TEST(SeedCommandLines, XpYdDemoProxy) {
   Sim p1("prefill"), p2("prefill"), d1("decode"), d2("decode");
   const auto port = free_port();
-  Process gw("pdgate", {build_dir() + "/pdgate", "--model", "sim-model", "--prefill",
-                        "localhost:" + std::to_string(p1.port()),
-                        "localhost:" + std::to_string(p2.port()), "--decode",
-                        "localhost:" + std::to_string(d1.port()),
-                        "localhost:" + std::to_string(d2.port()), "--port",
-                        std::to_string(port)});
+  Process gw("pdgate",
+             {build_dir() + "/pdgate", "--model", "sim-model", "--prefill",
+              "localhost:" + std::to_string(p1.port()), "localhost:" + std::to_string(p2.port()),
+              "--decode", "localhost:" + std::to_string(d1.port()),
+              "localhost:" + std::to_string(d2.port()), "--port", std::to_string(port)});
   EXPECT_EQ(gw.wait_listening(), port);
   expect_serves(port, d1);
   EXPECT_FALSE(p1.requests().empty());
@@ -55,10 +56,9 @@ TEST(SeedCommandLines, MultiTurnProxy) {
   Sim p("prefill"), d1("decode"), d2("decode");
   const auto port = free_port();
   Process gw("pdgate", {build_dir() + "/pdgate", "--host", "0.0.0.0", "--port",
-                        std::to_string(port), "--prefiller-host", "127.0.0.1",
-                        "--prefiller-port", std::to_string(p.port()), "--decoder-hosts",
-                        "127.0.0.1", "127.0.0.1", "--decoder-ports", std::to_string(d1.port()),
-                        std::to_string(d2.port())});
+                        std::to_string(port), "--prefiller-host", "127.0.0.1", "--prefiller-port",
+                        std::to_string(p.port()), "--decoder-hosts", "127.0.0.1", "127.0.0.1",
+                        "--decoder-ports", std::to_string(d1.port()), std::to_string(d2.port())});
   EXPECT_EQ(gw.wait_listening(), port);
   expect_serves(port, d1);
   EXPECT_FALSE(d2.requests().empty());
@@ -71,8 +71,7 @@ TEST(SeedCommandLines, EpdProxyWithPrefillDisabled) {
   const auto port = free_port();
   Process gw("pdgate", {build_dir() + "/pdgate", "--host", "0.0.0.0", "--port",
                         std::to_string(port), "--encode-servers-urls", e.url(),
-                        "--prefill-servers-urls", "disable", "--decode-servers-urls",
-                        pd.url()});
+                        "--prefill-servers-urls", "disable", "--decode-servers-urls", pd.url()});
   EXPECT_EQ(gw.wait_listening(), port);
   Json body = chat(false);
   body["min_tokens"] = 1;
@@ -115,8 +114,8 @@ TEST(Config, YamlFileWithFlagOverride) {
       << "\nworkers: 1\n";
   }
   const auto port = free_port();
-  Process gw("pdgate", {build_dir() + "/pdgate", "--config", path, "--host", "127.0.0.1",
-                        "--port", std::to_string(port)});
+  Process gw("pdgate", {build_dir() + "/pdgate", "--config", path, "--host", "127.0.0.1", "--port",
+                        std::to_string(port)});
   EXPECT_EQ(gw.wait_listening(), port);
   expect_serves(port, d);
   EXPECT_FALSE(p.requests().empty());
@@ -144,7 +143,8 @@ TEST(Config, WorkersFlag) {
   EXPECT_EQ(gw.status()["workers"], 3);
   int threads = 0;
   if (DIR* dir = opendir(("/proc/" + std::to_string(gw.process().pid()) + "/task").c_str())) {
-    while (dirent* e = readdir(dir)) threads += e->d_name[0] != '.';
+    while (dirent* e = readdir(dir))
+      threads += e->d_name[0] != '.';
     closedir(dir);
   }
   EXPECT_GE(threads, 4);  // three workers and the main thread
@@ -163,7 +163,8 @@ TEST(Shutdown, SigtermDrainsInFlightStreams) {
   gw.process().signal(SIGTERM);
   for (;;) {
     auto piece = c.read_body_some(std::chrono::seconds(10));
-    if (piece.empty()) break;
+    if (piece.empty())
+      break;
     got += piece;
   }
   auto events = sse_data(got);

@@ -38,8 +38,7 @@ std::string error_message(const Response& r) {
 // the decode is never called.
 TEST(PrefillFailure, RefusedIs502NamingTheStage) {
   Sim d("decode");
-  Gateway gw({"--prefill", "127.0.0.1:" + std::to_string(closed_port()), "--decode",
-              d.hostport()});
+  Gateway gw({"--prefill", "127.0.0.1:" + std::to_string(closed_port()), "--decode", d.hostport()});
   auto r = post_json(gw.port(), "/v1/completions", completion(false));
   EXPECT_EQ(r.status, 502);
   EXPECT_EQ(r.json()["error"]["code"], 502);
@@ -63,8 +62,8 @@ TEST(PrefillFailure, ServerErrorIs502) {
 TEST(PrefillFailure, TimeoutIs502) {
   Sim p("prefill", {"--hang"});
   Sim d("decode");
-  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport(), "--first-byte-timeout",
-              "400ms"});
+  Gateway gw(
+      {"--prefill", p.hostport(), "--decode", d.hostport(), "--first-byte-timeout", "400ms"});
   const auto start = Clock::now();
   auto r = post_json(gw.port(), "/v1/completions", completion(false));
   EXPECT_EQ(r.status, 502);
@@ -96,7 +95,8 @@ class BlackholeListener {
     }
   }
   ~BlackholeListener() {
-    for (int c : fillers_) close(c);
+    for (int c : fillers_)
+      close(c);
     close(fd_);
   }
   std::uint16_t port() const { return port_; }
@@ -137,8 +137,7 @@ TEST(DecodeFailure, ServerErrorBeforeFirstByteIs502) {
 // A decode that refuses connections yields a 502 naming the decode stage.
 TEST(DecodeFailure, RefusedIs502) {
   Sim p("prefill");
-  Gateway gw({"--prefill", p.hostport(), "--decode",
-              "127.0.0.1:" + std::to_string(closed_port())});
+  Gateway gw({"--prefill", p.hostport(), "--decode", "127.0.0.1:" + std::to_string(closed_port())});
   auto r = post_json(gw.port(), "/v1/completions", completion(true));
   EXPECT_EQ(r.status, 502);
   EXPECT_NE(error_message(r).find("decode"), std::string::npos) << r.body;
@@ -178,7 +177,8 @@ TEST(ClientDisconnect, MidStreamClosesDecodeWithin100ms) {
   auto head = c.read_head();
   ASSERT_EQ(head.status, 200);
   std::string got;
-  while (sse_data(got).size() < 2) got += c.read_body_some();
+  while (sse_data(got).size() < 2)
+    got += c.read_body_some();
   const auto closed_at = now_ms();
   c.close();
   ASSERT_TRUE(eventually([&] {
@@ -207,10 +207,13 @@ TEST(ClientDisconnect, DuringPrefillAbortsPrefill) {
     ASSERT_TRUE(eventually([&] { return p.requests().size() == 1; }));
     c.close();
   }
-  ASSERT_TRUE(eventually([&] {
-    auto reqs = p.requests();
-    return reqs.size() == 1 && reqs[0]["outcome"] == "aborted";
-  }, std::chrono::seconds(1))) << p.requests().dump();
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto reqs = p.requests();
+        return reqs.size() == 1 && reqs[0]["outcome"] == "aborted";
+      },
+      std::chrono::seconds(1)))
+      << p.requests().dump();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_TRUE(d.requests().empty());
   EXPECT_EQ(gw.status()["active_requests"], 1);  // the /status request itself

@@ -46,7 +46,8 @@ int remaining_ms(Clock::time_point deadline) {
 }
 
 std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (auto& c : s)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
@@ -56,10 +57,12 @@ Process::Process(std::string name, std::vector<std::string> argv,
                  std::map<std::string, std::string> extra_env)
     : name_(std::move(name)) {
   int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  if (pipe2(out, O_CLOEXEC) != 0)
+    throw std::runtime_error("pipe failed");
   char tmpl[] = "/tmp/pdgate-test-XXXXXX";
   int log_fd = mkstemp(tmpl);
-  if (log_fd < 0) throw std::runtime_error("mkstemp failed");
+  if (log_fd < 0)
+    throw std::runtime_error("mkstemp failed");
   log_path_ = tmpl;
 
   posix_spawn_file_actions_t fa;
@@ -70,16 +73,20 @@ Process::Process(std::string name, std::vector<std::string> argv,
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
     auto key = kv.substr(0, kv.find('='));
-    if (!extra_env.count(key)) env_store.push_back(kv);
+    if (!extra_env.count(key))
+      env_store.push_back(kv);
   }
   for (auto& [k, v] : extra_env) {
-    if (v != "<unset>") env_store.push_back(k + "=" + v);
+    if (v != "<unset>")
+      env_store.push_back(k + "=" + v);
   }
   std::vector<char*> envp;
-  for (auto& s : env_store) envp.push_back(s.data());
+  for (auto& s : env_store)
+    envp.push_back(s.data());
   envp.push_back(nullptr);
   std::vector<char*> args;
-  for (auto& a : argv) args.push_back(a.data());
+  for (auto& a : argv)
+    args.push_back(a.data());
   args.push_back(nullptr);
   int rc = posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
@@ -100,8 +107,10 @@ Process::~Process() {
       waitpid(pid_, &status_, 0);
     }
   }
-  if (stdout_fd_ >= 0) close(stdout_fd_);
-  if (std::getenv("PDGATE_KEEP_LOGS") == nullptr) unlink(log_path_.c_str());
+  if (stdout_fd_ >= 0)
+    close(stdout_fd_);
+  if (std::getenv("PDGATE_KEEP_LOGS") == nullptr)
+    unlink(log_path_.c_str());
 }
 
 std::uint16_t Process::wait_listening(std::chrono::milliseconds timeout) {
@@ -113,7 +122,8 @@ std::uint16_t Process::wait_listening(std::chrono::milliseconds timeout) {
       std::string line = pending_.substr(0, nl);
       pending_.erase(0, nl + 1);
       std::smatch m;
-      if (std::regex_search(line, m, re)) return static_cast<std::uint16_t>(std::stoi(m[1]));
+      if (std::regex_search(line, m, re))
+        return static_cast<std::uint16_t>(std::stoi(m[1]));
       nl = pending_.find('\n');
     }
     pollfd p{stdout_fd_, POLLIN, 0};
@@ -123,17 +133,20 @@ std::uint16_t Process::wait_listening(std::chrono::milliseconds timeout) {
     }
     char buf[4096];
     auto n = read(stdout_fd_, buf, sizeof buf);
-    if (n <= 0) throw std::runtime_error(name_ + " exited before listening; log:\n" + log());
+    if (n <= 0)
+      throw std::runtime_error(name_ + " exited before listening; log:\n" + log());
     pending_.append(buf, static_cast<std::size_t>(n));
   }
 }
 
 void Process::signal(int sig) {
-  if (!reaped_ && pid_ > 0) ::kill(pid_, sig);
+  if (!reaped_ && pid_ > 0)
+    ::kill(pid_, sig);
 }
 
 int Process::wait(std::chrono::milliseconds timeout) {
-  if (reaped_) return status_;
+  if (reaped_)
+    return status_;
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     pid_t r = waitpid(pid_, &status_, WNOHANG);
@@ -141,13 +154,15 @@ int Process::wait(std::chrono::milliseconds timeout) {
       reaped_ = true;
       return status_;
     }
-    if (Clock::now() >= deadline) return -1;
+    if (Clock::now() >= deadline)
+      return -1;
     usleep(10'000);
   }
 }
 
 bool Process::running() {
-  if (reaped_) return false;
+  if (reaped_)
+    return false;
   return waitpid(pid_, &status_, WNOHANG) == 0 || (reaped_ = false);
 }
 
@@ -171,10 +186,12 @@ struct Connection::Impl {
 
   bool fill(Clock::time_point deadline) {
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, remaining_ms(deadline)) <= 0) throw std::runtime_error("read timed out");
+    if (poll(&p, 1, remaining_ms(deadline)) <= 0)
+      throw std::runtime_error("read timed out");
     char tmp[65536];
     auto n = ::recv(fd, tmp, sizeof tmp, 0);
-    if (n <= 0) return false;
+    if (n <= 0)
+      return false;
     buf.append(tmp, static_cast<std::size_t>(n));
     return true;
   }
@@ -193,10 +210,13 @@ Connection::Connection(std::uint16_t port) : impl_(std::make_unique<Impl>()) {
   setsockopt(impl_->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-Connection::~Connection() { close(); }
+Connection::~Connection() {
+  close();
+}
 
 void Connection::close() {
-  if (impl_->fd >= 0) ::close(impl_->fd);
+  if (impl_->fd >= 0)
+    ::close(impl_->fd);
   impl_->fd = -1;
 }
 
@@ -204,7 +224,8 @@ void Connection::send_raw(const std::string& bytes) {
   std::size_t off = 0;
   while (off < bytes.size()) {
     auto n = ::send(impl_->fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) throw std::runtime_error("send failed");
+    if (n <= 0)
+      throw std::runtime_error("send failed");
     off += static_cast<std::size_t>(n);
   }
 }
@@ -215,10 +236,12 @@ void Connection::send_request(const std::string& method, const std::string& targ
   bool has_ct = false;
   for (auto& [k, v] : headers) {
     r += k + ": " + v + "\r\n";
-    if (lower(k) == "content-type") has_ct = true;
+    if (lower(k) == "content-type")
+      has_ct = true;
   }
   if (!body.empty() || method == "POST") {
-    if (!has_ct) r += "Content-Type: application/json\r\n";
+    if (!has_ct)
+      r += "Content-Type: application/json\r\n";
     r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
   }
   r += "\r\n" + body;
@@ -230,7 +253,8 @@ Response Connection::read_head(std::chrono::milliseconds timeout) {
   auto& im = *impl_;
   std::size_t end;
   while ((end = im.buf.find("\r\n\r\n")) == std::string::npos) {
-    if (!im.fill(deadline)) throw std::runtime_error("connection closed before response head");
+    if (!im.fill(deadline))
+      throw std::runtime_error("connection closed before response head");
   }
   Response r;
   std::string head = im.buf.substr(0, end);
@@ -240,11 +264,14 @@ Response Connection::read_head(std::chrono::milliseconds timeout) {
   std::getline(in, line);
   r.status = std::stoi(line.substr(9, 3));
   while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty() && line.back() == '\r')
+      line.pop_back();
     auto c = line.find(':');
-    if (c == std::string::npos) continue;
+    if (c == std::string::npos)
+      continue;
     std::string v = line.substr(c + 1);
-    while (!v.empty() && v.front() == ' ') v.erase(0, 1);
+    while (!v.empty() && v.front() == ' ')
+      v.erase(0, 1);
     r.headers[lower(line.substr(0, c))] = v;
   }
   im.chunked = lower(r.header("transfer-encoding")).find("chunked") != std::string::npos;
@@ -274,37 +301,44 @@ std::string Connection::read_body_some(std::chrono::milliseconds timeout) {
         out.swap(im.buf);
         return out;
       }
-      if (!im.fill(deadline)) im.body_done = true;
+      if (!im.fill(deadline))
+        im.body_done = true;
       continue;
     }
     if (!im.chunked) {
-      if (im.buf.empty() && !im.fill(deadline)) throw std::runtime_error("body cut short");
+      if (im.buf.empty() && !im.fill(deadline))
+        throw std::runtime_error("body cut short");
       auto take = std::min(im.remaining, im.buf.size());
       out = im.buf.substr(0, take);
       im.buf.erase(0, take);
       im.remaining -= take;
-      if (im.remaining == 0) im.body_done = true;
+      if (im.remaining == 0)
+        im.body_done = true;
       return out;
     }
     // Chunked: decode whole chunks as they are available.
     if (im.remaining > 0) {
-      if (im.buf.empty() && !im.fill(deadline)) throw std::runtime_error("chunk cut short");
+      if (im.buf.empty() && !im.fill(deadline))
+        throw std::runtime_error("chunk cut short");
       auto take = std::min(im.remaining, im.buf.size());
       out += im.buf.substr(0, take);
       im.buf.erase(0, take);
       im.remaining -= take;
       if (im.remaining == 0) {
         while (im.buf.size() < 2) {
-          if (!im.fill(deadline)) throw std::runtime_error("chunk cut short");
+          if (!im.fill(deadline))
+            throw std::runtime_error("chunk cut short");
         }
         im.buf.erase(0, 2);  // CRLF after the chunk data
       }
-      if (!out.empty()) return out;
+      if (!out.empty())
+        return out;
       continue;
     }
     auto nl = im.buf.find("\r\n");
     if (nl == std::string::npos) {
-      if (!im.fill(deadline)) throw std::runtime_error("chunked body cut short");
+      if (!im.fill(deadline))
+        throw std::runtime_error("chunked body cut short");
       continue;
     }
     std::size_t size = std::stoul(im.buf.substr(0, nl), nullptr, 16);
@@ -312,10 +346,12 @@ std::string Connection::read_body_some(std::chrono::milliseconds timeout) {
     if (size == 0) {
       // Trailers end with an empty line.
       while (im.buf.find("\r\n") == std::string::npos) {
-        if (!im.fill(deadline)) break;
+        if (!im.fill(deadline))
+          break;
       }
       auto e = im.buf.find("\r\n");
-      if (e != std::string::npos) im.buf.erase(0, e + 2);
+      if (e != std::string::npos)
+        im.buf.erase(0, e + 2);
       im.body_done = true;
       return out;
     }
@@ -329,7 +365,8 @@ Response Connection::read_response(std::chrono::milliseconds timeout) {
   Response r = read_head(timeout);
   for (;;) {
     auto piece = read_body_some(std::chrono::milliseconds(remaining_ms(deadline)));
-    if (piece.empty() && impl_->body_done) break;
+    if (piece.empty() && impl_->body_done)
+      break;
     r.body += piece;
   }
   return r;
@@ -376,12 +413,14 @@ std::vector<std::string> sse_data(const std::string& body) {
     while (std::getline(in, line)) {
       if (line.rfind("data:", 0) == 0) {
         std::string v = line.substr(5);
-        if (!v.empty() && v[0] == ' ') v.erase(0, 1);
+        if (!v.empty() && v[0] == ' ')
+          v.erase(0, 1);
         data += (has ? "\n" : "") + v;
         has = true;
       }
     }
-    if (has) out.push_back(data);
+    if (has)
+      out.push_back(data);
   }
   return out;
 }
@@ -389,8 +428,8 @@ std::vector<std::string> sse_data(const std::string& body) {
 // --- processes -------------------------------------------------------------
 
 Sim::Sim(const std::string& role, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {build_dir() + "/pdgate-sim", "--role", role, "--host",
-                                   "127.0.0.1", "--port", "0"};
+  std::vector<std::string> argv = {
+      build_dir() + "/pdgate-sim", "--role", role, "--host", "127.0.0.1", "--port", "0"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   proc_ = std::make_unique<Process>("pdgate-sim(" + role + ")", argv);
   port_ = proc_->wait_listening();
@@ -401,18 +440,23 @@ Json Sim::requests() {
   Json out = Json::array();
   for (auto& r : all) {
     const std::string path = r.value("path", "");
-    if (path.rfind("/v1/", 0) == 0) out.push_back(r);
+    if (path.rfind("/v1/", 0) == 0)
+      out.push_back(r);
   }
   return out;
 }
 
-Json Sim::stats() { return get(port_, "/sim/stats").json(); }
+Json Sim::stats() {
+  return get(port_, "/sim/stats").json();
+}
 
-void Sim::clear() { http_request(port_, "DELETE", "/sim/requests"); }
+void Sim::clear() {
+  http_request(port_, "DELETE", "/sim/requests");
+}
 
 Gateway::Gateway(std::vector<std::string> args, std::map<std::string, std::string> env) {
-  std::vector<std::string> argv = {build_dir() + "/pdgate", "--host", "127.0.0.1", "--port", "0",
-                                   "--workers", "2"};
+  std::vector<std::string> argv = {
+      build_dir() + "/pdgate", "--host", "127.0.0.1", "--port", "0", "--workers", "2"};
   argv.insert(argv.end(), args.begin(), args.end());
   proc_ = std::make_unique<Process>("pdgate", argv, std::move(env));
   port_ = proc_->wait_listening();

@@ -137,8 +137,11 @@ template <typename Pred>
 bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
-    if (pred()) return true;
-    struct timespec ts{0, 10'000'000};
+    if (pred())
+      return true;
+    struct timespec ts {
+      0, 10'000'000
+    };
     nanosleep(&ts, nullptr);
   }
   return pred();

@@ -709,10 +709,27 @@ TEST(ConfigHelp, MentionsEveryFlag) {
 
 // Admin and health flags parse into the config; bad values name the flag.
 TEST(ConfigAdmin, AdminAndHealthFlags) {
-  const auto r = parse({"-d", "b:2", "-p", "a:1", "--admin-port", "9000", "--admin-host", "0.0.0.0",
-                        "--allowed-upstreams", "10.0.0.0/8", "192.168.0.0/16",
-                        "--health-interval", "off", "--health-rise", "3", "--health-fall", "4",
-                        "--eject-after", "5", "--retry-budget", "0.5"});
+  const auto r = parse({"-d",
+                        "b:2",
+                        "-p",
+                        "a:1",
+                        "--admin-port",
+                        "9000",
+                        "--admin-host",
+                        "0.0.0.0",
+                        "--allowed-upstreams",
+                        "10.0.0.0/8",
+                        "192.168.0.0/16",
+                        "--health-interval",
+                        "off",
+                        "--health-rise",
+                        "3",
+                        "--health-fall",
+                        "4",
+                        "--eject-after",
+                        "5",
+                        "--retry-budget",
+                        "0.5"});
   ASSERT_TRUE(r.ok()) << r.error();
   const Config& c = r->config;
   EXPECT_TRUE(c.admin_enabled);
