@@ -1,10 +1,7 @@
 #include "core/cluster_ops.hpp"
 
 #include <spdlog/spdlog.h>
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
-#include <boost/asio/use_awaitable.hpp>
 
 #include <boost/uuid/uuid_io.hpp>
 

@@ -1,10 +1,7 @@
 #include "core/encode_stage.hpp"
 
 #include <spdlog/spdlog.h>
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
-#include <boost/asio/use_awaitable.hpp>
 #include <boost/uuid/uuid.hpp>
 
 #include "core/child_group.hpp"

@@ -15,12 +15,6 @@ namespace {
 namespace net = boost::asio;
 namespace fs = std::filesystem;
 
-std::int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 Result<std::string> read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -150,7 +144,7 @@ class LuaPicker final : public InstancePicker {
       ConversationEntry e;
       e.decode = chosen.id;
       e.prefill = ctx.chosen_prefill != nullptr ? ctx.chosen_prefill->id : 0;
-      e.at_ms = steady_ms();
+      e.at_ms = steady_now_ms();
       engine_->conversations().put(*ctx.conversation_id, e);
     }
     std::shared_ptr<LuaVm> vm = vm_for(ctx);

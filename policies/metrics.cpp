@@ -117,12 +117,6 @@ void store_metrics(const Instance& inst, const EngineMetrics& m, std::int64_t no
 
 namespace {
 
-std::int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // One GET /metrics; any failure leaves the instance's numbers as they were.
 net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds timeout) {
   auto ex = co_await net::this_coro::executor;
@@ -151,7 +145,7 @@ net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds time
   auto [rdec, rn] = co_await http::async_read(stream, buf, parser, use_tuple);
   if (rdec || parser.get().result_int() != 200)
     co_return;
-  store_metrics(*inst, parse_vllm_metrics(parser.get().body()), steady_ms());
+  store_metrics(*inst, parse_vllm_metrics(parser.get().body()), steady_now_ms());
   beast::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
 }

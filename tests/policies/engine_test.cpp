@@ -162,10 +162,7 @@ TEST(PolicyPick, ContextFields) {
   auto inst = fake_instances(2);
   auto prefill = fake_instances(1, Role::prefill, 9);
   inst[0]->in_flight = 5;
-  store_metrics(*inst[0], EngineMetrics{3.0, 2.0, 0.5},
-                std::chrono::duration_cast<std::chrono::milliseconds>(
-                    std::chrono::steady_clock::now().time_since_epoch())
-                    .count());
+  store_metrics(*inst[0], EngineMetrics{3.0, 2.0, 0.5}, steady_now_ms());
   PickContext ctx = decode_ctx("req-1");
   ctx.model = "llama";
   ctx.stream = true;

@@ -20,13 +20,6 @@ PickContext ctx_for(Stage stage) {
   return c;
 }
 
-// The clock store_metrics() stamps scrapes with.
-std::int64_t steady_now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Runs `n` picks and counts the chosen instances by index.
 std::map<std::size_t, int> spread(InstancePicker& p, const std::vector<InstancePtr>& inst,
                                   const PickContext& ctx, int n) {
