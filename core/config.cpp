@@ -75,6 +75,9 @@ constexpr std::array kOptions = {
            "Largest request body accepted; bytes or K/KiB/M/MiB/G/GiB (default: 64MiB)."},
     Option{"max-header-size", "", 0, false, false, kLimits, "SIZE",
            "Largest request header block accepted (default: 64KiB)."},
+    Option{"body-memory-limit", "", 0, false, false, kLimits, "SIZE",
+           "Memory all request bodies being received may hold together; past it a large "
+           "body is refused with 503 (default: 1GiB)."},
     Option{"header-timeout", "", 0, false, false, kLimits, "DURATION",
            "Time allowed to receive a request's headers; 500ms, 10s, 2m or seconds "
            "(default: 10s)."},
@@ -578,23 +581,21 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
       return err(*v, k.error());
     c.kv_connector = *k;
   }
-  if (const auto* v = get("max-body-size")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto n = parse_size(*s);
-    if (!n)
-      return err(*v, n.error());
-    c.max_body_bytes = *n;
-  }
-  if (const auto* v = get("max-header-size")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto n = parse_size(*s);
-    if (!n)
-      return err(*v, n.error());
-    c.max_header_bytes = *n;
+  const std::pair<std::string_view, std::size_t Config::*> sizes[] = {
+      {"max-body-size", &Config::max_body_bytes},
+      {"max-header-size", &Config::max_header_bytes},
+      {"body-memory-limit", &Config::body_memory_limit},
+  };
+  for (const auto& [key, field] : sizes) {
+    if (const auto* v = get(key)) {
+      auto s = single(*v);
+      if (!s)
+        return fail(s.error());
+      auto n = parse_size(*s);
+      if (!n)
+        return err(*v, n.error());
+      c.*field = *n;
+    }
   }
   const std::pair<std::string_view, std::chrono::milliseconds Config::*> durations[] = {
       {"header-timeout", &Config::header_timeout},
@@ -1136,6 +1137,10 @@ Result<Config> validate(Config c) {
     return fail("--log-level: " + l.error());
   if (c.max_body_bytes == 0)
     return fail("--max-body-size must be at least 1 byte");
+  if (c.body_memory_limit < (1u << 20)) {
+    return fail("--body-memory-limit must be at least 1MiB (got " +
+                std::to_string(c.body_memory_limit) + " bytes)");
+  }
   if (c.policy_memory < (1u << 20)) {
     return fail("--policy-memory must be at least 1MiB (got " + std::to_string(c.policy_memory) +
                 " bytes)");

@@ -51,6 +51,8 @@ struct Config {
   // Client-side limits.
   std::size_t max_body_bytes = 64u << 20;
   std::size_t max_header_bytes = 64u << 10;
+  // What all bodies being received may hold together (core/body_budget.hpp).
+  std::size_t body_memory_limit = std::size_t{1} << 30;
   std::chrono::milliseconds header_timeout{10'000};
   std::chrono::milliseconds client_idle_timeout{75'000};
 

@@ -24,6 +24,7 @@
 #include "core/http_body.hpp"
 #include "core/http_head.hpp"
 #include "core/pipeline.hpp"
+#include "core/request_framing.hpp"
 
 namespace pdgate {
 
@@ -215,16 +216,25 @@ Result<std::uint16_t> Gateway::bind() {
     address = results.begin()->endpoint().address();
   }
   std::uint16_t port = cfg_.port;
+  bool first = true;
   for (auto& w : workers_) {
     tcp::endpoint ep(address, port);
     auto& acc = w->acceptor.emplace(w->ioc);
     acc.open(ep.protocol(), ec);
     if (!ec)
       acc.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec)
+    // Each worker listens on its own socket so that the kernel spreads
+    // connections over them (SO_REUSEPORT). The first binds without the
+    // option, then sets it: a port another process holds fails the bind
+    // with "address in use", as nginx does, instead of silently sharing
+    // that process's traffic; the other workers' sockets then join the
+    // first one's group.
+    if (!ec && !first)
       acc.set_option(reuse_port(true), ec);
     if (!ec)
       acc.bind(ep, ec);
+    if (!ec && first)
+      acc.set_option(reuse_port(true), ec);
     if (!ec)
       acc.listen(net::socket_base::max_listen_connections, ec);
     if (ec) {
@@ -233,6 +243,7 @@ Result<std::uint16_t> Gateway::bind() {
     }
     // With --port 0 the first listener picks the port and the others join it.
     port = acc.local_endpoint().port();
+    first = false;
   }
   auto admin = AdminApi::create(cfg_, registry_);
   if (!admin)
@@ -319,6 +330,11 @@ std::string Gateway::metrics_text() const {
          std::to_string(metrics_.retries_decode.load()) + "\n";
   counter("pdgate_retries_refused_total", "Retries not made because the retry budget was spent.");
   out += "pdgate_retries_refused_total " + std::to_string(metrics_.retries_refused.load()) + "\n";
+  counter("pdgate_body_memory_refusals_total",
+          "Request bodies refused with 503 because --body-memory-limit was reached.");
+  out += "pdgate_body_memory_refusals_total " + std::to_string(body_budget_.refusals()) + "\n";
+  gauge("pdgate_body_memory_bytes", "Memory held by request bodies being received.");
+  out += "pdgate_body_memory_bytes " + std::to_string(body_budget_.used()) + "\n";
   counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
   out += "pdgate_ejections_total " + std::to_string(metrics_.ejections.load()) + "\n";
 
@@ -543,24 +559,66 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
 
 namespace {
 
-// Bodies with more than this still to arrive after the header are read
-// straight into the body string.
-constexpr std::size_t kDirectBodyRead = 64 * 1024;
+// The first room a body that is still arriving gets; it doubles as the
+// bytes come, up to the declared length. A client that declares 64 MiB and
+// sends ten bytes holds this much, not 64 MiB.
+constexpr std::size_t kFirstBodyRoom = 64 * 1024;
 
-// Reads a Content-Length body of `len` bytes into `body` (which the
-// parser's reader already reserved), the bytes that came with the header
-// first: the kernel copies the rest into place, instead of into the read
-// buffer and from there into the body (a 1 MiB memcpy per 1 MiB prompt).
-net::awaitable<beast::error_code> read_body_directly(beast::tcp_stream& stream,
-                                                     beast::flat_buffer& buffer, std::string& body,
-                                                     std::size_t len) {
-  body.resize(len);  // zero-fills: far cheaper than the copy it replaces
-  const std::size_t have = std::min(buffer.size(), len);
-  net::buffer_copy(net::buffer(body.data(), have), buffer.data());
-  buffer.consume(have);
-  auto [ec, n] =
-      co_await net::async_read(stream, net::buffer(body.data() + have, len - have), use_tuple);
-  co_return ec;
+enum class BodyRead { complete, over_budget, too_large, malformed, gone };
+
+// Reads a Content-Length body of `len` bytes into `body`, straight from
+// the socket (the kernel copies it into place, not into the read buffer
+// first), the bytes that came with the header first. The string grows
+// geometrically as bytes arrive, each growth charged to the body budget.
+net::awaitable<BodyRead> read_sized_body(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                         std::string& body, std::size_t len, BodyCharge& charge) {
+  std::size_t got = std::min(buffer.size(), len);
+  std::size_t room = std::min(len, std::max(got, kFirstBodyRoom));
+  if (!charge.grow_to(room))
+    co_return BodyRead::over_budget;
+  // resize() zero-fills the new room: far cheaper than the copy through
+  // the read buffer it replaces.
+  body.resize(room);
+  net::buffer_copy(net::buffer(body.data(), got), buffer.data());
+  buffer.consume(got);
+  while (got < len) {
+    if (got == room) {
+      room = std::min(len, room * 2);
+      if (!charge.grow_to(room))
+        co_return BodyRead::over_budget;
+      body.resize(room);
+    }
+    auto [ec, n] =
+        co_await stream.async_read_some(net::buffer(body.data() + got, room - got), use_tuple);
+    if (ec)
+      co_return BodyRead::gone;  // cut short, reset, or the idle timeout closed it
+    got += n;
+  }
+  co_return BodyRead::complete;
+}
+
+// Reads a chunked body through Beast's parser, charging the body string's
+// growth to the budget after every read.
+net::awaitable<BodyRead> read_chunked_body(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                           http::request_parser<AppendStringBody>& parser,
+                                           BodyCharge& charge) {
+  while (!parser.is_done()) {
+    auto [ec, n] = co_await http::async_read_some(stream, buffer, parser, use_tuple);
+    if (ec == http::error::body_limit)
+      co_return BodyRead::too_large;
+    if (ec == http::error::end_of_stream || ec == http::error::partial_message)
+      co_return BodyRead::gone;
+    // Beast's own parse errors (a bad chunk size, extension or trailer)
+    // are the client's mistake and get an answer; anything else is the
+    // connection's end.
+    if (ec)
+      co_return ec.category() == http::make_error_code(http::error::bad_chunk).category()
+          ? BodyRead::malformed
+          : BodyRead::gone;
+    if (!charge.grow_to(parser.get().body().capacity()))
+      co_return BodyRead::over_budget;
+  }
+  co_return BodyRead::complete;
 }
 
 }  // namespace
@@ -575,6 +633,8 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
   // lose the answer that explains the refusal.
   auto refuse = [&](unsigned status, std::string message) -> net::awaitable<void> {
     auto res = make_error_response(client_error(status, std::move(message)), 11, false);
+    if (status == 503)
+      res.set(http::field::retry_after, "1");
     if (!co_await write_response(stream, res))
       co_return;
     beast::error_code ec;
@@ -589,6 +649,8 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
       drained += n;
     }
   };
+  const std::string too_large =
+      "request body exceeds the limit of " + std::to_string(cfg.max_body_bytes) + " bytes";
 
   http::request_parser<AppendStringBody> parser;
   parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
@@ -598,8 +660,7 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
     if (ec == http::error::body_limit) {
       // Beast checks Content-Length against the body limit as soon as the
       // header is complete.
-      co_await refuse(413, "request body exceeds the limit of " +
-                               std::to_string(cfg.max_body_bytes) + " bytes");
+      co_await refuse(413, too_large);
     } else if (ec == http::error::header_limit) {
       co_await refuse(431,
                       "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes");
@@ -612,7 +673,14 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
     }
     co_return false;
   }
-  if (auto len = parser.content_length(); len && *len > cfg.max_body_bytes) {
+  // Before a byte of the body is read: a body framed in a way a proxy in
+  // front could read differently is never read at all.
+  if (auto bad = check_request_framing(parser.get().base())) {
+    co_await refuse(bad->status, bad->message);
+    co_return false;
+  }
+  const auto len = parser.content_length();
+  if (len && *len > cfg.max_body_bytes) {
     co_await refuse(413, "request body of " + std::to_string(*len) +
                              " bytes exceeds the limit of " + std::to_string(cfg.max_body_bytes) +
                              " bytes");
@@ -626,29 +694,38 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
       co_return false;
   }
   stream.expires_after(cfg.client_idle_timeout);
-  beast::error_code body_ec;
-  if (const auto len = parser.content_length();
-      len && !parser.chunked() && *len > buffer.size() + kDirectBodyRead) {
-    body_ec = co_await read_body_directly(stream, buffer, parser.get().body(),
-                                          static_cast<std::size_t>(*len));
-  } else {
-    // Beast reads at most the buffer's free capacity per call: a body
-    // read through a 4 KiB buffer costs a system call (and often an epoll
-    // wait) per 2-4 KiB. Room is made for it instead; the buffer is shrunk
-    // again once the request is read.
-    if (len && *len > buffer.capacity() - buffer.size())
-      buffer.reserve(buffer.size() + static_cast<std::size_t>(*len));
+  BodyCharge charge(body_budget_);
+  BodyRead read = BodyRead::complete;
+  if (parser.chunked()) {
+    read = co_await read_chunked_body(stream, buffer, parser, charge);
+  } else if (len && *len > buffer.size()) {
+    read = co_await read_sized_body(stream, buffer, parser.get().body(),
+                                    static_cast<std::size_t>(*len), charge);
+  } else if (!parser.is_done()) {
+    // The whole body came with the header: parsed from the buffer, no I/O.
     auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
-    body_ec = ec;
+    if (ec)
+      read = BodyRead::gone;
   }
-  if (const auto ec = body_ec; ec) {
-    if (ec == http::error::body_limit) {
-      co_await refuse(413, "request body exceeds the limit of " +
-                               std::to_string(cfg.max_body_bytes) + " bytes");
-    }
-    // A timeout (the socket is closed already, as nginx closes on its
-    // client_body_timeout), a body cut short or a reset: nothing to answer.
-    co_return false;
+  switch (read) {
+    case BodyRead::complete:
+      break;
+    case BodyRead::over_budget:
+      co_await refuse(503,
+                      "the gateway is receiving too many large request bodies at once; retry "
+                      "later");
+      co_return false;
+    case BodyRead::too_large:
+      co_await refuse(413, too_large);
+      co_return false;
+    case BodyRead::malformed:
+      co_await refuse(400, "malformed chunked request body");
+      co_return false;
+    case BodyRead::gone:
+      // A timeout (the socket is closed already, as nginx closes on its
+      // client_body_timeout), a body cut short or a reset: nothing to
+      // answer.
+      co_return false;
   }
   stream.expires_never();
   // Moved into the string_body message the handlers take (the body type

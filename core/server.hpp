@@ -15,6 +15,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "core/admin.hpp"
+#include "core/body_budget.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/metrics.hpp"
@@ -73,6 +74,7 @@ class Gateway {
   std::atomic<std::int64_t> active_requests_{0};
   std::atomic<bool> stopping_{false};
   GatewayMetrics metrics_;
+  BodyBudget body_budget_{cfg_.body_memory_limit};
   std::function<Result<bool>()> reload_policy_;
   std::function<std::string()> policy_metrics_;
   std::shared_ptr<AdminApi> admin_;

@@ -1,0 +1,80 @@
+#include "core/request_framing.hpp"
+
+#include <string_view>
+#include <vector>
+
+#include <boost/beast/core/string.hpp>
+
+namespace pdgate {
+
+namespace http = boost::beast::http;
+
+namespace {
+
+bool is_tchar(char c) {
+  // RFC 9110 section 5.6.2.
+  if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+    return true;
+  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+std::string_view trim_ows(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
+    s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+std::optional<FramingError> check_request_framing(const http::request_header<>& h) {
+  // Every Transfer-Encoding field, in order, as one list of codings.
+  std::vector<std::string_view> codings;
+  bool present = false;
+  for (const auto& f : h) {
+    if (f.name() != http::field::transfer_encoding)
+      continue;
+    present = true;
+    std::string_view v = f.value();
+    while (true) {
+      const auto comma = v.find(',');
+      const auto item = trim_ows(v.substr(0, comma));
+      // Empty list elements are allowed and ignored (RFC 9110 5.6.1).
+      if (!item.empty())
+        codings.push_back(item);
+      if (comma == std::string_view::npos)
+        break;
+      v.remove_prefix(comma + 1);
+    }
+  }
+  if (!present)
+    return std::nullopt;
+  auto refuse = [](unsigned status, std::string why) {
+    return FramingError{status, "Transfer-Encoding refused: " + std::move(why)};
+  };
+  if (h.version() < 11)
+    return refuse(400, "an HTTP/1.0 request cannot use it");
+  if (h.find(http::field::content_length) != h.end())
+    return refuse(400, "sent together with Content-Length");
+  if (codings.empty())
+    return refuse(400, "the header is empty");
+  for (const auto c : codings) {
+    for (const char ch : c) {
+      // Parameters (";q=...") are not part of any coding a request uses.
+      if (!is_tchar(ch))
+        return refuse(400, "'" + std::string(c) + "' is not a transfer coding");
+    }
+  }
+  if (!boost::beast::iequals(codings.back(), "chunked"))
+    return refuse(400,
+                  "the final coding must be chunked, got '" + std::string(codings.back()) + "'");
+  for (std::size_t i = 0; i + 1 < codings.size(); ++i) {
+    if (boost::beast::iequals(codings[i], "chunked"))
+      return refuse(400, "chunked is applied more than once");
+    return refuse(501, "the coding '" + std::string(codings[i]) + "' is not supported");
+  }
+  return std::nullopt;
+}
+
+}  // namespace pdgate
