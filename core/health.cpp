@@ -1,5 +1,6 @@
 #include "core/health.hpp"
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -10,6 +11,8 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+
+#include "core/upstream.hpp"
 
 namespace pdgate {
 
@@ -40,9 +43,10 @@ net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host,
   }
   beast::tcp_stream stream(ex);
   stream.expires_at(deadline.expiry());
-  auto [cec, ep] = co_await stream.async_connect(results, use_tuple);
+  const auto cec = co_await connect_stream(stream, results);
   if (cec) {
     r.error = "connect: " + cec.message();
+    r.local = is_local_resource_error(cec);
     co_return r;
   }
   http::request<http::empty_body> req{http::verb::get, target, 11};
@@ -71,14 +75,21 @@ net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host,
 
 namespace {
 
-net::awaitable<void> check_one(const Config& cfg, InstancePtr inst) {
+net::awaitable<void> check_one(const Config& cfg, Registry& registry, InstancePtr inst) {
   auto ex = co_await net::this_coro::executor;
   // A check must answer well within the interval.
   const auto timeout = std::max(std::chrono::milliseconds(200), cfg.health_interval / 2);
   auto r = co_await probe_get(ex, inst->spec.host, inst->spec.port, "/health", timeout);
+  if (r.local) {
+    // The gateway's own shortage (out of file descriptors): holding it
+    // against the engine would eject every healthy instance at once.
+    spdlog::debug("health check of {} skipped: {}", inst->spec.url, r.error);
+    co_return;
+  }
   const bool ok = r.status >= 200 && r.status < 300;
   std::string why = r.status != 0 ? "answered " + std::to_string(r.status) : r.error;
-  inst->note_check(ok, cfg.health_rise, cfg.health_fall, why);
+  if (inst->note_check(ok, cfg.health_rise, cfg.health_fall, why) && registry.on_ejected)
+    registry.on_ejected(*inst);
 }
 
 }  // namespace
@@ -98,7 +109,7 @@ net::awaitable<void> run_health_loop(const Config& cfg, Registry& registry) {
     for (const auto& inst : set->all()) {
       if (checks_on) {
         // Each check runs on its own so one hung engine delays no other.
-        net::co_spawn(ex, check_one(cfg, inst), net::detached);
+        net::co_spawn(ex, check_one(cfg, registry, inst), net::detached);
       } else {
         inst->readmit_if_due(false);
       }

@@ -18,6 +18,9 @@ struct ProbeResult {
   unsigned status = 0;  // 0: no HTTP answer (see error)
   std::string body;
   std::string error;
+  // The gateway could not even open a socket (out of file descriptors or
+  // memory): says nothing about the engine.
+  bool local = false;
 };
 
 // GET http://host:port/target on a fresh connection, the whole exchange

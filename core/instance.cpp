@@ -53,29 +53,28 @@ std::vector<HealthEvent> Instance::history() const {
   return {history_.begin(), history_.end()};
 }
 
-void Instance::eject(const std::string& why) const {
+bool Instance::eject(const std::string& why) const {
   auto& h = healthy;
   bool expected = true;
   if (!h.compare_exchange_strong(expected, false))
-    return;
+    return false;
   const unsigned n = ejections.fetch_add(1) + 1;
   ejected_until_ms.store(steady_now_ms() + backoff_ms(n));
   check_passes.store(0);
   spdlog::warn("instance {} ({}) ejected: {}", id, spec.url, why);
   record(false, "ejected: " + why);
+  return true;
 }
 
 bool Instance::note_request_failure(unsigned eject_after, const std::string& why) const {
   const unsigned n = consecutive_failures.fetch_add(1, std::memory_order_relaxed) + 1;
   record(false, "request: " + why);
-  if (n >= eject_after && healthy.load()) {
-    eject(std::to_string(n) + " consecutive failures, last: " + why);
-    return true;
-  }
+  if (n >= eject_after && healthy.load())
+    return eject(std::to_string(n) + " consecutive failures, last: " + why);
   return false;
 }
 
-void Instance::note_check(bool ok, unsigned rise, unsigned fall, const std::string& why) const {
+bool Instance::note_check(bool ok, unsigned rise, unsigned fall, const std::string& why) const {
   if (ok) {
     check_failures.store(0);
     const unsigned passes = check_passes.fetch_add(1) + 1;
@@ -85,13 +84,14 @@ void Instance::note_check(bool ok, unsigned rise, unsigned fall, const std::stri
       spdlog::info("instance {} ({}) re-admitted after {} passed check(s)", id, spec.url, passes);
       record(true, "readmitted");
     }
-    return;
+    return false;
   }
   check_passes.store(0);
   const unsigned fails = check_failures.fetch_add(1) + 1;
   record(false, "check: " + why);
-  if (fails >= fall)
-    eject("health check failed " + std::to_string(fails) + " time(s): " + why);
+  if (fails < fall || !healthy.load())
+    return false;
+  return eject("health check failed " + std::to_string(fails) + " time(s): " + why);
 }
 
 void Instance::readmit_if_due(bool checks_on) const {

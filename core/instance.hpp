@@ -88,8 +88,9 @@ struct Instance {
   // `eject_after` in a row. Returns true when this call ejected it.
   bool note_request_failure(unsigned eject_after, const std::string& why) const;
   void note_request_success() const { consecutive_failures.store(0, std::memory_order_relaxed); }
-  // Active check result; fall/rise as configured.
-  void note_check(bool ok, unsigned rise, unsigned fall, const std::string& why) const;
+  // Active check result; fall/rise as configured. Returns true when this
+  // call ejected it.
+  bool note_check(bool ok, unsigned rise, unsigned fall, const std::string& why) const;
   // Ejected long enough with no active checks: back in.
   void readmit_if_due(bool checks_on) const;
 
@@ -97,7 +98,8 @@ struct Instance {
   std::vector<HealthEvent> history() const;
 
  private:
-  void eject(const std::string& why) const;
+  // Returns false when it was already ejected.
+  bool eject(const std::string& why) const;
   static constexpr std::size_t kHistory = 20;
   mutable std::mutex history_mu_;
   mutable std::deque<HealthEvent> history_;
@@ -174,6 +176,11 @@ class Registry {
   // Called after every local change with the instance and its new state
   // ("active", "draining", "removed"), to share it; set before serving.
   std::function<void(const Instance&, const std::string&)> on_change;
+  // Called, on whichever thread ejected it, when an instance is ejected
+  // (failed checks or requests), so that requests still waiting on it
+  // with nothing sent to their client fail over at once; set before
+  // serving.
+  std::function<void(const Instance&)> on_ejected;
 
  private:
   mutable std::mutex mu_;

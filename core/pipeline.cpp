@@ -6,6 +6,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_cat.hpp>
 #include <boost/uuid/uuid_io.hpp>
 
 #include "core/body_rewrite.hpp"
@@ -30,6 +31,11 @@ constexpr std::size_t kMaxPrefillResponse = 16u << 20;
 // Engines' error bodies are short messages.
 constexpr std::size_t kMaxErrorBody = 1u << 20;
 constexpr std::size_t kMaxRequestIdLength = 256;
+// Retries of a request that never reached an engine (its connection was
+// refused or timed out), per stage, whatever the retry budget: they cost
+// the engines nothing, but a request must not walk a long list of dead
+// instances either.
+constexpr int kNeverSentRetries = 3;
 
 bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size())
@@ -129,15 +135,73 @@ net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view dat
   co_return !ec;
 }
 
-// Relays decode's event stream: every complete SSE event is written to the
-// client as soon as it has arrived, never held for more. If decode breaks
-// off mid-stream, the client gets an in-band error event and the stream
-// ends: never an invented finish_reason or [DONE].
-// The stream's response header. Its own coroutine, so that the header and
-// its serializer are gone while the stream relays (and idles).
-net::awaitable<bool> write_stream_header(WorkerContext& w, beast::tcp_stream& client,
-                                         const http::request<http::string_body>& req,
-                                         UpstreamExchange& ex, const std::string& request_id) {
+// Reads decode's event stream and turns it into the bytes the client
+// gets: complete SSE events only (a read that ends mid-event keeps the
+// partial event for the next), through the output filter (which captures
+// and hides kv_transfer_params). The relay writes whatever one read
+// completed in one write, so events that arrived together leave together
+// and none is held back waiting for more.
+class StreamRelay {
+ public:
+  StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
+              const std::string& request_id, const std::optional<std::string>& conversation)
+      : w_(w),
+        ex_(ex),
+        decode_(decode),
+        request_id_(request_id),
+        conversation_(conversation),
+        filter_(decode.spec.host, w.cfg.expose_kv_params) {}
+
+  bool done() const { return ex_.done(); }
+
+  // One read from decode; appends the client bytes it completed to `out`
+  // (possibly none).
+  net::awaitable<UpstreamError> read_into(std::string& out) {
+    in_.clear();
+    ex_.release_idle_memory();  // before each wait, the first included
+    if (auto err = co_await ex_.read_some(in_); err)
+      co_return err;
+    if (!scanner_.feed(in_)) {
+      co_return UpstreamError{UpstreamFailure::protocol, "decode stream from " + decode_.spec.url +
+                                                             " is malformed: " + scanner_.error()};
+    }
+    while (scanner_.next(event_))
+      out += filter_.on_event(event_);
+    // Stored before the client sees the end of the turn, so a client that
+    // sends its next turn at once (to any replica) finds them.
+    if (filter_.take_new_capture() && conversation_ && w_.conversations) {
+      co_await remember_turn(*w_.conversations, *conversation_, *filter_.captured(),
+                             w_.cfg.conversation_ttl, request_id_);
+    }
+    // Between events a stream may idle for minutes: it holds no event
+    // buffers meanwhile (a few small allocations per event instead).
+    // swap, not assignment: a moved-in short string keeps the old buffer.
+    std::string().swap(in_);
+    std::string().swap(event_.raw);
+    std::string().swap(event_.data);
+    scanner_.release_idle_memory();
+    co_return UpstreamError{};
+  }
+
+ private:
+  WorkerContext& w_;
+  UpstreamExchange& ex_;
+  const Instance& decode_;
+  const std::string& request_id_;
+  const std::optional<std::string>& conversation_;
+  SseScanner scanner_;
+  SseEvent event_;
+  DecodeOutputFilter filter_;
+  std::string in_;
+};
+
+// The stream's response header and its first events, in one write. Its
+// own coroutine, so that the header is gone while the stream relays (and
+// idles).
+net::awaitable<bool> write_stream_start(WorkerContext& w, beast::tcp_stream& client,
+                                        const http::request<http::string_body>& req,
+                                        UpstreamExchange& ex, const std::string& request_id,
+                                        std::string_view first) {
   http::response<http::empty_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
   copy_answer_headers(ex.header(), res);
@@ -147,104 +211,27 @@ net::awaitable<bool> write_stream_header(WorkerContext& w, beast::tcp_stream& cl
   res.set("X-Request-Id", request_id);
   res.chunked(true);
   res.keep_alive(req.keep_alive());
-  http::response_serializer<http::empty_body> sr{res};
+  const std::string head = render_head(res.base());
   client.expires_after(w.cfg.client_idle_timeout);
-  auto [ec, n] = co_await http::async_write_header(client, sr, use_tuple);
-  co_return !ec;
-}
-
-net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
-                                  const http::request<http::string_body>& req, UpstreamExchange& ex,
-                                  const Instance& decode, const std::string& request_id,
-                                  RequestScope& scope,
-                                  const std::optional<std::string>& conversation) {
-  if (!co_await write_stream_header(w, client, req, ex, request_id)) {
-    scope.on_client_gone();
-    co_return false;
-  }
-  // The engine's header fields are no longer needed (status and framing
-  // are kept by the parser).
-  ex.drop_header_fields();
-
-  SseScanner scanner;
-  SseEvent event;
-  DecodeOutputFilter filter(decode.spec.host, w.cfg.expose_kv_params);
-  std::string in;
-  std::string out;
-  std::string failure;
-  while (!ex.done()) {
-    in.clear();
-    ex.release_idle_memory();  // before each wait, the first included
-    if (auto err = co_await ex.read_some(in); err) {
-      if (err.kind == UpstreamFailure::aborted)
-        co_return false;
-      failure = err.detail;
-      break;
-    }
-    if (!scanner.feed(in)) {
-      failure = "decode stream from " + decode.spec.url + " is malformed: " + scanner.error();
-      break;
-    }
-    out.clear();
-    while (scanner.next(event))
-      out += filter.on_event(event);
-    // Stored before the client sees the end of the turn, so a client that
-    // sends its next turn at once (to any replica) finds them.
-    if (filter.take_new_capture() && conversation && w.conversations) {
-      co_await remember_turn(*w.conversations, *conversation, *filter.captured(),
-                             w.cfg.conversation_ttl, request_id);
-    }
-    if (!out.empty() && !co_await write_chunk(client, out, w.cfg)) {
-      scope.on_client_gone();
-      co_return false;
-    }
-    // Between events a stream may idle for minutes: it holds no event
-    // buffers meanwhile (a few small allocations per event instead).
-    std::string().swap(in);
-    std::string().swap(out);
-    // swap, not assignment: a moved-in short string keeps the old buffer.
-    std::string().swap(event.raw);
-    std::string().swap(event.data);
-    scanner.release_idle_memory();
-  }
-  if (!failure.empty()) {
-    spdlog::warn("request {}: decode stream broke off: {}", request_id, failure);
-    decode.failures_total.fetch_add(1, std::memory_order_relaxed);
-    const std::string ev =
-        sse_data_event(error_json(502, "decode stage failed mid-stream: " + failure));
-    if (!co_await write_chunk(client, ev, w.cfg))
-      co_return false;
+  beast::error_code ec;
+  std::size_t n = 0;
+  if (first.empty()) {
+    std::tie(ec, n) = co_await net::async_write(client, net::buffer(head), use_tuple);
   } else {
-    ex.finish();
+    std::tie(ec, n) = co_await net::async_write(
+        client, beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first))),
+        use_tuple);
   }
-  client.expires_after(w.cfg.client_idle_timeout);
-  auto [ec, n] = co_await net::async_write(client, http::make_chunk_last(), use_tuple);
-  co_return !ec && req.keep_alive();
+  co_return !ec;
 }
 
 // Relays a non-streaming answer: status, the headers that describe the
 // body, the body.
-net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
-                                 const http::request<http::string_body>& req, UpstreamExchange& ex,
-                                 const Instance& inst, Stage stage, const std::string& request_id,
-                                 DecodeOutputFilter* filter = nullptr,
-                                 const std::optional<std::string>& conversation = std::nullopt) {
-  std::string body;
-  if (auto err = co_await ex.read_all(body, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
-      err) {
-    if (err.kind == UpstreamFailure::aborted)
-      co_return false;
-    inst.failures_total.fetch_add(1, std::memory_order_relaxed);
-    co_return co_await send_error(client, req, stage_failure(stage, err), request_id);
-  }
-  ex.finish();
-  if (filter != nullptr) {
-    filter->on_body(body);
-    if (filter->take_new_capture() && conversation && w.conversations) {
-      co_await remember_turn(*w.conversations, *conversation, *filter->captured(),
-                             w.cfg.conversation_ttl, request_id);
-    }
-  }
+net::awaitable<bool> write_whole_answer(WorkerContext& w, beast::tcp_stream& client,
+                                        const http::request<http::string_body>& req,
+                                        const UpstreamExchange& ex, std::string body,
+                                        const std::string& request_id) {
+  (void)w;
   http::response<http::string_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
   copy_answer_headers(ex.header(), res);
@@ -260,6 +247,9 @@ struct PrefillResult {
   // The failure was the engine's (connect error, timeout, 5xx) and came
   // before any byte reached the client: another instance may succeed.
   bool retriable = false;
+  // False when the request never reached the engine (it could not be
+  // connected to): sending it elsewhere costs the engines nothing.
+  bool reached_engine = true;
   std::optional<std::string> kv_params;  // raw JSON of kv_transfer_params, if not null
   InstancePtr instance;
   std::string request_id;  // the X-Request-Id both stages carry
@@ -287,22 +277,28 @@ std::string uuid_hex(WorkerContext& w) {
   return s;
 }
 
-// `list` without `skip` (the instance that just failed).
-std::vector<InstancePtr> without(const std::vector<InstancePtr>& list, const Instance* skip) {
+bool tried_already(const std::vector<const Instance*>& tried, const Instance* i) {
+  return std::find(tried.begin(), tried.end(), i) != tried.end();
+}
+
+// `list` without the instances already tried for this request.
+std::vector<InstancePtr> untried(const std::vector<InstancePtr>& list,
+                                 const std::vector<const Instance*>& tried) {
   std::vector<InstancePtr> out;
   out.reserve(list.size());
   for (const auto& i : list) {
-    if (i.get() != skip)
+    if (!tried_already(tried, i.get()))
       out.push_back(i);
   }
   return out;
 }
 
-// Whether `list` has a healthy instance other than `skip`: retrying is
+// Whether `list` has a healthy instance not tried yet: retrying is
 // pointless (and would turn a 502 into a 503) when there is none.
-bool has_alternative(const std::vector<InstancePtr>& list, const Instance* skip) {
+bool has_alternative(const std::vector<InstancePtr>& list,
+                     const std::vector<const Instance*>& tried) {
   for (const auto& i : list) {
-    if (i.get() != skip && i->healthy.load(std::memory_order_relaxed))
+    if (!tried_already(tried, i.get()) && i->healthy.load(std::memory_order_relaxed))
       return true;
   }
   return false;
@@ -311,13 +307,50 @@ bool has_alternative(const std::vector<InstancePtr>& list, const Instance* skip)
 // An engine-side failure: counts towards passive ejection.
 void note_failure(WorkerContext& w, const Instance& inst, const std::string& why) {
   inst.failures_total.fetch_add(1, std::memory_order_relaxed);
-  if (inst.note_request_failure(w.cfg.eject_after, why) && w.metrics) {
-    w.metrics->ejections.fetch_add(1, std::memory_order_relaxed);
+  if (inst.note_request_failure(w.cfg.eject_after, why)) {
+    if (w.metrics)
+      w.metrics->ejections.fetch_add(1, std::memory_order_relaxed);
+    if (w.registry.on_ejected)
+      w.registry.on_ejected(inst);
   }
 }
 
-bool retriable(const UpstreamError& e) {
-  return e.kind != UpstreamFailure::aborted && e.kind != UpstreamFailure::too_large;
+// How an upstream failure before the client's first byte counts: a
+// request that never reached the engine (connect) can go elsewhere for
+// free; the gateway's own shortage (local) is nobody's engine's fault and
+// not retried; an instance ejected meanwhile was already counted.
+struct FailureClass {
+  bool retriable = false;
+  bool reached_engine = true;
+  bool engine_fault = false;
+};
+
+FailureClass classify_failure(const UpstreamError& e) {
+  switch (e.kind) {
+    case UpstreamFailure::connect:
+      return {true, false, true};
+    case UpstreamFailure::timeout:
+    case UpstreamFailure::closed:
+    case UpstreamFailure::protocol:
+      return {true, true, true};
+    case UpstreamFailure::ejected:
+      return {true, true, false};
+    case UpstreamFailure::local:
+    case UpstreamFailure::aborted:
+    case UpstreamFailure::too_large:
+    case UpstreamFailure::none:
+      break;
+  }
+  return {};
+}
+
+// The answer to a failure the gateway itself caused (no descriptor or
+// memory to reach an engine): 503, the client may retry.
+GatewayError local_failure(Stage stage, const UpstreamError& e) {
+  GatewayError g = upstream_error(
+      503, std::string(to_string(stage)) + " stage: the gateway is out of resources: " + e.detail);
+  g.source = ErrorSource::internal;
+  return g;
 }
 
 // Holds one unit of the retry budget for as long as the retry runs.
@@ -366,17 +399,20 @@ class RetryToken {
 // the other connectors move the cache out of band and the answer is
 // dropped. `decode` is the decode already chosen, when the connector names
 // both peers in the request id.
-net::awaitable<PrefillResult> run_prefill(
-    WorkerContext& w, const InstanceSet& set, const http::request<http::string_body>& req,
-    std::string_view client_body, const JsonObjectIndex& index, std::string_view prefill_params,
-    const Instance* decode, const PickContext& base, const std::string& request_id,
-    const std::string& authorization, RequestScope& scope, const Instance* skip = nullptr) {
+net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& set,
+                                          const http::request<http::string_body>& req,
+                                          std::string_view client_body,
+                                          const JsonObjectIndex& index,
+                                          std::string_view prefill_params, const Instance* decode,
+                                          const PickContext& base, const std::string& request_id,
+                                          const std::string& authorization, RequestScope& scope,
+                                          const std::vector<const Instance*>& tried) {
   const KvConnector& connector = *w.connector;
   PrefillResult r;
   PickContext ctx = base;
   ctx.stage = Stage::prefill;
   const auto started = std::chrono::steady_clock::now();
-  const auto candidates = without(set.prefill, skip);
+  const auto candidates = untried(set.prefill, tried);
   r.instance = w.picker.pick(candidates, ctx);
   spdlog::debug("request {}: prefill on {} ({} candidate(s))", request_id,
                 r.instance ? r.instance->spec.url : std::string("none"), candidates.size());
@@ -403,12 +439,19 @@ net::awaitable<PrefillResult> run_prefill(
   auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, scope, w.timeouts());
   if (ex)
     report.first_byte(ex->status());
+  // A failure on the way: counted against the engine when it is the
+  // engine's, retriable elsewhere when another prefill may succeed.
+  auto failed = [&](const UpstreamError& e) {
+    const auto c = classify_failure(e);
+    if (c.engine_fault)
+      note_failure(w, *r.instance, e.detail);
+    r.retriable = c.retriable;
+    r.reached_engine = c.reached_engine;
+    r.error = e.kind == UpstreamFailure::local ? local_failure(Stage::prefill, e)
+                                               : stage_failure(Stage::prefill, e);
+  };
   if (err) {
-    if (retriable(err)) {
-      note_failure(w, *r.instance, err.detail);
-      r.retriable = true;
-    }
-    r.error = stage_failure(Stage::prefill, err);
+    failed(err);
     co_return r;
   }
   if (ex->status() < 200 || ex->status() >= 300) {
@@ -422,11 +465,7 @@ net::awaitable<PrefillResult> run_prefill(
   }
   std::string answer;
   if (auto rerr = co_await ex->read_all(answer, kMaxPrefillResponse); rerr) {
-    if (retriable(rerr)) {
-      note_failure(w, *r.instance, rerr.detail);
-      r.retriable = true;
-    }
-    r.error = stage_failure(Stage::prefill, rerr);
+    failed(rerr);
     co_return r;
   }
   ex->finish();
@@ -561,11 +600,12 @@ struct RequestView {
   PickContext ctx;
 };
 
-// What relaying decode's answer needs, handed from the routing coroutine
-// to the relay once decode answered 2xx. Routing's frame (several KiB:
-// GCC gives every local of every branch its own slot), the JSON index and
-// the upstream request are freed before the relay starts: a stream can
-// idle for minutes, and 10,000 of them must fit in 100 MiB.
+// Decode answered 2xx and the client's first bytes are ready: a stream's
+// first events (or its end), or a whole answer's body. Handed from the
+// routing coroutine to the relay. Routing's frame (several KiB: GCC gives
+// every local of every branch its own slot), the JSON index and the
+// upstream request are freed before the relay starts: a stream can idle
+// for minutes, and 10,000 of them must fit in 100 MiB.
 struct DecodeRelay {
   std::unique_ptr<RequestView> view;
   std::unique_ptr<InFlightGuard> guard;
@@ -573,12 +613,104 @@ struct DecodeRelay {
   std::unique_ptr<UpstreamExchange> ex;
   InstancePtr decode;
   std::optional<std::string> conversation;
-  bool stream = false;
+  std::unique_ptr<StreamRelay> stream;  // null: a whole answer
+  std::string first;                    // the stream's first events, or the whole body
 };
 
-// Validation, policies, encode, prefill and the start of decode (with
-// failover). Returns whether the client connection may be reused, unless
-// it sets `relay`: then decode answered 2xx and the caller relays it.
+// One decode attempt's outcome: `relay` when decode answered 2xx and the
+// client's first bytes are ready, else the failure and whether another
+// decode may be tried.
+struct DecodeAttempt {
+  std::unique_ptr<DecodeRelay> relay;
+  std::optional<GatewayError> error;
+  bool retriable = false;
+  bool reached_engine = true;
+  bool client_gone = false;
+};
+
+// Sends the request to `decode` and reads until the client can be sent
+// something: for a stream its first complete event, for a whole answer
+// its body. Up to that point the client has received nothing, so every
+// failure (a refused connection, a 5xx, a decode that answers its header
+// and dies before its first token) can still go to another decode.
+net::awaitable<DecodeAttempt> attempt_decode(
+    WorkerContext& w, const http::request<http::string_body>& req,
+    std::unique_ptr<RequestView>& view, const InstancePtr& decode, const SplicedText& body,
+    const std::string& stage_id, const std::string& authorization, RequestScope& scope, bool stream,
+    const std::optional<std::string>& conversation) {
+  DecodeAttempt a;
+  auto r = std::make_unique<DecodeRelay>();
+  r->guard = std::make_unique<InFlightGuard>(decode);
+  r->report = std::make_unique<StageReport>(w.picker, decode, view->ctx);
+  r->decode = decode;
+  r->conversation = conversation;
+  auto failed = [&](const UpstreamError& e) {
+    if (e.kind == UpstreamFailure::aborted) {
+      a.client_gone = true;
+      return;
+    }
+    const auto c = classify_failure(e);
+    if (c.engine_fault)
+      note_failure(w, *decode, e.detail);
+    a.retriable = c.retriable;
+    a.reached_engine = c.reached_engine;
+    a.error = e.kind == UpstreamFailure::local ? local_failure(Stage::decode, e)
+                                               : stage_failure(Stage::decode, e);
+  };
+  const auto head =
+      upstream_head(http::verb::post, *decode, req.target(), body.size(), stage_id, authorization);
+  const auto buffers = body_buffers(body);
+  auto [err, ex] =
+      co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers, scope,
+                                       w.timeouts(), stream ? kStreamRead : kWholeAnswerRead);
+  if (err) {
+    failed(err);
+    co_return a;
+  }
+  r->report->first_byte(ex->status());
+  if (ex->status() >= 500) {
+    note_failure(w, *decode, "answered " + std::to_string(ex->status()));
+    a.error = co_await engine_status_error(Stage::decode, *ex, *decode);
+    a.retriable = true;
+    a.client_gone = scope.client_gone();
+    co_return a;
+  }
+  if (ex->status() < 200 || ex->status() >= 300) {
+    // The request's own fault (4xx): relayed, never held against decode.
+    a.error = co_await engine_status_error(Stage::decode, *ex, *decode);
+    a.client_gone = scope.client_gone();
+    co_return a;
+  }
+  if (stream) {
+    r->stream = std::make_unique<StreamRelay>(w, *ex, *decode, view->request_id, r->conversation);
+    while (r->first.empty() && !r->stream->done()) {
+      if (auto rerr = co_await r->stream->read_into(r->first); rerr) {
+        failed(rerr);
+        co_return a;
+      }
+    }
+  } else {
+    if (auto rerr =
+            co_await ex->read_all(r->first, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
+        rerr) {
+      failed(rerr);
+      co_return a;
+    }
+    ex->finish();
+  }
+  decode->note_request_success();
+  // The decode stage counts as succeeded once its first bytes are in:
+  // what happens while relaying is the stream's own business.
+  r->report->succeeded();
+  r->ex = std::move(ex);
+  r->view = std::move(view);
+  a.relay = std::move(r);
+  co_return a;
+}
+
+// Validation, policies, encode, prefill and decode up to its first bytes
+// (with failover). Returns whether the client connection may be reused,
+// unless it sets `relay`: then decode answered 2xx and the caller relays.
 net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& client,
                                       http::request<http::string_body>& req, RequestScope& scope,
                                       bool is_chat, std::unique_ptr<DecodeRelay>& relay) {
@@ -631,7 +763,19 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
       co_return co_await send_error(client, req, *encode_error, request_id);
   }
 
-  RetryToken retry;  // one retry per request at most
+  // Failover. A request that never reached an engine (its connection was
+  // refused) may go elsewhere whatever the budget: it cost no engine
+  // anything. Otherwise one retry per request at most, within the retry
+  // budget.
+  RetryToken retry;
+  int free_retries = kNeverSentRetries;
+  auto may_retry = [&](bool reached_engine) {
+    if (!reached_engine && free_retries > 0) {
+      --free_retries;
+      return true;
+    }
+    return retry.take(w);
+  };
   double prefill_seconds = 0;
   // Stage 1: prefill, unless the decode instances are combined P+D ones.
   const KvConnector& connector = *w.connector;
@@ -642,10 +786,32 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
   const std::optional<std::string> conversation = reuse ? ctx.conversation_id : std::nullopt;
   // Slices of `body` plus edits; small however long the prompt.
   SplicedText decode_body;
-  const std::size_t read_room = facts->stream ? kStreamRead : kWholeAnswerRead;
   InstancePtr prefill;
   InstancePtr decode;
   std::string stage_id = request_id;
+  // Runs the prefill, failing over to other prefill instances; the
+  // result's instance is null when it failed.
+  std::vector<const Instance*> tried_prefill;
+  auto prefill_with_failover = [&](std::string_view params) -> net::awaitable<PrefillResult> {
+    for (bool retrying = false;; retrying = true) {
+      PrefillResult pre =
+          co_await run_prefill(w, *set, req, body, *index, params, decode.get(), ctx, request_id,
+                               authorization, scope, tried_prefill);
+      // A retried prefill is over: its unit of budget goes back (the
+      // decode that follows is no retry).
+      if (retrying)
+        retry.release();
+      if (!pre.error || scope.client_gone() || !pre.retriable)
+        co_return pre;
+      tried_prefill.push_back(pre.instance.get());
+      if (!has_alternative(set->prefill, tried_prefill) || !may_retry(pre.reached_engine))
+        co_return pre;
+      if (w.metrics)
+        w.metrics->retries_prefill.fetch_add(1, std::memory_order_relaxed);
+      spdlog::info("request {}: prefill on {} failed, retrying on another instance", request_id,
+                   pre.instance->spec.url);
+    }
+  };
   if (one_hop) {
     decode_body = connector.decode_body(body, *index, std::nullopt);
   } else {
@@ -669,30 +835,9 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
       if (scope.client_gone())
         co_return false;
     }
-    PrefillResult pre = co_await run_prefill(w, *set, req, body, *index, prefill_params,
-                                             decode.get(), ctx, request_id, authorization, scope);
+    PrefillResult pre = co_await prefill_with_failover(prefill_params);
     if (scope.client_gone())
       co_return false;
-    // Failover: a prefill that failed on the engine's side is tried once
-    // more on another prefill instance, within the retry budget.
-    if (pre.error && pre.retriable && has_alternative(set->prefill, pre.instance.get()) &&
-        retry.take(w)) {
-      if (w.metrics)
-        w.metrics->retries_prefill.fetch_add(1, std::memory_order_relaxed);
-      spdlog::info("request {}: prefill on {} failed, retrying on another instance", request_id,
-                   pre.instance->spec.url);
-      // A named result, not `pre = co_await ...`: assigning a co_await
-      // result over a live frame object is where GCC 12 miscompiles.
-      const InstancePtr failed = pre.instance;
-      PrefillResult second =
-          co_await run_prefill(w, *set, req, body, *index, prefill_params, decode.get(), ctx,
-                               request_id, authorization, scope, failed.get());
-      pre = std::move(second);
-      // The retried prefill is done; the decode that follows is no retry.
-      retry.release();
-      if (scope.client_gone())
-        co_return false;
-    }
     if (pre.error) {
       scope.stage = "prefill";
       co_return co_await send_error(client, req, *pre.error, request_id, &scope);
@@ -704,114 +849,134 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
         std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_started).count();
   }
 
-  // Stage 2: decode, with the prefill's params attached. A decode that
-  // fails before sending anything is retried once (budget permitting) on
-  // another decode, after a fresh prefill: the first prefill's blocks were
-  // meant for the failed one. Never once a byte reached the client. With
-  // p2p-nccl the decode was chosen before the prefill (the request id names
-  // both), so it is not retried there.
-  InstancePtr failed_decode;
-  for (int attempt = 0;; ++attempt) {
+  // Stage 2: decode, with the prefill's params attached, up to the
+  // client's first bytes. A decode that fails before them is retried on
+  // another decode: one the request never reached with the same body; one
+  // that may have pulled the prefill's blocks after a fresh prefill. With
+  // p2p-nccl the decode was chosen before the prefill (the request id
+  // names both), so it is not retried there.
+  std::vector<const Instance*> tried_decode;
+  for (;;) {
     ctx.stage = Stage::decode;
     ctx.chosen_prefill = prefill.get();
-    if (!decode || attempt > 0) {
-      const auto candidates = without(set->decode, failed_decode.get());
-      decode = w.picker.pick(candidates, ctx);
-    }
+    if (!decode || !tried_decode.empty())
+      decode = w.picker.pick(untried(set->decode, tried_decode), ctx);
     if (!decode) {
+      scope.stage = "decode";
       co_return co_await send_error(client, req, no_instance(Stage::decode), request_id, &scope);
     }
     const auto decode_started = std::chrono::steady_clock::now();
-    if (w.metrics) {
+    if (w.metrics && tried_decode.empty()) {
       w.metrics->overhead_seconds.observe(
           std::chrono::duration<double>(decode_started - scope.received).count() - prefill_seconds);
     }
-    auto guard = std::make_unique<InFlightGuard>(decode);
-    auto report = std::make_unique<StageReport>(w.picker, decode, ctx);
-    const auto head = upstream_head(http::verb::post, *decode, req.target(), decode_body.size(),
-                                    stage_id, authorization);
-    const auto buffers = body_buffers(decode_body);
-    auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
-                                                      scope, w.timeouts(), read_room);
-    if (ex)
-      report->first_byte(ex->status());
-    std::optional<GatewayError> failure;
-    if (err) {
-      if (err.kind == UpstreamFailure::aborted)
-        co_return false;
-      note_failure(w, *decode, err.detail);
-      failure = stage_failure(Stage::decode, err);
-    } else if (ex->status() >= 500) {
-      note_failure(w, *decode, "answered " + std::to_string(ex->status()));
-      failure = co_await engine_status_error(Stage::decode, *ex, *decode);
-      if (scope.client_gone())
-        co_return false;
-    } else if (ex->status() < 200 || ex->status() >= 300) {
-      auto e = co_await engine_status_error(Stage::decode, *ex, *decode);
-      if (scope.client_gone())
-        co_return false;
-      scope.stage = "decode";
-      co_return co_await send_error(client, req, e, request_id, &scope);
-    }
-    if (failure) {
-      if (attempt == 0 && !connector.names_peers() && !scope.client_gone() &&
-          has_alternative(set->decode, decode.get()) && retry.take(w)) {
-        if (w.metrics)
-          w.metrics->retries_decode.fetch_add(1, std::memory_order_relaxed);
-        spdlog::info("request {}: decode on {} failed before its first byte, retrying", request_id,
-                     decode->spec.url);
-        failed_decode = decode;
-        if (one_hop)
-          continue;
-        PrefillResult again =
-            co_await run_prefill(w, *set, req, body, *index, kDefaultPrefillKvParams, nullptr, ctx,
-                                 request_id, authorization, scope);
-        if (scope.client_gone())
-          co_return false;
-        if (!again.error) {
-          prefill = again.instance;
-          stage_id = again.request_id;
-          decode_body = connector.decode_body(body, *index, again.kv_params_view());
-          continue;
-        }
-        failure = again.error;
+    DecodeAttempt a = co_await attempt_decode(w, req, view, decode, decode_body, stage_id,
+                                              authorization, scope, facts->stream, conversation);
+    if (a.client_gone || scope.client_gone())
+      co_return false;
+    if (a.relay) {
+      // Nothing is retried once decode answered: a retry that got here is
+      // over, and the stream that follows (minutes, maybe) holds no budget.
+      retry.release();
+      if (w.metrics) {
+        w.metrics->decode_ttft_seconds.observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started)
+                .count());
       }
+      scope.status = a.relay->ex->status();
       scope.stage = "decode";
-      co_return co_await send_error(client, req, *failure, request_id, &scope);
+      relay = std::move(a.relay);
+      co_return true;
     }
-    decode->note_request_success();
-    // Nothing is retried once decode answered: a retry that got here is
-    // over, and the stream that follows (minutes, maybe) holds no budget.
-    retry.release();
-    if (w.metrics) {
-      w.metrics->decode_ttft_seconds.observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started).count());
+    tried_decode.push_back(decode.get());
+    if (a.retriable && !connector.names_peers() && has_alternative(set->decode, tried_decode) &&
+        may_retry(a.reached_engine)) {
+      if (w.metrics)
+        w.metrics->retries_decode.fetch_add(1, std::memory_order_relaxed);
+      spdlog::info("request {}: decode on {} failed before its first byte, retrying", request_id,
+                   decode->spec.url);
+      if (one_hop || !a.reached_engine)
+        continue;
+      // The first prefill's blocks were meant for (and may have been
+      // pulled by) the failed decode: the next one gets fresh ones.
+      tried_prefill.clear();
+      PrefillResult again = co_await prefill_with_failover(kDefaultPrefillKvParams);
+      if (scope.client_gone())
+        co_return false;
+      if (!again.error) {
+        prefill = again.instance;
+        stage_id = again.request_id;
+        decode_body = connector.decode_body(body, *index, again.kv_params_view());
+        continue;
+      }
+      a.error = again.error;
     }
-    // The decode stage counts as succeeded once it answered 2xx: what
-    // happens while relaying is the stream's own business.
-    report->succeeded();
-    scope.status = ex->status();
     scope.stage = "decode";
-    relay = std::make_unique<DecodeRelay>();
-    relay->view = std::move(view);
-    relay->guard = std::move(guard);
-    relay->report = std::move(report);
-    relay->ex = std::move(ex);
-    relay->decode = decode;
-    relay->conversation = conversation;
-    relay->stream = facts->stream;
-    co_return true;
+    co_return co_await send_error(client, req, *a.error, request_id, &scope);
   }
 }
 
-// A non-streaming decode answer, through the filter (its own frame, so the
-// filter takes no room in serve_completion's while a stream relays).
+// Relays the rest of decode's stream after its first events went out with
+// the header. If decode breaks off now, the client gets an in-band error
+// event and the stream ends: never an invented finish_reason or [DONE].
+net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
+                                  const http::request<http::string_body>& req, DecodeRelay& r,
+                                  RequestScope& scope) {
+  UpstreamExchange& ex = *r.ex;
+  if (!co_await write_stream_start(w, client, req, ex, r.view->request_id, r.first)) {
+    scope.on_client_gone();
+    co_return false;
+  }
+  // Bytes reached the client: no failover from here on.
+  ex.committed();
+  // The engine's header fields are no longer needed (status and framing
+  // are kept by the parser).
+  ex.drop_header_fields();
+  std::string().swap(r.first);
+  std::string out;
+  std::string failure;
+  while (!r.stream->done()) {
+    if (auto err = co_await r.stream->read_into(out); err) {
+      if (err.kind == UpstreamFailure::aborted)
+        co_return false;
+      failure = err.detail;
+      break;
+    }
+    if (!out.empty() && !co_await write_chunk(client, out, w.cfg)) {
+      scope.on_client_gone();
+      co_return false;
+    }
+    std::string().swap(out);
+  }
+  if (!failure.empty()) {
+    spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure);
+    note_failure(w, *r.decode, failure);
+    const std::string ev =
+        sse_data_event(error_json(502, "decode stage failed mid-stream: " + failure));
+    if (!co_await write_chunk(client, ev, w.cfg))
+      co_return false;
+  } else {
+    ex.finish();
+  }
+  client.expires_after(w.cfg.client_idle_timeout);
+  auto [ec, n] = co_await net::async_write(client, http::make_chunk_last(), use_tuple);
+  co_return !ec && req.keep_alive();
+}
+
+// A whole decode answer, through the filter (its own frame, so the filter
+// takes no room in serve_completion's while a stream relays).
 net::awaitable<bool> relay_decode_whole(WorkerContext& w, beast::tcp_stream& client,
                                         const http::request<http::string_body>& req,
                                         DecodeRelay& r) {
+  r.ex->committed();
   DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params);
-  co_return co_await relay_whole(w, client, req, *r.ex, *r.decode, Stage::decode,
-                                 r.view->request_id, &filter, r.conversation);
+  filter.on_body(r.first);
+  if (filter.take_new_capture() && r.conversation && w.conversations) {
+    co_await remember_turn(*w.conversations, *r.conversation, *filter.captured(),
+                           w.cfg.conversation_ttl, r.view->request_id);
+  }
+  co_return co_await write_whole_answer(w, client, req, *r.ex, std::move(r.first),
+                                        r.view->request_id);
 }
 
 }  // namespace
@@ -825,12 +990,9 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   const bool keep_alive = co_await route_completion(w, client, req, scope, is_chat, relay);
   if (!relay)
     co_return keep_alive;
-  DecodeRelay& r = *relay;
-  if (r.stream) {
-    co_return co_await relay_stream(w, client, req, *r.ex, *r.decode, r.view->request_id, scope,
-                                    r.conversation);
-  }
-  co_return co_await relay_decode_whole(w, client, req, r);
+  if (relay->stream)
+    co_return co_await relay_stream(w, client, req, *relay, scope);
+  co_return co_await relay_decode_whole(w, client, req, *relay);
 }
 
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
@@ -852,7 +1014,15 @@ net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
     co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id,
                                   &scope);
   }
-  co_return co_await relay_whole(w, client, req, *ex, *decode, Stage::decode, request_id);
+  std::string answer;
+  if (auto rerr = co_await ex->read_all(answer, kMaxErrorBody); rerr) {
+    if (rerr.kind == UpstreamFailure::aborted)
+      co_return false;
+    co_return co_await send_error(client, req, stage_failure(Stage::decode, rerr), request_id,
+                                  &scope);
+  }
+  ex->finish();
+  co_return co_await write_whole_answer(w, client, req, *ex, std::move(answer), request_id);
 }
 
 }  // namespace pdgate

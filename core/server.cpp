@@ -413,6 +413,15 @@ net::awaitable<void> Gateway::admin_session(tcp::socket socket) {
 }
 
 int Gateway::run() {
+  // An ejected instance's requests that have sent nothing to their client
+  // yet are cut off on their worker and fail over (or fail) at once,
+  // instead of waiting out the first-byte timeout on an engine that hangs.
+  registry_.on_ejected = [this](const Instance& inst) {
+    for (auto& wp : workers_) {
+      Worker& w = *wp;
+      net::post(w.ioc, [&w, id = inst.id] { w.ctx.pools.abort_waiting(id); });
+    }
+  };
   for (auto& wp : workers_) {
     Worker& w = *wp;
     net::co_spawn(w.ioc, accept_loop(w), net::detached);

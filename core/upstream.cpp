@@ -23,6 +23,38 @@ bool is_closed_error(const beast::error_code& ec) {
 
 }  // namespace
 
+bool is_local_resource_error(const boost::system::error_code& ec) {
+  if (ec.category() != boost::system::system_category() &&
+      ec.category() != boost::system::generic_category())
+    return false;
+  switch (ec.value()) {
+    case EMFILE:
+    case ENFILE:
+    case ENOBUFS:
+    case ENOMEM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+net::awaitable<beast::error_code> connect_stream(beast::tcp_stream& stream,
+                                                 const tcp::resolver::results_type& endpoints) {
+  beast::error_code last = net::error::host_not_found;
+  for (const auto& entry : endpoints) {
+    beast::error_code ec;
+    stream.socket().close(ec);
+    stream.socket().open(entry.endpoint().protocol(), ec);
+    if (ec)
+      co_return ec;  // out of descriptors: no other endpoint will do better
+    auto [cec] = co_await stream.async_connect(entry.endpoint(), net::as_tuple(net::use_awaitable));
+    if (!cec || cec == beast::error::timeout)
+      co_return cec;
+    last = cec;
+  }
+  co_return last;
+}
+
 UpstreamPool::UpstreamPool(net::any_io_executor ex, InstancePtr instance, std::size_t max_idle,
                            Millis idle_timeout)
     : ex_(std::move(ex)),
@@ -58,6 +90,13 @@ void UpstreamPool::give_back(std::unique_ptr<UpstreamConnection> c) {
   idle_.push_back(std::move(c));
 }
 
+void UpstreamPool::abort_waiting() {
+  // Copy: aborting completes operations whose continuations unregister.
+  const auto waiting = waiting_;
+  for (auto* ex : waiting)
+    ex->abort_ejected();
+}
+
 void UpstreamPool::sweep() {
   const auto now = std::chrono::steady_clock::now();
   while (!idle_.empty() && now - idle_.front()->idle_since >= idle_timeout_)
@@ -86,9 +125,15 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
   if (scope)
     scope->add(&conn->stream);
   conn->stream.expires_after(timeout);
-  auto [ec, ep] = co_await conn->stream.async_connect(*resolved_, use_tuple);
+  const auto ec = co_await connect_stream(conn->stream, *resolved_);
   if (scope)
     scope->remove(&conn->stream);
+  if (ec && is_local_resource_error(ec)) {
+    co_return std::pair{
+        UpstreamError{UpstreamFailure::local,
+                      "the gateway cannot open a connection to " + spec.url + ": " + ec.message()},
+        nullptr};
+  }
   if (ec) {
     resolved_.reset();  // the address may have changed
     UpstreamError err{UpstreamFailure::connect, ""};
@@ -121,18 +166,46 @@ void UpstreamPools::sweep() {
 }
 
 void UpstreamPools::retain(const InstanceSet& set) {
-  std::erase_if(pools_, [&set](const auto& kv) { return set.find(kv.first) == nullptr; });
+  // A pool with exchanges in flight stays: they refer to it.
+  std::erase_if(pools_, [&set](const auto& kv) {
+    return set.find(kv.first) == nullptr && kv.second->live == 0;
+  });
+}
+
+void UpstreamPools::abort_waiting(std::uint64_t instance_id) {
+  if (auto it = pools_.find(instance_id); it != pools_.end())
+    it->second->abort_waiting();
 }
 
 UpstreamExchange::UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
                                    RequestScope& scope, UpstreamTimeouts timeouts)
     : pool_(pool), conn_(std::move(conn)), scope_(scope), timeouts_(timeouts) {
   scope_.add(&conn_->stream);
+  pool_.add_waiting(this);
+  ++pool_.live;
 }
 
 UpstreamExchange::~UpstreamExchange() {
+  committed();
+  --pool_.live;
   if (conn_) {
     scope_.remove(&conn_->stream);
+    beast::error_code ec;
+    conn_->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    conn_->stream.close();
+  }
+}
+
+void UpstreamExchange::committed() {
+  if (waiting_)
+    pool_.remove_waiting(this);
+  waiting_ = false;
+}
+
+void UpstreamExchange::abort_ejected() {
+  ejected_ = true;
+  committed();
+  if (conn_) {
     beast::error_code ec;
     conn_->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
     conn_->stream.close();
@@ -143,6 +216,8 @@ UpstreamError UpstreamExchange::classify(const beast::error_code& ec, const char
   const auto& url = pool_.instance()->spec.url;
   if (scope_.client_gone())
     return {UpstreamFailure::aborted, "client went away"};
+  if (ejected_)
+    return {UpstreamFailure::ejected, url + " was ejected " + during};
   if (ec == beast::error::timeout) {
     return {UpstreamFailure::timeout, std::string("timed out ") + during + " from " + url};
   }
@@ -239,7 +314,19 @@ net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std:
     auto [ec, n] = co_await conn_->stream.async_read_some(
         conn_->buffer.prepare(beast::read_size(conn_->buffer, max)), use_tuple);
     conn_->buffer.commit(n);
-    if (ec && ec != net::error::eof)
+    if (ec == net::error::eof) {
+      // The end of the stream is told to the parser here, never waited
+      // for again: with edge-triggered epoll a second read after EOF has
+      // no readiness edge left to wake it, and would sit until the
+      // first-byte timeout (an engine that died right after its header
+      // held requests for 600 s). put_eof() ends a body framed by the
+      // connection's close, and reports any other body as cut short.
+      beast::error_code pec;
+      parser_->put_eof(pec);
+      co_return pec ? classify(http::error::partial_message, "while reading the response body")
+                    : UpstreamError{};
+    }
+    if (ec)
       co_return classify(ec, "while reading the response body");
   }
   // The body bytes parsed from the buffer are fewer than the buffer holds

@@ -34,7 +34,35 @@ struct UpstreamTimeouts {
   Millis first_byte{600'000};
 };
 
-enum class UpstreamFailure { none, connect, timeout, closed, protocol, aborted, too_large };
+// How an exchange with an engine failed. `connect`: the request never
+// reached the engine (resolve, refused, connect timeout), so sending it
+// elsewhere is always safe. `local`: the gateway itself is short of a
+// resource (file descriptors, memory): not the engine's fault. `ejected`:
+// the engine was ejected while the request waited for it.
+enum class UpstreamFailure {
+  none,
+  connect,
+  timeout,
+  closed,
+  protocol,
+  aborted,
+  too_large,
+  local,
+  ejected
+};
+
+// Whether a socket error means the gateway ran out of something (EMFILE,
+// ENFILE, ENOBUFS, ENOMEM) rather than that the peer failed.
+bool is_local_resource_error(const boost::system::error_code& ec);
+
+// Connects `stream` to the first of `endpoints` that accepts, within the
+// stream's current expiry. Each socket is opened here, not inside Asio's
+// range connect (which reports a failed open as "operation canceled"), so
+// that the gateway's own shortage of descriptors (is_local_resource_error)
+// is told apart from an engine that refuses.
+boost::asio::awaitable<boost::system::error_code> connect_stream(
+    boost::beast::tcp_stream& stream,
+    const boost::asio::ip::tcp::resolver::results_type& endpoints);
 
 struct UpstreamError {
   UpstreamFailure kind = UpstreamFailure::none;
@@ -59,6 +87,8 @@ struct UpstreamConnection {
   bool reused = false;
 };
 
+class UpstreamExchange;
+
 class UpstreamPool {
  public:
   UpstreamPool(net::any_io_executor ex, InstancePtr instance, std::size_t max_idle,
@@ -77,6 +107,15 @@ class UpstreamPool {
   void sweep();
   std::size_t idle_count() const { return idle_.size(); }
 
+  // Exchanges on this instance whose client has received nothing yet:
+  // when the instance is ejected they are cut off at once (they fail over
+  // or fail) instead of waiting out the first-byte timeout.
+  void add_waiting(UpstreamExchange* ex) { waiting_.push_back(ex); }
+  void remove_waiting(UpstreamExchange* ex) { std::erase(waiting_, ex); }
+  void abort_waiting();
+  // Exchanges alive on this pool: they refer to it, so it must outlive them.
+  std::size_t live = 0;
+
  private:
   net::any_io_executor ex_;
   InstancePtr instance_;
@@ -85,6 +124,7 @@ class UpstreamPool {
   std::deque<std::unique_ptr<UpstreamConnection>> idle_;
   std::optional<tcp::resolver::results_type> resolved_;
   std::chrono::steady_clock::time_point resolved_at_{};
+  std::vector<UpstreamExchange*> waiting_;
 };
 
 // The pools of one worker, created on first use.
@@ -96,6 +136,8 @@ class UpstreamPools {
   void sweep();
   // Drops the pools of instances no longer in `set` (removed at run time).
   void retain(const InstanceSet& set);
+  // The instance was ejected: see UpstreamPool::abort_waiting.
+  void abort_waiting(std::uint64_t instance_id);
 
  private:
   net::any_io_executor ex_;
@@ -154,6 +196,13 @@ class UpstreamExchange {
   // the engine allows keep-alive; closes it otherwise.
   void finish();
 
+  // The client has received bytes of this answer: from now on the
+  // exchange is not cut off when its instance is ejected (a retry is no
+  // longer possible; the stream runs its course or breaks).
+  void committed();
+  // Called by the pool when the instance is ejected while waiting.
+  void abort_ejected();
+
  private:
   UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
                    RequestScope& scope, UpstreamTimeouts timeouts);
@@ -164,6 +213,8 @@ class UpstreamExchange {
   RequestScope& scope_;
   UpstreamTimeouts timeouts_;
   std::unique_ptr<http::response_parser<http::buffer_body>> parser_;
+  bool waiting_ = true;   // registered with the pool (see committed())
+  bool ejected_ = false;  // cut off by abort_ejected()
 };
 
 }  // namespace pdgate
