@@ -173,7 +173,8 @@ bool constant_time_equals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-Result<std::shared_ptr<AdminApi>> AdminApi::create(const Config& cfg, Registry& registry) {
+Result<std::shared_ptr<AdminApi>> AdminApi::create(const Config& cfg, Registry& registry,
+                                                   const LoopGuard& loop_guard) {
   std::string key;
   if (const char* env = std::getenv("ADMIN_API_KEY"); env != nullptr && *env != '\0') {
     key = env;
@@ -194,7 +195,14 @@ Result<std::shared_ptr<AdminApi>> AdminApi::create(const Config& cfg, Registry& 
       return fail(c.error());
     allowed.push_back(*c);
   }
-  return std::shared_ptr<AdminApi>(new AdminApi(cfg, registry, std::move(key), std::move(allowed)));
+  return std::shared_ptr<AdminApi>(
+      new AdminApi(cfg, registry, loop_guard, std::move(key), std::move(allowed)));
+}
+
+std::optional<AdminApi::Response> AdminApi::authorize_operator(const Request& req) const {
+  if (key_.empty())
+    return std::nullopt;
+  return authorize(req, true);
 }
 
 std::optional<AdminApi::Response> AdminApi::authorize(const Request& req, bool mutating) const {
@@ -250,8 +258,18 @@ net::awaitable<std::optional<RegistryError>> AdminApi::validate_upstream(const U
       }
     }
   }
+  // One GET /v1/models, carrying this gateway's Via: a 508 means the
+  // instance is this gateway, or forwards to it, and adding it would make
+  // every request (and health check) loop. Without --model an instance
+  // that does not answer yet is still added (the checks will judge it).
+  auto r = co_await probe_get(ex, spec.host, spec.port, "/v1/models", cfg_.model_check_timeout,
+                              loop_guard_.via_for_upstream({}));
+  if (r.status == 508) {
+    co_return RegistryError{422, "adding " + spec.url +
+                                     " would make a routing loop: it is this gateway, or a "
+                                     "gateway that forwards to it"};
+  }
   if (!cfg_.model.empty()) {
-    auto r = co_await probe_get(ex, spec.host, spec.port, "/v1/models", cfg_.model_check_timeout);
     if (r.status != 200) {
       std::string why = r.error;
       if (r.status != 0)

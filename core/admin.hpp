@@ -17,6 +17,7 @@
 
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/loop_guard.hpp"
 #include "core/result.hpp"
 
 namespace pdgate {
@@ -45,7 +46,13 @@ class AdminApi {
 
   // Reads the key (ADMIN_API_KEY, else --admin-key-file) and parses
   // --allowed-upstreams; fails with a message naming the bad one.
-  static Result<std::shared_ptr<AdminApi>> create(const Config& cfg, Registry& registry);
+  static Result<std::shared_ptr<AdminApi>> create(const Config& cfg, Registry& registry,
+                                                  const LoopGuard& loop_guard);
+
+  // For operator routes served elsewhere (the client port's /status and
+  // profiler routes): the key is required when one is configured; without
+  // one they stay open, as vLLM's proxies have them. nullopt: may proceed.
+  std::optional<Response> authorize_operator(const Request& req) const;
 
   void set_hooks(Hooks h) { hooks_ = std::move(h); }
 
@@ -55,8 +62,13 @@ class AdminApi {
   boost::asio::awaitable<Response> handle_demo_add(Request& req);
 
  private:
-  AdminApi(const Config& cfg, Registry& registry, std::string key, std::vector<Cidr> allowed)
-      : cfg_(cfg), registry_(registry), key_(std::move(key)), allowed_(std::move(allowed)) {}
+  AdminApi(const Config& cfg, Registry& registry, const LoopGuard& loop_guard, std::string key,
+           std::vector<Cidr> allowed)
+      : cfg_(cfg),
+        registry_(registry),
+        loop_guard_(loop_guard),
+        key_(std::move(key)),
+        allowed_(std::move(allowed)) {}
 
   // nullopt when the request may proceed.
   std::optional<Response> authorize(const Request& req, bool mutating) const;
@@ -67,6 +79,7 @@ class AdminApi {
 
   const Config& cfg_;
   Registry& registry_;
+  const LoopGuard& loop_guard_;
   const std::string key_;
   const std::vector<Cidr> allowed_;
   Hooks hooks_;

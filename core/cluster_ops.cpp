@@ -14,9 +14,6 @@ namespace pdgate {
 namespace {
 
 constexpr std::size_t kMaxReplyBody = 1u << 20;
-// A /health that takes longer than this counts as unhealthy: load
-// balancers poll the gateway's /health with short timeouts of their own.
-constexpr UpstreamTimeouts kHealthTimeouts{Millis(1'000), Millis(2'000)};
 
 net::awaitable<void> ask_one(WorkerContext& w, InstancePtr inst,
                              http::request<http::string_body> up, UpstreamTimeouts timeouts,
@@ -49,7 +46,7 @@ std::vector<InstancePtr> all_instances(const InstanceSet& set) {
 net::awaitable<std::vector<FanOutReply>> fan_out(WorkerContext& w,
                                                  const std::vector<InstancePtr>& targets,
                                                  http::verb method, std::string target,
-                                                 std::string body, std::string authorization,
+                                                 std::string body, const ForwardedHeaders& fwd,
                                                  UpstreamTimeouts timeouts, RequestScope& scope) {
   std::vector<FanOutReply> replies(targets.size());
   if (targets.empty())
@@ -58,7 +55,7 @@ net::awaitable<std::vector<FanOutReply>> fan_out(WorkerContext& w,
   ChildGroup children(executor);
   const std::string request_id = boost::uuids::to_string(w.uuids());
   for (std::size_t i = 0; i < targets.size(); ++i) {
-    auto up = upstream_request(method, *targets[i], target, body, request_id, authorization);
+    auto up = upstream_request(method, *targets[i], target, body, request_id, fwd);
     children.spawn(ask_one(w, targets[i], std::move(up), timeouts, scope, replies[i]));
   }
   // Every child ends (answer, error, timeout or exception) before
@@ -74,47 +71,12 @@ net::awaitable<std::vector<FanOutReply>> fan_out(WorkerContext& w,
   co_return replies;
 }
 
-net::awaitable<std::pair<http::status, nlohmann::json>> aggregated_health(WorkerContext& w,
-                                                                          const InstanceSet& set,
-                                                                          nlohmann::json extra,
-                                                                          RequestScope& scope) {
-  const auto all = all_instances(set);
-  auto replies = co_await fan_out(w, all, http::verb::get, "/health", {}, w.default_authorization,
-                                  kHealthTimeouts, scope);
-  nlohmann::json j = std::move(extra);
-  auto instances = nlohmann::json::array();
-  bool ok = true;
-  std::size_t at = 0;
-  for (auto [role, list] : {std::pair{"encode", &set.encode}, std::pair{"prefill", &set.prefill},
-                            std::pair{"decode", &set.decode}}) {
-    std::size_t healthy = 0;
-    for (std::size_t i = 0; i < list->size(); ++i, ++at) {
-      const auto& r = replies[at];
-      const bool up = r.status >= 200 && r.status < 300;
-      if (up)
-        ++healthy;
-      nlohmann::json inst = {{"url", (*list)[i]->spec.url}, {"role", role}, {"healthy", up}};
-      if (!up)
-        inst["error"] = r.status != 0 ? "answered " + std::to_string(r.status) : r.error;
-      instances.push_back(std::move(inst));
-    }
-    const char* state = list->empty() ? "empty" : healthy > 0 ? "healthy" : "unhealthy";
-    if (!list->empty() && healthy == 0)
-      ok = false;
-    j[std::string(role) + "_cluster"] = state;
-  }
-  j["status"] = ok ? "ok" : "unhealthy";
-  j["proxy"] = "healthy";
-  j["instances"] = std::move(instances);
-  co_return std::pair{ok ? http::status::ok : http::status::service_unavailable, std::move(j)};
-}
-
 net::awaitable<std::pair<http::status, nlohmann::json>> profile_fan_out(
     WorkerContext& w, const InstanceSet& set, std::string path, std::string body,
-    std::string authorization, RequestScope& scope) {
+    const ForwardedHeaders& fwd, RequestScope& scope) {
   const auto all = all_instances(set);
-  auto replies = co_await fan_out(w, all, http::verb::post, path, std::move(body),
-                                  std::move(authorization), w.timeouts(), scope);
+  auto replies =
+      co_await fan_out(w, all, http::verb::post, path, std::move(body), fwd, w.timeouts(), scope);
   nlohmann::json j = {{"encode", nlohmann::json::array()},
                       {"prefill", nlohmann::json::array()},
                       {"decode", nlohmann::json::array()}};

@@ -1,5 +1,5 @@
 // Requests the gateway sends to every instance at once on an operator's
-// behalf: the aggregated GET /health and the profiler's start/stop.
+// behalf: the profiler's start/stop.
 #pragma once
 
 #include <string>
@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/request_scope.hpp"
+#include "core/stage.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -26,18 +27,8 @@ struct FanOutReply {
 net::awaitable<std::vector<FanOutReply>> fan_out(WorkerContext& w,
                                                  const std::vector<InstancePtr>& targets,
                                                  http::verb method, std::string target,
-                                                 std::string body, std::string authorization,
+                                                 std::string body, const ForwardedHeaders& fwd,
                                                  UpstreamTimeouts timeouts, RequestScope& scope);
-
-// GET /health: every instance's /health, asked concurrently with a short
-// timeout. Per role (encode, prefill, decode) "healthy" (at least one
-// instance answered 2xx), "unhealthy" (none did) or "empty" (none
-// configured). The status is 503 when a configured role is unhealthy.
-// `extra` fields (e.g. the conversation store's state) are kept.
-net::awaitable<std::pair<http::status, nlohmann::json>> aggregated_health(WorkerContext& w,
-                                                                          const InstanceSet& set,
-                                                                          nlohmann::json extra,
-                                                                          RequestScope& scope);
 
 // POST /start_profile or /stop_profile (`path`) sent to every instance of
 // every role with the client's body. 404 (profiling off on that engine) is
@@ -45,6 +36,6 @@ net::awaitable<std::pair<http::status, nlohmann::json>> aggregated_health(Worker
 // otherwise.
 net::awaitable<std::pair<http::status, nlohmann::json>> profile_fan_out(
     WorkerContext& w, const InstanceSet& set, std::string path, std::string body,
-    std::string authorization, RequestScope& scope);
+    const ForwardedHeaders& fwd, RequestScope& scope);
 
 }  // namespace pdgate

@@ -133,6 +133,12 @@ constexpr std::array kOptions = {
            "Conversations the in-memory store keeps (default: 100000)."},
     Option{"expose-kv-params", "", 0, false, false, kGeneral, "true|false",
            "Let clients see decode's kv_transfer_params (default: false)."},
+    Option{"verbose-errors", "", 0, false, false, kGeneral, "true|false",
+           "Error bodies sent to clients include engine addresses and engines' own error "
+           "text; otherwise only the stage that failed and how (default: false)."},
+    Option{"profile-routes", "", 0, false, false, kGeneral, "on|off",
+           "Serve POST /start_profile and /stop_profile on the client port (they need the "
+           "admin key when one is set) (default: on)."},
     Option{"admin-port", "", 0, false, false, kGeneral, "PORT",
            "Port of the admin API (docs/admin.md); 0 picks a free one (default: off)."},
     Option{"admin-host", "", 0, false, false, kGeneral, "HOST",
@@ -341,6 +347,16 @@ Result<std::string> parse_log_level(std::string_view text) {
   }
   return fail("invalid log level '" + std::string(text) +
               "' (expected trace, debug, info, warn or error)");
+}
+
+// true/false, on/off, yes/no, 1/0.
+Result<bool> parse_switch(std::string_view text) {
+  const std::string l = lower(trim(text));
+  if (l == "true" || l == "on" || l == "yes" || l == "1")
+    return true;
+  if (l == "false" || l == "off" || l == "no" || l == "0")
+    return false;
+  return fail("invalid switch '" + std::string(text) + "' (expected on/off or true/false)");
 }
 
 // vLLM names connectors by class (NixlConnector, P2pNcclConnector,
@@ -661,6 +677,21 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
     if (!s)
       return fail(s.error());
     c.expose_kv_params = trim(*s) == "true" || trim(*s) == "1";
+  }
+  const std::pair<std::string_view, bool Config::*> switches[] = {
+      {"verbose-errors", &Config::verbose_errors},
+      {"profile-routes", &Config::profile_routes},
+  };
+  for (const auto& [key, field] : switches) {
+    if (const auto* v = get(key)) {
+      auto s = single(*v);
+      if (!s)
+        return fail(s.error());
+      auto b = parse_switch(*s);
+      if (!b)
+        return err(*v, b.error());
+      c.*field = *b;
+    }
   }
   if (const auto* v = get("upstream-max-idle")) {
     auto s = single(*v);

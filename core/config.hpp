@@ -82,6 +82,11 @@ struct Config {
   std::chrono::seconds conversation_ttl{450};
   std::size_t conversation_cache_size = 100000;
   bool expose_kv_params = false;
+  // Client-facing errors name the stage and the kind of failure; with this
+  // set they also carry engine addresses and engines' error text.
+  bool verbose_errors = false;
+  // POST /start_profile and /stop_profile on the client port.
+  bool profile_routes = true;
 
   // Admin listener (docs/admin.md). Port 0 with admin_enabled false: off.
   bool admin_enabled = false;

@@ -167,7 +167,7 @@ std::string make_encoder_body(std::string_view model_raw, std::string_view item_
 
 net::awaitable<std::optional<GatewayError>> run_encode_stage(
     WorkerContext& w, const InstanceSet& set, std::string_view body, const JsonObjectIndex& index,
-    const PickContext& base, const std::string& request_id, const std::string& authorization,
+    const PickContext& base, const std::string& request_id, const ForwardedHeaders& fwd,
     RequestScope& scope) {
   // Without encoders the engines encode media themselves.
   if (set.encode.empty())
@@ -196,7 +196,7 @@ net::awaitable<std::optional<GatewayError>> run_encode_stage(
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::string child_id = request_id + ":" + std::to_string(i) + ":" + short_hex(w.uuids);
     auto up = upstream_request(http::verb::post, *chosen[i], "/v1/chat/completions",
-                               make_encoder_body(model_raw, items[i]), child_id, authorization);
+                               make_encoder_body(model_raw, items[i]), child_id, fwd);
     children.spawn(encode_one(w, chosen[i], ctx, std::move(up), fan));
   }
   // Waits for every child, failures included (they end fast: a failure

@@ -16,6 +16,7 @@
 #include "core/json_body.hpp"
 #include "core/request_scope.hpp"
 #include "core/result.hpp"
+#include "core/stage.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -36,7 +37,7 @@ std::string make_encoder_body(std::string_view model_raw, std::string_view item_
 // the request has no media or when no encoders are configured.
 net::awaitable<std::optional<GatewayError>> run_encode_stage(
     WorkerContext& w, const InstanceSet& set, std::string_view body, const JsonObjectIndex& index,
-    const PickContext& base, const std::string& request_id, const std::string& authorization,
+    const PickContext& base, const std::string& request_id, const ForwardedHeaders& fwd,
     RequestScope& scope);
 
 }  // namespace pdgate

@@ -71,8 +71,13 @@ std::string error_json(unsigned status, std::string_view message, std::string_vi
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+const std::string& client_message(const GatewayError& err, bool verbose) {
+  return verbose && !err.detail.empty() ? err.detail : err.message;
+}
+
 http::response<http::string_body> make_error_response(const GatewayError& err,
-                                                      unsigned http_version, bool keep_alive) {
+                                                      unsigned http_version, bool keep_alive,
+                                                      bool verbose) {
   http::response<http::string_body> res{static_cast<http::status>(err.status), http_version};
   res.set(http::field::server, "pdgate");
   if (!err.passthrough_body.empty()) {
@@ -82,7 +87,7 @@ http::response<http::string_body> make_error_response(const GatewayError& err,
     res.body() = err.passthrough_body;
   } else {
     res.set(http::field::content_type, "application/json");
-    res.body() = error_json(err.status, err.message, err.param);
+    res.body() = error_json(err.status, client_message(err, verbose), err.param);
   }
   res.keep_alive(keep_alive);
   res.prepare_payload();

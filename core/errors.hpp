@@ -15,7 +15,12 @@ enum class ErrorSource { client, upstream, internal };
 
 struct GatewayError {
   unsigned status = 500;
+  // What the client is told: the stage and the kind of failure, never an
+  // engine's address.
   std::string message;
+  // The same with what only operators should see (engine URLs, an engine's
+  // 5xx text): logged, and sent instead of `message` with --verbose-errors.
+  std::string detail;
   ErrorSource source = ErrorSource::internal;
   std::string param;  // the offending field, if any ("" -> null)
   // An upstream's own 4xx answer is relayed verbatim instead of wrapped:
@@ -34,7 +39,10 @@ const char* error_type_for(unsigned status);
 // {"error": {"message", "type", "param", "code"}}
 std::string error_json(unsigned status, std::string_view message, std::string_view param = {});
 
+// The message a client gets for `err`: `detail` when `verbose` and set.
+const std::string& client_message(const GatewayError& err, bool verbose);
+
 boost::beast::http::response<boost::beast::http::string_body> make_error_response(
-    const GatewayError& err, unsigned http_version, bool keep_alive);
+    const GatewayError& err, unsigned http_version, bool keep_alive, bool verbose = false);
 
 }  // namespace pdgate

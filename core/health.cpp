@@ -26,7 +26,8 @@ constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 }
 
 net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host, std::uint16_t port,
-                                      std::string target, std::chrono::milliseconds timeout) {
+                                      std::string target, std::chrono::milliseconds timeout,
+                                      std::string via) {
   ProbeResult r;
   // The resolver is bounded by the same deadline: a timer closes it.
   tcp::resolver resolver(ex);
@@ -52,6 +53,8 @@ net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host,
   http::request<http::empty_body> req{http::verb::get, target, 11};
   req.set(http::field::host, host + ":" + std::to_string(port));
   req.set(http::field::user_agent, "pdgate-health");
+  if (!via.empty())
+    req.set(http::field::via, via);
   req.keep_alive(false);
   if (auto [wec, n] = co_await http::async_write(stream, req, use_tuple); wec) {
     r.error = "write: " + wec.message();
@@ -75,11 +78,13 @@ net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host,
 
 namespace {
 
-net::awaitable<void> check_one(const Config& cfg, Registry& registry, InstancePtr inst) {
+net::awaitable<void> check_one(const Config& cfg, Registry& registry, InstancePtr inst,
+                               std::string via) {
   auto ex = co_await net::this_coro::executor;
   // A check must answer well within the interval.
   const auto timeout = std::max(std::chrono::milliseconds(200), cfg.health_interval / 2);
-  auto r = co_await probe_get(ex, inst->spec.host, inst->spec.port, "/health", timeout);
+  auto r =
+      co_await probe_get(ex, inst->spec.host, inst->spec.port, "/health", timeout, std::move(via));
   if (r.local) {
     // The gateway's own shortage (out of file descriptors): holding it
     // against the engine would eject every healthy instance at once.
@@ -94,22 +99,28 @@ net::awaitable<void> check_one(const Config& cfg, Registry& registry, InstancePt
 
 }  // namespace
 
-net::awaitable<void> run_health_loop(const Config& cfg, Registry& registry) {
+net::awaitable<void> run_health_loop(const Config& cfg, Registry& registry,
+                                     const LoopGuard& loop_guard) {
+  const std::string via = loop_guard.via_for_upstream({});
   auto ex = co_await net::this_coro::executor;
   net::steady_timer timer(ex);
   const bool checks_on = cfg.health_interval.count() > 0;
   const auto tick = checks_on ? cfg.health_interval : std::chrono::milliseconds(250);
-  for (;;) {
-    timer.expires_after(tick);
-    auto [ec] = co_await timer.async_wait(use_tuple);
-    if (ec)
-      co_return;
+  // The first round runs at once: /health and /readyz answer from these
+  // results, and should not wait an interval to know an engine is down.
+  for (bool first = true;; first = false) {
+    if (!first) {
+      timer.expires_after(tick);
+      auto [ec] = co_await timer.async_wait(use_tuple);
+      if (ec)
+        co_return;
+    }
     registry.forget_idle();
     const auto set = registry.snapshot();
     for (const auto& inst : set->all()) {
       if (checks_on) {
         // Each check runs on its own so one hung engine delays no other.
-        net::co_spawn(ex, check_one(cfg, registry, inst), net::detached);
+        net::co_spawn(ex, check_one(cfg, registry, inst, via), net::detached);
       } else {
         inst->readmit_if_due(false);
       }

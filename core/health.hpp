@@ -11,6 +11,7 @@
 
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/loop_guard.hpp"
 
 namespace pdgate {
 
@@ -24,15 +25,19 @@ struct ProbeResult {
 };
 
 // GET http://host:port/target on a fresh connection, the whole exchange
-// bounded by `timeout`; the body is capped at 1 MiB.
+// bounded by `timeout`; the body is capped at 1 MiB. `via` (when set) is
+// sent as the Via header, so that a gateway probing itself is told so
+// (508, core/loop_guard.hpp).
 boost::asio::awaitable<ProbeResult> probe_get(boost::asio::any_io_executor ex, std::string host,
                                               std::uint16_t port, std::string target,
-                                              std::chrono::milliseconds timeout);
+                                              std::chrono::milliseconds timeout,
+                                              std::string via = {});
 
 // Checks every instance's /health each interval (when on), applies
 // rise/fall, re-admits ejected instances whose back-off passed when checks
 // are off, and forgets removed instances once idle. Runs until the
 // executor stops.
-boost::asio::awaitable<void> run_health_loop(const Config& cfg, Registry& registry);
+boost::asio::awaitable<void> run_health_loop(const Config& cfg, Registry& registry,
+                                             const LoopGuard& loop_guard);
 
 }  // namespace pdgate

@@ -93,26 +93,37 @@ void policy_headers(const void* source, void* user, PickContext::HeaderEmit emit
   }
 }
 
-std::string authorization_for(const WorkerContext& w, const http::request<http::string_body>& req) {
+}  // namespace
+
+ForwardedHeaders forwarded_headers(const WorkerContext& w,
+                                   const http::request<http::string_body>& req) {
+  ForwardedHeaders f;
   auto it = req.find(http::field::authorization);
-  if (it != req.end())
-    return std::string(it->value());
-  return w.default_authorization;
+  f.authorization = it != req.end() ? std::string(it->value()) : w.default_authorization;
+  const auto via = req.find(http::field::via);
+  const std::string_view incoming =
+      via != req.end() ? std::string_view(via->value()) : std::string_view();
+  if (w.loop_guard != nullptr)
+    f.via = w.loop_guard->via_for_upstream(incoming);
+  return f;
 }
 
-net::awaitable<bool> send_error(beast::tcp_stream& client,
+namespace {
+
+net::awaitable<bool> send_error(WorkerContext& w, beast::tcp_stream& client,
                                 const http::request<http::string_body>& req,
                                 const GatewayError& err, const std::string& request_id,
                                 RequestScope* scope = nullptr) {
   if (scope != nullptr)
     scope->status = err.status;
-  auto res = make_error_response(err, req.version(), req.keep_alive());
+  auto res = make_error_response(err, req.version(), req.keep_alive(), w.cfg.verbose_errors);
   if (!request_id.empty())
     res.set("X-Request-Id", request_id);
+  const std::string& logged = err.detail.empty() ? err.message : err.detail;
   if (err.status >= 500) {
-    spdlog::warn("request {} -> {}: {}", request_id, err.status, err.message);
+    spdlog::warn("request {} -> {}: {}", request_id, err.status, logged);
   } else {
-    spdlog::debug("request {} -> {}: {}", request_id, err.status, err.message);
+    spdlog::debug("request {} -> {}: {}", request_id, err.status, logged);
   }
   co_return co_await write_response(client, res) && req.keep_alive();
 }
@@ -265,9 +276,12 @@ struct PrefillResult {
 // p2p-nccl names each peer by its ZMQ address, which only the instance's
 // configuration can give.
 GatewayError missing_kv_peer(const Instance& inst) {
-  return upstream_error(503, "--kv-connector p2p-nccl: no ZMQ address configured for " +
-                                 inst.spec.url + " (give it as " + inst.spec.url +
-                                 "@zmqhost:zmqport)");
+  GatewayError g = upstream_error(503,
+                                  "--kv-connector p2p-nccl: an instance has no ZMQ address "
+                                  "configured (give instances as URL@zmqhost:zmqport)");
+  g.detail = "--kv-connector p2p-nccl: no ZMQ address configured for " + inst.spec.url +
+             " (give it as " + inst.spec.url + "@zmqhost:zmqport)";
+  return g;
 }
 
 // 32 hex digits of a fresh UUID (p2p-nccl request ids).
@@ -328,6 +342,7 @@ struct FailureClass {
 FailureClass classify_failure(const UpstreamError& e) {
   switch (e.kind) {
     case UpstreamFailure::connect:
+    case UpstreamFailure::connect_timeout:
       return {true, false, true};
     case UpstreamFailure::timeout:
     case UpstreamFailure::closed:
@@ -399,14 +414,11 @@ class RetryToken {
 // the other connectors move the cache out of band and the answer is
 // dropped. `decode` is the decode already chosen, when the connector names
 // both peers in the request id.
-net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& set,
-                                          const http::request<http::string_body>& req,
-                                          std::string_view client_body,
-                                          const JsonObjectIndex& index,
-                                          std::string_view prefill_params, const Instance* decode,
-                                          const PickContext& base, const std::string& request_id,
-                                          const std::string& authorization, RequestScope& scope,
-                                          const std::vector<const Instance*>& tried) {
+net::awaitable<PrefillResult> run_prefill(
+    WorkerContext& w, const InstanceSet& set, const http::request<http::string_body>& req,
+    std::string_view client_body, const JsonObjectIndex& index, std::string_view prefill_params,
+    const Instance* decode, const PickContext& base, const std::string& request_id,
+    const ForwardedHeaders& fwd, RequestScope& scope, const std::vector<const Instance*>& tried) {
   const KvConnector& connector = *w.connector;
   PrefillResult r;
   PickContext ctx = base;
@@ -432,8 +444,8 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
   // Slices of the client's body plus the few edited bytes: the prompt is
   // written from where it was received, never copied.
   const SplicedText body = connector.prefill_body(client_body, index, prefill_params);
-  const auto head = upstream_head(http::verb::post, *r.instance, req.target(), body.size(),
-                                  r.request_id, authorization);
+  const auto head =
+      upstream_head(http::verb::post, *r.instance, req.target(), body.size(), r.request_id, fwd);
   const auto buffers = body_buffers(body);
   auto& pool = w.pools.for_instance(r.instance);
   auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, scope, w.timeouts());
@@ -480,8 +492,9 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
   }
   auto params = extract_kv_params(answer);
   if (!params) {
-    r.error = upstream_error(502, "prefill stage failed: " + r.instance->spec.url +
-                                      " answered with invalid JSON: " + params.error());
+    r.error = upstream_error(502, "prefill stage failed: the engine answered with invalid JSON");
+    r.error->detail = "prefill stage failed: " + r.instance->spec.url +
+                      " answered with invalid JSON: " + params.error();
     co_return r;
   }
   r.kv_params = std::move(*params);
@@ -497,8 +510,7 @@ net::awaitable<PrefillResult> run_prefill(WorkerContext& w, const InstanceSet& s
 
 http::request_header<> upstream_head(http::verb method, const Instance& inst,
                                      std::string_view target, std::size_t body_size,
-                                     const std::string& request_id,
-                                     const std::string& authorization) {
+                                     const std::string& request_id, const ForwardedHeaders& fwd) {
   http::request_header<> h;
   h.method(method);
   h.target(target);
@@ -506,8 +518,10 @@ http::request_header<> upstream_head(http::verb method, const Instance& inst,
   h.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
   h.set(http::field::user_agent, "pdgate");
   h.set("X-Request-Id", request_id);
-  if (!authorization.empty())
-    h.set(http::field::authorization, authorization);
+  if (!fwd.authorization.empty())
+    h.set(http::field::authorization, fwd.authorization);
+  if (!fwd.via.empty())
+    h.set(http::field::via, fwd.via);
   if (method == http::verb::post) {
     h.set(http::field::content_type, "application/json");
     h.set(http::field::content_length, std::to_string(body_size));
@@ -518,9 +532,9 @@ http::request_header<> upstream_head(http::verb method, const Instance& inst,
 http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
                                                   std::string_view target, std::string body,
                                                   const std::string& request_id,
-                                                  const std::string& authorization) {
+                                                  const ForwardedHeaders& fwd) {
   http::request<http::string_body> r{
-      upstream_head(method, inst, target, body.size(), request_id, authorization)};
+      upstream_head(method, inst, target, body.size(), request_id, fwd)};
   r.keep_alive(true);
   r.body() = std::move(body);
   r.prepare_payload();
@@ -541,8 +555,37 @@ std::string snippet(std::string_view s, std::size_t max) {
   return out;
 }
 
+const char* public_reason(UpstreamFailure kind) {
+  switch (kind) {
+    case UpstreamFailure::connect:
+      return "cannot connect to the engine";
+    case UpstreamFailure::connect_timeout:
+      return "timed out connecting to the engine";
+    case UpstreamFailure::timeout:
+      return "timed out waiting for the engine";
+    case UpstreamFailure::closed:
+      return "the engine closed the connection";
+    case UpstreamFailure::protocol:
+      return "the engine's response is malformed";
+    case UpstreamFailure::too_large:
+      return "the engine's response is too large";
+    case UpstreamFailure::local:
+      return "the gateway is out of resources";
+    case UpstreamFailure::ejected:
+      return "the engine was taken out of service";
+    case UpstreamFailure::aborted:
+      return "the client went away";
+    case UpstreamFailure::none:
+      break;
+  }
+  return "unknown failure";
+}
+
 GatewayError stage_failure(Stage stage, const UpstreamError& e) {
-  return upstream_error(502, std::string(to_string(stage)) + " stage failed: " + e.detail);
+  const std::string prefix = std::string(to_string(stage)) + " stage failed: ";
+  GatewayError g = upstream_error(502, prefix + public_reason(e.kind));
+  g.detail = prefix + e.detail;
+  return g;
 }
 
 GatewayError no_instance(Stage stage) {
@@ -558,10 +601,12 @@ net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& 
   std::string body;
   auto err = co_await ex.read_all(body, kMaxErrorBody);
   const unsigned status = ex.status();
+  const std::string answered =
+      std::string(to_string(stage)) + " stage: the engine answered " + std::to_string(status);
   if (status >= 400 && status < 500) {
-    GatewayError g =
-        upstream_error(status, std::string(to_string(stage)) + " stage: " + inst.spec.url +
-                                   " answered " + std::to_string(status));
+    GatewayError g = upstream_error(status, answered);
+    g.detail = std::string(to_string(stage)) + " stage: " + inst.spec.url + " answered " +
+               std::to_string(status);
     if (!err && !body.empty()) {
       g.passthrough_body = std::move(body);
       auto ct = ex.header().find(http::field::content_type);
@@ -570,8 +615,12 @@ net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& 
     }
     co_return g;
   }
-  co_return upstream_error(502, std::string(to_string(stage)) + " stage failed: " + inst.spec.url +
-                                    " answered " + std::to_string(status) + ": " + snippet(body));
+  GatewayError g =
+      upstream_error(502, std::string(to_string(stage)) + " stage failed: the engine answered " +
+                              std::to_string(status));
+  g.detail = std::string(to_string(stage)) + " stage failed: " + inst.spec.url + " answered " +
+             std::to_string(status) + ": " + snippet(body);
+  co_return g;
 }
 
 net::awaitable<bool> write_response(beast::tcp_stream& client,
@@ -636,7 +685,7 @@ struct DecodeAttempt {
 net::awaitable<DecodeAttempt> attempt_decode(
     WorkerContext& w, const http::request<http::string_body>& req,
     std::unique_ptr<RequestView>& view, const InstancePtr& decode, const SplicedText& body,
-    const std::string& stage_id, const std::string& authorization, RequestScope& scope, bool stream,
+    const std::string& stage_id, const ForwardedHeaders& fwd, RequestScope& scope, bool stream,
     const std::optional<std::string>& conversation) {
   DecodeAttempt a;
   auto r = std::make_unique<DecodeRelay>();
@@ -658,7 +707,7 @@ net::awaitable<DecodeAttempt> attempt_decode(
                                                : stage_failure(Stage::decode, e);
   };
   const auto head =
-      upstream_head(http::verb::post, *decode, req.target(), body.size(), stage_id, authorization);
+      upstream_head(http::verb::post, *decode, req.target(), body.size(), stage_id, fwd);
   const auto buffers = body_buffers(body);
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers, scope,
@@ -720,7 +769,7 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
   auto ct = req.find(http::field::content_type);
   if (ct == req.end() || !is_json_content_type(ct->value())) {
     co_return co_await send_error(
-        client, req,
+        w, client, req,
         client_error(415, "Unsupported Media Type: Content-Type must be application/json"),
         request_id, &scope);
   }
@@ -728,15 +777,15 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
   auto index = index_json_object(body);
   if (!index) {
     co_return co_await send_error(
-        client, req, client_error(400, "request body is not valid JSON: " + index.error()),
+        w, client, req, client_error(400, "request body is not valid JSON: " + index.error()),
         request_id, &scope);
   }
   auto facts = read_facts(body, *index, is_chat);
   if (!facts)
-    co_return co_await send_error(client, req, client_error(400, facts.error()), request_id,
+    co_return co_await send_error(w, client, req, client_error(400, facts.error()), request_id,
                                   &scope);
 
-  const std::string authorization = authorization_for(w, req);
+  const ForwardedHeaders fwd = forwarded_headers(w, req);
   const auto set = w.registry.snapshot();
   PickContext& ctx = view->ctx;
   view->model = facts->model;
@@ -756,11 +805,11 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
   // E -> PD); nothing reaches prefill or decode if one of them fails.
   if (is_chat) {
     auto encode_error =
-        co_await run_encode_stage(w, *set, body, *index, ctx, request_id, authorization, scope);
+        co_await run_encode_stage(w, *set, body, *index, ctx, request_id, fwd, scope);
     if (scope.client_gone())
       co_return false;
     if (encode_error)
-      co_return co_await send_error(client, req, *encode_error, request_id);
+      co_return co_await send_error(w, client, req, *encode_error, request_id);
   }
 
   // Failover. A request that never reached an engine (its connection was
@@ -794,9 +843,8 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
   std::vector<const Instance*> tried_prefill;
   auto prefill_with_failover = [&](std::string_view params) -> net::awaitable<PrefillResult> {
     for (bool retrying = false;; retrying = true) {
-      PrefillResult pre =
-          co_await run_prefill(w, *set, req, body, *index, params, decode.get(), ctx, request_id,
-                               authorization, scope, tried_prefill);
+      PrefillResult pre = co_await run_prefill(w, *set, req, body, *index, params, decode.get(),
+                                               ctx, request_id, fwd, scope, tried_prefill);
       // A retried prefill is over: its unit of budget goes back (the
       // decode that follows is no retry).
       if (retrying)
@@ -820,9 +868,9 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
       ctx.stage = Stage::decode;
       decode = w.picker.pick(set->decode, ctx);
       if (!decode)
-        co_return co_await send_error(client, req, no_instance(Stage::decode), request_id);
+        co_return co_await send_error(w, client, req, no_instance(Stage::decode), request_id);
       if (decode->spec.kv_peer.empty()) {
-        co_return co_await send_error(client, req, missing_kv_peer(*decode), request_id);
+        co_return co_await send_error(w, client, req, missing_kv_peer(*decode), request_id);
       }
     }
     // Multi-turn reuse: the previous turn's decode blocks, taken (once,
@@ -840,7 +888,7 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
       co_return false;
     if (pre.error) {
       scope.stage = "prefill";
-      co_return co_await send_error(client, req, *pre.error, request_id, &scope);
+      co_return co_await send_error(w, client, req, *pre.error, request_id, &scope);
     }
     prefill = pre.instance;
     stage_id = pre.request_id;
@@ -863,15 +911,15 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
       decode = w.picker.pick(untried(set->decode, tried_decode), ctx);
     if (!decode) {
       scope.stage = "decode";
-      co_return co_await send_error(client, req, no_instance(Stage::decode), request_id, &scope);
+      co_return co_await send_error(w, client, req, no_instance(Stage::decode), request_id, &scope);
     }
     const auto decode_started = std::chrono::steady_clock::now();
     if (w.metrics && tried_decode.empty()) {
       w.metrics->overhead_seconds.observe(
           std::chrono::duration<double>(decode_started - scope.received).count() - prefill_seconds);
     }
-    DecodeAttempt a = co_await attempt_decode(w, req, view, decode, decode_body, stage_id,
-                                              authorization, scope, facts->stream, conversation);
+    DecodeAttempt a = co_await attempt_decode(w, req, view, decode, decode_body, stage_id, fwd,
+                                              scope, facts->stream, conversation);
     if (a.client_gone || scope.client_gone())
       co_return false;
     if (a.relay) {
@@ -912,7 +960,7 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
       a.error = again.error;
     }
     scope.stage = "decode";
-    co_return co_await send_error(client, req, *a.error, request_id, &scope);
+    co_return co_await send_error(w, client, req, *a.error, request_id, &scope);
   }
 }
 
@@ -934,12 +982,12 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
   ex.drop_header_fields();
   std::string().swap(r.first);
   std::string out;
-  std::string failure;
+  UpstreamError failure;
   while (!r.stream->done()) {
     if (auto err = co_await r.stream->read_into(out); err) {
       if (err.kind == UpstreamFailure::aborted)
         co_return false;
-      failure = err.detail;
+      failure = std::move(err);
       break;
     }
     if (!out.empty() && !co_await write_chunk(client, out, w.cfg)) {
@@ -948,11 +996,12 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
     }
     std::string().swap(out);
   }
-  if (!failure.empty()) {
-    spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure);
-    note_failure(w, *r.decode, failure);
+  if (failure) {
+    spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure.detail);
+    note_failure(w, *r.decode, failure.detail);
+    const std::string why = w.cfg.verbose_errors ? failure.detail : public_reason(failure.kind);
     const std::string ev =
-        sse_data_event(error_json(502, "decode stage failed mid-stream: " + failure));
+        sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));
     if (!co_await write_chunk(client, ev, w.cfg))
       co_return false;
   } else {
@@ -1003,22 +1052,22 @@ net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
   ctx.stage = Stage::decode;
   InstancePtr decode = w.picker.pick(set->decode, ctx);
   if (!decode)
-    co_return co_await send_error(client, req, no_instance(Stage::decode), request_id, &scope);
+    co_return co_await send_error(w, client, req, no_instance(Stage::decode), request_id, &scope);
   auto up = upstream_request(http::verb::get, *decode, "/v1/models", {}, request_id,
-                             authorization_for(w, req));
+                             forwarded_headers(w, req));
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
   if (err) {
     if (err.kind == UpstreamFailure::aborted)
       co_return false;
-    co_return co_await send_error(client, req, stage_failure(Stage::decode, err), request_id,
+    co_return co_await send_error(w, client, req, stage_failure(Stage::decode, err), request_id,
                                   &scope);
   }
   std::string answer;
   if (auto rerr = co_await ex->read_all(answer, kMaxErrorBody); rerr) {
     if (rerr.kind == UpstreamFailure::aborted)
       co_return false;
-    co_return co_await send_error(client, req, stage_failure(Stage::decode, rerr), request_id,
+    co_return co_await send_error(w, client, req, stage_failure(Stage::decode, rerr), request_id,
                                   &scope);
   }
   ex->finish();

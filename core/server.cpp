@@ -21,6 +21,7 @@
 #include "core/conversation.hpp"
 #include "core/errors.hpp"
 #include "core/health.hpp"
+#include "core/health_report.hpp"
 #include "core/http_body.hpp"
 #include "core/http_head.hpp"
 #include "core/pipeline.hpp"
@@ -76,11 +77,11 @@ void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req) {
       }));
 }
 
-nlohmann::json instances_json(const std::vector<InstancePtr>& list) {
+nlohmann::json instances_json(const std::vector<InstancePtr>& list, bool addresses) {
   auto arr = nlohmann::json::array();
   for (const auto& i : list) {
     arr.push_back({{"id", i->id},
-                   {"url", i->spec.url},
+                   {"url", addresses ? i->spec.url : std::string()},
                    {"role", to_string(i->spec.role)},
                    {"healthy", i->healthy.load()},
                    {"in_flight", i->in_flight.load()},
@@ -108,36 +109,14 @@ http::response<http::string_body> json_response(const http::request<http::string
   return res;
 }
 
-// Per-role health of the engines behind the gateway (core/cluster_ops.hpp).
-net::awaitable<bool> serve_health(WorkerContext& w, beast::tcp_stream& stream,
-                                  const http::request<http::string_body>& req,
-                                  RequestScope& scope) {
-  // Redis being down degrades reuse, not serving: it does not make the
-  // gateway unhealthy.
-  nlohmann::json extra = nlohmann::json::object();
-  if (w.conversation_stores) {
-    extra["conversation_store"] = conversation_store_json(*w.conversation_stores);
-  }
-  const auto set = w.registry.snapshot();
-  auto [status, j] = co_await aggregated_health(w, *set, std::move(extra), scope);
-  if (scope.client_gone())
-    co_return false;
-  auto res = json_response(req, status, j);
-  co_return co_await write_response(stream, res) && req.keep_alive();
-}
-
 // POST /start_profile, /stop_profile: sent to every instance.
 net::awaitable<bool> serve_profile(WorkerContext& w, beast::tcp_stream& stream,
                                    const http::request<http::string_body>& req, RequestScope& scope,
                                    std::string path) {
-  std::string authorization = w.default_authorization;
-  if (auto it = req.find(http::field::authorization); it != req.end()) {
-    authorization = std::string(it->value());
-  }
   std::string body = req.body().empty() ? std::string("{}") : req.body();
   const auto set = w.registry.snapshot();
   auto [status, j] = co_await profile_fan_out(w, *set, std::move(path), std::move(body),
-                                              std::move(authorization), scope);
+                                              forwarded_headers(w, req), scope);
   if (scope.client_gone())
     co_return false;
   auto res = json_response(req, status, j);
@@ -169,6 +148,7 @@ struct Gateway::Worker {
     ctx.conversations = g.conversations_->make_handle(ioc.get_executor());
     ctx.conversation_stores = g.conversations_.get();
     ctx.metrics = &g.metrics_;
+    ctx.loop_guard = &g.loop_guard_;
   }
 
   std::size_t index;
@@ -245,7 +225,7 @@ Result<std::uint16_t> Gateway::bind() {
     port = acc.local_endpoint().port();
     first = false;
   }
-  auto admin = AdminApi::create(cfg_, registry_);
+  auto admin = AdminApi::create(cfg_, registry_, loop_guard_);
   if (!admin)
     return fail(admin.error());
   admin_ = *admin;
@@ -277,22 +257,25 @@ void Gateway::set_policy_hooks(std::function<Result<bool>()> reload,
   policy_metrics_ = std::move(metrics);
 }
 
-std::string Gateway::status_json() const {
+nlohmann::json Gateway::status_document(bool addresses) const {
   const auto set = registry_.snapshot();
   nlohmann::json j = {{"prefill_node_count", set->prefill.size()},
                       {"decode_node_count", set->decode.size()},
-                      {"prefill_nodes", host_ports(set->prefill)},
-                      {"decode_nodes", host_ports(set->decode)},
                       {"prefill_disabled", cfg_.prefill_disabled},
                       {"kv_connector", cfg_.kv_connector},
                       {"workers", workers_.size()},
                       {"active_requests", active_requests_.load()},
                       {"instances",
-                       {{"prefill", instances_json(set->prefill)},
-                        {"decode", instances_json(set->decode)},
-                        {"encode", instances_json(set->encode)},
-                        {"draining", instances_json(set->draining)}}}};
-  return j.dump();
+                       {{"prefill", instances_json(set->prefill, addresses)},
+                        {"decode", instances_json(set->decode, addresses)},
+                        {"encode", instances_json(set->encode, addresses)},
+                        {"draining", instances_json(set->draining, addresses)}}}};
+  // The demo proxy's node lists are nothing but addresses.
+  if (addresses) {
+    j["prefill_nodes"] = host_ports(set->prefill);
+    j["decode_nodes"] = host_ports(set->decode);
+  }
+  return j;
 }
 
 std::string Gateway::metrics_text() const {
@@ -453,11 +436,11 @@ int Gateway::run() {
     });
   }
 
-  admin_->set_hooks(
-      {reload_policy_, [this] { return metrics_text(); }, [this] { return status_json(); }});
+  admin_->set_hooks({reload_policy_, [this] { return metrics_text(); },
+                     [this] { return status_document(true).dump(); }});
   if (admin_acceptor_)
     net::co_spawn(admin_ioc_, admin_accept_loop(), net::detached);
-  net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_), net::detached);
+  net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_, loop_guard_), net::detached);
   if (!cfg_.redis_url.empty()) {
     shared_registry_ = std::make_unique<SharedRegistry>(cfg_, registry_);
     if (auto r = shared_registry_->start(admin_ioc_.get_executor()); !r) {
@@ -746,45 +729,75 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
   co_return true;
 }
 
-net::awaitable<bool> Gateway::serve_route(Worker& worker, beast::tcp_stream& stream,
-                                          http::request<http::string_body>& req,
-                                          RequestScope& scope, std::string_view path) {
-  WorkerContext& w = worker.ctx;
+http::response<http::string_body> Gateway::route_answer(WorkerContext& w,
+                                                        const http::request<http::string_body>& req,
+                                                        std::string_view path) {
   const auto method = req.method();
+  auto refuse = [&](unsigned status, std::string message) {
+    return make_error_response(client_error(status, std::move(message)), req.version(),
+                               req.keep_alive());
+  };
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    auto res = make_error_response(client_error(405, "use POST for " + std::string(path)),
-                                   req.version(), req.keep_alive());
+    auto res = refuse(405, "use POST for " + std::string(path));
     res.set(http::field::allow, "POST");
-    co_return co_await write_response(stream, res) && req.keep_alive();
-  } else if (path == "/v1/models" && method == http::verb::get) {
-    co_return co_await serve_models(w, stream, req, scope);
-  } else if (path == "/health" && method == http::verb::get) {
-    co_return co_await serve_health(w, stream, req, scope);
-  } else if ((path == "/start_profile" || path == "/stop_profile") && method == http::verb::post) {
-    co_return co_await serve_profile(w, stream, req, scope, std::string(path));
-  } else if (path == "/status" && method == http::verb::get) {
-    auto res = json_response(req, http::status::ok, nlohmann::json::parse(status_json()));
-    co_return co_await write_response(stream, res) && req.keep_alive();
-  } else if (path == "/metrics" && method == http::verb::get) {
+    return res;
+  }
+  if (path == "/health" && method == http::verb::get) {
+    const auto set = registry_.snapshot();
+    auto [status, j] =
+        health_report(*set, RequiredRoles::from(cfg_), stopping_.load(), cfg_.verbose_errors);
+    // Redis being down degrades reuse, not serving: it does not make the
+    // gateway unhealthy.
+    if (w.conversation_stores)
+      j["conversation_store"] = conversation_store_json(*w.conversation_stores);
+    return json_response(req, status, j);
+  }
+  if (path == "/readyz" && method == http::verb::get) {
+    const auto set = registry_.snapshot();
+    auto [status, j] = readiness(*set, RequiredRoles::from(cfg_), stopping_.load());
+    return json_response(req, status, j);
+  }
+  if (path == "/livez" && method == http::verb::get)
+    return json_response(req, http::status::ok, {{"status", "alive"}});
+  if (path == "/metrics" && method == http::verb::get) {
     http::response<http::string_body> res{http::status::ok, req.version()};
     res.set(http::field::server, "pdgate");
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     res.keep_alive(req.keep_alive());
     res.body() = metrics_text();
     res.prepare_payload();
-    co_return co_await write_response(stream, res) && req.keep_alive();
-  } else if (path == "/instances/add" && method == http::verb::post) {
+    return res;
+  }
+  if (path == "/status" && method == http::verb::get) {
+    // Engine addresses only for whoever may see them: anyone when no admin
+    // key is configured (as vLLM's demo proxy has it), else the key holder.
+    const bool addresses = !admin_->authorize_operator(req);
+    return json_response(req, http::status::ok, status_document(addresses));
+  }
+  return refuse(404, "no route for " + std::string(req.method_string()) + " " + std::string(path));
+}
+
+net::awaitable<bool> Gateway::serve_route(Worker& worker, beast::tcp_stream& stream,
+                                          http::request<http::string_body>& req,
+                                          RequestScope& scope, std::string_view path) {
+  WorkerContext& w = worker.ctx;
+  const auto method = req.method();
+  if (path == "/v1/models" && method == http::verb::get)
+    co_return co_await serve_models(w, stream, req, scope);
+  if ((path == "/start_profile" || path == "/stop_profile") && method == http::verb::post &&
+      cfg_.profile_routes) {
+    // They reach every engine: the admin key when one is set.
+    if (auto denied = admin_->authorize_operator(req))
+      co_return co_await write_response(stream, *denied) && req.keep_alive();
+    co_return co_await serve_profile(w, stream, req, scope, std::string(path));
+  }
+  if (path == "/instances/add" && method == http::verb::post) {
     // The vLLM demo proxy's endpoint, on the client port as it had it.
     auto res = co_await admin_->handle_demo_add(req);
     co_return co_await write_response(stream, res) && req.keep_alive();
-  } else {
-    auto res =
-        make_error_response(client_error(404, "no route for " + std::string(req.method_string()) +
-                                                  " " + std::string(path)),
-                            req.version(), req.keep_alive());
-    co_return co_await write_response(stream, res) && req.keep_alive();
   }
-  co_return false;
+  auto res = route_answer(w, req, path);
+  co_return co_await write_response(stream, res) && req.keep_alive();
 }
 
 net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
@@ -825,8 +838,16 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
     bool keep_alive = false;
     const std::string_view path = path_of(req.target());
     const auto method = req.method();
-    if ((path == "/v1/completions" || path == "/v1/chat/completions") &&
-        method == http::verb::post) {
+    const auto via = req.find(http::field::via);
+    const std::string loop = via != req.end() ? loop_guard_.refusal(via->value()) : std::string();
+    if (!loop.empty()) {
+      // Sent round again by this gateway (or a chain of them): 508, so the
+      // sender counts its engine as failed instead of recursing.
+      scope->status = 508;
+      auto res = make_error_response(client_error(508, loop), req.version(), false);
+      co_await write_response(stream, res);
+    } else if ((path == "/v1/completions" || path == "/v1/chat/completions") &&
+               method == http::verb::post) {
       keep_alive = co_await serve_completion(w, stream, req, *scope, path != "/v1/completions");
     } else {
       // The other routes in their own frame: their responses would

@@ -13,11 +13,13 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <nlohmann/json.hpp>
 
 #include "core/admin.hpp"
 #include "core/body_budget.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
 #include "core/shared_registry.hpp"
 #include "core/worker.hpp"
@@ -57,13 +59,19 @@ class Gateway {
   net::awaitable<bool> serve_route(Worker& worker, beast::tcp_stream& stream,
                                    http::request<http::string_body>& req, RequestScope& scope,
                                    std::string_view path);
+  // The answers of the routes that need no I/O (health, metrics, status,
+  // 404s).
+  http::response<http::string_body> route_answer(WorkerContext& w,
+                                                 const http::request<http::string_body>& req,
+                                                 std::string_view path);
   // Reads one request after its first bytes arrived; answers (and returns
   // false) when it cannot be read and the connection must close.
   net::awaitable<bool> read_request(beast::tcp_stream& stream, beast::flat_buffer& buffer,
                                     http::request<http::string_body>& req);
   net::awaitable<void> admin_accept_loop();
   net::awaitable<void> admin_session(tcp::socket socket);
-  std::string status_json() const;
+  // GET /status; `addresses` adds the engines' URLs.
+  nlohmann::json status_document(bool addresses) const;
   void stop_gracefully();
 
   Config cfg_;
@@ -75,6 +83,8 @@ class Gateway {
   std::atomic<bool> stopping_{false};
   GatewayMetrics metrics_;
   BodyBudget body_budget_{cfg_.body_memory_limit};
+  // This process's Via identity (routing-loop detection).
+  const LoopGuard loop_guard_;
   std::function<Result<bool>()> reload_policy_;
   std::function<std::string()> policy_metrics_;
   std::shared_ptr<AdminApi> admin_;

@@ -16,20 +16,32 @@
 #include "core/instance.hpp"
 #include "core/json_body.hpp"
 #include "core/upstream.hpp"
+#include "core/worker.hpp"
 
 namespace pdgate {
+
+// What every upstream request made for one client request carries from
+// it: the credentials, and the Via chain that lets gateways detect loops
+// (core/loop_guard.hpp).
+struct ForwardedHeaders {
+  std::string authorization;  // the client's, else the OPENAI_API_KEY default
+  std::string via;
+};
+
+// Computed once per client request.
+ForwardedHeaders forwarded_headers(const WorkerContext& w,
+                                   const http::request<http::string_body>& req);
 
 http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
                                                   std::string_view target, std::string body,
                                                   const std::string& request_id,
-                                                  const std::string& authorization);
+                                                  const ForwardedHeaders& fwd);
 
 // The same request's header alone, for a body of `body_size` bytes sent as
 // a buffer sequence (UpstreamExchange::start with buffers).
 http::request_header<> upstream_head(http::verb method, const Instance& inst,
                                      std::string_view target, std::size_t body_size,
-                                     const std::string& request_id,
-                                     const std::string& authorization);
+                                     const std::string& request_id, const ForwardedHeaders& fwd);
 
 // The pieces of a spliced body as buffers for a gathering write.
 std::vector<net::const_buffer> body_buffers(const SplicedText& body);
@@ -37,7 +49,11 @@ std::vector<net::const_buffer> body_buffers(const SplicedText& body);
 // The first `max` bytes of `s`, "..." when cut.
 std::string snippet(std::string_view s, std::size_t max = 300);
 
-// 502 "<stage> stage failed: <detail>".
+// What a client is told an upstream failure was, without the engine's
+// address ("timed out waiting for the engine").
+const char* public_reason(UpstreamFailure kind);
+
+// 502 "<stage> stage failed: <public reason>"; the detail names the engine.
 GatewayError stage_failure(Stage stage, const UpstreamError& e);
 
 // 503 "no healthy <stage> instance is available".

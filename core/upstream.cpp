@@ -138,6 +138,7 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
     resolved_.reset();  // the address may have changed
     UpstreamError err{UpstreamFailure::connect, ""};
     if (ec == beast::error::timeout) {
+      err.kind = UpstreamFailure::connect_timeout;
       err.detail =
           "connect to " + spec.url + " timed out after " + std::to_string(timeout.count()) + " ms";
     } else if (scope && scope->client_gone()) {

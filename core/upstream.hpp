@@ -34,14 +34,16 @@ struct UpstreamTimeouts {
   Millis first_byte{600'000};
 };
 
-// How an exchange with an engine failed. `connect`: the request never
-// reached the engine (resolve, refused, connect timeout), so sending it
+// How an exchange with an engine failed. `connect`, `connect_timeout`: the
+// request never reached the engine (resolve, refused, no answer to the
+// connect), so sending it
 // elsewhere is always safe. `local`: the gateway itself is short of a
 // resource (file descriptors, memory): not the engine's fault. `ejected`:
 // the engine was ejected while the request waited for it.
 enum class UpstreamFailure {
   none,
   connect,
+  connect_timeout,
   timeout,
   closed,
   protocol,

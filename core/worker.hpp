@@ -10,6 +10,7 @@
 
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
 #include "core/upstream.hpp"
 #include "plugins/conversation_store.hpp"
@@ -55,6 +56,8 @@ struct WorkerContext {
   }
   // Shared by all workers; null in tests that build a bare WorkerContext.
   GatewayMetrics* metrics = nullptr;
+  // This gateway's Via identity (null: no Via is sent).
+  const LoopGuard* loop_guard = nullptr;
 
   UpstreamTimeouts timeouts() const { return {cfg.connect_timeout, cfg.first_byte_timeout}; }
 };

@@ -41,16 +41,24 @@ TEST(Health, UnconfiguredRolesAreEmpty) {
 }
 
 // One of two decodes down: the role stays healthy. The only encoder
-// refusing connections and the only prefill hanging: both roles
-// unhealthy, 503, answered within the health timeout.
+// refusing connections and the only prefill hanging: once the health
+// checks have judged them, both roles are unhealthy and /health is 503
+// (answered at once, from the checks' state).
 TEST(Health, RoleWithoutHealthyInstanceIs503) {
   Sim hung("prefill", {"--hang"}), d("decode");
   Gateway gw({"--encode-servers-urls", "http://127.0.0.1:" + std::to_string(closed_port()),
               "--prefill-servers-urls", hung.url(), "--decode-servers-urls",
-              d.url() + ",http://127.0.0.1:" + std::to_string(closed_port())});
+              d.url() + ",http://127.0.0.1:" + std::to_string(closed_port()), "--health-interval",
+              "200ms", "--health-fall", "1"});
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto h = get(gw.port(), "/health");
+        return h.status == 503 && h.json()["prefill_cluster"] == "unhealthy";
+      },
+      std::chrono::seconds(4)));
   const auto start = Clock::now();
   auto r = get(gw.port(), "/health");
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(4));
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
   ASSERT_EQ(r.status, 503) << r.body;
   auto j = r.json();
   EXPECT_EQ(j["status"], "unhealthy");

@@ -440,7 +440,8 @@ Json Sim::requests() {
   Json out = Json::array();
   for (auto& r : all) {
     const std::string path = r.value("path", "");
-    if (path.rfind("/v1/", 0) == 0)
+    const std::string route = path.substr(0, path.find('?'));
+    if (route == "/v1/completions" || route == "/v1/chat/completions")
       out.push_back(r);
   }
   return out;
@@ -458,8 +459,17 @@ Gateway::Gateway(std::vector<std::string> args, std::map<std::string, std::strin
   std::vector<std::string> argv = {
       build_dir() + "/pdgate", "--host", "127.0.0.1", "--port", "0", "--workers", "2"};
   argv.insert(argv.end(), args.begin(), args.end());
+  if (auto it = env.find("ADMIN_API_KEY"); it != env.end())
+    admin_key_ = it->second;
   proc_ = std::make_unique<Process>("pdgate", argv, std::move(env));
   port_ = proc_->wait_listening();
+}
+
+Json Gateway::status() {
+  Headers h;
+  if (!admin_key_.empty())
+    h.emplace_back("X-API-Key", admin_key_);
+  return http_request(port_, "GET", "/status", {}, h).json();
 }
 
 std::uint16_t closed_port() {

@@ -124,12 +124,15 @@ class Gateway {
  public:
   explicit Gateway(std::vector<std::string> args, std::map<std::string, std::string> env = {});
   std::uint16_t port() const { return port_; }
-  Json status() { return get(port_, "/status").json(); }
+  // GET /status, with the admin key when the gateway has one (engine
+  // addresses are shown only to its holder).
+  Json status();
   Process& process() { return *proc_; }
 
  private:
   std::unique_ptr<Process> proc_;
   std::uint16_t port_ = 0;
+  std::string admin_key_;
 };
 
 // Polls `pred` until it holds or `timeout` passes.

@@ -33,9 +33,12 @@ class PdPipeline : public ::testing::Test {
     p2 = new Sim("prefill");
     d1 = new Sim("decode", {"--itl-ms", "2"});
     d2 = new Sim("decode", {"--itl-ms", "2"});
-    gw = new Gateway({"--model", "sim-model", "--prefill", p1->hostport(), p2->hostport(),
-                      "--decode", d1->hostport(), d2->hostport()},
-                     {{"OPENAI_API_KEY", "sk-from-env"}});
+    // No health checks or metrics scrapes: they open connections of their
+    // own, which KeepAliveClientAndUpstream would count.
+    gw = new Gateway(
+        {"--model", "sim-model", "--prefill", p1->hostport(), p2->hostport(), "--decode",
+         d1->hostport(), d2->hostport(), "--health-interval", "off", "--metrics-interval", "off"},
+        {{"OPENAI_API_KEY", "sk-from-env"}});
   }
   static void TearDownTestSuite() {
     delete gw;
