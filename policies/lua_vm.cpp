@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "policies/lua_bounded_lib.hpp"
+#include "policies/lua_budget.hpp"
 #include "policies/prefix_hash.hpp"
 
 namespace pdgate::policy {
@@ -47,6 +49,18 @@ constexpr int kHookCount = 1000;
 // reload, off the pick path, so it gets a larger budget.
 constexpr auto kLoadBudget = std::chrono::milliseconds(200);
 
+// Allocations at least this large check the deadline: they are where work
+// that grows with data happens (`s .. s`, string results, table growth),
+// and checking only them keeps the clock off the small-allocation path.
+constexpr std::size_t kLargeAlloc = 256 * 1024;
+
+// How deeply C functions may re-enter Lua (pcall in pcall, a sort
+// comparator that sorts, ...). Each level costs a few hundred bytes to a
+// few KiB of the worker thread's C stack.
+constexpr int kMaxCDepth = 100;
+
+constexpr const char* kBudgetMessage = "policy exceeded its time budget";
+
 }  // namespace
 
 // A few recent requests' hashes: a request's prefill and decode picks
@@ -80,6 +94,8 @@ struct LuaVm::Impl {
   std::int64_t min_ticks = 0;
   bool in_call = false;
   bool timed_out = false;
+  // C functions currently re-entering Lua (budget::enter).
+  int c_depth = 0;
 
   struct StageScript {
     int pick_ref = LUA_NOREF;
@@ -151,6 +167,13 @@ void* limited_alloc(void* ud, void* ptr, std::size_t osize, std::size_t nsize) {
   }
   if (nsize > old && I->mem_used + (nsize - old) > I->mem_limit)
     return nullptr;
+  // A large allocation past the deadline fails (the call reports the
+  // budget, see budgeted_call): a VM instruction such as `s .. s` copies
+  // megabytes without returning to the count hook.
+  if (nsize >= old + kLargeAlloc && I->in_call && (I->timed_out || Clock::now() > I->deadline)) {
+    I->timed_out = true;
+    return nullptr;
+  }
   void* p = std::realloc(ptr, nsize);
   if (p == nullptr)
     return nullptr;
@@ -171,7 +194,7 @@ void count_hook(lua_State* L, lua_Debug* /*ar*/) {
   // deadline.
   if (I.timed_out || (I.ticks >= I.min_ticks && Clock::now() > I.deadline)) {
     I.timed_out = true;
-    luaL_error(L, "policy exceeded its time budget");
+    luaL_error(L, kBudgetMessage);
   }
 }
 
@@ -179,7 +202,10 @@ void count_hook(lua_State* L, lua_Debug* /*ar*/) {
 // `while true do pcall(loop) end` would run forever.
 int safe_pcall(lua_State* L) {
   luaL_checkany(L, 1);
+  const int depth = budget::depth(L);
+  budget::enter(L);
   const int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  budget::set_depth(L, depth);
   if (impl_of(L).timed_out)
     return lua_error(L);
   lua_pushboolean(L, status == 0);
@@ -187,16 +213,48 @@ int safe_pcall(lua_State* L) {
   return lua_gettop(L);
 }
 
+// xpcall(f, handler, ...) never gives the handler to lua_pcall. LuaJIT
+// runs a message handler where the error was raised, and an error raised
+// by the count hook leaves the hook marked active there, so a handler
+// that loops would never be interrupted. Here f runs under a plain
+// lua_pcall (which clears that mark), then the handler runs as ordinary,
+// hooked code with the error value, unless the error was the budget.
+// Without a debug library a handler cannot tell the difference.
 int safe_xpcall(lua_State* L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lua_settop(L, 2);
-  lua_insert(L, 1);  // handler below the function
-  const int status = lua_pcall(L, 0, LUA_MULTRET, 1);
+  const int depth = budget::depth(L);
+  budget::enter(L);
+  // f, handler, args... -> handler, f, args...
+  lua_pushvalue(L, 2);
+  lua_remove(L, 2);
+  lua_insert(L, 1);
+  const int status = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
+  budget::set_depth(L, depth);
   if (impl_of(L).timed_out)
     return lua_error(L);
-  lua_pushboolean(L, status == 0);
-  lua_replace(L, 1);
-  return lua_gettop(L);
+  if (status == 0) {
+    lua_pushboolean(L, 1);
+    lua_replace(L, 1);
+    return lua_gettop(L);
+  }
+  // Stack: handler, error. As in LuaJIT, only runtime errors reach the
+  // handler; a memory error is returned as it is.
+  if (status == LUA_ERRRUN) {
+    lua_pushvalue(L, 1);
+    lua_insert(L, -2);
+    budget::enter(L);
+    const int hstatus = lua_pcall(L, 1, 1, 0);
+    budget::set_depth(L, depth);
+    if (impl_of(L).timed_out)
+      return lua_error(L);
+    if (hstatus != 0) {
+      lua_pop(L, 1);
+      lua_pushliteral(L, "error in error handling");
+    }
+  }
+  lua_pushboolean(L, 0);
+  lua_insert(L, -2);
+  return 2;
 }
 
 // --- The pdgate module ------------------------------------------------------
@@ -460,9 +518,19 @@ int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
   I.min_ticks =
       std::chrono::duration_cast<std::chrono::microseconds>(budget).count() * 50 / kHookCount;
   I.timed_out = false;
+  I.c_depth = 0;
   I.in_call = true;
   const int status = lua_pcall(I.L, nargs, nresults, 0);
   I.in_call = false;
+  // A call stopped by the budget may have failed elsewhere first (e.g. a
+  // large allocation refused past the deadline says "not enough memory").
+  if (status != 0 && I.timed_out) {
+    const char* msg = lua_tostring(I.L, -1);
+    if (msg == nullptr || std::strstr(msg, kBudgetMessage) == nullptr) {
+      lua_pushfstring(I.L, "%s (%s)", kBudgetMessage, msg != nullptr ? msg : "no message");
+      lua_remove(I.L, -2);
+    }
+  }
   return status;
 }
 
@@ -717,6 +785,7 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
     if (lua_pcall(L, 1, 0, 0) != 0)
       return fail("cannot open Lua libraries: " + pop_error(L));
   }
+  install_bounded_libs(L);
   // string.dump would hand out bytecode, which can break the VM's
   // invariants when loaded; strings' metatable shares this table.
   lua_getglobal(L, LUA_STRLIBNAME);
@@ -955,5 +1024,45 @@ Result<bool> LuaVm::self_check() {
   }
   return true;
 }
+
+// --- What the bounded library functions need (lua_budget.hpp) -----------------
+
+namespace budget {
+
+bool spent(lua_State* L) {
+  Impl& I = impl_of(L);
+  if (!I.in_call)
+    return false;
+  if (!I.timed_out && Clock::now() > I.deadline)
+    I.timed_out = true;
+  return I.timed_out;
+}
+
+int raise(lua_State* L) {
+  impl_of(L).timed_out = true;
+  return luaL_error(L, kBudgetMessage);
+}
+
+void enter(lua_State* L) {
+  Impl& I = impl_of(L);
+  if (++I.c_depth > kMaxCDepth) {
+    --I.c_depth;
+    luaL_error(L, "C stack overflow (pcall, xpcall, sort or gsub nested over %d deep)", kMaxCDepth);
+  }
+}
+
+void leave(lua_State* L) {
+  --impl_of(L).c_depth;
+}
+
+int depth(lua_State* L) {
+  return impl_of(L).c_depth;
+}
+
+void set_depth(lua_State* L, int depth) {
+  impl_of(L).c_depth = depth;
+}
+
+}  // namespace budget
 
 }  // namespace pdgate::policy
