@@ -449,6 +449,27 @@ TEST(SandboxBudget, LargeStringsBounded) {
   }
 }
 
+// A loop whose every instruction is slow (`..` or `<` on a 4 MB string
+// copies or compares megabytes without allocating, and the count hook
+// comes only every 1000 instructions) is stopped within a second: past
+// the deadline plus the 10 ms preemption grace, the first hook call ends
+// it. docs/policies.md states this residual overrun.
+TEST(SandboxBudget, SlowInstructionsStoppedAfterGrace) {
+  const std::string prelude =
+      "local big = string.rep('x', 4e6)\n"
+      "local big2 = string.rep('x', 4e6 - 1) .. 'y'\n";
+  for (const char* body :
+       {"while true do local c = big .. '' end", "while true do local c = big < big2 end"}) {
+    SCOPED_TRACE(body);
+    Sandbox sb;
+    ASSERT_TRUE(sb.load_ok(spinning_policy(body, prelude)));
+    Clock::duration took{};
+    EXPECT_EQ(sb.pick("spin", &took).status, PickStatus::budget);
+    EXPECT_LT(took, 1s) << std::chrono::duration<double, std::milli>(took).count() << " ms";
+    EXPECT_EQ(sb.pick("fine").status, PickStatus::chosen);
+  }
+}
+
 // --- Persistence -------------------------------------------------------------
 
 // A script that catches the budget error every way it can and loops again
