@@ -1,5 +1,6 @@
 // One LuaJIT state running one version of the configured policies (one
-// script per stage). All Lua/C interaction lives in lua_vm.cpp; nothing
+// script per stage). All Lua/C interaction lives in lua_vm.cpp and the
+// sandbox's bounded library (lua_bounded_lib.cpp, lua_budget.hpp); nothing
 // else in pdgate includes a Lua header.
 //
 // A LuaVm belongs to one worker thread. It is created from a PolicyBundle
