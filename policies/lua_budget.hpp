@@ -31,4 +31,9 @@ void leave(lua_State* L);
 int depth(lua_State* L);
 void set_depth(lua_State* L, int depth);
 
+// Called from the watchdog's signal handler on the worker thread: makes
+// the call this thread is running (if any) check its deadline after every
+// instruction. Async-signal-safe.
+void interrupt_current_call();
+
 }  // namespace pdgate::policy::budget

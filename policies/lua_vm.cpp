@@ -6,12 +6,15 @@
 #include <lua.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 
 #include "policies/lua_bounded_lib.hpp"
 #include "policies/lua_budget.hpp"
+#include "policies/lua_watchdog.hpp"
 #include "policies/prefix_hash.hpp"
 
 namespace pdgate::policy {
@@ -100,6 +103,13 @@ struct LuaVm::Impl {
   bool timed_out = false;
   // C functions currently re-entering Lua (budget::enter).
   int c_depth = 0;
+  // Set by the watchdog's signal: the count hook runs after every
+  // instruction until the call ends (fast_steps counts them, so that
+  // `ticks` still counts thousands of instructions).
+  volatile std::sig_atomic_t fast_hook = 0;
+  std::int64_t fast_steps = 0;
+  PolicyWatchdog* watchdog = nullptr;
+  PolicyWatchdog::Slot* watchdog_slot = nullptr;
 
   struct StageScript {
     int pick_ref = LUA_NOREF;
@@ -140,6 +150,8 @@ struct LuaVm::Impl {
   ~Impl() {
     if (L != nullptr)
       lua_close(L);
+    if (watchdog != nullptr)
+      watchdog->release(watchdog_slot);
   }
 
   const std::vector<std::uint64_t>& hashes() {
@@ -191,7 +203,8 @@ void count_hook(lua_State* L, lua_Debug* /*ar*/) {
   Impl& I = impl_of(L);
   if (!I.in_call)
     return;
-  ++I.ticks;
+  if (I.fast_hook == 0 || ++I.fast_steps % kHookCount == 0)
+    ++I.ticks;
   if (!I.timed_out) {
     const auto now = Clock::now();
     if (now <= I.deadline)
@@ -521,6 +534,9 @@ std::string pop_error(lua_State* L) {
 
 // Calls the function below `nargs` arguments on the stack under the
 // budget. Returns the status; on error the message is on the stack.
+// The call this thread is running, for the watchdog's signal handler.
+thread_local Impl* t_running = nullptr;
+
 int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
   I.deadline = Clock::now() + budget;
   I.ticks = 0;
@@ -531,7 +547,24 @@ int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
   I.timed_out = false;
   I.c_depth = 0;
   I.in_call = true;
+  if (I.watchdog_slot != nullptr) {
+    PolicyWatchdog::begin(*I.watchdog_slot, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                I.deadline.time_since_epoch())
+                                                .count());
+  }
+  t_running = &I;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   const int status = lua_pcall(I.L, nargs, nresults, 0);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_running = nullptr;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  if (I.watchdog_slot != nullptr)
+    PolicyWatchdog::end(*I.watchdog_slot);
+  if (I.fast_hook != 0) {
+    lua_sethook(I.L, count_hook, LUA_MASKCOUNT, kHookCount);
+    I.fast_hook = 0;
+    I.fast_steps = 0;
+  }
   I.in_call = false;
   // A call stopped by the budget may have failed elsewhere first (e.g. a
   // large allocation refused past the deadline says "not enough memory").
@@ -773,6 +806,9 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
   auto I = std::make_unique<Impl>();
   I->svc = services;
   I->mem_limit = services.memory_limit;
+  I->watchdog = services.watchdog;
+  if (I->watchdog != nullptr)
+    I->watchdog_slot = I->watchdog->acquire();
   I->L = lua_newstate(limited_alloc, I.get());
   if (I->L == nullptr)
     return fail("cannot create a Lua state (memory limit too small?)");
@@ -1072,6 +1108,17 @@ int depth(lua_State* L) {
 
 void set_depth(lua_State* L, int depth) {
   impl_of(L).c_depth = depth;
+}
+
+void interrupt_current_call() {
+  Impl* I = t_running;
+  if (I == nullptr)
+    return;
+  I->fast_hook = 1;
+  // What luajit's own SIGINT handler does: with the count mask unchanged
+  // this only stores the new count, which the interpreter reads before
+  // the next instruction.
+  lua_sethook(I->L, count_hook, LUA_MASKCOUNT, 1);
 }
 
 }  // namespace budget

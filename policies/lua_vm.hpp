@@ -21,6 +21,8 @@
 
 namespace pdgate::policy {
 
+class PolicyWatchdog;
+
 // One stage's script: what the user named, where it came from, its text.
 struct PolicySource {
   std::string spec;    // as configured: "least_load" or "/etc/pdgate/mine.lua"
@@ -42,6 +44,8 @@ struct VmServices {
   KvStore* kv = nullptr;
   ConversationTable* conversations = nullptr;
   PrefixIndex* prefixes = nullptr;
+  // Interrupts calls stuck in slow instructions; optional (lua_watchdog.hpp).
+  PolicyWatchdog* watchdog = nullptr;
 };
 
 // A request's prefix block hashes, computed at most once however many

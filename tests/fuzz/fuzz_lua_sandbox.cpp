@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "policies/lua_vm.hpp"
+#include "policies/lua_watchdog.hpp"
 
 namespace {
 
@@ -142,6 +143,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   svc.kv = &kv;
   svc.conversations = &conversations;
   svc.prefixes = &prefixes;
+  // One watchdog thread for the whole run, as one engine has.
+  static PolicyWatchdog watchdog;
+  svc.watchdog = &watchdog;
   PolicyBundle bundle;
   for (auto& s : bundle.stages) {
     s.spec = "fuzz.lua";

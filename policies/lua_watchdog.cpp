@@ -1,0 +1,122 @@
+// The policy watchdog thread and its signal (lua_watchdog.hpp).
+#include "policies/lua_watchdog.hpp"
+
+#include <signal.h>
+
+#include <mutex>
+
+#include "policies/lua_budget.hpp"
+
+namespace pdgate::policy {
+namespace {
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Runs on the worker thread the watchdog signalled, wherever it was.
+void on_signal(int) {
+  budget::interrupt_current_call();
+}
+
+// The handler is process-wide by nature; it is installed once, by the
+// first watchdog, and does nothing on a thread that is not in a call.
+void install_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(PolicyWatchdog::signal_number(), &sa, nullptr);
+  });
+}
+
+}  // namespace
+
+int PolicyWatchdog::signal_number() {
+  return SIGRTMIN + 5;
+}
+
+PolicyWatchdog::PolicyWatchdog(std::chrono::microseconds period) : period_(period) {
+  install_handler();
+  thread_ = std::thread([this] { run(); });
+}
+
+PolicyWatchdog::~PolicyWatchdog() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+PolicyWatchdog::Slot* PolicyWatchdog::acquire() {
+  std::lock_guard lock(slots_mu_);
+  for (auto& s : slots_) {
+    if (!s.used.load(std::memory_order_relaxed)) {
+      s.deadline_ns.store(0, std::memory_order_relaxed);
+      s.used.store(true, std::memory_order_release);
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
+void PolicyWatchdog::release(Slot* slot) {
+  if (slot == nullptr)
+    return;
+  std::lock_guard lock(slots_mu_);
+  slot->deadline_ns.store(0, std::memory_order_seq_cst);
+  slot->used.store(false, std::memory_order_release);
+}
+
+void PolicyWatchdog::begin(Slot& s, std::int64_t deadline_ns) {
+  s.thread.store(pthread_self(), std::memory_order_relaxed);
+  s.call.store(s.call.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  s.deadline_ns.store(deadline_ns, std::memory_order_release);
+}
+
+void PolicyWatchdog::end(Slot& s) {
+  // With scan()'s two seq_cst operations this is Dekker's handshake:
+  // either the watchdog sees no call, or this thread sees it signalling
+  // and waits until the signal is sent.
+  s.deadline_ns.store(0, std::memory_order_seq_cst);
+  while (s.signaling.load(std::memory_order_seq_cst)) {
+  }
+}
+
+void PolicyWatchdog::run() {
+  std::unique_lock lock(mu_);
+  while (!cv_.wait_for(lock, period_, [this] { return stop_; })) {
+    lock.unlock();
+    scan();
+    lock.lock();
+  }
+}
+
+void PolicyWatchdog::scan() {
+  const std::int64_t now = steady_ns();
+  for (auto& s : slots_) {
+    if (!s.used.load(std::memory_order_acquire))
+      continue;
+    const std::int64_t seen = s.deadline_ns.load(std::memory_order_relaxed);
+    if (seen == 0 || seen > now)
+      continue;
+    s.signaling.store(true, std::memory_order_seq_cst);
+    const std::int64_t deadline = s.deadline_ns.load(std::memory_order_seq_cst);
+    const std::uint64_t call = s.call.load(std::memory_order_relaxed);
+    // Once per call: the first signal already switched its hook.
+    if (deadline != 0 && deadline <= now && call != s.signaled_call) {
+      pthread_kill(s.thread.load(std::memory_order_relaxed), signal_number());
+      s.signaled_call = call;
+      sent_.fetch_add(1, std::memory_order_relaxed);
+    }
+    s.signaling.store(false, std::memory_order_seq_cst);
+  }
+}
+
+}  // namespace pdgate::policy
