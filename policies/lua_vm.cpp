@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "policies/lua_bounded_lib.hpp"
 #include "policies/lua_budget.hpp"
@@ -62,9 +63,18 @@ constexpr std::size_t kLargeAlloc = 256 * 1024;
 // few KiB of the worker thread's C stack.
 constexpr int kMaxCDepth = 100;
 
-// How long past its deadline a call that ran few instructions is given
-// the benefit of the doubt (see count_hook).
-constexpr auto kPreemptionGrace = std::chrono::milliseconds(10);
+// CPU time a call that ran few instructions may use past its deadline
+// before it is stopped (see count_hook), and how often, in wall time,
+// count_hook reads that CPU time (a system call) meanwhile.
+constexpr auto kSlowCpuAllowance = std::chrono::milliseconds(2);
+constexpr auto kCpuCheckEvery = std::chrono::milliseconds(1);
+
+// This thread's CPU time (excludes time the OS ran other threads).
+Clock::duration thread_cpu_time() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
 
 constexpr const char* kBudgetMessage = "policy exceeded its time budget";
 
@@ -108,6 +118,10 @@ struct LuaVm::Impl {
   // `ticks` still counts thousands of instructions).
   volatile std::sig_atomic_t fast_hook = 0;
   std::int64_t fast_steps = 0;
+  // CPU time when the call was first seen past its deadline with few
+  // instructions run, and when count_hook last looked (see there).
+  Clock::duration cpu_mark{};
+  Clock::time_point cpu_mark_at{};
   PolicyWatchdog* watchdog = nullptr;
   PolicyWatchdog::Slot* watchdog_slot = nullptr;
 
@@ -203,20 +217,39 @@ void count_hook(lua_State* L, lua_Debug* /*ar*/) {
   Impl& I = impl_of(L);
   if (!I.in_call)
     return;
-  if (I.fast_hook == 0 || ++I.fast_steps % kHookCount == 0)
+  if (I.fast_hook == 0) {
+    // Below min_ticks the call has not run enough instructions to be
+    // blamed for any lateness, so the clock is not even read; a call kept
+    // late by slow instructions is the watchdog's job (it switches the
+    // call to fast_hook).
+    if (++I.ticks < I.min_ticks && !I.timed_out)
+      return;
+  } else if (++I.fast_steps % kHookCount == 0) {
     ++I.ticks;
+  }
   if (!I.timed_out) {
     const auto now = Clock::now();
     if (now <= I.deadline)
       return;
     // Past the deadline counts at once if the script also ran the
     // instructions such a time takes (an infinite loop does, just after
-    // the deadline). With fewer, the worker may have been preempted
-    // mid-pick, which is not the policy's fault, and is forgiven for
-    // kPreemptionGrace; past that the instructions themselves were slow
-    // (each `..` or `<` on a string of megabytes is one instruction).
-    if (I.ticks < I.min_ticks && now <= I.deadline + kPreemptionGrace)
-      return;
+    // the deadline). With fewer, either the OS preempted the worker
+    // mid-pick, which is not the policy's fault, or the instructions were
+    // slow (each `..` or `<` on a string of megabytes is one); the
+    // thread's CPU time tells them apart, read at most every
+    // kCpuCheckEvery because it costs a system call.
+    if (I.ticks < I.min_ticks) {
+      if (I.cpu_mark_at == Clock::time_point{}) {
+        I.cpu_mark = thread_cpu_time();
+        I.cpu_mark_at = now;
+        return;
+      }
+      if (now - I.cpu_mark_at < kCpuCheckEvery)
+        return;
+      I.cpu_mark_at = now;
+      if (thread_cpu_time() - I.cpu_mark < kSlowCpuAllowance)
+        return;
+    }
     I.timed_out = true;
   }
   luaL_error(L, kBudgetMessage);
@@ -546,6 +579,7 @@ int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
       std::chrono::duration_cast<std::chrono::microseconds>(budget).count() * 50 / kHookCount;
   I.timed_out = false;
   I.c_depth = 0;
+  I.cpu_mark_at = Clock::time_point{};
   I.in_call = true;
   if (I.watchdog_slot != nullptr) {
     PolicyWatchdog::begin(*I.watchdog_slot, std::chrono::duration_cast<std::chrono::nanoseconds>(

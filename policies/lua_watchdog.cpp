@@ -2,6 +2,8 @@
 #include "policies/lua_watchdog.hpp"
 
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <mutex>
 
@@ -14,6 +16,14 @@ std::int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// The calling thread's kernel id, looked up once per thread.
+pid_t this_thread_id() {
+  thread_local pid_t id = 0;
+  if (id == 0)
+    id = static_cast<pid_t>(::syscall(SYS_gettid));
+  return id;
 }
 
 // Runs on the worker thread the watchdog signalled, wherever it was.
@@ -56,10 +66,13 @@ PolicyWatchdog::~PolicyWatchdog() {
 
 PolicyWatchdog::Slot* PolicyWatchdog::acquire() {
   std::lock_guard lock(slots_mu_);
-  for (auto& s : slots_) {
+  for (std::size_t i = 0; i < kSlots; ++i) {
+    Slot& s = slots_[i];
     if (!s.used.load(std::memory_order_relaxed)) {
       s.deadline_ns.store(0, std::memory_order_relaxed);
       s.used.store(true, std::memory_order_release);
+      if (i >= in_use_.load(std::memory_order_relaxed))
+        in_use_.store(i + 1, std::memory_order_release);
       return &s;
     }
   }
@@ -70,23 +83,18 @@ void PolicyWatchdog::release(Slot* slot) {
   if (slot == nullptr)
     return;
   std::lock_guard lock(slots_mu_);
-  slot->deadline_ns.store(0, std::memory_order_seq_cst);
+  slot->deadline_ns.store(0, std::memory_order_relaxed);
   slot->used.store(false, std::memory_order_release);
 }
 
 void PolicyWatchdog::begin(Slot& s, std::int64_t deadline_ns) {
-  s.thread.store(pthread_self(), std::memory_order_relaxed);
+  s.thread.store(this_thread_id(), std::memory_order_relaxed);
   s.call.store(s.call.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   s.deadline_ns.store(deadline_ns, std::memory_order_release);
 }
 
 void PolicyWatchdog::end(Slot& s) {
-  // With scan()'s two seq_cst operations this is Dekker's handshake:
-  // either the watchdog sees no call, or this thread sees it signalling
-  // and waits until the signal is sent.
-  s.deadline_ns.store(0, std::memory_order_seq_cst);
-  while (s.signaling.load(std::memory_order_seq_cst)) {
-  }
+  s.deadline_ns.store(0, std::memory_order_release);
 }
 
 void PolicyWatchdog::run() {
@@ -100,22 +108,21 @@ void PolicyWatchdog::run() {
 
 void PolicyWatchdog::scan() {
   const std::int64_t now = steady_ns();
-  for (auto& s : slots_) {
+  const std::size_t n = in_use_.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    Slot& s = slots_[i];
     if (!s.used.load(std::memory_order_acquire))
       continue;
-    const std::int64_t seen = s.deadline_ns.load(std::memory_order_relaxed);
-    if (seen == 0 || seen > now)
+    const std::int64_t deadline = s.deadline_ns.load(std::memory_order_acquire);
+    if (deadline == 0 || deadline > now)
       continue;
-    s.signaling.store(true, std::memory_order_seq_cst);
-    const std::int64_t deadline = s.deadline_ns.load(std::memory_order_seq_cst);
-    const std::uint64_t call = s.call.load(std::memory_order_relaxed);
     // Once per call: the first signal already switched its hook.
-    if (deadline != 0 && deadline <= now && call != s.signaled_call) {
-      pthread_kill(s.thread.load(std::memory_order_relaxed), signal_number());
-      s.signaled_call = call;
-      sent_.fetch_add(1, std::memory_order_relaxed);
-    }
-    s.signaling.store(false, std::memory_order_seq_cst);
+    const std::uint64_t call = s.call.load(std::memory_order_relaxed);
+    if (call == s.signaled_call)
+      continue;
+    s.signaled_call = call;
+    ::syscall(SYS_tgkill, ::getpid(), s.thread.load(std::memory_order_relaxed), signal_number());
+    sent_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

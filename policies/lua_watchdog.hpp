@@ -13,8 +13,6 @@
 // otherwise: one thread waking every period while a policy engine exists.
 #pragma once
 
-#include <pthread.h>
-
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -23,6 +21,8 @@
 #include <mutex>
 #include <thread>
 
+#include <sys/types.h>
+
 namespace pdgate::policy {
 
 class PolicyWatchdog {
@@ -30,9 +30,8 @@ class PolicyWatchdog {
   // One LuaVm's call in progress.
   struct Slot {
     std::atomic<std::int64_t> deadline_ns{0};  // steady clock; 0: no call
-    std::atomic<pthread_t> thread{};
-    std::atomic<std::uint64_t> call{0};  // bumped per call
-    std::atomic<bool> signaling{false};  // the watchdog is checking this slot
+    std::atomic<pid_t> thread{0};              // the calling thread's kernel id
+    std::atomic<std::uint64_t> call{0};        // bumped per call
     std::atomic<bool> used{false};
     std::uint64_t signaled_call = 0;  // watchdog thread only
   };
@@ -50,9 +49,11 @@ class PolicyWatchdog {
   Slot* acquire();
   void release(Slot* slot);
 
-  // Called by the worker around each budgeted call. end() waits (for
-  // microseconds at most) while the watchdog is signalling this thread,
-  // so a signal is never sent to a thread that has moved on and exited.
+  // Called by the worker around each budgeted call. The watchdog may
+  // signal a thread just after its call ended; the signal is addressed by
+  // kernel thread id (tgkill), so at worst it finds the thread gone
+  // (ESRCH) or reaches a thread that is not in a call (or whose id was
+  // reused), where the handler does nothing.
   static void begin(Slot& s, std::int64_t deadline_ns);
   static void end(Slot& s);
 
@@ -66,6 +67,10 @@ class PolicyWatchdog {
   static constexpr std::size_t kSlots = 1024;
   std::array<Slot, kSlots> slots_;
   std::mutex slots_mu_;  // serializes acquire/release
+  // Slots [0, in_use_) may be in use: acquire() takes the first free one,
+  // so the scan stays short (a few slots per worker) and out of the
+  // worker threads' caches.
+  std::atomic<std::size_t> in_use_{0};
   std::chrono::microseconds period_;
   std::atomic<std::uint64_t> sent_{0};
   std::mutex mu_;
