@@ -12,6 +12,8 @@
 namespace pdgate::policy {
 namespace {
 
+constexpr std::int64_t kResignalNs = 10'000'000;
+
 std::int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -116,11 +118,14 @@ void PolicyWatchdog::scan() {
     const std::int64_t deadline = s.deadline_ns.load(std::memory_order_acquire);
     if (deadline == 0 || deadline > now)
       continue;
-    // Once per call: the first signal already switched its hook.
+    // Once per call, but again every kResignal while it still runs: the
+    // handler's store of the hook count can lose a race with the
+    // interpreter reloading it, which only delays the switch.
     const std::uint64_t call = s.call.load(std::memory_order_relaxed);
-    if (call == s.signaled_call)
+    if (call == s.signaled_call && now - s.signaled_at_ns < kResignalNs)
       continue;
     s.signaled_call = call;
+    s.signaled_at_ns = now;
     ::syscall(SYS_tgkill, ::getpid(), s.thread.load(std::memory_order_relaxed), signal_number());
     sent_.fetch_add(1, std::memory_order_relaxed);
   }

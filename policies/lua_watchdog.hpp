@@ -34,6 +34,7 @@ class PolicyWatchdog {
     std::atomic<std::uint64_t> call{0};        // bumped per call
     std::atomic<bool> used{false};
     std::uint64_t signaled_call = 0;  // watchdog thread only
+    std::int64_t signaled_at_ns = 0;  // watchdog thread only
   };
 
   // The signal the watchdog sends (a real-time one no library here uses).
