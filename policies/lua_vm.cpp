@@ -565,11 +565,11 @@ std::string pop_error(lua_State* L) {
   return out;
 }
 
-// Calls the function below `nargs` arguments on the stack under the
-// budget. Returns the status; on error the message is on the stack.
 // The call this thread is running, for the watchdog's signal handler.
 thread_local Impl* t_running = nullptr;
 
+// Calls the function below `nargs` arguments on the stack under the
+// budget. Returns the status; on error the message is on the stack.
 int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
   I.deadline = Clock::now() + budget;
   I.ticks = 0;
