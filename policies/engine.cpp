@@ -225,6 +225,7 @@ PolicyEngine::PolicyEngine(PolicySettings settings) : settings_(std::move(settin
   services_.kv = &kv_;
   services_.conversations = &conversations_;
   services_.prefixes = &prefixes_;
+  services_.watchdog = &watchdog_;
 }
 
 Result<std::shared_ptr<PolicyEngine>> PolicyEngine::create(PolicySettings settings) {

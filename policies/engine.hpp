@@ -24,6 +24,7 @@
 #include "core/instance.hpp"
 #include "core/result.hpp"
 #include "policies/lua_vm.hpp"
+#include "policies/lua_watchdog.hpp"
 #include "policies/shared_state.hpp"
 
 namespace pdgate::policy {
@@ -120,6 +121,8 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   KvStore kv_;
   ConversationTable conversations_;
   PrefixIndex prefixes_;
+  // Stops policy calls that slow instructions keep from the count hook.
+  PolicyWatchdog watchdog_;
   VmServices services_;
   std::shared_ptr<RoundRobinPicker::Shared> rr_ = std::make_shared<RoundRobinPicker::Shared>();
 

@@ -6,10 +6,16 @@
 #include <lua.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
+#include "policies/lua_bounded_lib.hpp"
+#include "policies/lua_budget.hpp"
+#include "policies/lua_watchdog.hpp"
 #include "policies/prefix_hash.hpp"
 
 namespace pdgate::policy {
@@ -47,6 +53,31 @@ constexpr int kHookCount = 1000;
 // reload, off the pick path, so it gets a larger budget.
 constexpr auto kLoadBudget = std::chrono::milliseconds(200);
 
+// Allocations at least this large check the deadline: they are where work
+// that grows with data happens (`s .. s`, string results, table growth),
+// and checking only them keeps the clock off the small-allocation path.
+constexpr std::size_t kLargeAlloc = 256 * 1024;
+
+// How deeply C functions may re-enter Lua (pcall in pcall, a sort
+// comparator that sorts, ...). Each level costs a few hundred bytes to a
+// few KiB of the worker thread's C stack.
+constexpr int kMaxCDepth = 100;
+
+// CPU time a call that ran few instructions may use past its deadline
+// before it is stopped (see count_hook), and how often, in wall time,
+// count_hook reads that CPU time (a system call) meanwhile.
+constexpr auto kSlowCpuAllowance = std::chrono::milliseconds(2);
+constexpr auto kCpuCheckEvery = std::chrono::milliseconds(1);
+
+// This thread's CPU time (excludes time the OS ran other threads).
+Clock::duration thread_cpu_time() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+constexpr const char* kBudgetMessage = "policy exceeded its time budget";
+
 }  // namespace
 
 // A few recent requests' hashes: a request's prefill and decode picks
@@ -80,6 +111,19 @@ struct LuaVm::Impl {
   std::int64_t min_ticks = 0;
   bool in_call = false;
   bool timed_out = false;
+  // C functions currently re-entering Lua (budget::enter).
+  int c_depth = 0;
+  // Set by the watchdog's signal: the count hook runs after every
+  // instruction until the call ends (fast_steps counts them, so that
+  // `ticks` still counts thousands of instructions).
+  volatile std::sig_atomic_t fast_hook = 0;
+  std::int64_t fast_steps = 0;
+  // CPU time when the call was first seen past its deadline with few
+  // instructions run, and when count_hook last looked (see there).
+  Clock::duration cpu_mark{};
+  Clock::time_point cpu_mark_at{};
+  PolicyWatchdog* watchdog = nullptr;
+  PolicyWatchdog::Slot* watchdog_slot = nullptr;
 
   struct StageScript {
     int pick_ref = LUA_NOREF;
@@ -120,6 +164,8 @@ struct LuaVm::Impl {
   ~Impl() {
     if (L != nullptr)
       lua_close(L);
+    if (watchdog != nullptr)
+      watchdog->release(watchdog_slot);
   }
 
   const std::vector<std::uint64_t>& hashes() {
@@ -151,6 +197,13 @@ void* limited_alloc(void* ud, void* ptr, std::size_t osize, std::size_t nsize) {
   }
   if (nsize > old && I->mem_used + (nsize - old) > I->mem_limit)
     return nullptr;
+  // A large allocation past the deadline fails (the call reports the
+  // budget, see budgeted_call): a VM instruction such as `s .. s` copies
+  // megabytes without returning to the count hook.
+  if (nsize >= old + kLargeAlloc && I->in_call && (I->timed_out || Clock::now() > I->deadline)) {
+    I->timed_out = true;
+    return nullptr;
+  }
   void* p = std::realloc(ptr, nsize);
   if (p == nullptr)
     return nullptr;
@@ -164,22 +217,52 @@ void count_hook(lua_State* L, lua_Debug* /*ar*/) {
   Impl& I = impl_of(L);
   if (!I.in_call)
     return;
-  ++I.ticks;
-  // Past the deadline counts only if the script also ran the instructions
-  // such a time takes: a worker the OS preempted mid-pick is not the
-  // policy's fault. An infinite loop meets both conditions just after the
-  // deadline.
-  if (I.timed_out || (I.ticks >= I.min_ticks && Clock::now() > I.deadline)) {
-    I.timed_out = true;
-    luaL_error(L, "policy exceeded its time budget");
+  if (I.fast_hook == 0) {
+    // Below min_ticks the call has not run enough instructions to be
+    // blamed for any lateness, so the clock is not even read; a call kept
+    // late by slow instructions is the watchdog's job (it switches the
+    // call to fast_hook).
+    if (++I.ticks < I.min_ticks && !I.timed_out)
+      return;
+  } else if (++I.fast_steps % kHookCount == 0) {
+    ++I.ticks;
   }
+  if (!I.timed_out) {
+    const auto now = Clock::now();
+    if (now <= I.deadline)
+      return;
+    // Past the deadline counts at once if the script also ran the
+    // instructions such a time takes (an infinite loop does, just after
+    // the deadline). With fewer, either the OS preempted the worker
+    // mid-pick, which is not the policy's fault, or the instructions were
+    // slow (each `..` or `<` on a string of megabytes is one); the
+    // thread's CPU time tells them apart, read at most every
+    // kCpuCheckEvery because it costs a system call.
+    if (I.ticks < I.min_ticks) {
+      if (I.cpu_mark_at == Clock::time_point{}) {
+        I.cpu_mark = thread_cpu_time();
+        I.cpu_mark_at = now;
+        return;
+      }
+      if (now - I.cpu_mark_at < kCpuCheckEvery)
+        return;
+      I.cpu_mark_at = now;
+      if (thread_cpu_time() - I.cpu_mark < kSlowCpuAllowance)
+        return;
+    }
+    I.timed_out = true;
+  }
+  luaL_error(L, kBudgetMessage);
 }
 
 // pcall/xpcall for scripts: they cannot swallow the budget error, or
 // `while true do pcall(loop) end` would run forever.
 int safe_pcall(lua_State* L) {
   luaL_checkany(L, 1);
+  const int depth = budget::depth(L);
+  budget::enter(L);
   const int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  budget::set_depth(L, depth);
   if (impl_of(L).timed_out)
     return lua_error(L);
   lua_pushboolean(L, status == 0);
@@ -187,16 +270,48 @@ int safe_pcall(lua_State* L) {
   return lua_gettop(L);
 }
 
+// xpcall(f, handler, ...) never gives the handler to lua_pcall. LuaJIT
+// runs a message handler where the error was raised, and an error raised
+// by the count hook leaves the hook marked active there, so a handler
+// that loops would never be interrupted. Here f runs under a plain
+// lua_pcall (which clears that mark), then the handler runs as ordinary,
+// hooked code with the error value, unless the error was the budget.
+// Without a debug library a handler cannot tell the difference.
 int safe_xpcall(lua_State* L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
-  lua_settop(L, 2);
-  lua_insert(L, 1);  // handler below the function
-  const int status = lua_pcall(L, 0, LUA_MULTRET, 1);
+  const int depth = budget::depth(L);
+  budget::enter(L);
+  // f, handler, args... -> handler, f, args...
+  lua_pushvalue(L, 2);
+  lua_remove(L, 2);
+  lua_insert(L, 1);
+  const int status = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
+  budget::set_depth(L, depth);
   if (impl_of(L).timed_out)
     return lua_error(L);
-  lua_pushboolean(L, status == 0);
-  lua_replace(L, 1);
-  return lua_gettop(L);
+  if (status == 0) {
+    lua_pushboolean(L, 1);
+    lua_replace(L, 1);
+    return lua_gettop(L);
+  }
+  // Stack: handler, error. As in LuaJIT, only runtime errors reach the
+  // handler; a memory error is returned as it is.
+  if (status == LUA_ERRRUN) {
+    lua_pushvalue(L, 1);
+    lua_insert(L, -2);
+    budget::enter(L);
+    const int hstatus = lua_pcall(L, 1, 1, 0);
+    budget::set_depth(L, depth);
+    if (impl_of(L).timed_out)
+      return lua_error(L);
+    if (hstatus != 0) {
+      lua_pop(L, 1);
+      lua_pushliteral(L, "error in error handling");
+    }
+  }
+  lua_pushboolean(L, 0);
+  lua_insert(L, -2);
+  return 2;
 }
 
 // --- The pdgate module ------------------------------------------------------
@@ -450,6 +565,9 @@ std::string pop_error(lua_State* L) {
   return out;
 }
 
+// The call this thread is running, for the watchdog's signal handler.
+thread_local Impl* t_running = nullptr;
+
 // Calls the function below `nargs` arguments on the stack under the
 // budget. Returns the status; on error the message is on the stack.
 int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
@@ -460,9 +578,37 @@ int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
   I.min_ticks =
       std::chrono::duration_cast<std::chrono::microseconds>(budget).count() * 50 / kHookCount;
   I.timed_out = false;
+  I.c_depth = 0;
+  I.cpu_mark_at = Clock::time_point{};
   I.in_call = true;
+  if (I.watchdog_slot != nullptr) {
+    PolicyWatchdog::begin(*I.watchdog_slot, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                I.deadline.time_since_epoch())
+                                                .count());
+  }
+  t_running = &I;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   const int status = lua_pcall(I.L, nargs, nresults, 0);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_running = nullptr;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  if (I.watchdog_slot != nullptr)
+    PolicyWatchdog::end(*I.watchdog_slot);
+  if (I.fast_hook != 0) {
+    lua_sethook(I.L, count_hook, LUA_MASKCOUNT, kHookCount);
+    I.fast_hook = 0;
+    I.fast_steps = 0;
+  }
   I.in_call = false;
+  // A call stopped by the budget may have failed elsewhere first (e.g. a
+  // large allocation refused past the deadline says "not enough memory").
+  if (status != 0 && I.timed_out) {
+    const char* msg = lua_tostring(I.L, -1);
+    if (msg == nullptr || std::strstr(msg, kBudgetMessage) == nullptr) {
+      lua_pushfstring(I.L, "%s (%s)", kBudgetMessage, msg != nullptr ? msg : "no message");
+      lua_remove(I.L, -2);
+    }
+  }
   return status;
 }
 
@@ -694,6 +840,9 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
   auto I = std::make_unique<Impl>();
   I->svc = services;
   I->mem_limit = services.memory_limit;
+  I->watchdog = services.watchdog;
+  if (I->watchdog != nullptr)
+    I->watchdog_slot = I->watchdog->acquire();
   I->L = lua_newstate(limited_alloc, I.get());
   if (I->L == nullptr)
     return fail("cannot create a Lua state (memory limit too small?)");
@@ -717,6 +866,7 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
     if (lua_pcall(L, 1, 0, 0) != 0)
       return fail("cannot open Lua libraries: " + pop_error(L));
   }
+  install_bounded_libs(L);
   // string.dump would hand out bytecode, which can break the VM's
   // invariants when loaded; strings' metatable shares this table.
   lua_getglobal(L, LUA_STRLIBNAME);
@@ -955,5 +1105,56 @@ Result<bool> LuaVm::self_check() {
   }
   return true;
 }
+
+// --- What the bounded library functions need (lua_budget.hpp) -----------------
+
+namespace budget {
+
+bool spent(lua_State* L) {
+  Impl& I = impl_of(L);
+  if (!I.in_call)
+    return false;
+  if (!I.timed_out && Clock::now() > I.deadline)
+    I.timed_out = true;
+  return I.timed_out;
+}
+
+int raise(lua_State* L) {
+  impl_of(L).timed_out = true;
+  return luaL_error(L, kBudgetMessage);
+}
+
+void enter(lua_State* L) {
+  Impl& I = impl_of(L);
+  if (++I.c_depth > kMaxCDepth) {
+    --I.c_depth;
+    luaL_error(L, "C stack overflow (pcall, xpcall, sort or gsub nested over %d deep)", kMaxCDepth);
+  }
+}
+
+void leave(lua_State* L) {
+  --impl_of(L).c_depth;
+}
+
+int depth(lua_State* L) {
+  return impl_of(L).c_depth;
+}
+
+void set_depth(lua_State* L, int depth) {
+  impl_of(L).c_depth = depth;
+}
+
+void interrupt_current_call() {
+  Impl* I = t_running;
+  if (I == nullptr)
+    return;
+  I->fast_hook = 1;
+  // What luajit's own SIGINT handler does: with the count mask unchanged
+  // this only stores the new count, which the interpreter reads before
+  // the next instruction.
+  lua_sethook(I->L, count_hook, LUA_MASKCOUNT, 1);
+}
+
+}  // namespace budget
 
 }  // namespace pdgate::policy

@@ -1,5 +1,6 @@
 // One LuaJIT state running one version of the configured policies (one
-// script per stage). All Lua/C interaction lives in lua_vm.cpp; nothing
+// script per stage). All Lua/C interaction lives in lua_vm.cpp and the
+// sandbox's bounded library (lua_bounded_lib.cpp, lua_budget.hpp); nothing
 // else in pdgate includes a Lua header.
 //
 // A LuaVm belongs to one worker thread. It is created from a PolicyBundle
@@ -19,6 +20,8 @@
 #include "policies/shared_state.hpp"
 
 namespace pdgate::policy {
+
+class PolicyWatchdog;
 
 // One stage's script: what the user named, where it came from, its text.
 struct PolicySource {
@@ -41,6 +44,8 @@ struct VmServices {
   KvStore* kv = nullptr;
   ConversationTable* conversations = nullptr;
   PrefixIndex* prefixes = nullptr;
+  // Interrupts calls stuck in slow instructions; optional (lua_watchdog.hpp).
+  PolicyWatchdog* watchdog = nullptr;
 };
 
 // A request's prefix block hashes, computed at most once however many

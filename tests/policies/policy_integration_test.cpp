@@ -215,6 +215,54 @@ TEST(PolicyGateway, RunawayPolicyFallsBack) {
   EXPECT_LT(lines, 18u);
 }
 
+// The number after `series` in a Prometheus text body, or -1.
+double metric_value(const std::string& body, const std::string& series) {
+  const auto at = body.find(series + " ");
+  return at == std::string::npos ? -1 : std::stod(body.substr(at + series.size() + 1));
+}
+
+// A policy that tries to escape its budget (a looping xpcall handler, a
+// backtracking pattern in one C call) cannot hold the worker: every request
+// is answered 200 by the round-robin fallback within a second,
+// budget_exceeded grows in /metrics, and SIGTERM exits within the drain time.
+TEST(PolicyGateway, EscapingPolicyCannotHoldWorker) {
+  Sim d1("both", {"--itl-ms", "1"}), d2("both", {"--itl-ms", "1"});
+  ScriptFile f(R"lua(
+    local function spin() while true do end end
+    return { pick = function(ctx, instances)
+      if ctx.conversation_id == "xpcall" then xpcall(spin, spin) end
+      if ctx.conversation_id == "pattern" then
+        string.find(string.rep("a", 1e5), ".-.-.-.-b")
+      end
+      return 1
+    end }
+  )lua");
+  Gateway gw({"--model", "sim-model", "--workers", "1", "--kv-connector", "none", "--policy",
+              f.path(), "--shutdown-timeout", "2s", "--decode", d1.hostport(), d2.hostport()});
+  const std::string series = "pdgate_policy_errors_total{kind=\"budget_exceeded\"}";
+  EXPECT_EQ(metric_value(get(gw.port(), "/metrics").body, series), 0);
+  int sent = 0;
+  for (int i = 0; i < 5; ++i) {
+    for (const char* c : {"xpcall", "pattern"}) {
+      const auto t0 = Clock::now();
+      auto r = http_request(gw.port(), "POST", "/v1/chat/completions", chat(hello(i), 2, c).dump(),
+                            {{"content-type", "application/json"}}, std::chrono::seconds(5));
+      ASSERT_EQ(r.status, 200) << c << ": " << r.body;
+      EXPECT_LT(Clock::now() - t0, std::chrono::seconds(1)) << c;
+      ++sent;
+    }
+  }
+  // Both instances got requests: the failed picks went round-robin.
+  EXPECT_GE(seen(d2), 4u);
+  EXPECT_GE(metric_value(get(gw.port(), "/metrics").body, series), sent);
+  const auto t0 = Clock::now();
+  gw.process().signal(SIGTERM);
+  const int st = gw.process().wait(std::chrono::seconds(5));
+  ASSERT_NE(st, -1) << "pdgate still running 5 s after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
+}
+
 // A broken policy at start-up is a configuration error with a clear message.
 TEST(PolicyGateway, BrokenPolicyAtStartup) {
   ScriptFile f("return { }");

@@ -1,0 +1,134 @@
+// The policy watchdog thread and its signal (lua_watchdog.hpp).
+#include "policies/lua_watchdog.hpp"
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <mutex>
+
+#include "policies/lua_budget.hpp"
+
+namespace pdgate::policy {
+namespace {
+
+constexpr std::int64_t kResignalNs = 10'000'000;
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The calling thread's kernel id, looked up once per thread.
+pid_t this_thread_id() {
+  thread_local pid_t id = 0;
+  if (id == 0)
+    id = static_cast<pid_t>(::syscall(SYS_gettid));
+  return id;
+}
+
+// Runs on the worker thread the watchdog signalled, wherever it was.
+void on_signal(int) {
+  budget::interrupt_current_call();
+}
+
+// The handler is process-wide by nature; it is installed once, by the
+// first watchdog, and does nothing on a thread that is not in a call.
+void install_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(PolicyWatchdog::signal_number(), &sa, nullptr);
+  });
+}
+
+}  // namespace
+
+int PolicyWatchdog::signal_number() {
+  return SIGRTMIN + 5;
+}
+
+PolicyWatchdog::PolicyWatchdog(std::chrono::microseconds period) : period_(period) {
+  install_handler();
+  thread_ = std::thread([this] { run(); });
+}
+
+PolicyWatchdog::~PolicyWatchdog() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+PolicyWatchdog::Slot* PolicyWatchdog::acquire() {
+  std::lock_guard lock(slots_mu_);
+  for (std::size_t i = 0; i < kSlots; ++i) {
+    Slot& s = slots_[i];
+    if (!s.used.load(std::memory_order_relaxed)) {
+      s.deadline_ns.store(0, std::memory_order_relaxed);
+      s.used.store(true, std::memory_order_release);
+      if (i >= in_use_.load(std::memory_order_relaxed))
+        in_use_.store(i + 1, std::memory_order_release);
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
+void PolicyWatchdog::release(Slot* slot) {
+  if (slot == nullptr)
+    return;
+  std::lock_guard lock(slots_mu_);
+  slot->deadline_ns.store(0, std::memory_order_relaxed);
+  slot->used.store(false, std::memory_order_release);
+}
+
+void PolicyWatchdog::begin(Slot& s, std::int64_t deadline_ns) {
+  s.thread.store(this_thread_id(), std::memory_order_relaxed);
+  s.call.store(s.call.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  s.deadline_ns.store(deadline_ns, std::memory_order_release);
+}
+
+void PolicyWatchdog::end(Slot& s) {
+  s.deadline_ns.store(0, std::memory_order_release);
+}
+
+void PolicyWatchdog::run() {
+  std::unique_lock lock(mu_);
+  while (!cv_.wait_for(lock, period_, [this] { return stop_; })) {
+    lock.unlock();
+    scan();
+    lock.lock();
+  }
+}
+
+void PolicyWatchdog::scan() {
+  const std::int64_t now = steady_ns();
+  const std::size_t n = in_use_.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < n; ++i) {
+    Slot& s = slots_[i];
+    if (!s.used.load(std::memory_order_acquire))
+      continue;
+    const std::int64_t deadline = s.deadline_ns.load(std::memory_order_acquire);
+    if (deadline == 0 || deadline > now)
+      continue;
+    // Once per call, but again every kResignal while it still runs: the
+    // handler's store of the hook count can lose a race with the
+    // interpreter reloading it, which only delays the switch.
+    const std::uint64_t call = s.call.load(std::memory_order_relaxed);
+    if (call == s.signaled_call && now - s.signaled_at_ns < kResignalNs)
+      continue;
+    s.signaled_call = call;
+    s.signaled_at_ns = now;
+    ::syscall(SYS_tgkill, ::getpid(), s.thread.load(std::memory_order_relaxed), signal_number());
+    sent_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace pdgate::policy
