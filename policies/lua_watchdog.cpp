@@ -63,7 +63,16 @@ PolicyWatchdog::~PolicyWatchdog() {
     stop_ = true;
   }
   cv_.notify_all();
+  begun_.fetch_add(1);
+  begun_.notify_all();
   thread_.join();
+}
+
+void PolicyWatchdog::note_call_begun() {
+  if (!idle_.load(std::memory_order_seq_cst))
+    return;
+  begun_.fetch_add(1, std::memory_order_release);
+  begun_.notify_all();
 }
 
 PolicyWatchdog::Slot* PolicyWatchdog::acquire() {
@@ -72,6 +81,7 @@ PolicyWatchdog::Slot* PolicyWatchdog::acquire() {
     Slot& s = slots_[i];
     if (!s.used.load(std::memory_order_relaxed)) {
       s.deadline_ns.store(0, std::memory_order_relaxed);
+      s.owner = this;
       s.used.store(true, std::memory_order_release);
       if (i >= in_use_.load(std::memory_order_relaxed))
         in_use_.store(i + 1, std::memory_order_release);
@@ -91,8 +101,13 @@ void PolicyWatchdog::release(Slot* slot) {
 
 void PolicyWatchdog::begin(Slot& s, std::int64_t deadline_ns) {
   s.thread.store(this_thread_id(), std::memory_order_relaxed);
-  s.call.store(s.call.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  // seq_cst with idle_'s load in note_call_begun: either this call is
+  // counted by the watchdog's re-sum after it went idle, or it sees idle_
+  // and wakes it.
+  s.call.store(s.call.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
   s.deadline_ns.store(deadline_ns, std::memory_order_release);
+  if (s.owner != nullptr)
+    s.owner->note_call_begun();
 }
 
 void PolicyWatchdog::end(Slot& s) {
@@ -101,14 +116,34 @@ void PolicyWatchdog::end(Slot& s) {
 
 void PolicyWatchdog::run() {
   std::unique_lock lock(mu_);
-  while (!cv_.wait_for(lock, period_, [this] { return stop_; })) {
+  std::uint64_t calls_seen = 0;
+  while (!stop_) {
     lock.unlock();
-    scan();
+    const bool busy = scan();
+    std::uint64_t calls = 0;
+    for (std::size_t i = 0, n = in_use_.load(std::memory_order_acquire); i < n; ++i)
+      calls += slots_[i].call.load(std::memory_order_relaxed);
+    if (!busy && calls == calls_seen) {
+      // No call in a whole period: sleep until one begins. A call that
+      // began between the sum above and idle_ bumps begun_ only if it
+      // sees idle_, so the sum is taken again after announcing it.
+      const auto token = begun_.load(std::memory_order_acquire);
+      idle_.store(true, std::memory_order_seq_cst);
+      std::uint64_t again = 0;
+      for (std::size_t i = 0, n = in_use_.load(std::memory_order_acquire); i < n; ++i)
+        again += slots_[i].call.load(std::memory_order_seq_cst);
+      if (again == calls)
+        begun_.wait(token, std::memory_order_acquire);
+      idle_.store(false, std::memory_order_relaxed);
+    }
+    calls_seen = calls;
     lock.lock();
+    cv_.wait_for(lock, period_, [this] { return stop_; });
   }
 }
 
-void PolicyWatchdog::scan() {
+bool PolicyWatchdog::scan() {
+  bool busy = false;
   const std::int64_t now = steady_ns();
   const std::size_t n = in_use_.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < n; ++i) {
@@ -116,7 +151,10 @@ void PolicyWatchdog::scan() {
     if (!s.used.load(std::memory_order_acquire))
       continue;
     const std::int64_t deadline = s.deadline_ns.load(std::memory_order_acquire);
-    if (deadline == 0 || deadline > now)
+    if (deadline == 0)
+      continue;
+    busy = true;
+    if (deadline > now)
       continue;
     // Once per call, but again every kResignal while it still runs: the
     // handler's store of the hook count can lose a race with the
@@ -129,6 +167,7 @@ void PolicyWatchdog::scan() {
     ::syscall(SYS_tgkill, ::getpid(), s.thread.load(std::memory_order_relaxed), signal_number());
     sent_.fetch_add(1, std::memory_order_relaxed);
   }
+  return busy;
 }
 
 }  // namespace pdgate::policy
