@@ -39,7 +39,7 @@ AdminApi::Response json_response(const AdminApi::Request& req, unsigned status, 
 }
 
 AdminApi::Response error(const AdminApi::Request& req, unsigned status, const std::string& msg) {
-  return make_error_response(client_error(status, msg), req.version(), req.keep_alive());
+  return make_error_response(status, msg, req.version(), req.keep_alive());
 }
 
 std::string trim_copy(std::string s) {

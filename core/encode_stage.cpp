@@ -101,24 +101,24 @@ net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext 
     if (ex)
       report.first_byte(ex->status());
     if (err) {
-      if (err.kind != UpstreamFailure::aborted) {
-        inst->failures_total.fetch_add(1, std::memory_order_relaxed);
-        error = stage_failure(Stage::encode, err);
-      }
+      // Aborted: a sibling failed first, or the client left.
+      if (err.kind != UpstreamFailure::aborted)
+        error = upstream_failure(Stage::encode, err);
     } else if (ex->status() < 200 || ex->status() >= 300) {
-      if (ex->status() >= 500)
-        inst->failures_total.fetch_add(1, std::memory_order_relaxed);
       error = co_await engine_status_error(Stage::encode, *ex, *inst);
     } else {
       std::string answer;
       auto rerr = co_await ex->read_all(answer, kMaxEncoderResponse);
       if (!rerr) {
         ex->finish();
+        inst->note_request_success();
         report.succeeded();
       } else if (rerr.kind != UpstreamFailure::aborted) {
-        error = stage_failure(Stage::encode, rerr);
+        error = upstream_failure(Stage::encode, rerr);
       }
     }
+    if (error)
+      blame(w, *inst, *error);
   }
   if (error && !fan.first_error) {
     spdlog::warn("encoder request {} failed: {}", std::string(up["x-request-id"]), error->message);
@@ -165,10 +165,15 @@ std::string make_encoder_body(std::string_view model_raw, std::string_view item_
   return b;
 }
 
-net::awaitable<std::optional<GatewayError>> run_encode_stage(
-    WorkerContext& w, const InstanceSet& set, std::string_view body, const JsonObjectIndex& index,
-    const PickContext& base, const std::string& request_id, const ForwardedHeaders& fwd,
-    RequestScope& scope) {
+net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
+  WorkerContext& w = rc.w;
+  const InstanceSet& set = *rc.set;
+  const std::string_view body = rc.body;
+  const JsonObjectIndex& index = rc.index;
+  const std::string& request_id = rc.request_id();
+  RequestScope& scope = rc.scope;
+  if (!rc.is_chat)
+    co_return std::nullopt;
   // Without encoders the engines encode media themselves.
   if (set.encode.empty())
     co_return std::nullopt;
@@ -177,7 +182,7 @@ net::awaitable<std::optional<GatewayError>> run_encode_stage(
     co_return std::nullopt;
   const std::string_view model_raw = raw_member(body, index, "model").value_or("null");
 
-  PickContext ctx = base;
+  PickContext ctx = rc.pick();
   ctx.stage = Stage::encode;
   // Every instance is picked before anything is sent: a missing encoder
   // fails the request without wasting the others' work.
@@ -196,7 +201,7 @@ net::awaitable<std::optional<GatewayError>> run_encode_stage(
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::string child_id = request_id + ":" + std::to_string(i) + ":" + short_hex(w.uuids);
     auto up = upstream_request(http::verb::post, *chosen[i], "/v1/chat/completions",
-                               make_encoder_body(model_raw, items[i]), child_id, fwd);
+                               make_encoder_body(model_raw, items[i]), child_id, rc.fwd);
     children.spawn(encode_one(w, chosen[i], ctx, std::move(up), fan));
   }
   // Waits for every child, failures included (they end fast: a failure
@@ -205,12 +210,13 @@ net::awaitable<std::optional<GatewayError>> run_encode_stage(
   scope.remove_child(&fan.scope);
   if (children.failure() && !fan.first_error) {
     spdlog::error("request {}: an encoder request threw: {}", request_id, *children.failure());
-    fan.first_error = upstream_error(500, "encode stage failed: internal error");
+    fan.first_error = gateway_error(ErrorKind::internal, "encode stage failed: internal error");
+    fan.first_error->stage = "encode";
   }
   if (fan.first_error)
     co_return std::move(fan.first_error);
   if (scope.client_gone())
-    co_return upstream_error(499, "client went away");
+    co_return upstream_failure(Stage::encode, {UpstreamFailure::aborted, "client went away"});
   spdlog::debug("request {}: {} encoder request(s) succeeded", request_id, items.size());
   co_return std::nullopt;
 }

@@ -14,6 +14,7 @@
 
 #include "core/errors.hpp"
 #include "core/json_body.hpp"
+#include "core/request_context.hpp"
 #include "core/request_scope.hpp"
 #include "core/result.hpp"
 #include "core/stage.hpp"
@@ -30,14 +31,12 @@ std::vector<std::string_view> find_media_items(std::string_view body, const Json
 // alone as the only content (no text), max_tokens 1, not streaming.
 std::string make_encoder_body(std::string_view model_raw, std::string_view item_raw);
 
-// Sends every media item of the request to an encoder chosen by the picker
-// and waits for all. Returns the error the client gets when any encoder
-// fails (the encoder's own 4xx, else a 502 naming the encode stage); the
-// others are aborted at once. Returns nothing when all succeeded, when
-// the request has no media or when no encoders are configured.
-net::awaitable<std::optional<GatewayError>> run_encode_stage(
-    WorkerContext& w, const InstanceSet& set, std::string_view body, const JsonObjectIndex& index,
-    const PickContext& base, const std::string& request_id, const ForwardedHeaders& fwd,
-    RequestScope& scope);
+// The encode phase (chat requests): sends every media item to an encoder
+// chosen by the picker and waits for all. Returns the error that answers
+// the request when any encoder fails (the encoder's own 4xx, else a 502
+// naming the encode stage); the others are aborted at once. Returns
+// nothing when all succeeded, when the request has no media or when no
+// encoders are configured.
+net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc);
 
 }  // namespace pdgate

@@ -6,20 +6,130 @@ namespace pdgate {
 
 namespace http = boost::beast::http;
 
-GatewayError client_error(unsigned status, std::string message, std::string param) {
+const char* to_string(ErrorSource s) {
+  switch (s) {
+    case ErrorSource::client:
+      return "client";
+    case ErrorSource::engine:
+      return "engine";
+    case ErrorSource::gateway:
+      return "gateway";
+    case ErrorSource::policy:
+      return "policy";
+  }
+  return "?";
+}
+
+const char* to_string(ErrorKind k) {
+  switch (k) {
+    case ErrorKind::bad_request:
+      return "bad_request";
+    case ErrorKind::unsupported_media_type:
+      return "unsupported_media_type";
+    case ErrorKind::body_too_large:
+      return "body_too_large";
+    case ErrorKind::header_too_large:
+      return "header_too_large";
+    case ErrorKind::not_found:
+      return "not_found";
+    case ErrorKind::method_not_allowed:
+      return "method_not_allowed";
+    case ErrorKind::not_implemented:
+      return "not_implemented";
+    case ErrorKind::engine_rejected:
+      return "engine_rejected";
+    case ErrorKind::engine_failed:
+      return "engine_failed";
+    case ErrorKind::connect_failed:
+      return "connect_failed";
+    case ErrorKind::connect_timed_out:
+      return "connect_timed_out";
+    case ErrorKind::timed_out:
+      return "timed_out";
+    case ErrorKind::connection_closed:
+      return "connection_closed";
+    case ErrorKind::bad_response:
+      return "bad_response";
+    case ErrorKind::response_too_large:
+      return "response_too_large";
+    case ErrorKind::ejected:
+      return "ejected";
+    case ErrorKind::no_instance:
+      return "no_instance";
+    case ErrorKind::out_of_resources:
+      return "out_of_resources";
+    case ErrorKind::overloaded:
+      return "overloaded";
+    case ErrorKind::misconfigured:
+      return "misconfigured";
+    case ErrorKind::loop:
+      return "loop";
+    case ErrorKind::internal:
+      return "internal";
+    case ErrorKind::client_gone:
+      return "client_gone";
+  }
+  return "?";
+}
+
+unsigned status_of(const GatewayError& e) {
+  switch (e.kind) {
+    case ErrorKind::bad_request:
+      return 400;
+    case ErrorKind::unsupported_media_type:
+      return 415;
+    case ErrorKind::body_too_large:
+      return 413;
+    case ErrorKind::header_too_large:
+      return 431;
+    case ErrorKind::not_found:
+      return 404;
+    case ErrorKind::method_not_allowed:
+      return 405;
+    case ErrorKind::not_implemented:
+      return 501;
+    case ErrorKind::engine_rejected:
+      // The engine's own 4xx, as it answered.
+      return e.engine_status >= 400 && e.engine_status < 500 ? e.engine_status : 400;
+    case ErrorKind::engine_failed:
+    case ErrorKind::connect_failed:
+    case ErrorKind::connect_timed_out:
+    case ErrorKind::timed_out:
+    case ErrorKind::connection_closed:
+    case ErrorKind::bad_response:
+    case ErrorKind::response_too_large:
+    case ErrorKind::ejected:
+      return 502;
+    case ErrorKind::no_instance:
+    case ErrorKind::out_of_resources:
+    case ErrorKind::overloaded:
+    case ErrorKind::misconfigured:
+      return 503;
+    case ErrorKind::loop:
+      return 508;
+    case ErrorKind::internal:
+      return 500;
+    case ErrorKind::client_gone:
+      return 499;
+  }
+  return 500;
+}
+
+GatewayError client_error(ErrorKind kind, std::string message, std::string param) {
   GatewayError e;
-  e.status = status;
-  e.message = std::move(message);
+  e.kind = kind;
   e.source = ErrorSource::client;
+  e.message = std::move(message);
   e.param = std::move(param);
   return e;
 }
 
-GatewayError upstream_error(unsigned status, std::string message) {
+GatewayError gateway_error(ErrorKind kind, std::string message, std::string detail) {
   GatewayError e;
-  e.status = status;
+  e.kind = kind;
+  e.source = ErrorSource::gateway;
   e.message = std::move(message);
-  e.source = ErrorSource::upstream;
+  e.detail = std::move(detail);
   return e;
 }
 
@@ -49,12 +159,16 @@ const char* error_type_for(unsigned status) {
       return "RateLimitError";
     case 431:
       return "RequestHeaderFieldsTooLargeError";
+    case 501:
+      return "NotImplementedError";
     case 502:
       return "BadGatewayError";
     case 503:
       return "ServiceUnavailableError";
     case 504:
       return "GatewayTimeoutError";
+    case 508:
+      return "LoopDetectedError";
     default:
       return status >= 500 ? "InternalServerError" : "BadRequestError";
   }
@@ -78,7 +192,8 @@ const std::string& client_message(const GatewayError& err, bool verbose) {
 http::response<http::string_body> make_error_response(const GatewayError& err,
                                                       unsigned http_version, bool keep_alive,
                                                       bool verbose) {
-  http::response<http::string_body> res{static_cast<http::status>(err.status), http_version};
+  const unsigned status = status_of(err);
+  http::response<http::string_body> res{static_cast<http::status>(status), http_version};
   res.set(http::field::server, "pdgate");
   if (!err.passthrough_body.empty()) {
     res.set(http::field::content_type, err.passthrough_content_type.empty()
@@ -87,8 +202,21 @@ http::response<http::string_body> make_error_response(const GatewayError& err,
     res.body() = err.passthrough_body;
   } else {
     res.set(http::field::content_type, "application/json");
-    res.body() = error_json(err.status, client_message(err, verbose), err.param);
+    res.body() = error_json(status, client_message(err, verbose), err.param);
   }
+  if (err.kind == ErrorKind::overloaded)
+    res.set(http::field::retry_after, "1");
+  res.keep_alive(keep_alive);
+  res.prepare_payload();
+  return res;
+}
+
+http::response<http::string_body> make_error_response(unsigned status, std::string_view message,
+                                                      unsigned http_version, bool keep_alive) {
+  http::response<http::string_body> res{static_cast<http::status>(status), http_version};
+  res.set(http::field::server, "pdgate");
+  res.set(http::field::content_type, "application/json");
+  res.body() = error_json(status, message);
   res.keep_alive(keep_alive);
   res.prepare_payload();
   return res;

@@ -1,37 +1,86 @@
-// Every failure on the request path is a GatewayError value tagged with
-// where it came from; make_error_response() is the one place that turns it
-// into an HTTP answer, so status codes and the OpenAI error shape are
-// decided once.
+// Every failure on the request path is a GatewayError value: what kind of
+// failure, whose fault (the client's, an engine's, the gateway's, a
+// policy's), in which stage, and whether another instance may succeed.
+// status_of() is the one table from a failure to its HTTP status, and
+// make_error_response() the one place that turns it into an answer, so
+// status codes and the OpenAI error shape are decided once.
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <boost/beast/http.hpp>
 
 namespace pdgate {
 
-// Who caused the failure. Upstream failures name the stage they broke in.
-enum class ErrorSource { client, upstream, internal };
+// Who caused the failure.
+enum class ErrorSource { client, engine, gateway, policy };
+const char* to_string(ErrorSource s);
+
+enum class ErrorKind {
+  // The client's request.
+  bad_request,             // 400
+  unsupported_media_type,  // 415
+  body_too_large,          // 413
+  header_too_large,        // 431
+  not_found,               // 404
+  method_not_allowed,      // 405
+  not_implemented,         // 501: a transfer coding pdgate does not decode
+  // An engine.
+  engine_rejected,     // it answered 4xx: relayed as it is
+  engine_failed,       // it answered 5xx: 502
+  connect_failed,      // refused, unresolvable: 502, the request never reached it
+  connect_timed_out,   // no answer to the connect: 502, never reached it
+  timed_out,           // no (more) answer within the first-byte timeout: 502
+  connection_closed,   // the answer was cut short: 502
+  bad_response,        // malformed (HTTP, SSE, JSON): 502
+  response_too_large,  // 502
+  ejected,             // taken out of service while the request waited: 502
+  // The gateway.
+  no_instance,       // 503: no usable instance for the stage
+  out_of_resources,  // 503: no file descriptor or memory to reach an engine
+  overloaded,        // 503: too many large bodies being received
+  misconfigured,     // 503: e.g. p2p-nccl without the peer's ZMQ address
+  loop,              // 508: the request came back round
+  internal,          // 500
+  client_gone,       // 499 (nothing is sent: the client left)
+};
+const char* to_string(ErrorKind k);
 
 struct GatewayError {
-  unsigned status = 500;
+  ErrorKind kind = ErrorKind::internal;
+  ErrorSource source = ErrorSource::gateway;
+  // The stage that decided the answer: "gateway", "encode", "prefill" or
+  // "decode" (the `stage` label of pdgate_requests_total).
+  const char* stage = "gateway";
+  // Another instance of the stage may succeed (the engine's fault, and the
+  // client has received nothing).
+  bool retriable = false;
+  // False when no engine received the request: sending it elsewhere costs
+  // the engines nothing.
+  bool reached_engine = false;
+  unsigned engine_status = 0;  // what the engine answered, if it did
   // What the client is told: the stage and the kind of failure, never an
   // engine's address.
   std::string message;
   // The same with what only operators should see (engine URLs, an engine's
   // 5xx text): logged, and sent instead of `message` with --verbose-errors.
   std::string detail;
-  ErrorSource source = ErrorSource::internal;
   std::string param;  // the offending field, if any ("" -> null)
-  // An upstream's own 4xx answer is relayed verbatim instead of wrapped:
-  // the engine's message (prompt too long, unknown model) is what the
-  // client needs to see.
+  // An engine's own 4xx answer is relayed verbatim instead of wrapped: the
+  // engine's message (prompt too long, unknown model) is what the client
+  // needs to see.
   std::string passthrough_body;
   std::string passthrough_content_type;
 };
 
-GatewayError client_error(unsigned status, std::string message, std::string param = {});
-GatewayError upstream_error(unsigned status, std::string message);
+// The HTTP status the client gets for `e`.
+unsigned status_of(const GatewayError& e);
+
+// A failure of the client's request (bad_request, too large, ...).
+GatewayError client_error(ErrorKind kind, std::string message, std::string param = {});
+// A failure of the gateway itself (no_instance, overloaded, loop, ...).
+GatewayError gateway_error(ErrorKind kind, std::string message, std::string detail = {});
 
 // OpenAI's error "type" for a status ("BadRequestError", ...).
 const char* error_type_for(unsigned status);
@@ -44,5 +93,10 @@ const std::string& client_message(const GatewayError& err, bool verbose);
 
 boost::beast::http::response<boost::beast::http::string_body> make_error_response(
     const GatewayError& err, unsigned http_version, bool keep_alive, bool verbose = false);
+
+// For answers that are not request-path failures (the admin API's 401,
+// 409, 422...): the same body shape with a given status.
+boost::beast::http::response<boost::beast::http::string_body> make_error_response(
+    unsigned status, std::string_view message, unsigned http_version, bool keep_alive);
 
 }  // namespace pdgate

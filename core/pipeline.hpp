@@ -1,14 +1,17 @@
-// The request pipeline for the completion routes: encode (multimodal,
-// core/encode_stage.hpp) -> prefill -> decode (NIXL
-// handshake) or one hop to a combined instance, and the relay of decode's
-// answer to the client. Read top to bottom in pipeline.cpp.
+// The completion routes' pipeline, phase by phase (pipeline.cpp): validate,
+// encode (core/encode_stage.hpp), prefill (core/prefill_stage.hpp), decode
+// (core/decode_stage.hpp), relay (core/relay.hpp). Each phase moves the
+// request on or returns the GatewayError that ends it; finish() is the one
+// place such an error becomes the client's answer and its metrics.
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/errors.hpp"
 #include "core/request_scope.hpp"
+#include "core/response_writer.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -23,8 +26,13 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
                                   http::request<http::string_body>& req, RequestScope& scope);
 
-// Writes a whole response; returns false if the client is gone.
-net::awaitable<bool> write_response(beast::tcp_stream& client,
-                                    http::response<http::string_body>& res);
+// Answers a request that failed with `err`: the status and body from the
+// error table, the request id, the log line; records status and stage in
+// `scope` for the metrics. Writes nothing when the client is gone.
+// Returns whether the client connection may be reused.
+net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
+                            const http::request<http::string_body>& req,
+                            const std::string& request_id, RequestScope& scope,
+                            const GatewayError& err);
 
 }  // namespace pdgate

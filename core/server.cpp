@@ -624,7 +624,7 @@ net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::fla
   // the socket would make the kernel send a reset, and the client could
   // lose the answer that explains the refusal.
   auto refuse = [&](unsigned status, std::string message) -> net::awaitable<void> {
-    auto res = make_error_response(client_error(status, std::move(message)), 11, false);
+    auto res = make_error_response(status, message, 11, false);
     if (status == 503)
       res.set(http::field::retry_after, "1");
     if (!co_await write_response(stream, res))
@@ -733,12 +733,12 @@ http::response<http::string_body> Gateway::route_answer(WorkerContext& w,
                                                         const http::request<http::string_body>& req,
                                                         std::string_view path) {
   const auto method = req.method();
-  auto refuse = [&](unsigned status, std::string message) {
-    return make_error_response(client_error(status, std::move(message)), req.version(),
+  auto refuse = [&](ErrorKind kind, std::string message) {
+    return make_error_response(client_error(kind, std::move(message)), req.version(),
                                req.keep_alive());
   };
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    auto res = refuse(405, "use POST for " + std::string(path));
+    auto res = refuse(ErrorKind::method_not_allowed, "use POST for " + std::string(path));
     res.set(http::field::allow, "POST");
     return res;
   }
@@ -774,7 +774,8 @@ http::response<http::string_body> Gateway::route_answer(WorkerContext& w,
     const bool addresses = !admin_->authorize_operator(req);
     return json_response(req, http::status::ok, status_document(addresses));
   }
-  return refuse(404, "no route for " + std::string(req.method_string()) + " " + std::string(path));
+  return refuse(ErrorKind::not_found,
+                "no route for " + std::string(req.method_string()) + " " + std::string(path));
 }
 
 net::awaitable<bool> Gateway::serve_route(Worker& worker, beast::tcp_stream& stream,
@@ -844,7 +845,7 @@ net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
       // Sent round again by this gateway (or a chain of them): 508, so the
       // sender counts its engine as failed instead of recursing.
       scope->status = 508;
-      auto res = make_error_response(client_error(508, loop), req.version(), false);
+      auto res = make_error_response(gateway_error(ErrorKind::loop, loop), req.version(), false);
       co_await write_response(stream, res);
     } else if ((path == "/v1/completions" || path == "/v1/chat/completions") &&
                method == http::verb::post) {

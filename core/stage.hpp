@@ -1,10 +1,11 @@
 // What every stage of the pipeline (encode, prefill, decode) shares: how an
 // upstream request is built, how an engine's failure becomes a
-// GatewayError, and the report each stage gives the picker. Defined in
-// pipeline.cpp.
+// GatewayError, who is blamed for it, the failover budget, and the report
+// each stage gives the picker.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,9 @@
 #include "core/worker.hpp"
 
 namespace pdgate {
+
+// Engines' error bodies are short messages.
+inline constexpr std::size_t kMaxErrorBody = 1u << 20;
 
 // What every upstream request made for one client request carries from
 // it: the credentials, and the Via chain that lets gateways detect loops
@@ -53,16 +57,68 @@ std::string snippet(std::string_view s, std::size_t max = 300);
 // address ("timed out waiting for the engine").
 const char* public_reason(UpstreamFailure kind);
 
-// 502 "<stage> stage failed: <public reason>"; the detail names the engine.
-GatewayError stage_failure(Stage stage, const UpstreamError& e);
+// An exchange with `inst` failed: "<stage> stage failed: <public reason>",
+// the engine named only in the detail. Whose fault, and whether another
+// instance may succeed, follow from the failure: a request that never
+// reached the engine is retriable for free; the gateway's own shortage
+// (out of descriptors) is not the engine's fault and not retried.
+GatewayError upstream_failure(Stage stage, const UpstreamError& e);
 
 // 503 "no healthy <stage> instance is available".
 GatewayError no_instance(Stage stage);
 
 // An engine answered with an error status: its own 4xx goes to the client
-// verbatim, a 5xx becomes a 502 naming the stage. Reads the error body.
+// verbatim (engine_rejected), a 5xx becomes a 502 naming the stage
+// (engine_failed, retriable). Reads the error body.
 net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& ex,
                                                  const Instance& inst);
+
+// Counts a failure against the instance when it is the engine's (never a
+// 4xx, never the gateway's own shortage, never twice for an instance that
+// was ejected meanwhile); `eject_after` in a row eject it.
+void blame(WorkerContext& w, const Instance& inst, const GatewayError& e);
+// The same for a failure known to be the engine's (a stream broken off).
+void note_failure(WorkerContext& w, const Instance& inst, const std::string& why);
+
+// `list` without the instances already tried for this request.
+std::vector<InstancePtr> untried(const std::vector<InstancePtr>& list,
+                                 const std::vector<const Instance*>& tried);
+// Whether `list` has a healthy instance not tried yet: retrying is
+// pointless (and would turn a 502 into a 503) when there is none.
+bool has_alternative(const std::vector<InstancePtr>& list,
+                     const std::vector<const Instance*>& tried);
+
+// How many more times one request may go to another instance. A request
+// that never reached an engine may go elsewhere whatever the retry budget,
+// up to kNeverSentRetries times per stage: it cost no engine anything (but
+// a request must not walk a long list of dead instances either). Any other
+// retry takes one unit of the retry budget (retries in flight stay under
+// --retry-budget x requests in flight, at least one, so an outage cannot
+// multiply the load on what is left), one per request at most.
+class Failover {
+ public:
+  static constexpr int kNeverSentRetries = 3;
+
+  explicit Failover(WorkerContext& w) : w_(w) {}
+  Failover(const Failover&) = delete;
+  Failover& operator=(const Failover&) = delete;
+  ~Failover() { release(); }
+
+  // Whether `e`, which happened in `stage`, may be retried on another
+  // instance; counts the retry (or its refusal) in the metrics.
+  bool may_retry(Stage stage, const GatewayError& e);
+  // The retry that held a unit of the budget is over: the unit goes back
+  // (the request still may not take another).
+  void release();
+
+ private:
+  bool take_budget();
+
+  WorkerContext& w_;
+  int free_[3] = {kNeverSentRetries, kNeverSentRetries, kNeverSentRetries};
+  bool taken_ = false;
+  bool holding_ = false;
+};
 
 // Reports a stage's outcome to the picker that chose its instance, when the
 // stage ends however it ends (policies learn from failures too).

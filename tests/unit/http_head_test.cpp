@@ -49,7 +49,7 @@ TEST(HttpHead, ResponsesSameBytesAsBeast) {
   old.prepare_payload();
   EXPECT_EQ(our_bytes(old), beast_bytes(old));
 
-  auto err = make_error_response(client_error(413, "too big"), 11, false);
+  auto err = make_error_response(client_error(ErrorKind::body_too_large, "too big"), 11, false);
   EXPECT_EQ(our_bytes(err), beast_bytes(err));
 
   http::response<http::string_body> odd{static_cast<http::status>(499), 11};

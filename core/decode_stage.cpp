@@ -1,0 +1,112 @@
+#include "core/decode_stage.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "core/prefill_stage.hpp"
+#include "plugins/kv_connector.hpp"
+
+namespace pdgate {
+
+namespace {
+
+// One attempt on `decode`: the relay when decode answered 2xx and the
+// client's first bytes are in, else the failure.
+net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& decode) {
+  WorkerContext& w = rc.w;
+  Routed out;
+  auto r = std::make_unique<DecodeRelay>();
+  r->guard = std::make_unique<InFlightGuard>(decode);
+  r->report = std::make_unique<StageReport>(w.picker, decode, rc.pick());
+  r->decode = decode;
+  r->conversation = rc.conversation;
+  const bool stream = rc.facts.stream;
+  const auto head = upstream_head(http::verb::post, *decode, rc.req.target(), rc.decode_body.size(),
+                                  rc.stage_id, rc.fwd);
+  const auto buffers = body_buffers(rc.decode_body);
+  auto [err, ex] =
+      co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers, rc.scope,
+                                       w.timeouts(), stream ? kStreamRead : kWholeAnswerRead);
+  if (err) {
+    out.error = upstream_failure(Stage::decode, err);
+    blame(w, *decode, out.error);
+    co_return out;
+  }
+  r->report->first_byte(ex->status());
+  if (ex->status() < 200 || ex->status() >= 300) {
+    out.error = co_await engine_status_error(Stage::decode, *ex, *decode);
+    blame(w, *decode, out.error);
+    co_return out;
+  }
+  UpstreamError rerr;
+  if (stream) {
+    r->stream = std::make_unique<StreamRelay>(w, *ex, *decode, rc.request_id(), r->conversation);
+    while (!rerr && r->first.empty() && !r->stream->done())
+      rerr = co_await r->stream->read_into(r->first);
+  } else {
+    rerr = co_await ex->read_all(r->first, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
+    if (!rerr)
+      ex->finish();
+  }
+  if (rerr) {
+    out.error = upstream_failure(Stage::decode, rerr);
+    blame(w, *decode, out.error);
+    co_return out;
+  }
+  decode->note_request_success();
+  // The decode stage counts as succeeded once its first bytes are in:
+  // what happens while relaying is the stream's own business.
+  r->report->succeeded();
+  r->ex = std::move(ex);
+  out.relay = std::move(r);
+  co_return out;
+}
+
+}  // namespace
+
+net::awaitable<Routed> decode_phase(RequestContext& rc) {
+  WorkerContext& w = rc.w;
+  for (;;) {
+    rc.pick().stage = Stage::decode;
+    rc.pick().chosen_prefill = rc.prefill.get();
+    if (!rc.decode || !rc.tried_decode.empty())
+      rc.decode = w.picker.pick(untried(rc.set->decode, rc.tried_decode), rc.pick());
+    if (!rc.decode)
+      co_return Routed{nullptr, no_instance(Stage::decode)};
+    const auto decode_started = std::chrono::steady_clock::now();
+    if (w.metrics && rc.tried_decode.empty()) {
+      w.metrics->overhead_seconds.observe(
+          std::chrono::duration<double>(decode_started - rc.scope.received).count() -
+          rc.prefill_seconds);
+    }
+    Routed a = co_await attempt_decode(rc, rc.decode);
+    if (a.relay) {
+      // Nothing is retried once decode answered: a retry that got here is
+      // over, and the stream that follows (minutes, maybe) holds no budget.
+      rc.failover.release();
+      if (w.metrics) {
+        w.metrics->decode_ttft_seconds.observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started)
+                .count());
+      }
+      a.relay->view = std::move(rc.view);
+      co_return a;
+    }
+    if (a.error.kind == ErrorKind::client_gone)
+      co_return a;
+    rc.tried_decode.push_back(rc.decode.get());
+    if (rc.connector.names_peers() || !has_alternative(rc.set->decode, rc.tried_decode) ||
+        !rc.failover.may_retry(Stage::decode, a.error))
+      co_return a;
+    spdlog::info("request {}: decode on {} failed before its first byte ({}), retrying",
+                 rc.request_id(), rc.decode->spec.url, to_string(a.error.kind));
+    if (rc.one_hop || !a.error.reached_engine)
+      continue;
+    // The first prefill's blocks were meant for (and may have been pulled
+    // by) the failed decode: the next one gets fresh ones.
+    rc.tried_prefill.clear();
+    if (auto e = co_await prefill_with_failover(rc, kDefaultPrefillKvParams))
+      co_return Routed{nullptr, std::move(*e)};
+  }
+}
+
+}  // namespace pdgate

@@ -1,0 +1,189 @@
+#include "core/prefill_stage.hpp"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+#include <boost/uuid/uuid_io.hpp>
+
+#include "core/conversation.hpp"
+#include "core/stage.hpp"
+#include "plugins/kv_connector.hpp"
+
+namespace pdgate {
+
+namespace {
+
+// A prefill answer is one token of JSON plus the transfer params; anything
+// near this size is not a prefill answer.
+constexpr std::size_t kMaxPrefillResponse = 16u << 20;
+
+// 32 hex digits of a fresh UUID (p2p-nccl request ids).
+std::string uuid_hex(WorkerContext& w) {
+  std::string s = boost::uuids::to_string(w.uuids());
+  s.erase(std::remove(s.begin(), s.end(), '-'), s.end());
+  return s;
+}
+
+// p2p-nccl names each peer by its ZMQ address, which only the instance's
+// configuration can give.
+GatewayError missing_kv_peer(Stage stage, const Instance& inst) {
+  GatewayError g =
+      gateway_error(ErrorKind::misconfigured,
+                    "--kv-connector p2p-nccl: an instance has no ZMQ address "
+                    "configured (give instances as URL@zmqhost:zmqport)",
+                    "--kv-connector p2p-nccl: no ZMQ address configured for " + inst.spec.url +
+                        " (give it as " + inst.spec.url + "@zmqhost:zmqport)");
+  g.stage = to_string(stage);
+  return g;
+}
+
+struct PrefillAnswer {
+  std::optional<GatewayError> error;
+  InstancePtr instance;
+  std::string request_id;
+  std::optional<std::string> kv_params;  // raw JSON, when not null
+};
+
+// One prefill on an instance the picker chooses among those not tried yet.
+net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view params) {
+  WorkerContext& w = rc.w;
+  PrefillAnswer r;
+  PickContext ctx = rc.pick();
+  ctx.stage = Stage::prefill;
+  const auto started = std::chrono::steady_clock::now();
+  const auto candidates = untried(rc.set->prefill, rc.tried_prefill);
+  r.instance = w.picker.pick(candidates, ctx);
+  spdlog::debug("request {}: prefill on {} ({} candidate(s))", rc.request_id(),
+                r.instance ? r.instance->spec.url : std::string("none"), candidates.size());
+  if (!r.instance) {
+    r.error = no_instance(Stage::prefill);
+    co_return r;
+  }
+  if (rc.connector.names_peers() && r.instance->spec.kv_peer.empty()) {
+    r.error = missing_kv_peer(Stage::prefill, *r.instance);
+    co_return r;
+  }
+  InFlightGuard guard(r.instance);
+  StageReport report(w.picker, r.instance, ctx);
+  const UpstreamSpec* decode_spec = rc.decode ? &rc.decode->spec : nullptr;
+  r.request_id =
+      rc.connector.stage_request_id(rc.request_id(), &r.instance->spec, decode_spec, uuid_hex(w));
+  // Slices of the client's body plus the few edited bytes: the prompt is
+  // written from where it was received, never copied.
+  const SplicedText body = rc.connector.prefill_body(rc.body, rc.index, params);
+  const auto head = upstream_head(http::verb::post, *r.instance, rc.req.target(), body.size(),
+                                  r.request_id, rc.fwd);
+  const auto buffers = body_buffers(body);
+  auto& pool = w.pools.for_instance(r.instance);
+  auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, rc.scope, w.timeouts());
+  if (err) {
+    r.error = upstream_failure(Stage::prefill, err);
+    blame(w, *r.instance, *r.error);
+    co_return r;
+  }
+  report.first_byte(ex->status());
+  if (ex->status() < 200 || ex->status() >= 300) {
+    r.error = co_await engine_status_error(Stage::prefill, *ex, *r.instance);
+    blame(w, *r.instance, *r.error);
+    co_return r;
+  }
+  std::string answer;
+  if (auto rerr = co_await ex->read_all(answer, kMaxPrefillResponse); rerr) {
+    r.error = upstream_failure(Stage::prefill, rerr);
+    blame(w, *r.instance, *r.error);
+    co_return r;
+  }
+  ex->finish();
+  r.instance->note_request_success();
+  if (w.metrics) {
+    w.metrics->prefill_seconds.observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
+  if (!rc.connector.passes_params()) {
+    report.succeeded();
+    co_return r;
+  }
+  auto kv = extract_kv_params(answer);
+  if (!kv) {
+    GatewayError g;
+    g.kind = ErrorKind::bad_response;
+    g.source = ErrorSource::engine;
+    g.stage = "prefill";
+    g.reached_engine = true;
+    g.message = "prefill stage failed: the engine answered with invalid JSON";
+    g.detail = "prefill stage failed: " + r.instance->spec.url +
+               " answered with invalid JSON: " + kv.error();
+    r.error = std::move(g);
+    co_return r;
+  }
+  r.kv_params = std::move(*kv);
+  report.succeeded();
+  if (!r.kv_params) {
+    // The one token was EOS, or the engine aborted: decode prefills locally.
+    spdlog::debug("request {}: prefill returned no kv_transfer_params", rc.request_id());
+  }
+  co_return r;
+}
+
+}  // namespace
+
+net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext& rc,
+                                                                  std::string_view params) {
+  for (bool retrying = false;; retrying = true) {
+    PrefillAnswer a = co_await run_prefill(rc, params);
+    // A retried prefill is over: its unit of budget goes back (the decode
+    // that follows is no retry).
+    if (retrying)
+      rc.failover.release();
+    if (!a.error) {
+      rc.prefill = a.instance;
+      rc.stage_id = std::move(a.request_id);
+      rc.decode_body = rc.connector.decode_body(
+          rc.body, rc.index,
+          a.kv_params ? std::optional<std::string_view>(*a.kv_params) : std::nullopt);
+      co_return std::nullopt;
+    }
+    if (a.error->kind == ErrorKind::client_gone || !a.instance)
+      co_return a.error;
+    rc.tried_prefill.push_back(a.instance.get());
+    if (!has_alternative(rc.set->prefill, rc.tried_prefill) ||
+        !rc.failover.may_retry(Stage::prefill, *a.error))
+      co_return a.error;
+    spdlog::info("request {}: prefill on {} failed ({}), retrying on another instance",
+                 rc.request_id(), a.instance->spec.url, to_string(a.error->kind));
+  }
+}
+
+net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc) {
+  if (rc.one_hop) {
+    rc.stage_id = rc.request_id();
+    rc.decode_body = rc.connector.decode_body(rc.body, rc.index, std::nullopt);
+    co_return std::nullopt;
+  }
+  if (rc.connector.names_peers()) {
+    // The request id names both peers, so decode is chosen first.
+    rc.pick().stage = Stage::decode;
+    rc.decode = rc.w.picker.pick(rc.set->decode, rc.pick());
+    if (!rc.decode)
+      co_return no_instance(Stage::decode);
+    if (rc.decode->spec.kv_peer.empty())
+      co_return missing_kv_peer(Stage::decode, *rc.decode);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  // Multi-turn reuse: the previous turn's decode blocks, taken (once,
+  // across replicas) for this prefill to read.
+  std::string params(kDefaultPrefillKvParams);
+  if (rc.w.conversations) {
+    params = co_await prefill_kv_params_for_turn(*rc.w.conversations,
+                                                 rc.w.conversation_stores->counters(),
+                                                 rc.conversation, rc.request_id());
+  }
+  if (rc.scope.client_gone())
+    co_return upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"});
+  auto error = co_await prefill_with_failover(rc, params);
+  rc.prefill_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  co_return error;
+}
+
+}  // namespace pdgate

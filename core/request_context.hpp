@@ -1,0 +1,84 @@
+// One client completion request as it passes through the pipeline's
+// phases (core/pipeline.cpp): what was read from it, what each phase
+// decided, and what the failover may still spend. It lives on the heap
+// for the routing phases only: once decode's first bytes are in, the relay
+// keeps what it needs (DecodeRelay) and the rest (the JSON index, the
+// edited bodies) is freed, since a stream can idle for minutes and 10,000
+// of them must fit in 100 MiB.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+
+#include "core/body_rewrite.hpp"
+#include "core/json_body.hpp"
+#include "core/request_scope.hpp"
+#include "core/stage.hpp"
+#include "core/worker.hpp"
+
+namespace pdgate {
+
+// The request as the routing policy sees it (PickContext and the strings
+// its views point to). On the heap so that it can outlive routing: the
+// decode stage's StageReport hands it to the policy's on_complete when the
+// relay ends.
+struct RequestView {
+  std::string request_id;
+  std::string model;
+  PickContext ctx;
+};
+
+struct RequestContext {
+  RequestContext(WorkerContext& w_, beast::tcp_stream& client_,
+                 http::request<http::string_body>& req_, RequestScope& scope_, bool is_chat_)
+      : w(w_),
+        client(client_),
+        req(req_),
+        scope(scope_),
+        is_chat(is_chat_),
+        view(std::make_unique<RequestView>()),
+        failover(w_),
+        connector(*w_.connector) {}
+
+  WorkerContext& w;
+  beast::tcp_stream& client;
+  http::request<http::string_body>& req;
+  RequestScope& scope;
+  const bool is_chat;
+
+  // Validated request (the validate phase).
+  std::unique_ptr<RequestView> view;  // moved to the relay once decode answered
+  ForwardedHeaders fwd;
+  std::string_view body;
+  JsonObjectIndex index;
+  RequestFacts facts;
+  std::shared_ptr<const InstanceSet> set;
+  // Multi-turn reuse key, when the connector can reuse a turn's blocks.
+  std::optional<std::string> conversation;
+
+  Failover failover;
+  const KvConnector& connector;
+  // The decode instances are combined P+D ones: no prefill stage.
+  bool one_hop = false;
+
+  // What prefill leaves for decode.
+  InstancePtr prefill;
+  InstancePtr decode;    // chosen before prefill when the connector names both peers
+  std::string stage_id;  // the X-Request-Id both stages carry
+  SplicedText decode_body;
+  std::vector<const Instance*> tried_prefill;
+  std::vector<const Instance*> tried_decode;
+  double prefill_seconds = 0;
+
+  const std::string& request_id() const { return view->request_id; }
+  PickContext& pick() { return view->ctx; }
+};
+
+}  // namespace pdgate

@@ -1,0 +1,273 @@
+#include "core/stage.hpp"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+namespace pdgate {
+
+ForwardedHeaders forwarded_headers(const WorkerContext& w,
+                                   const http::request<http::string_body>& req) {
+  ForwardedHeaders f;
+  auto it = req.find(http::field::authorization);
+  f.authorization = it != req.end() ? std::string(it->value()) : w.default_authorization;
+  const auto via = req.find(http::field::via);
+  const std::string_view incoming =
+      via != req.end() ? std::string_view(via->value()) : std::string_view();
+  if (w.loop_guard != nullptr)
+    f.via = w.loop_guard->via_for_upstream(incoming);
+  return f;
+}
+
+http::request_header<> upstream_head(http::verb method, const Instance& inst,
+                                     std::string_view target, std::size_t body_size,
+                                     const std::string& request_id, const ForwardedHeaders& fwd) {
+  http::request_header<> h;
+  h.method(method);
+  h.target(target);
+  h.version(11);
+  h.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
+  h.set(http::field::user_agent, "pdgate");
+  h.set("X-Request-Id", request_id);
+  if (!fwd.authorization.empty())
+    h.set(http::field::authorization, fwd.authorization);
+  if (!fwd.via.empty())
+    h.set(http::field::via, fwd.via);
+  if (method == http::verb::post) {
+    h.set(http::field::content_type, "application/json");
+    h.set(http::field::content_length, std::to_string(body_size));
+  }
+  return h;
+}
+
+http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
+                                                  std::string_view target, std::string body,
+                                                  const std::string& request_id,
+                                                  const ForwardedHeaders& fwd) {
+  http::request<http::string_body> r{
+      upstream_head(method, inst, target, body.size(), request_id, fwd)};
+  r.keep_alive(true);
+  r.body() = std::move(body);
+  r.prepare_payload();
+  return r;
+}
+
+std::vector<net::const_buffer> body_buffers(const SplicedText& body) {
+  std::vector<net::const_buffer> out;
+  out.reserve(body.piece_count());
+  body.for_each([&](std::string_view piece) { out.emplace_back(piece.data(), piece.size()); });
+  return out;
+}
+
+std::string snippet(std::string_view s, std::size_t max) {
+  std::string out(s.substr(0, max));
+  if (s.size() > max)
+    out += "...";
+  return out;
+}
+
+const char* public_reason(UpstreamFailure kind) {
+  switch (kind) {
+    case UpstreamFailure::connect:
+      return "cannot connect to the engine";
+    case UpstreamFailure::connect_timeout:
+      return "timed out connecting to the engine";
+    case UpstreamFailure::timeout:
+      return "timed out waiting for the engine";
+    case UpstreamFailure::closed:
+      return "the engine closed the connection";
+    case UpstreamFailure::protocol:
+      return "the engine's response is malformed";
+    case UpstreamFailure::too_large:
+      return "the engine's response is too large";
+    case UpstreamFailure::local:
+      return "the gateway is out of resources";
+    case UpstreamFailure::ejected:
+      return "the engine was taken out of service";
+    case UpstreamFailure::aborted:
+      return "the client went away";
+    case UpstreamFailure::none:
+      break;
+  }
+  return "unknown failure";
+}
+
+GatewayError upstream_failure(Stage stage, const UpstreamError& e) {
+  GatewayError g;
+  g.stage = to_string(stage);
+  g.source = ErrorSource::engine;
+  g.retriable = true;
+  g.reached_engine = true;
+  switch (e.kind) {
+    case UpstreamFailure::connect:
+      g.kind = ErrorKind::connect_failed;
+      g.reached_engine = false;
+      break;
+    case UpstreamFailure::connect_timeout:
+      g.kind = ErrorKind::connect_timed_out;
+      g.reached_engine = false;
+      break;
+    case UpstreamFailure::timeout:
+      g.kind = ErrorKind::timed_out;
+      break;
+    case UpstreamFailure::closed:
+      g.kind = ErrorKind::connection_closed;
+      break;
+    case UpstreamFailure::protocol:
+      g.kind = ErrorKind::bad_response;
+      break;
+    case UpstreamFailure::too_large:
+      g.kind = ErrorKind::response_too_large;
+      g.retriable = false;
+      break;
+    case UpstreamFailure::ejected:
+      g.kind = ErrorKind::ejected;
+      break;
+    case UpstreamFailure::local:
+      g.kind = ErrorKind::out_of_resources;
+      g.source = ErrorSource::gateway;
+      g.retriable = false;
+      g.reached_engine = false;
+      break;
+    case UpstreamFailure::aborted:
+    case UpstreamFailure::none:
+      g.kind = ErrorKind::client_gone;
+      g.source = ErrorSource::client;
+      g.retriable = false;
+      break;
+  }
+  const std::string prefix = std::string(g.stage) + " stage failed: ";
+  g.message = prefix + public_reason(e.kind);
+  g.detail = prefix + e.detail;
+  return g;
+}
+
+GatewayError no_instance(Stage stage) {
+  GatewayError g =
+      gateway_error(ErrorKind::no_instance,
+                    std::string("no healthy ") + to_string(stage) + " instance is available");
+  g.stage = to_string(stage);
+  return g;
+}
+
+net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& ex,
+                                                 const Instance& inst) {
+  std::string body;
+  auto err = co_await ex.read_all(body, kMaxErrorBody);
+  const unsigned status = ex.status();
+  GatewayError g;
+  g.stage = to_string(stage);
+  g.source = ErrorSource::engine;
+  g.reached_engine = true;
+  g.engine_status = status;
+  const std::string answered = " the engine answered " + std::to_string(status);
+  const std::string named = " " + inst.spec.url + " answered " + std::to_string(status);
+  if (status >= 400 && status < 500) {
+    // The request's own fault (prompt too long, unknown model): relayed.
+    g.kind = ErrorKind::engine_rejected;
+    g.source = ErrorSource::client;
+    g.message = std::string(g.stage) + " stage:" + answered;
+    g.detail = std::string(g.stage) + " stage:" + named;
+    if (!err && !body.empty()) {
+      g.passthrough_body = std::move(body);
+      auto ct = ex.header().find(http::field::content_type);
+      if (ct != ex.header().end())
+        g.passthrough_content_type = std::string(ct->value());
+    }
+    co_return g;
+  }
+  g.kind = ErrorKind::engine_failed;
+  g.retriable = status >= 500;
+  g.message = std::string(g.stage) + " stage failed:" + answered;
+  g.detail = std::string(g.stage) + " stage failed:" + named + ": " + snippet(body);
+  co_return g;
+}
+
+void note_failure(WorkerContext& w, const Instance& inst, const std::string& why) {
+  inst.failures_total.fetch_add(1, std::memory_order_relaxed);
+  if (inst.note_request_failure(w.cfg.eject_after, why)) {
+    if (w.metrics)
+      w.metrics->ejections.fetch_add(1, std::memory_order_relaxed);
+    if (w.registry.on_ejected)
+      w.registry.on_ejected(inst);
+  }
+}
+
+void blame(WorkerContext& w, const Instance& inst, const GatewayError& e) {
+  if (e.source != ErrorSource::engine || e.kind == ErrorKind::ejected)
+    return;
+  note_failure(w, inst, e.detail.empty() ? e.message : e.detail);
+}
+
+namespace {
+
+bool tried_already(const std::vector<const Instance*>& tried, const Instance* i) {
+  return std::find(tried.begin(), tried.end(), i) != tried.end();
+}
+
+}  // namespace
+
+std::vector<InstancePtr> untried(const std::vector<InstancePtr>& list,
+                                 const std::vector<const Instance*>& tried) {
+  std::vector<InstancePtr> out;
+  out.reserve(list.size());
+  for (const auto& i : list) {
+    if (!tried_already(tried, i.get()))
+      out.push_back(i);
+  }
+  return out;
+}
+
+bool has_alternative(const std::vector<InstancePtr>& list,
+                     const std::vector<const Instance*>& tried) {
+  for (const auto& i : list) {
+    if (!tried_already(tried, i.get()) && i->healthy.load(std::memory_order_relaxed))
+      return true;
+  }
+  return false;
+}
+
+bool Failover::may_retry(Stage stage, const GatewayError& e) {
+  if (!e.retriable)
+    return false;
+  bool ok = false;
+  int& free = free_[static_cast<int>(stage)];
+  if (!e.reached_engine && free > 0) {
+    --free;
+    ok = true;
+  } else {
+    ok = take_budget();
+  }
+  if (ok && w_.metrics) {
+    auto& counter =
+        stage == Stage::prefill ? w_.metrics->retries_prefill : w_.metrics->retries_decode;
+    counter.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ok;
+}
+
+bool Failover::take_budget() {
+  if (taken_)
+    return false;
+  taken_ = true;
+  if (w_.metrics == nullptr)
+    return true;
+  const auto active = w_.active_requests.load(std::memory_order_relaxed);
+  const auto limit = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(w_.cfg.retry_budget * static_cast<double>(active)));
+  if (w_.metrics->retries_in_flight.fetch_add(1) + 1 > limit) {
+    w_.metrics->retries_in_flight.fetch_sub(1);
+    w_.metrics->retries_refused.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  holding_ = true;
+  return true;
+}
+
+void Failover::release() {
+  if (holding_ && w_.metrics)
+    w_.metrics->retries_in_flight.fetch_sub(1, std::memory_order_relaxed);
+  holding_ = false;
+}
+
+}  // namespace pdgate
