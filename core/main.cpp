@@ -86,9 +86,8 @@ int main(int argc, char** argv) {
       pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval);
     }
     gateway.set_policy_hooks([engine]() { return engine->reload(); },
-                             [engine]() {
+                             [engine](pdgate::PrometheusText& m) {
                                const auto& st = engine->stats();
-                               std::string out;
                                const std::pair<const char*, std::uint64_t> rows[] = {
                                    {"error", st.errors.load()},
                                    {"invalid", st.invalid.load()},
@@ -96,20 +95,14 @@ int main(int argc, char** argv) {
                                    {"on_complete_error", st.on_complete_errors.load()},
                                    {"reload_failure", st.reload_failures.load()},
                                };
-                               out +=
-                                   "# HELP pdgate_policy_errors_total Policy failures by kind "
-                                   "(picks fell back to round-robin).\n"
-                                   "# TYPE pdgate_policy_errors_total counter\n";
-                               for (const auto& [kind, n] : rows) {
-                                 out += std::string("pdgate_policy_errors_total{kind=\"") + kind +
-                                        "\"} " + std::to_string(n) + "\n";
-                               }
-                               out +=
-                                   "# HELP pdgate_policy_picks_total Policy picks.\n"
-                                   "# TYPE pdgate_policy_picks_total counter\n"
-                                   "pdgate_policy_picks_total " +
-                                   std::to_string(st.picks.load()) + "\n";
-                               return out;
+                               m.counter("pdgate_policy_errors_total",
+                                         "Policy failures by kind (picks fell back to "
+                                         "round-robin).");
+                               for (const auto& [kind, n] : rows)
+                                 m.sample("pdgate_policy_errors_total", {{"kind", kind}}, n);
+                               m.counter("pdgate_policy_picks_total", "Policy picks.");
+                               m.sample("pdgate_policy_picks_total",
+                                        std::uint64_t{st.picks.load()});
                              });
     auto port = gateway.bind();
     if (!port) {

@@ -21,8 +21,13 @@ class Histogram {
   static constexpr std::array<double, 14> kBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                      0.25,  0.5,    1,     2.5,  5,     10,   30};
   void observe(double seconds);
-  // Appends the _bucket/_sum/_count lines of `name` (HELP/TYPE included).
-  void render(std::string& out, const std::string& name, const std::string& help) const;
+
+  struct Snapshot {
+    std::array<std::uint64_t, kBounds.size()> cumulative{};  // observations <= each bound
+    std::uint64_t count = 0;                                 // all of them (+Inf)
+    double sum_seconds = 0;
+  };
+  Snapshot snapshot() const;
 
  private:
   std::array<std::atomic<std::uint64_t>, kBounds.size() + 1> buckets_{};
@@ -52,7 +57,5 @@ struct GatewayMetrics {
   // std::less<>: looked up by string views, without building the key.
   std::map<std::tuple<std::string, unsigned, std::string>, std::uint64_t, std::less<>> requests_;
 };
-
-std::string prometheus_escape(const std::string& v);
 
 }  // namespace pdgate

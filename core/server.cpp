@@ -25,6 +25,7 @@
 #include "core/http_body.hpp"
 #include "core/http_head.hpp"
 #include "core/pipeline.hpp"
+#include "core/prometheus.hpp"
 #include "core/request_framing.hpp"
 
 namespace pdgate {
@@ -252,7 +253,7 @@ Result<std::uint16_t> Gateway::bind() {
 }
 
 void Gateway::set_policy_hooks(std::function<Result<bool>()> reload,
-                               std::function<std::string()> metrics) {
+                               std::function<void(PrometheusText&)> metrics) {
   reload_policy_ = std::move(reload);
   policy_metrics_ = std::move(metrics);
 }
@@ -279,86 +280,90 @@ nlohmann::json Gateway::status_document(bool addresses) const {
 }
 
 std::string Gateway::metrics_text() const {
-  std::string out;
-  auto counter = [&out](const std::string& name, const std::string& help) {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n";
-  };
-  auto gauge = [&out](const std::string& name, const std::string& help) {
-    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n";
-  };
-  counter("pdgate_requests_total",
-          "Client requests answered, by route, status and the stage that decided it.");
+  PrometheusText m;
+  m.counter("pdgate_requests_total",
+            "Client requests answered, by route, status and the stage that decided it.");
   for (const auto& [key, n] : metrics_.requests()) {
     const auto& [route, status, stage] = key;
-    out += "pdgate_requests_total{route=\"" + prometheus_escape(route) + "\",status=\"" +
-           std::to_string(status) + "\",stage=\"" + prometheus_escape(stage) + "\"} " +
-           std::to_string(n) + "\n";
+    m.sample("pdgate_requests_total",
+             {{"route", route}, {"status", std::to_string(status)}, {"stage", stage}}, n);
   }
-  metrics_.request_seconds.render(out, "pdgate_request_duration_seconds",
-                                  "Time from request read to response end.");
-  metrics_.prefill_seconds.render(out, "pdgate_prefill_duration_seconds",
-                                  "Time of successful prefill stages.");
-  metrics_.decode_ttft_seconds.render(
-      out, "pdgate_decode_time_to_first_byte_seconds",
-      "Time from sending decode its request to its answer's header.");
-  metrics_.overhead_seconds.render(out, "pdgate_gateway_overhead_seconds",
-                                   "Time before decode not spent in prefill (parsing, routing, "
-                                   "conversation store).");
-  gauge("pdgate_in_flight_requests", "Client requests being served.");
-  out += "pdgate_in_flight_requests " + std::to_string(active_requests_.load()) + "\n";
-  counter("pdgate_retries_total", "Failovers before the first byte, by stage.");
-  out += "pdgate_retries_total{stage=\"prefill\"} " +
-         std::to_string(metrics_.retries_prefill.load()) + "\n";
-  out += "pdgate_retries_total{stage=\"decode\"} " +
-         std::to_string(metrics_.retries_decode.load()) + "\n";
-  counter("pdgate_retries_refused_total", "Retries not made because the retry budget was spent.");
-  out += "pdgate_retries_refused_total " + std::to_string(metrics_.retries_refused.load()) + "\n";
-  counter("pdgate_body_memory_refusals_total",
-          "Request bodies refused with 503 because --body-memory-limit was reached.");
-  out += "pdgate_body_memory_refusals_total " + std::to_string(body_budget_.refusals()) + "\n";
-  gauge("pdgate_body_memory_bytes", "Memory held by request bodies being received.");
-  out += "pdgate_body_memory_bytes " + std::to_string(body_budget_.used()) + "\n";
-  counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
-  out += "pdgate_ejections_total " + std::to_string(metrics_.ejections.load()) + "\n";
+  m.histogram("pdgate_request_duration_seconds", "Time from request read to response end.",
+              metrics_.request_seconds);
+  m.histogram("pdgate_prefill_duration_seconds", "Time of successful prefill stages.",
+              metrics_.prefill_seconds);
+  m.histogram("pdgate_decode_time_to_first_byte_seconds",
+              "Time from sending decode its request to its answer's first bytes.",
+              metrics_.decode_ttft_seconds);
+  m.histogram("pdgate_gateway_overhead_seconds",
+              "Time before decode not spent in prefill (parsing, routing, conversation store).",
+              metrics_.overhead_seconds);
+  m.gauge("pdgate_in_flight_requests", "Client requests being served.");
+  m.sample("pdgate_in_flight_requests", active_requests_.load());
+  m.counter("pdgate_retries_total", "Failovers before the first byte, by stage.");
+  m.sample("pdgate_retries_total", {{"stage", "prefill"}}, metrics_.retries_prefill.load());
+  m.sample("pdgate_retries_total", {{"stage", "decode"}}, metrics_.retries_decode.load());
+  m.counter("pdgate_retries_refused_total", "Retries not made because the retry budget was spent.");
+  m.sample("pdgate_retries_refused_total", metrics_.retries_refused.load());
+  m.counter("pdgate_body_memory_refusals_total",
+            "Request bodies refused with 503 because --body-memory-limit was reached.");
+  m.sample("pdgate_body_memory_refusals_total", body_budget_.refusals());
+  m.gauge("pdgate_body_memory_bytes", "Memory held by request bodies being received.");
+  m.sample("pdgate_body_memory_bytes", static_cast<std::uint64_t>(body_budget_.used()));
+  m.counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
+  m.sample("pdgate_ejections_total", metrics_.ejections.load());
 
   const auto set = registry_.snapshot();
   const auto all = set->all();
-  auto labels = [](const Instance& i) {
-    return "id=\"" + std::to_string(i.id) + "\",url=\"" + prometheus_escape(i.spec.url) +
-           "\",role=\"" + to_string(i.spec.role) + "\"";
+  struct InstanceLabels {
+    std::string id;
+    const Instance* i;
   };
-  gauge("pdgate_instance_in_flight", "Requests this gateway has in flight on each instance.");
+  std::vector<InstanceLabels> each;
+  each.reserve(all.size());
   for (const auto& i : all)
-    out += "pdgate_instance_in_flight{" + labels(*i) + "} " + std::to_string(i->in_flight.load()) +
-           "\n";
-  gauge("pdgate_instance_state", "1 for the instance's current state (active, draining, ejected).");
-  for (const auto& i : all) {
+    each.push_back({std::to_string(i->id), i.get()});
+  auto per_instance = [&](std::string_view name, auto value) {
+    for (const auto& [id, i] : each) {
+      m.sample(name, {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
+               value(*i));
+    }
+  };
+  m.gauge("pdgate_instance_in_flight", "Requests this gateway has in flight on each instance.");
+  per_instance("pdgate_instance_in_flight",
+               [](const Instance& i) { return static_cast<std::int64_t>(i.in_flight.load()); });
+  m.gauge("pdgate_instance_state",
+          "1 for the instance's current state (active, draining, ejected).");
+  for (const auto& [id, i] : each) {
     for (auto st : {InstanceState::active, InstanceState::draining, InstanceState::ejected}) {
-      out += "pdgate_instance_state{" + labels(*i) + ",state=\"" + to_string(st) + "\"} " +
-             (i->state() == st ? "1" : "0") + "\n";
+      m.sample("pdgate_instance_state",
+               {{"id", id},
+                {"url", i->spec.url},
+                {"role", to_string(i->spec.role)},
+                {"state", to_string(st)}},
+               std::uint64_t{i->state() == st ? 1u : 0u});
     }
   }
-  counter("pdgate_instance_requests_total", "Stage requests sent to each instance.");
-  for (const auto& i : all)
-    out += "pdgate_instance_requests_total{" + labels(*i) + "} " +
-           std::to_string(i->requests_total.load()) + "\n";
-  counter("pdgate_instance_failures_total", "Stage requests that failed on each instance.");
-  for (const auto& i : all)
-    out += "pdgate_instance_failures_total{" + labels(*i) + "} " +
-           std::to_string(i->failures_total.load()) + "\n";
+  m.counter("pdgate_instance_requests_total", "Stage requests sent to each instance.");
+  per_instance("pdgate_instance_requests_total",
+               [](const Instance& i) { return std::uint64_t{i.requests_total.load()}; });
+  m.counter("pdgate_instance_failures_total", "Stage requests that failed on each instance.");
+  per_instance("pdgate_instance_failures_total",
+               [](const Instance& i) { return std::uint64_t{i.failures_total.load()}; });
 
   if (conversations_) {
     const auto& c = conversations_->counters();
-    counter("pdgate_conversation_cache_hits_total", "Turns that found the previous turn's blocks.");
-    out += "pdgate_conversation_cache_hits_total " + std::to_string(c.hits.load()) + "\n";
-    counter("pdgate_conversation_cache_misses_total", "Turns that found nothing to reuse.");
-    out += "pdgate_conversation_cache_misses_total " + std::to_string(c.misses.load()) + "\n";
-    counter("pdgate_conversation_cache_errors_total", "Conversation store failures.");
-    out += "pdgate_conversation_cache_errors_total " + std::to_string(c.errors.load()) + "\n";
+    m.counter("pdgate_conversation_cache_hits_total",
+              "Turns that found the previous turn's blocks.");
+    m.sample("pdgate_conversation_cache_hits_total", std::uint64_t{c.hits.load()});
+    m.counter("pdgate_conversation_cache_misses_total", "Turns that found nothing to reuse.");
+    m.sample("pdgate_conversation_cache_misses_total", std::uint64_t{c.misses.load()});
+    m.counter("pdgate_conversation_cache_errors_total", "Conversation store failures.");
+    m.sample("pdgate_conversation_cache_errors_total", std::uint64_t{c.errors.load()});
   }
   if (policy_metrics_)
-    out += policy_metrics_();
-  return out;
+    policy_metrics_(m);
+  return m.take();
 }
 
 net::awaitable<void> Gateway::admin_accept_loop() {

@@ -21,6 +21,7 @@
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
+#include "core/prometheus.hpp"
 #include "core/shared_registry.hpp"
 #include "core/worker.hpp"
 
@@ -44,7 +45,8 @@ class Gateway {
   std::uint16_t admin_port() const { return admin_port_; }
   // Policy reload for the admin API, and extra /metrics text (policy
   // counters), both from main(); set before run().
-  void set_policy_hooks(std::function<Result<bool>()> reload, std::function<std::string()> metrics);
+  void set_policy_hooks(std::function<Result<bool>()> reload,
+                        std::function<void(PrometheusText&)> metrics);
   // Prometheus text for GET /metrics.
   std::string metrics_text() const;
   // Runs until SIGINT/SIGTERM (graceful: stop accepting, let in-flight
@@ -86,7 +88,7 @@ class Gateway {
   // This process's Via identity (routing-loop detection).
   const LoopGuard loop_guard_;
   std::function<Result<bool>()> reload_policy_;
-  std::function<std::string()> policy_metrics_;
+  std::function<void(PrometheusText&)> policy_metrics_;
   std::shared_ptr<AdminApi> admin_;
   // The admin listener and the health checks run on their own thread, so
   // neither competes with client traffic on a worker's loop.
