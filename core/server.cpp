@@ -43,41 +43,6 @@ std::string default_authorization() {
   return std::string("Bearer ") + key;
 }
 
-// One client request's scope and whether it is over, in one allocation:
-// the watch below may outlive the request.
-struct WatchedRequest {
-  RequestScope scope;
-  bool done = false;
-  char peek = 0;  // the watch's receive buffer (it must outlive the wait)
-};
-
-// Watches the client's socket while its request is being served: the
-// client must not send anything until it has its answer, so readability
-// means it closed the connection (or pipelined a request, which we leave
-// in the socket). On close, every upstream connection of the request is
-// closed at once so the engines abort.
-//
-// The watch is a 1-byte MSG_PEEK receive rather than an async_wait: Asio
-// queues a wait with an epoll_ctl that re-arms the descriptor (a system
-// call per request), while a receive is queued for free when the last
-// read left the socket empty, which is the usual case right after the
-// request was read. Peeked bytes stay in the socket for the next read.
-void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req) {
-  auto slot = req->scope.watch_cancel().slot();
-  auto& peek = req->peek;
-  socket.async_receive(
-      net::buffer(&peek, 1), tcp::socket::message_peek,
-      net::bind_cancellation_slot(slot, [req](const beast::error_code& ec, std::size_t n) {
-        // `done` is checked first: once the request completed, the session
-        // may already have moved on.
-        if (req->done || ec == net::error::operation_aborted)
-          return;
-        if (!ec && n > 0)
-          return;                     // pipelined bytes: the client is still there
-        req->scope.on_client_gone();  // end of stream or a reset
-      }));
-}
-
 nlohmann::json instances_json(const std::vector<InstancePtr>& list, bool addresses) {
   auto arr = nlohmann::json::array();
   for (const auto& i : list) {
@@ -171,6 +136,7 @@ Gateway::Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
     n = std::max(1u, std::thread::hardware_concurrency());
   for (unsigned i = 0; i < n; ++i)
     workers_.push_back(std::make_unique<Worker>(*this, i));
+  build_routes();
 }
 
 Gateway::~Gateway() {
@@ -550,332 +516,80 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
     }
     beast::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    net::co_spawn(w.ioc, session(w, std::move(socket)), net::detached);
+    net::co_spawn(w.ioc, serve_client(session_env_, w.ctx, std::move(socket)), net::detached);
   }
 }
 
 namespace {
 
-// The first room a body that is still arriving gets; it doubles as the
-// bytes come, up to the declared length. A client that declares 64 MiB and
-// sends ten bytes holds this much, not 64 MiB.
-constexpr std::size_t kFirstBodyRoom = 64 * 1024;
-
-enum class BodyRead { complete, over_budget, too_large, malformed, gone };
-
-// Reads a Content-Length body of `len` bytes into `body`, straight from
-// the socket (the kernel copies it into place, not into the read buffer
-// first), the bytes that came with the header first. The string grows
-// geometrically as bytes arrive, each growth charged to the body budget.
-net::awaitable<BodyRead> read_sized_body(beast::tcp_stream& stream, beast::flat_buffer& buffer,
-                                         std::string& body, std::size_t len, BodyCharge& charge) {
-  std::size_t got = std::min(buffer.size(), len);
-  std::size_t room = std::min(len, std::max(got, kFirstBodyRoom));
-  if (!charge.grow_to(room))
-    co_return BodyRead::over_budget;
-  // resize() zero-fills the new room: far cheaper than the copy through
-  // the read buffer it replaces.
-  body.resize(room);
-  net::buffer_copy(net::buffer(body.data(), got), buffer.data());
-  buffer.consume(got);
-  while (got < len) {
-    if (got == room) {
-      room = std::min(len, room * 2);
-      if (!charge.grow_to(room))
-        co_return BodyRead::over_budget;
-      body.resize(room);
-    }
-    auto [ec, n] =
-        co_await stream.async_read_some(net::buffer(body.data() + got, room - got), use_tuple);
-    if (ec)
-      co_return BodyRead::gone;  // cut short, reset, or the idle timeout closed it
-    got += n;
-  }
-  co_return BodyRead::complete;
-}
-
-// Reads a chunked body through Beast's parser, charging the body string's
-// growth to the budget after every read.
-net::awaitable<BodyRead> read_chunked_body(beast::tcp_stream& stream, beast::flat_buffer& buffer,
-                                           http::request_parser<AppendStringBody>& parser,
-                                           BodyCharge& charge) {
-  while (!parser.is_done()) {
-    auto [ec, n] = co_await http::async_read_some(stream, buffer, parser, use_tuple);
-    if (ec == http::error::body_limit)
-      co_return BodyRead::too_large;
-    if (ec == http::error::end_of_stream || ec == http::error::partial_message)
-      co_return BodyRead::gone;
-    // Beast's own parse errors (a bad chunk size, extension or trailer)
-    // are the client's mistake and get an answer; anything else is the
-    // connection's end.
-    if (ec)
-      co_return ec.category() == http::make_error_code(http::error::bad_chunk).category()
-          ? BodyRead::malformed
-          : BodyRead::gone;
-    if (!charge.grow_to(parser.get().body().capacity()))
-      co_return BodyRead::over_budget;
-  }
-  co_return BodyRead::complete;
+// Writes an answer computed without I/O.
+net::awaitable<bool> respond(RouteCall& c, http::response<http::string_body> res) {
+  co_return co_await write_response(c.stream, res) && c.req.keep_alive();
 }
 
 }  // namespace
 
-net::awaitable<bool> Gateway::read_request(beast::tcp_stream& stream, beast::flat_buffer& buffer,
-                                           http::request<http::string_body>& req) {
-  const Config& cfg = cfg_;
-  // Answers a request that cannot be read to the end, then closes the way
-  // nginx's lingering close does: stop sending, and read (and drop) what
-  // the client is still sending for a moment. Closing with unread bytes in
-  // the socket would make the kernel send a reset, and the client could
-  // lose the answer that explains the refusal.
-  auto refuse = [&](unsigned status, std::string message) -> net::awaitable<void> {
-    auto res = make_error_response(status, message, 11, false);
-    if (status == 503)
-      res.set(http::field::retry_after, "1");
-    if (!co_await write_response(stream, res))
-      co_return;
-    beast::error_code ec;
-    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
-    stream.expires_after(std::chrono::seconds(2));
-    std::size_t drained = 0;
-    while (drained < cfg.max_body_bytes + (1u << 20)) {
-      buffer.clear();
-      auto [rec, n] = co_await stream.async_read_some(buffer.prepare(64 * 1024), use_tuple);
-      if (rec)
-        break;
-      drained += n;
-    }
-  };
-  const std::string too_large =
-      "request body exceeds the limit of " + std::to_string(cfg.max_body_bytes) + " bytes";
-
-  http::request_parser<AppendStringBody> parser;
-  parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
-  parser.body_limit(cfg.max_body_bytes);
-  stream.expires_after(cfg.header_timeout);
-  if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
-    if (ec == http::error::body_limit) {
-      // Beast checks Content-Length against the body limit as soon as the
-      // header is complete.
-      co_await refuse(413, too_large);
-    } else if (ec == http::error::header_limit) {
-      co_await refuse(431,
-                      "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes");
-    } else if (ec == beast::error::timeout) {
-      // tcp_stream's timeout has closed the socket: as nginx does on its
-      // client_header_timeout, the connection ends without an answer.
-    } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
-               ec != net::error::connection_reset) {
-      co_await refuse(400, "malformed HTTP request: " + ec.message());
-    }
-    co_return false;
-  }
-  // Before a byte of the body is read: a body framed in a way a proxy in
-  // front could read differently is never read at all.
-  if (auto bad = check_request_framing(parser.get().base())) {
-    co_await refuse(bad->status, bad->message);
-    co_return false;
-  }
-  const auto len = parser.content_length();
-  if (len && *len > cfg.max_body_bytes) {
-    co_await refuse(413, "request body of " + std::to_string(*len) +
-                             " bytes exceeds the limit of " + std::to_string(cfg.max_body_bytes) +
-                             " bytes");
-    co_return false;
-  }
-  if (auto it = parser.get().find(http::field::expect);
-      it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
-    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-    auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
-    if (ec)
-      co_return false;
-  }
-  stream.expires_after(cfg.client_idle_timeout);
-  BodyCharge charge(body_budget_);
-  BodyRead read = BodyRead::complete;
-  if (parser.chunked()) {
-    read = co_await read_chunked_body(stream, buffer, parser, charge);
-  } else if (len && *len > buffer.size()) {
-    read = co_await read_sized_body(stream, buffer, parser.get().body(),
-                                    static_cast<std::size_t>(*len), charge);
-  } else if (!parser.is_done()) {
-    // The whole body came with the header: parsed from the buffer, no I/O.
-    auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
-    if (ec)
-      read = BodyRead::gone;
-  }
-  switch (read) {
-    case BodyRead::complete:
-      break;
-    case BodyRead::over_budget:
-      co_await refuse(503,
-                      "the gateway is receiving too many large request bodies at once; retry "
-                      "later");
-      co_return false;
-    case BodyRead::too_large:
-      co_await refuse(413, too_large);
-      co_return false;
-    case BodyRead::malformed:
-      co_await refuse(400, "malformed chunked request body");
-      co_return false;
-    case BodyRead::gone:
-      // A timeout (the socket is closed already, as nginx closes on its
-      // client_body_timeout), a body cut short or a reset: nothing to
-      // answer.
-      co_return false;
-  }
-  stream.expires_never();
-  // Moved into the string_body message the handlers take (the body type
-  // only changes how it was read).
-  req = [&parser] {
-    auto parsed = parser.release();
-    return http::request<http::string_body>(std::move(parsed.base()), std::move(parsed.body()));
-  }();
-  co_return true;
-}
-
-http::response<http::string_body> Gateway::route_answer(WorkerContext& w,
-                                                        const http::request<http::string_body>& req,
-                                                        std::string_view path) {
-  const auto method = req.method();
-  auto refuse = [&](ErrorKind kind, std::string message) {
-    return make_error_response(client_error(kind, std::move(message)), req.version(),
-                               req.keep_alive());
-  };
-  if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    auto res = refuse(ErrorKind::method_not_allowed, "use POST for " + std::string(path));
-    res.set(http::field::allow, "POST");
-    return res;
-  }
-  if (path == "/health" && method == http::verb::get) {
+void Gateway::build_routes() {
+  using http::verb;
+  auto& r = routes_;
+  r.add(
+      verb::post, "/v1/completions",
+      [](RouteCall& c) { return serve_completion(c.w, c.stream, c.req, c.scope, false); }, true);
+  r.add(
+      verb::post, "/v1/chat/completions",
+      [](RouteCall& c) { return serve_completion(c.w, c.stream, c.req, c.scope, true); }, true);
+  r.add(verb::get, "/v1/models",
+        [](RouteCall& c) { return serve_models(c.w, c.stream, c.req, c.scope); });
+  r.add(verb::get, "/health", [this](RouteCall& c) {
     const auto set = registry_.snapshot();
     auto [status, j] =
         health_report(*set, RequiredRoles::from(cfg_), stopping_.load(), cfg_.verbose_errors);
     // Redis being down degrades reuse, not serving: it does not make the
     // gateway unhealthy.
-    if (w.conversation_stores)
-      j["conversation_store"] = conversation_store_json(*w.conversation_stores);
-    return json_response(req, status, j);
-  }
-  if (path == "/readyz" && method == http::verb::get) {
+    if (c.w.conversation_stores)
+      j["conversation_store"] = conversation_store_json(*c.w.conversation_stores);
+    return respond(c, json_response(c.req, status, j));
+  });
+  r.add(verb::get, "/readyz", [this](RouteCall& c) {
     const auto set = registry_.snapshot();
     auto [status, j] = readiness(*set, RequiredRoles::from(cfg_), stopping_.load());
-    return json_response(req, status, j);
-  }
-  if (path == "/livez" && method == http::verb::get)
-    return json_response(req, http::status::ok, {{"status", "alive"}});
-  if (path == "/metrics" && method == http::verb::get) {
-    http::response<http::string_body> res{http::status::ok, req.version()};
+    return respond(c, json_response(c.req, status, j));
+  });
+  r.add(verb::get, "/livez", [](RouteCall& c) {
+    return respond(c, json_response(c.req, http::status::ok, {{"status", "alive"}}));
+  });
+  r.add(verb::get, "/metrics", [this](RouteCall& c) {
+    http::response<http::string_body> res{http::status::ok, c.req.version()};
     res.set(http::field::server, "pdgate");
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-    res.keep_alive(req.keep_alive());
+    res.keep_alive(c.req.keep_alive());
     res.body() = metrics_text();
     res.prepare_payload();
-    return res;
-  }
-  if (path == "/status" && method == http::verb::get) {
+    return respond(c, std::move(res));
+  });
+  r.add(verb::get, "/status", [this](RouteCall& c) {
     // Engine addresses only for whoever may see them: anyone when no admin
     // key is configured (as vLLM's demo proxy has it), else the key holder.
-    const bool addresses = !admin_->authorize_operator(req);
-    return json_response(req, http::status::ok, status_document(addresses));
+    const bool addresses = !admin_->authorize_operator(c.req);
+    return respond(c, json_response(c.req, http::status::ok, status_document(addresses)));
+  });
+  if (cfg_.profile_routes) {
+    for (const char* path : {"/start_profile", "/stop_profile"}) {
+      r.add(verb::post, path, [this, path](RouteCall& c) -> net::awaitable<bool> {
+        // They reach every engine: the admin key when one is set.
+        if (auto denied = admin_->authorize_operator(c.req))
+          return respond(c, std::move(*denied));
+        return serve_profile(c.w, c.stream, c.req, c.scope, path);
+      });
+    }
   }
-  return refuse(ErrorKind::not_found,
-                "no route for " + std::string(req.method_string()) + " " + std::string(path));
+  // The vLLM demo proxy's endpoint, on the client port as it had it.
+  r.add(verb::post, "/instances/add", [this](RouteCall& c) { return demo_add(c); });
 }
 
-net::awaitable<bool> Gateway::serve_route(Worker& worker, beast::tcp_stream& stream,
-                                          http::request<http::string_body>& req,
-                                          RequestScope& scope, std::string_view path) {
-  WorkerContext& w = worker.ctx;
-  const auto method = req.method();
-  if (path == "/v1/models" && method == http::verb::get)
-    co_return co_await serve_models(w, stream, req, scope);
-  if ((path == "/start_profile" || path == "/stop_profile") && method == http::verb::post &&
-      cfg_.profile_routes) {
-    // They reach every engine: the admin key when one is set.
-    if (auto denied = admin_->authorize_operator(req))
-      co_return co_await write_response(stream, *denied) && req.keep_alive();
-    co_return co_await serve_profile(w, stream, req, scope, std::string(path));
-  }
-  if (path == "/instances/add" && method == http::verb::post) {
-    // The vLLM demo proxy's endpoint, on the client port as it had it.
-    auto res = co_await admin_->handle_demo_add(req);
-    co_return co_await write_response(stream, res) && req.keep_alive();
-  }
-  auto res = route_answer(w, req, path);
-  co_return co_await write_response(stream, res) && req.keep_alive();
-}
-
-net::awaitable<void> Gateway::session(Worker& worker, tcp::socket socket) {
-  WorkerContext& w = worker.ctx;
-  const Config& cfg = cfg_;
-  beast::tcp_stream stream(std::move(socket));
-  beast::flat_buffer buffer;
-  bool first = true;
-
-  while (!stopping_.load(std::memory_order_relaxed)) {
-    // Between requests a keep-alive connection may idle; once bytes of a
-    // request arrive, the whole header must follow within header_timeout.
-    if (buffer.size() == 0) {
-      stream.expires_after(first ? cfg.header_timeout : cfg.client_idle_timeout);
-      auto [ec, n] = co_await stream.async_read_some(buffer.prepare(4096), use_tuple);
-      if (ec)
-        break;
-      buffer.commit(n);
-    }
-    first = false;
-
-    // Parsing in its own coroutine: the parser and the refusals take no
-    // room in this frame, which lives as long as the connection.
-    http::request<http::string_body> req;
-    if (!co_await read_request(stream, buffer, req))
-      break;
-    // The read buffer is empty unless the client pipelined; a streamed
-    // answer can last minutes, so it does not keep its 4 KiB+ meanwhile
-    // (with 10,000 open streams that is 40 MiB of nothing).
-    if (buffer.size() == 0)
-      buffer.shrink_to_fit();
-
-    active_requests_.fetch_add(1);
-    auto watched = std::make_shared<WatchedRequest>();
-    RequestScope* const scope = &watched->scope;
-    if (buffer.size() == 0)
-      watch_client(stream.socket(), watched);
-    bool keep_alive = false;
-    const std::string_view path = path_of(req.target());
-    const auto method = req.method();
-    const auto via = req.find(http::field::via);
-    const std::string loop = via != req.end() ? loop_guard_.refusal(via->value()) : std::string();
-    if (!loop.empty()) {
-      // Sent round again by this gateway (or a chain of them): 508, so the
-      // sender counts its engine as failed instead of recursing.
-      scope->status = 508;
-      auto res = make_error_response(gateway_error(ErrorKind::loop, loop), req.version(), false);
-      co_await write_response(stream, res);
-    } else if ((path == "/v1/completions" || path == "/v1/chat/completions") &&
-               method == http::verb::post) {
-      keep_alive = co_await serve_completion(w, stream, req, *scope, path != "/v1/completions");
-    } else {
-      // The other routes in their own frame: their responses would
-      // otherwise take room in this one for as long as a stream lasts.
-      keep_alive = co_await serve_route(worker, stream, req, *scope, path);
-    }
-    watched->done = true;
-    scope->watch_cancel().emit(net::cancellation_type::all);
-    if (path == "/v1/completions" || path == "/v1/chat/completions") {
-      // 499 (as nginx logs it): the client left before an answer was written.
-      metrics_.count_request(path, scope->status != 0 ? scope->status : 499, scope->stage);
-      metrics_.request_seconds.observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - scope->received)
-              .count());
-    }
-    active_requests_.fetch_sub(1);
-    if (!keep_alive || scope->client_gone())
-      break;
-  }
-  beast::error_code ec;
-  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
-  stream.close();
+net::awaitable<bool> Gateway::demo_add(RouteCall& c) {
+  auto res = co_await admin_->handle_demo_add(c.req);
+  co_return co_await write_response(c.stream, res) && c.req.keep_alive();
 }
 
 }  // namespace pdgate

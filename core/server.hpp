@@ -17,11 +17,13 @@
 
 #include "core/admin.hpp"
 #include "core/body_budget.hpp"
+#include "core/client_session.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
 #include "core/prometheus.hpp"
+#include "core/routes.hpp"
 #include "core/shared_registry.hpp"
 #include "core/worker.hpp"
 
@@ -56,20 +58,9 @@ class Gateway {
  private:
   struct Worker;
   net::awaitable<void> accept_loop(Worker& worker);
-  net::awaitable<void> session(Worker& worker, tcp::socket socket);
-  // The routes other than POST completions.
-  net::awaitable<bool> serve_route(Worker& worker, beast::tcp_stream& stream,
-                                   http::request<http::string_body>& req, RequestScope& scope,
-                                   std::string_view path);
-  // The answers of the routes that need no I/O (health, metrics, status,
-  // 404s).
-  http::response<http::string_body> route_answer(WorkerContext& w,
-                                                 const http::request<http::string_body>& req,
-                                                 std::string_view path);
-  // Reads one request after its first bytes arrived; answers (and returns
-  // false) when it cannot be read and the connection must close.
-  net::awaitable<bool> read_request(beast::tcp_stream& stream, beast::flat_buffer& buffer,
-                                    http::request<http::string_body>& req);
+  // Fills routes_: every route of the client port.
+  void build_routes();
+  net::awaitable<bool> demo_add(RouteCall& c);
   net::awaitable<void> admin_accept_loop();
   net::awaitable<void> admin_session(tcp::socket socket);
   // GET /status; `addresses` adds the engines' URLs.
@@ -98,6 +89,10 @@ class Gateway {
   std::thread admin_thread_;
   // With --redis: the instance set shared with the other replicas.
   std::unique_ptr<SharedRegistry> shared_registry_;
+  // Before workers_: their connections refer to them.
+  RouteTable routes_;
+  const ClientSessionEnv session_env_{cfg_,     routes_,          body_budget_, loop_guard_,
+                                      metrics_, active_requests_, stopping_};
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

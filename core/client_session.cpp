@@ -1,0 +1,328 @@
+#include "core/client_session.hpp"
+
+#include <sys/socket.h>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
+#include "core/errors.hpp"
+#include "core/http_body.hpp"
+#include "core/http_head.hpp"
+#include "core/request_framing.hpp"
+#include "core/response_writer.hpp"
+
+namespace pdgate {
+
+namespace {
+
+constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+
+// One client request's scope and whether it is over, in one allocation:
+// the watch below may outlive the request.
+struct WatchedRequest {
+  RequestScope scope;
+  bool done = false;
+  char peek = 0;  // the watch's receive buffer (it must outlive the wait)
+};
+
+// Watches the client's socket while its request is being served: the
+// client must not send anything until it has its answer, so readability
+// means it closed the connection (or pipelined a request, which we leave
+// in the socket). On close, every upstream connection of the request is
+// closed at once so the engines abort.
+//
+// The watch is a 1-byte MSG_PEEK receive rather than an async_wait: Asio
+// queues a wait with an epoll_ctl that re-arms the descriptor (a system
+// call per request), while a receive is queued for free when the last
+// read left the socket empty, which is the usual case right after the
+// request was read. Peeked bytes stay in the socket for the next read.
+void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req) {
+  auto slot = req->scope.watch_cancel().slot();
+  auto& peek = req->peek;
+  socket.async_receive(
+      net::buffer(&peek, 1), tcp::socket::message_peek,
+      net::bind_cancellation_slot(slot, [req](const beast::error_code& ec, std::size_t n) {
+        // `done` is checked first: once the request completed, the session
+        // may already have moved on.
+        if (req->done || ec == net::error::operation_aborted)
+          return;
+        if (!ec && n > 0)
+          return;                     // pipelined bytes: the client is still there
+        req->scope.on_client_gone();  // end of stream or a reset
+      }));
+}
+
+// The first room a body that is still arriving gets; it doubles as the
+// bytes come, up to the declared length. A client that declares 64 MiB and
+// sends ten bytes holds this much, not 64 MiB.
+constexpr std::size_t kFirstBodyRoom = 64 * 1024;
+
+enum class BodyRead { complete, over_budget, too_large, malformed, gone };
+
+// Reads a Content-Length body of `len` bytes into `body`, straight from
+// the socket (the kernel copies it into place, not into the read buffer
+// first), the bytes that came with the header first. The string grows
+// geometrically as bytes arrive, each growth charged to the body budget.
+net::awaitable<BodyRead> read_sized_body(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                         std::string& body, std::size_t len, BodyCharge& charge) {
+  std::size_t got = std::min(buffer.size(), len);
+  std::size_t room = std::min(len, std::max(got, kFirstBodyRoom));
+  if (!charge.grow_to(room))
+    co_return BodyRead::over_budget;
+  // resize() zero-fills the new room: far cheaper than the copy through
+  // the read buffer it replaces.
+  body.resize(room);
+  net::buffer_copy(net::buffer(body.data(), got), buffer.data());
+  buffer.consume(got);
+  while (got < len) {
+    if (got == room) {
+      room = std::min(len, room * 2);
+      if (!charge.grow_to(room))
+        co_return BodyRead::over_budget;
+      body.resize(room);
+    }
+    auto [ec, n] =
+        co_await stream.async_read_some(net::buffer(body.data() + got, room - got), use_tuple);
+    if (ec)
+      co_return BodyRead::gone;  // cut short, reset, or the idle timeout closed it
+    got += n;
+  }
+  co_return BodyRead::complete;
+}
+
+// Reads a chunked body through Beast's parser, charging the body string's
+// growth to the budget after every read.
+net::awaitable<BodyRead> read_chunked_body(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                           http::request_parser<AppendStringBody>& parser,
+                                           BodyCharge& charge) {
+  while (!parser.is_done()) {
+    auto [ec, n] = co_await http::async_read_some(stream, buffer, parser, use_tuple);
+    if (ec == http::error::body_limit)
+      co_return BodyRead::too_large;
+    if (ec == http::error::end_of_stream || ec == http::error::partial_message)
+      co_return BodyRead::gone;
+    // Beast's own parse errors (a bad chunk size, extension or trailer)
+    // are the client's mistake and get an answer; anything else is the
+    // connection's end.
+    if (ec)
+      co_return ec.category() == http::make_error_code(http::error::bad_chunk).category()
+          ? BodyRead::malformed
+          : BodyRead::gone;
+    if (!charge.grow_to(parser.get().body().capacity()))
+      co_return BodyRead::over_budget;
+  }
+  co_return BodyRead::complete;
+}
+
+// Reads one request after its first bytes arrived; answers (and returns
+// false) when it cannot be read and the connection must close. Its own
+// coroutine: the parser and the refusals take no room in the session's
+// frame, which lives as long as the connection.
+net::awaitable<bool> read_request(const ClientSessionEnv& env, beast::tcp_stream& stream,
+                                  beast::flat_buffer& buffer,
+                                  http::request<http::string_body>& req) {
+  const Config& cfg = env.cfg;
+  // Answers a request that cannot be read to the end, then closes the way
+  // nginx's lingering close does: stop sending, and read (and drop) what
+  // the client is still sending for a moment. Closing with unread bytes in
+  // the socket would make the kernel send a reset, and the client could
+  // lose the answer that explains the refusal.
+  auto refuse = [&](unsigned status, std::string message) -> net::awaitable<void> {
+    auto res = make_error_response(status, message, 11, false);
+    if (status == 503)
+      res.set(http::field::retry_after, "1");
+    if (!co_await write_response(stream, res))
+      co_return;
+    beast::error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream.expires_after(std::chrono::seconds(2));
+    std::size_t drained = 0;
+    while (drained < cfg.max_body_bytes + (1u << 20)) {
+      buffer.clear();
+      auto [rec, n] = co_await stream.async_read_some(buffer.prepare(64 * 1024), use_tuple);
+      if (rec)
+        break;
+      drained += n;
+    }
+  };
+  const std::string too_large =
+      "request body exceeds the limit of " + std::to_string(cfg.max_body_bytes) + " bytes";
+
+  http::request_parser<AppendStringBody> parser;
+  parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
+  parser.body_limit(cfg.max_body_bytes);
+  stream.expires_after(cfg.header_timeout);
+  if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
+    if (ec == http::error::body_limit) {
+      // Beast checks Content-Length against the body limit as soon as the
+      // header is complete.
+      co_await refuse(413, too_large);
+    } else if (ec == http::error::header_limit) {
+      co_await refuse(431,
+                      "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes");
+    } else if (ec == beast::error::timeout) {
+      // tcp_stream's timeout has closed the socket: as nginx does on its
+      // client_header_timeout, the connection ends without an answer.
+    } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
+               ec != net::error::connection_reset) {
+      co_await refuse(400, "malformed HTTP request: " + ec.message());
+    }
+    co_return false;
+  }
+  // Before a byte of the body is read: a body framed in a way a proxy in
+  // front could read differently is never read at all.
+  if (auto bad = check_request_framing(parser.get().base())) {
+    co_await refuse(bad->status, bad->message);
+    co_return false;
+  }
+  const auto len = parser.content_length();
+  if (len && *len > cfg.max_body_bytes) {
+    co_await refuse(413, "request body of " + std::to_string(*len) +
+                             " bytes exceeds the limit of " + std::to_string(cfg.max_body_bytes) +
+                             " bytes");
+    co_return false;
+  }
+  if (auto it = parser.get().find(http::field::expect);
+      it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
+    if (ec)
+      co_return false;
+  }
+  stream.expires_after(cfg.client_idle_timeout);
+  BodyCharge charge(env.body_budget);
+  BodyRead read = BodyRead::complete;
+  if (parser.chunked()) {
+    read = co_await read_chunked_body(stream, buffer, parser, charge);
+  } else if (len && *len > buffer.size()) {
+    read = co_await read_sized_body(stream, buffer, parser.get().body(),
+                                    static_cast<std::size_t>(*len), charge);
+  } else if (!parser.is_done()) {
+    // The whole body came with the header: parsed from the buffer, no I/O.
+    auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
+    if (ec)
+      read = BodyRead::gone;
+  }
+  switch (read) {
+    case BodyRead::complete:
+      break;
+    case BodyRead::over_budget:
+      co_await refuse(503,
+                      "the gateway is receiving too many large request bodies at once; retry "
+                      "later");
+      co_return false;
+    case BodyRead::too_large:
+      co_await refuse(413, too_large);
+      co_return false;
+    case BodyRead::malformed:
+      co_await refuse(400, "malformed chunked request body");
+      co_return false;
+    case BodyRead::gone:
+      // A timeout (the socket is closed already, as nginx closes on its
+      // client_body_timeout), a body cut short or a reset: nothing to
+      // answer.
+      co_return false;
+  }
+  stream.expires_never();
+  // Moved into the string_body message the handlers take (the body type
+  // only changes how it was read).
+  req = [&parser] {
+    auto parsed = parser.release();
+    return http::request<http::string_body>(std::move(parsed.base()), std::move(parsed.body()));
+  }();
+  co_return true;
+}
+
+// Routes one request: refused when it came back round (508), else its
+// handler, else 405 (with Allow) or 404.
+net::awaitable<bool> dispatch(const ClientSessionEnv& env, WorkerContext& w,
+                              beast::tcp_stream& stream, http::request<http::string_body>& req,
+                              RequestScope& scope, std::string_view path,
+                              const RouteTable::Match& route) {
+  if (const auto via = req.find(http::field::via); via != req.end()) {
+    if (auto loop = env.loop_guard.refusal(via->value()); !loop.empty()) {
+      // Sent round again by this gateway (or a chain of them): 508, so the
+      // sender counts its engine as failed instead of recursing.
+      scope.status = 508;
+      auto res = make_error_response(gateway_error(ErrorKind::loop, std::move(loop)), req.version(),
+                                     false);
+      co_await write_response(stream, res);
+      co_return false;
+    }
+  }
+  if (route.handler != nullptr) {
+    RouteCall call{w, stream, req, scope};
+    co_return co_await (*route.handler)(call);
+  }
+  const bool known = !route.allow.empty();
+  auto res =
+      make_error_response(client_error(known ? ErrorKind::method_not_allowed : ErrorKind::not_found,
+                                       known ? "use " + route.allow + " for " + std::string(path)
+                                             : "no route for " + std::string(req.method_string()) +
+                                                   " " + std::string(path)),
+                          req.version(), req.keep_alive());
+  if (known)
+    res.set(http::field::allow, route.allow);
+  scope.status = res.result_int();
+  co_return co_await write_response(stream, res) && req.keep_alive();
+}
+
+}  // namespace
+
+net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
+                                  tcp::socket socket) {
+  const Config& cfg = env.cfg;
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  bool first = true;
+
+  while (!env.stopping.load(std::memory_order_relaxed)) {
+    // Between requests a keep-alive connection may idle; once bytes of a
+    // request arrive, the whole header must follow within header_timeout.
+    if (buffer.size() == 0) {
+      stream.expires_after(first ? cfg.header_timeout : cfg.client_idle_timeout);
+      auto [ec, n] = co_await stream.async_read_some(buffer.prepare(4096), use_tuple);
+      if (ec)
+        break;
+      buffer.commit(n);
+    }
+    first = false;
+
+    http::request<http::string_body> req;
+    if (!co_await read_request(env, stream, buffer, req))
+      break;
+    // The read buffer is empty unless the client pipelined; a streamed
+    // answer can last minutes, so it does not keep its 4 KiB+ meanwhile
+    // (with 10,000 open streams that is 40 MiB of nothing).
+    if (buffer.size() == 0)
+      buffer.shrink_to_fit();
+
+    env.active_requests.fetch_add(1);
+    auto watched = std::make_shared<WatchedRequest>();
+    RequestScope& scope = watched->scope;
+    if (buffer.size() == 0)
+      watch_client(stream.socket(), watched);
+    const std::string_view path = path_of(req.target());
+    const auto route = env.routes.find(req.method(), path);
+    const bool keep_alive = co_await dispatch(env, w, stream, req, scope, path, route);
+    watched->done = true;
+    scope.watch_cancel().emit(net::cancellation_type::all);
+    if (route.counted) {
+      // 499 (as nginx logs it): the client left before an answer was written.
+      env.metrics.count_request(path, scope.status != 0 ? scope.status : 499, scope.stage);
+      env.metrics.request_seconds.observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - scope.received).count());
+    }
+    env.active_requests.fetch_sub(1);
+    if (!keep_alive || scope.client_gone())
+      break;
+  }
+  beast::error_code ec;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream.close();
+}
+
+}  // namespace pdgate

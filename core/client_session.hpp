@@ -1,0 +1,39 @@
+// One client connection: requests read one after another (keep-alive),
+// each bounded in size, time and the memory its body may take, refused
+// when it came back round, and dispatched through the route table. While a
+// request is served the socket is watched, so that a client that leaves
+// takes its upstream requests down with it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "core/body_budget.hpp"
+#include "core/config.hpp"
+#include "core/loop_guard.hpp"
+#include "core/metrics.hpp"
+#include "core/routes.hpp"
+#include "core/worker.hpp"
+
+namespace pdgate {
+
+// What a client connection needs from the gateway process; shared by all
+// workers' connections.
+struct ClientSessionEnv {
+  const Config& cfg;
+  const RouteTable& routes;
+  BodyBudget& body_budget;
+  const LoopGuard& loop_guard;
+  GatewayMetrics& metrics;
+  std::atomic<std::int64_t>& active_requests;
+  const std::atomic<bool>& stopping;
+};
+
+// Serves the connection until it closes, idles out, or the gateway stops.
+boost::asio::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
+                                          boost::asio::ip::tcp::socket socket);
+
+}  // namespace pdgate
