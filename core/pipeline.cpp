@@ -156,8 +156,7 @@ net::awaitable<bool> write_stream_header(WorkerContext& w, beast::tcp_stream& cl
 net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
                                   const http::request<http::string_body>& req, UpstreamExchange& ex,
                                   const Instance& decode, const std::string& request_id,
-                                  RequestScope& scope,
-                                  const std::optional<std::string>& conversation) {
+                                  RequestScope& scope, OptionalTurn& conversation) {
   if (!co_await write_stream_header(w, client, req, ex, request_id)) {
     scope.on_client_gone();
     co_return false;
@@ -168,7 +167,8 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
 
   SseScanner scanner;
   SseEvent event;
-  DecodeOutputFilter filter(decode.spec.host, w.cfg.expose_kv_params);
+  DecodeOutputFilter filter(decode.spec.host, w.cfg.expose_kv_params,
+                            conversation ? &conversation->recorder : nullptr);
   std::string in;
   std::string out;
   std::string failure;
@@ -228,7 +228,7 @@ net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
                                  const http::request<http::string_body>& req, UpstreamExchange& ex,
                                  const Instance& inst, Stage stage, const std::string& request_id,
                                  DecodeOutputFilter* filter = nullptr,
-                                 const std::optional<std::string>& conversation = std::nullopt) {
+                                 const OptionalTurn& conversation = std::nullopt) {
   std::string body;
   if (auto err = co_await ex.read_all(body, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
       err) {
@@ -572,7 +572,7 @@ struct DecodeRelay {
   std::unique_ptr<StageReport> report;  // refers to view->ctx
   std::unique_ptr<UpstreamExchange> ex;
   InstancePtr decode;
-  std::optional<std::string> conversation;
+  OptionalTurn conversation;
   bool stream = false;
 };
 
@@ -639,7 +639,7 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
   // One hop has no prefill to hand blocks to, and only NIXL's params can
   // name a previous turn's blocks: no reuse otherwise.
   const bool reuse = !one_hop && connector.passes_params();
-  const std::optional<std::string> conversation = reuse ? ctx.conversation_id : std::nullopt;
+  OptionalTurn conversation;  // set when this turn's answer may be stored
   // Slices of `body` plus edits; small however long the prompt.
   SplicedText decode_body;
   const std::size_t read_room = facts->stream ? kStreamRead : kWholeAnswerRead;
@@ -664,8 +664,12 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
     std::string prefill_params(kDefaultPrefillKvParams);
     const auto prefill_started = std::chrono::steady_clock::now();
     if (w.conversations) {
+      const TurnRequest turn{
+          reuse ? ctx.conversation_id : std::nullopt,
+          conversation_scope(req, authorization, w.cfg.conversation_scope_header), body, &*index,
+          is_chat};
       prefill_params = co_await prefill_kv_params_for_turn(
-          *w.conversations, w.conversation_stores->counters(), conversation, request_id);
+          *w.conversations, w.conversation_stores->counters(), turn, conversation, request_id);
       if (scope.client_gone())
         co_return false;
     }
@@ -798,7 +802,7 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
     relay->report = std::move(report);
     relay->ex = std::move(ex);
     relay->decode = decode;
-    relay->conversation = conversation;
+    relay->conversation = std::move(conversation);
     relay->stream = facts->stream;
     co_return true;
   }
@@ -809,7 +813,8 @@ net::awaitable<bool> route_completion(WorkerContext& w, beast::tcp_stream& clien
 net::awaitable<bool> relay_decode_whole(WorkerContext& w, beast::tcp_stream& client,
                                         const http::request<http::string_body>& req,
                                         DecodeRelay& r) {
-  DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params);
+  DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params,
+                            r.conversation ? &r.conversation->recorder : nullptr);
   co_return co_await relay_whole(w, client, req, *r.ex, *r.decode, Stage::decode,
                                  r.view->request_id, &filter, r.conversation);
 }

@@ -352,8 +352,14 @@ std::string Gateway::metrics_text() const {
     const auto& c = conversations_->counters();
     counter("pdgate_conversation_cache_hits_total", "Turns that found the previous turn's blocks.");
     out += "pdgate_conversation_cache_hits_total " + std::to_string(c.hits.load()) + "\n";
-    counter("pdgate_conversation_cache_misses_total", "Turns that found nothing to reuse.");
-    out += "pdgate_conversation_cache_misses_total " + std::to_string(c.misses.load()) + "\n";
+    counter("pdgate_conversation_cache_misses_total",
+            "Turns that reused nothing: none stored, another history, no client identity.");
+    for (const auto& [reason, n] :
+         {std::pair{"none", &c.misses_none}, std::pair{"history", &c.misses_history},
+          std::pair{"scope", &c.misses_scope}}) {
+      out += std::string("pdgate_conversation_cache_misses_total{reason=\"") + reason + "\"} " +
+             std::to_string(n->load()) + "\n";
+    }
     counter("pdgate_conversation_cache_errors_total", "Conversation store failures.");
     out += "pdgate_conversation_cache_errors_total " + std::to_string(c.errors.load()) + "\n";
   }
