@@ -131,6 +131,9 @@ constexpr std::array kOptions = {
            "How long a conversation's decode blocks stay reusable (default: 450s)."},
     Option{"conversation-cache-size", "", 0, false, false, kGeneral, "N",
            "Conversations the in-memory store keeps (default: 100000)."},
+    Option{"conversation-scope-header", "", 0, false, false, kGeneral, "NAME",
+           "Header whose value decides whose conversations a request may continue, e.g. "
+           "x-tenant-id (default: the Authorization credential)."},
     Option{"expose-kv-params", "", 0, false, false, kGeneral, "true|false",
            "Let clients see decode's kv_transfer_params (default: false)."},
     Option{"verbose-errors", "", 0, false, false, kGeneral, "true|false",
@@ -671,6 +674,21 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
     if (!n)
       return err(*v, n.error());
     c.conversation_cache_size = static_cast<std::size_t>(*n);
+  }
+  if (const auto* v = get("conversation-scope-header")) {
+    auto s = single(*v);
+    if (!s)
+      return fail(s.error());
+    std::string name(trim(*s));
+    for (auto& ch : name) {
+      const auto u = static_cast<unsigned char>(ch);
+      // RFC 9110 token characters: anything else cannot be a header name.
+      if (!std::isalnum(u) &&
+          std::string_view("!#$%&'*+-.^_`|~").find(ch) == std::string_view::npos)
+        return err(*v, "not a header name");
+      ch = static_cast<char>(std::tolower(u));
+    }
+    c.conversation_scope_header = std::move(name);
   }
   if (const auto* v = get("expose-kv-params")) {
     auto s = single(*v);

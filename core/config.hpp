@@ -81,6 +81,9 @@ struct Config {
   std::chrono::milliseconds redis_timeout{50};
   std::chrono::seconds conversation_ttl{450};
   std::size_t conversation_cache_size = 100000;
+  // Lowercase header naming the client for reuse (e.g. x-tenant-id); empty:
+  // the Authorization credential.
+  std::string conversation_scope_header;
   bool expose_kv_params = false;
   // Client-facing errors name the stage and the kind of failure; with this
   // set they also carry engine addresses and engines' error text.

@@ -62,14 +62,29 @@ std::optional<std::string> conversation_key(
   return bounded(trim(it->value()));
 }
 
-std::optional<std::string> prefill_kv_params_from_entry(std::string_view entry) {
-  if (!index_json_object(entry))
+std::optional<std::string> conversation_scope(
+    const boost::beast::http::request<boost::beast::http::string_body>& req,
+    std::string_view authorization, std::string_view scope_header) {
+  std::string_view name = "authorization";
+  std::string_view value = authorization;
+  if (!scope_header.empty()) {
+    name = scope_header;
+    auto it = req.find(scope_header);
+    value = it == req.end() ? std::string_view() : trim(it->value());
+  }
+  if (value.empty())
     return std::nullopt;
-  return std::string(entry);
+  // "name\0value": the name cannot contain a NUL, so no two (name, value)
+  // pairs give the same text.
+  std::string scope;
+  scope.reserve(name.size() + 1 + value.size());
+  scope.append(name).push_back('\0');
+  scope.append(value);
+  return scope;
 }
 
-DecodeOutputFilter::DecodeOutputFilter(std::string decode_host, bool expose)
-    : host_(std::move(decode_host)), expose_(expose) {}
+DecodeOutputFilter::DecodeOutputFilter(std::string decode_host, bool expose, TurnRecorder* recorder)
+    : host_(std::move(decode_host)), expose_(expose), recorder_(recorder) {}
 
 std::optional<std::string> DecodeOutputFilter::inspect(std::string_view json) {
   if (const auto at = lone_null_params_at(json)) {
@@ -102,6 +117,8 @@ std::optional<std::string> DecodeOutputFilter::inspect(std::string_view json) {
 }
 
 std::string_view DecodeOutputFilter::on_event(const SseEvent& event) {
+  if (recorder_ != nullptr && event.has_data)
+    recorder_->on_chunk(event.data);
   if (!event.has_data || event.data.find(kParamsKey) == std::string::npos)
     return event.raw;
   auto stripped = inspect(event.data);
@@ -113,6 +130,8 @@ std::string_view DecodeOutputFilter::on_event(const SseEvent& event) {
 }
 
 void DecodeOutputFilter::on_body(std::string& body) {
+  if (recorder_ != nullptr)
+    recorder_->on_body(body);
   if (body.find(kParamsKey) == std::string::npos)
     return;
   if (auto stripped = inspect(body))
@@ -121,40 +140,82 @@ void DecodeOutputFilter::on_body(std::string& body) {
 
 net::awaitable<std::string> prefill_kv_params_for_turn(ConversationStore& store,
                                                        ConversationCounters& counters,
-                                                       const std::optional<std::string>& key,
+                                                       const TurnRequest& request,
+                                                       OptionalTurn& turn,
                                                        const std::string& request_id) {
-  if (!key) {
+  turn.reset();
+  if (!request.conversation_id) {
     spdlog::debug("request {}: no conversation_id; no multi-turn KV reuse", request_id);
     co_return std::string(kDefaultPrefillKvParams);
   }
+  const std::string& id = *request.conversation_id;
+  if (!request.scope) {
+    counters.add(counters.misses_scope);
+    spdlog::debug("request {}: conversation {}: no client identity to scope it by; no reuse",
+                  request_id, id);
+    co_return std::string(kDefaultPrefillKvParams);
+  }
+  auto key = conversation_store_key(*request.scope, id);
+  if (!key) {
+    counters.add(counters.errors);
+    co_return std::string(kDefaultPrefillKvParams);
+  }
   TakeResult taken = co_await store.take(*key);
+  std::optional<StoredTurn> previous;
+  // An entry was there: this version's, or a previous version's bare
+  // params (a JSON object that records no history).
+  bool found = false;
   switch (taken.kind) {
     case TakeResult::Kind::hit:
-      if (auto params = prefill_kv_params_from_entry(taken.params)) {
-        spdlog::debug("request {}: conversation {}: reusing the previous turn's decode blocks",
-                      request_id, *key);
-        co_return std::move(*params);
+      previous = decode_stored_turn(taken.params);
+      found = previous || index_json_object(taken.params);
+      if (!found) {
+        counters.add(counters.errors);
+        spdlog::debug("request {}: conversation {}: stored value is not JSON; ignored", request_id,
+                      id);
       }
-      counters.add(counters.errors);
-      spdlog::debug("request {}: conversation {}: stored params are not a JSON object; ignored",
-                    request_id, *key);
       break;
     case TakeResult::Kind::miss:
-      spdlog::debug("request {}: conversation {}: nothing cached", request_id, *key);
+      spdlog::debug("request {}: conversation {}: nothing cached", request_id, id);
       break;
     case TakeResult::Kind::error:
       // The store warned (rate-limited); the turn just recomputes.
-      spdlog::debug("request {}: conversation {}: store error: {}", request_id, *key, taken.detail);
+      spdlog::debug("request {}: conversation {}: store error: {}", request_id, id, taken.detail);
       break;
+  }
+  HistoryReading reading =
+      read_history(request.body, *request.index, request.is_chat, previous ? &*previous : nullptr);
+  if (reading.own)
+    turn.emplace(ConversationTurn{std::move(*key), std::move(*reading.own)});
+  if (previous && reading.continues) {
+    counters.add(counters.hits);
+    spdlog::debug("request {}: conversation {}: reusing the previous turn's decode blocks",
+                  request_id, id);
+    co_return std::move(previous->params);
+  }
+  if (found) {
+    // An entry of this client's conversation made for another history (an
+    // edit, a regenerate, another branch), or by a previous version that
+    // recorded none: its blocks are not this prompt's prefix.
+    counters.add(counters.misses_history);
+    spdlog::debug("request {}: conversation {}: the request does not continue the cached turn",
+                  request_id, id);
   }
   co_return std::string(kDefaultPrefillKvParams);
 }
 
-net::awaitable<void> remember_turn(ConversationStore& store, const std::string& key,
+net::awaitable<void> remember_turn(ConversationStore& store, const ConversationTurn& turn,
                                    const std::string& params, std::chrono::seconds ttl,
                                    const std::string& request_id) {
-  const bool ok = co_await store.put(key, params, ttl);
-  spdlog::debug("request {}: conversation {}: decode params {}", request_id, key,
+  auto entry = turn.recorder.entry(params);
+  if (!entry) {
+    spdlog::debug("request {}: the answer cannot be fingerprinted ({} bytes, {}); not stored",
+                  request_id, turn.recorder.answer_bytes(),
+                  turn.recorder.spoiled() ? "not plain text of one choice" : "hashing failed");
+    co_return;
+  }
+  const bool ok = co_await store.put(turn.store_key, encode_stored_turn(*entry), ttl);
+  spdlog::debug("request {}: decode params {}", request_id,
                 ok ? "stored for the next turn" : "not stored");
 }
 
@@ -162,10 +223,19 @@ nlohmann::json conversation_store_json(const ConversationStores& stores) {
   const auto h = stores.health();
   const auto& c = stores.counters();
   auto load = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  const auto none = load(c.misses_none);
+  const auto history = load(c.misses_history);
+  const auto scope = load(c.misses_scope);
   nlohmann::json j = {
-      {"kind", h.kind},           {"reachable", h.reachable},   {"hits", load(c.hits)},
-      {"misses", load(c.misses)}, {"expired", load(c.expired)}, {"evicted", load(c.evicted)},
-      {"errors", load(c.errors)}, {"puts", load(c.puts)}};
+      {"kind", h.kind},
+      {"reachable", h.reachable},
+      {"hits", load(c.hits)},
+      {"misses", none + history + scope},
+      {"misses_by_reason", {{"none", none}, {"history", history}, {"scope", scope}}},
+      {"expired", load(c.expired)},
+      {"evicted", load(c.evicted)},
+      {"errors", load(c.errors)},
+      {"puts", load(c.puts)}};
   if (!h.endpoint.empty())
     j["endpoint"] = h.endpoint;
   j["entries"] = h.entries ? nlohmann::json(*h.entries) : nlohmann::json(nullptr);

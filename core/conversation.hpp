@@ -1,9 +1,11 @@
 // Multi-turn KV reuse, the part the request pipeline calls
-// (docs/conversations.md): which conversation a request belongs to, the
-// prefill params taken from the store, and the filter on decode's answer
-// that captures decode's params for the next turn and hides them from the
-// client. Pure where possible; the two coroutines only add the store call
-// and logging around the pure parts.
+// (docs/conversations.md): which conversation a request belongs to and
+// whose it is, the prefill params taken from the store when the request
+// continues the stored turn's history (core/turn_history.hpp), and the
+// filter on decode's answer that captures decode's params for the next
+// turn, fingerprints the answer, and hides the params from the client.
+// Pure where possible; the two coroutines only add the store call and
+// logging around the pure parts.
 #pragma once
 
 #include <chrono>
@@ -19,7 +21,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/body_rewrite.hpp"
+#include "core/json_body.hpp"
 #include "core/sse.hpp"
+#include "core/turn_history.hpp"
 #include "plugins/conversation_store.hpp"
 
 namespace pdgate {
@@ -35,11 +39,36 @@ std::optional<std::string> conversation_key(
     const boost::beast::http::request<boost::beast::http::string_body>& req,
     const RequestFacts& facts);
 
-// The prefill's kv_transfer_params from a taken store entry (decode's
-// params of the previous turn, already rewritten when they were stored):
-// checked again here, because Redis is shared and its values are not ours
-// alone. Nullopt when the entry is not a JSON object.
-std::optional<std::string> prefill_kv_params_from_entry(std::string_view entry);
+// Who the client is, for reuse: with `scope_header` empty,
+// `authorization`, which the pipeline sets to the Authorization value the
+// client sent or, when it sent none, the gateway's OPENAI_API_KEY default;
+// with `scope_header` set, that header's value, trimmed. Nullopt when
+// there is none: anonymous clients would all share one scope, so they get
+// no reuse. The header's name is part of the scope, so switching modes
+// never lands on the other mode's entries.
+std::optional<std::string> conversation_scope(
+    const boost::beast::http::request<boost::beast::http::string_body>& req,
+    std::string_view authorization, std::string_view scope_header);
+
+// What a turn carries from the prefill to the end of decode's answer: its
+// store key and the running fingerprint its answer extends.
+struct ConversationTurn {
+  std::string store_key;
+  TurnRecorder recorder;
+
+  ConversationTurn fork() const { return {store_key, recorder.fork()}; }
+};
+// The turn of a request whose answer may be stored, or none.
+using OptionalTurn = std::optional<ConversationTurn>;
+
+// The request, as read_history needs it.
+struct TurnRequest {
+  std::optional<std::string> conversation_id;  // nullopt: no reuse asked for
+  std::optional<std::string> scope;            // conversation_scope()
+  std::string_view body;                       // the client's body as received
+  const JsonObjectIndex* index = nullptr;      // its index
+  bool is_chat = true;
+};
 
 // Sits between decode and the client. Fed each SSE event of a streaming
 // answer, or the whole body of a non-streaming one, it captures decode's
@@ -53,7 +82,10 @@ std::optional<std::string> prefill_kv_params_from_entry(std::string_view entry);
 // copy.
 class DecodeOutputFilter {
  public:
-  DecodeOutputFilter(std::string decode_host, bool expose);
+  // `recorder`, when set, is fed decode's answer (every event's data, or
+  // the body) so the turn's fingerprint covers it; it must outlive the
+  // filter.
+  DecodeOutputFilter(std::string decode_host, bool expose, TurnRecorder* recorder = nullptr);
 
   // The bytes to relay for `event`: `event.raw` itself, or a rewritten
   // event held by the filter (valid until the next call).
@@ -78,23 +110,30 @@ class DecodeOutputFilter {
 
   std::string host_;
   bool expose_;
+  TurnRecorder* recorder_;
   std::optional<std::string> captured_;
   bool fresh_ = false;
   std::string out_;
 };
 
-// Before the prefill: the kv_transfer_params to send it. On a store hit
-// they are the previous turn's decode params; on a miss, a store error, an
-// unusable entry or no conversation key, the default "export your blocks"
-// params. Never fails the request.
+// Before the prefill: the kv_transfer_params to send it. They are the
+// previous turn's decode params when the store holds an entry for this
+// scope and conversation and the request's history begins exactly with
+// that entry's history and answer (a hit); otherwise the default "export
+// your blocks" params: a miss counted by reason (scope: no client
+// identity; none: nothing stored; history: the entry was made for another
+// history, and is used up), or a store error. Sets `turn` when this turn's
+// answer can be stored for the next one. Never fails the request.
 net::awaitable<std::string> prefill_kv_params_for_turn(ConversationStore& store,
                                                        ConversationCounters& counters,
-                                                       const std::optional<std::string>& key,
+                                                       const TurnRequest& request,
+                                                       OptionalTurn& turn,
                                                        const std::string& request_id);
 
-// After decode issued params (filter.take_new_capture()): stores them for
-// the conversation's next turn. Bounded by the store's own timeout.
-net::awaitable<void> remember_turn(ConversationStore& store, const std::string& key,
+// After decode issued params (filter.take_new_capture()): stores them with
+// the turn's fingerprint for the conversation's next turn, unless the
+// answer cannot be fingerprinted. Bounded by the store's own timeout.
+net::awaitable<void> remember_turn(ConversationStore& store, const ConversationTurn& turn,
                                    const std::string& params, std::chrono::seconds ttl,
                                    const std::string& request_id);
 

@@ -18,7 +18,9 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   r->guard = std::make_unique<InFlightGuard>(decode);
   r->report = std::make_unique<StageReport>(w.picker, decode, rc.pick());
   r->decode = decode;
-  r->conversation = rc.conversation;
+  // A fresh copy per attempt: the recorder follows this decode's answer.
+  if (rc.turn)
+    r->conversation = rc.turn->fork();
   const bool stream = rc.facts.stream;
   const auto head = upstream_head(http::verb::post, *decode, rc.req.target(), rc.decode_body.size(),
                                   rc.stage_id, rc.fwd);

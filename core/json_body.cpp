@@ -156,7 +156,7 @@ void append_utf8(std::string& out, std::uint32_t cp) {
 // small) stack of the thread or coroutine that validates it.
 class Scanner {
  public:
-  explicit Scanner(std::string_view text) : t_(text) {}
+  explicit Scanner(std::string_view text, std::size_t pos = 0) : t_(text), p_(pos) {}
 
   std::size_t pos() const { return p_; }
   bool at_end() const { return p_ >= t_.size(); }
@@ -535,6 +535,46 @@ Result<bool> validate_json(std::string_view text) {
     s.error("unexpected data after the JSON value");
     return s.failure();
   }
+  return true;
+}
+
+bool JsonArrayElements::next(std::string_view& element) {
+  if (state_ == State::done || state_ == State::failed)
+    return false;
+  Scanner s(text_, pos_);
+  s.skip_ws();
+  auto end_of_array = [&] {
+    s.advance();  // the ']'
+    s.skip_ws();
+    state_ = s.at_end() ? State::done : State::failed;
+    return false;
+  };
+  if (state_ == State::start) {
+    if (s.peek() != '[') {
+      state_ = State::failed;
+      return false;
+    }
+    s.advance();
+    s.skip_ws();
+    if (s.peek() == ']')
+      return end_of_array();
+  } else if (s.peek() == ',') {
+    s.advance();
+    s.skip_ws();
+  } else if (s.peek() == ']') {
+    return end_of_array();
+  } else {
+    state_ = State::failed;
+    return false;
+  }
+  const std::size_t begin = s.pos();
+  if (!s.value(1)) {
+    state_ = State::failed;
+    return false;
+  }
+  element = text_.substr(begin, s.pos() - begin);
+  pos_ = s.pos();
+  state_ = State::element;
   return true;
 }
 

@@ -60,6 +60,25 @@ std::optional<bool> bool_member(std::string_view text, const JsonObjectIndex& in
 std::optional<std::string> string_member(std::string_view text, const JsonObjectIndex& index,
                                          std::string_view key);
 
+// The elements of a JSON array text, one at a time, as the raw text of
+// each (no surrounding whitespace), without building anything: a chat's
+// `messages` are compared element by element as the client sent them.
+// Each element is validated as it is reached; next() returns false at the
+// end of the array, and failed() tells a malformed text (or one that is
+// not an array) from the end.
+class JsonArrayElements {
+ public:
+  explicit JsonArrayElements(std::string_view raw_array) : text_(raw_array) {}
+  bool next(std::string_view& element);
+  bool failed() const { return state_ == State::failed; }
+
+ private:
+  enum class State { start, element, done, failed };
+  std::string_view text_;
+  std::size_t pos_ = 0;
+  State state_ = State::start;
+};
+
 // Decodes a JSON string literal (quotes included) that index_json_object
 // accepted. Returns nullopt if `literal` is not a valid string literal.
 std::optional<std::string> decode_json_string(std::string_view literal);

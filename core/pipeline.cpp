@@ -91,8 +91,7 @@ std::optional<GatewayError> validate(RequestContext& rc) {
   ctx.conversation_id = conversation_key(rc.req, rc.facts);
   // One hop has no prefill to hand blocks to, and only NIXL's params can
   // name a previous turn's blocks: no reuse otherwise.
-  if (!rc.one_hop && rc.connector.passes_params())
-    rc.conversation = ctx.conversation_id;
+  rc.reuse = !rc.one_hop && rc.connector.passes_params();
   // Policies may route on any request header but the credentials, listed
   // only if a policy reads them (policy_headers).
   ctx.header_source = &rc.req;

@@ -174,9 +174,12 @@ net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc) {
   // across replicas) for this prefill to read.
   std::string params(kDefaultPrefillKvParams);
   if (rc.w.conversations) {
-    params = co_await prefill_kv_params_for_turn(*rc.w.conversations,
-                                                 rc.w.conversation_stores->counters(),
-                                                 rc.conversation, rc.request_id());
+    const TurnRequest turn{
+        rc.reuse ? rc.pick().conversation_id : std::nullopt,
+        conversation_scope(rc.req, rc.fwd.authorization, rc.w.cfg.conversation_scope_header),
+        rc.body, &rc.index, rc.is_chat};
+    params = co_await prefill_kv_params_for_turn(
+        *rc.w.conversations, rc.w.conversation_stores->counters(), turn, rc.turn, rc.request_id());
   }
   if (rc.scope.client_gone())
     co_return upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"});

@@ -115,7 +115,8 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
 net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
                                  const http::request<http::string_body>& req, DecodeRelay& r) {
   r.ex->committed();
-  DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params);
+  DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params,
+                            r.conversation ? &r.conversation->recorder : nullptr);
   filter.on_body(r.first);
   if (filter.take_new_capture() && r.conversation && w.conversations) {
     co_await remember_turn(*w.conversations, *r.conversation, *filter.captured(),
@@ -127,14 +128,14 @@ net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
 }  // namespace
 
 StreamRelay::StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
-                         const std::string& request_id,
-                         const std::optional<std::string>& conversation)
+                         const std::string& request_id, OptionalTurn& conversation)
     : w_(w),
       ex_(ex),
       decode_(decode),
       request_id_(request_id),
       conversation_(conversation),
-      filter_(decode.spec.host, w.cfg.expose_kv_params) {}
+      filter_(decode.spec.host, w.cfg.expose_kv_params,
+              conversation ? &conversation->recorder : nullptr) {}
 
 net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
   in_.clear();

@@ -26,7 +26,7 @@ namespace pdgate {
 class StreamRelay {
  public:
   StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
-              const std::string& request_id, const std::optional<std::string>& conversation);
+              const std::string& request_id, OptionalTurn& conversation);
 
   bool done() const { return ex_.done(); }
 
@@ -39,7 +39,7 @@ class StreamRelay {
   UpstreamExchange& ex_;
   const Instance& decode_;
   const std::string& request_id_;
-  const std::optional<std::string>& conversation_;
+  const OptionalTurn& conversation_;
   SseScanner scanner_;
   SseEvent event_;
   DecodeOutputFilter filter_;
@@ -55,7 +55,7 @@ struct DecodeRelay {
   std::unique_ptr<StageReport> report;  // refers to view->ctx
   std::unique_ptr<UpstreamExchange> ex;
   InstancePtr decode;
-  std::optional<std::string> conversation;
+  OptionalTurn conversation;            // the turn whose answer may be stored
   std::unique_ptr<StreamRelay> stream;  // null: a whole answer
   std::string first;                    // the stream's first events, or the whole body
 };

@@ -18,6 +18,7 @@
 #include <boost/beast/http.hpp>
 
 #include "core/body_rewrite.hpp"
+#include "core/conversation.hpp"
 #include "core/json_body.hpp"
 #include "core/request_scope.hpp"
 #include "core/stage.hpp"
@@ -60,8 +61,10 @@ struct RequestContext {
   JsonObjectIndex index;
   RequestFacts facts;
   std::shared_ptr<const InstanceSet> set;
-  // Multi-turn reuse key, when the connector can reuse a turn's blocks.
-  std::optional<std::string> conversation;
+  // Multi-turn reuse: whether the connector can reuse a turn's blocks,
+  // and (set by the prefill phase) the turn whose answer may be stored.
+  bool reuse = false;
+  OptionalTurn turn;
 
   Failover failover;
   const KvConnector& connector;

@@ -322,8 +322,14 @@ std::string Gateway::metrics_text() const {
     m.counter("pdgate_conversation_cache_hits_total",
               "Turns that found the previous turn's blocks.");
     m.sample("pdgate_conversation_cache_hits_total", std::uint64_t{c.hits.load()});
-    m.counter("pdgate_conversation_cache_misses_total", "Turns that found nothing to reuse.");
-    m.sample("pdgate_conversation_cache_misses_total", std::uint64_t{c.misses.load()});
+    m.counter("pdgate_conversation_cache_misses_total",
+              "Turns that reused nothing: none stored, another history, no client identity.");
+    for (const auto& [reason, n] :
+         {std::pair{"none", &c.misses_none}, std::pair{"history", &c.misses_history},
+          std::pair{"scope", &c.misses_scope}}) {
+      m.sample("pdgate_conversation_cache_misses_total", {{"reason", reason}},
+               std::uint64_t{n->load()});
+    }
     m.counter("pdgate_conversation_cache_errors_total", "Conversation store failures.");
     m.sample("pdgate_conversation_cache_errors_total", std::uint64_t{c.errors.load()});
   }

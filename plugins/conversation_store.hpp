@@ -34,7 +34,7 @@ namespace net = boost::asio;
 struct TakeResult {
   enum class Kind { hit, miss, error };
   Kind kind = Kind::miss;
-  std::string params;  // the stored JSON text, on a hit
+  std::string params;  // the stored value, on a hit (found; not yet judged usable)
   std::string detail;  // why, on an error
 
   static TakeResult hit(std::string p) { return {Kind::hit, std::move(p), {}}; }
@@ -45,8 +45,18 @@ struct TakeResult {
 // Process-wide counters, shared by every worker's handle. Relaxed atomics:
 // they are read by /health and /metrics, never used to make decisions.
 struct ConversationCounters {
+  // Turns that reused the previous turn's blocks (counted by
+  // core/conversation.cpp once the history matched, not by the stores).
   std::atomic<std::uint64_t> hits{0};
-  std::atomic<std::uint64_t> misses{0};
+  // Turns that named a conversation and reused nothing, by reason:
+  // nothing stored for this client and conversation (expired included;
+  // counted by the stores), ...
+  std::atomic<std::uint64_t> misses_none{0};
+  // ... an entry made for another history (an edited or regenerated turn)
+  // or by a previous version that recorded none, ...
+  std::atomic<std::uint64_t> misses_history{0};
+  // ... or no client identity to scope the conversation by.
+  std::atomic<std::uint64_t> misses_scope{0};
   // Entries found past their TTL (memory store only: Redis drops expired
   // keys silently, so there they count as misses).
   std::atomic<std::uint64_t> expired{0};

@@ -19,7 +19,7 @@ TakeResult ConversationMap::take(const std::string& id, Clock::time_point now) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) {
-    counters_.add(counters_.misses);
+    counters_.add(counters_.misses_none);
     return TakeResult::miss();
   }
   if (it->second.expires_at <= now) {
@@ -27,12 +27,11 @@ TakeResult ConversationMap::take(const std::string& id, Clock::time_point now) {
     // them would fail, so the turn recomputes instead.
     erase(it);
     counters_.add(counters_.expired);
-    counters_.add(counters_.misses);
+    counters_.add(counters_.misses_none);
     return TakeResult::miss();
   }
   std::string params = std::move(it->second.params);
   erase(it);
-  counters_.add(counters_.hits);
   return TakeResult::hit(std::move(params));
 }
 

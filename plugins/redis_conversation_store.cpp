@@ -37,10 +37,9 @@ class RedisConversationStore final : public ConversationStore {
     auto& c = shared_.counters();
     switch (r.kind) {
       case TakeResult::Kind::hit:
-        c.add(c.hits);
-        break;
+        break;  // judged (and counted) by the caller
       case TakeResult::Kind::miss:
-        c.add(c.misses);
+        c.add(c.misses_none);
         break;
       case TakeResult::Kind::error:
         c.add(c.errors);

@@ -1,6 +1,7 @@
 // The Redis conversation store: what lets any gateway replica serve any
-// turn of a conversation. Keys are `<prefix>conv:<id>`; a put is
-// `SET key params EX ttl` (value and expiry in one command), a take is
+// turn of a conversation. Keys are `<prefix>conv:<key>`, where <key> is
+// the scoped key of the client and conversation (core/turn_history.hpp);
+// a put is `SET key entry EX ttl` (value and expiry in one command), a take is
 // `GETDEL key` (take-and-delete in one command, so two replicas cannot
 // both use one decode's blocks). Redis trouble never fails a request: the
 // turn proceeds as a cache miss, counted and warned about (rate-limited).

@@ -12,7 +12,7 @@ PACKAGES=(
   build-essential g++ cmake ninja-build ccache pkg-config clang-format
   # Libraries (see cmake/PdgateDeps.cmake).
   libboost1.81-dev libboost-url1.81-dev libluajit-5.1-dev nlohmann-json3-dev
-  libhiredis-dev libspdlog-dev libyaml-cpp-dev
+  libhiredis-dev libspdlog-dev libyaml-cpp-dev libssl-dev
   # Tests and benchmarks.
   googletest libgtest-dev libgmock-dev libbenchmark-dev redis-server
   # The HA test and examples/ha (HAProxy in front of two replicas).

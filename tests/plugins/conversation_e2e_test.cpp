@@ -53,7 +53,8 @@ TurnResult send_turn(std::uint16_t port, Conversation& conv, bool stream, bool h
       {"model", "sim-model"}, {"messages", conv.messages}, {"max_tokens", 4}, {"stream", stream}};
   TurnResult t;
   t.request_id = conv.id + "-turn-" + std::to_string(conv.turns) + conv.rid_suffix;
-  Headers h = {{"X-Request-Id", t.request_id}};
+  // Reuse is scoped to the client's credential (docs/conversations.md).
+  Headers h = {{"X-Request-Id", t.request_id}, {"Authorization", "Bearer e2e-client"}};
   if (header_id) {
     h.emplace_back("X-Conversation-Id", conv.id);
   } else {

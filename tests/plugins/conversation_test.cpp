@@ -69,12 +69,42 @@ TEST(ConversationKey, AbsentEmptyOrTooLong) {
   EXPECT_TRUE(conversation_key(request_with_header(""), f));
 }
 
-// A taken entry that is a JSON object is used as is; anything else is not.
-TEST(PrefillParamsFromEntry, ValidatesObject) {
-  EXPECT_EQ(prefill_kv_params_from_entry(R"({"a":1})"), R"({"a":1})");
-  EXPECT_FALSE(prefill_kv_params_from_entry("[1]"));
-  EXPECT_FALSE(prefill_kv_params_from_entry("{\"a\":"));
-  EXPECT_FALSE(prefill_kv_params_from_entry(""));
+http::request<http::string_body> request_with(
+    std::vector<std::pair<std::string, std::string>> headers) {
+  http::request<http::string_body> r{http::verb::post, "/v1/chat/completions", 11};
+  for (const auto& [k, v] : headers)
+    r.set(k, v);
+  return r;
+}
+
+// By default the scope is the credential the request carries (the
+// pipeline passes the client's Authorization, else the gateway's default);
+// none at all is no scope.
+TEST(ConversationScope, AuthorizationByDefault) {
+  const auto a = conversation_scope(request_with({}), "Bearer a", "");
+  ASSERT_TRUE(a);
+  EXPECT_NE(a, conversation_scope(request_with({}), "Bearer b", ""));
+  EXPECT_FALSE(conversation_scope(request_with({}), "", ""));
+  // A tenant header means nothing unless configured.
+  EXPECT_EQ(conversation_scope(request_with({{"X-Tenant-Id", "t"}}), "Bearer a", ""), a);
+}
+
+// With a scope header the header decides: the credential is ignored, an
+// absent or blank header is no scope, and a header value equal to a
+// credential never gives the credential's scope.
+TEST(ConversationScope, ConfiguredHeader) {
+  const auto t1 =
+      conversation_scope(request_with({{"X-Tenant-Id", " t1 "}}), "Bearer a", "x-tenant-id");
+  ASSERT_TRUE(t1);
+  EXPECT_EQ(conversation_scope(request_with({{"x-tenant-id", "t1"}}), "Bearer b", "x-tenant-id"),
+            t1);
+  EXPECT_NE(conversation_scope(request_with({{"X-Tenant-Id", "t2"}}), "Bearer a", "x-tenant-id"),
+            t1);
+  EXPECT_FALSE(conversation_scope(request_with({}), "Bearer a", "x-tenant-id"));
+  EXPECT_FALSE(
+      conversation_scope(request_with({{"X-Tenant-Id", "  "}}), "Bearer a", "x-tenant-id"));
+  EXPECT_NE(conversation_scope(request_with({{"X-Tenant-Id", "Bearer a"}}), "", "x-tenant-id"),
+            conversation_scope(request_with({}), "Bearer a", ""));
 }
 
 // Events without the params pass through as the same bytes, not a copy.
@@ -216,35 +246,123 @@ TEST(DecodeOutputFilter, BodyWithoutParamsOrNotJson) {
   EXPECT_FALSE(f.captured());
 }
 
-// Through a memory store: no key gives the default params without a take;
-// a stored entry is used once, then the default again.
-TEST(PrefillParamsForTurn, UsesStoredEntryOnce) {
+std::string chat_body(const json& messages) {
+  return json{{"model", "m"}, {"messages", messages}}.dump();
+}
+
+// One turn through prefill_kv_params_for_turn and, when decode answered
+// `answer` with params, remember_turn: what a relayed request does.
+struct TurnDriver {
+  ConversationStore& store;
+  ConversationCounters& counters;
+
+  net::awaitable<std::string> turn(std::optional<std::string> scope, const std::string& body,
+                                   const std::string& answer, const std::string& params) {
+    const auto index = index_json_object(body);
+    EXPECT_TRUE(index);
+    const TurnRequest req{std::string("conv"), std::move(scope), body, &*index, true};
+    OptionalTurn t;
+    std::string got = co_await prefill_kv_params_for_turn(store, counters, req, t, "r");
+    if (t) {
+      DecodeOutputFilter f("d", false, &t->recorder);
+      std::string whole = json{
+          {"choices", {{{"index", 0}, {"message", {{"role", "assistant"}, {"content", answer}}}}}},
+          {"kv_transfer_params",
+           json::parse(
+               params)}}.dump();
+      f.on_body(whole);
+      if (f.take_new_capture())
+        co_await remember_turn(store, *t, *f.captured(), 60s, "r");
+    }
+    co_return got;
+  }
+};
+
+// Through a memory store: a turn that continues the stored turn's history
+// gets its params once; another history misses and uses the entry up; no
+// scope misses without touching the store; each miss counted by reason.
+TEST(PrefillParamsForTurn, ScopedHistoryChecked) {
   auto stores = make_conversation_stores({});
   ASSERT_TRUE(stores);
   net::io_context io;
   auto h = (*stores)->make_handle(io.get_executor());
   auto& counters = (*stores)->counters();
+  TurnDriver d{*h, counters};
+  const json m1 = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  json m2 = m1;
+  m2.push_back({{"role", "assistant"}, {"content", "Hello."}});
+  m2.push_back({{"role", "user"}, {"content", "More"}});
+  const std::string p1 = R"({"remote_request_id":"one","remote_host":"x"})";
+  const std::string p2 = R"({"remote_request_id":"two","remote_host":"x"})";
+  std::vector<std::string> got;
+  std::vector<std::size_t> entries;
+  const auto a = conversation_scope(request_with({}), "Bearer a", "");
+  const auto b = conversation_scope(request_with({}), "Bearer b", "");
+  net::co_spawn(
+      io,
+      [&]() -> net::awaitable<void> {
+        got.push_back(co_await d.turn(a, chat_body(m1), "Hello.", p1));        // none
+        got.push_back(co_await d.turn(std::nullopt, chat_body(m2), "x", p2));  // scope
+        entries.push_back((*stores)->health().entries.value_or(99));
+        got.push_back(co_await d.turn(b, chat_body(m2), "x", p2));  // none (B's own scope)
+        entries.push_back((*stores)->health().entries.value_or(99));
+        got.push_back(co_await d.turn(a, chat_body(m2), "Fine.", p2));  // hit
+        got.push_back(co_await d.turn(a, chat_body(m2), "Fine.", p2));  // history: m2 again
+      },
+      net::detached);
+  io.run();
+  ASSERT_EQ(got.size(), 5u);
+  EXPECT_EQ(json::parse(got[0]), json::parse(kDefaultPrefillKvParams));
+  EXPECT_EQ(json::parse(got[1]), json::parse(kDefaultPrefillKvParams));
+  EXPECT_EQ(json::parse(got[2]), json::parse(kDefaultPrefillKvParams));
+  EXPECT_EQ(json::parse(got[3])["remote_request_id"], "one");
+  EXPECT_EQ(json::parse(got[4]), json::parse(kDefaultPrefillKvParams));
+  EXPECT_EQ(entries, (std::vector<std::size_t>{1, 2}));  // no scope: nothing stored
+  EXPECT_EQ(counters.hits.load(), 1u);
+  EXPECT_EQ(counters.misses_none.load(), 2u);
+  EXPECT_EQ(counters.misses_scope.load(), 1u);
+  EXPECT_EQ(counters.misses_history.load(), 1u);
+  json health = conversation_store_json(**stores);
+  EXPECT_EQ(health["kind"], "memory");
+  EXPECT_EQ(health["hits"], 1);
+  EXPECT_EQ(health["misses"], 4);
+  EXPECT_EQ(health["misses_by_reason"], json::parse(R"({"none":2,"history":1,"scope":1})"));
+}
+
+// An entry a previous version stored (bare params) is a history miss and
+// is not used; a value that is not JSON is an error.
+TEST(PrefillParamsForTurn, OldOrBrokenEntriesNotUsed) {
+  auto stores = make_conversation_stores({});
+  ASSERT_TRUE(stores);
+  net::io_context io;
+  auto h = (*stores)->make_handle(io.get_executor());
+  auto& counters = (*stores)->counters();
+  const auto scope = conversation_scope(request_with({}), "Bearer a", "");
+  ASSERT_TRUE(scope);
+  const auto key = conversation_store_key(*scope, "conv");
+  ASSERT_TRUE(key);
+  const std::string body = chat_body(json::array({{{"role", "user"}, {"content", "Hi"}}}));
+  const auto index = index_json_object(body);
+  ASSERT_TRUE(index);
   std::vector<std::string> got;
   net::co_spawn(
       io,
       [&]() -> net::awaitable<void> {
-        got.push_back(co_await prefill_kv_params_for_turn(*h, counters, std::nullopt, "r0"));
-        co_await remember_turn(*h, "c", R"({"remote_host":"d"})", 60s, "r1");
-        got.push_back(co_await prefill_kv_params_for_turn(*h, counters, "c", "r2"));
-        got.push_back(co_await prefill_kv_params_for_turn(*h, counters, "c", "r3"));
+        const TurnRequest req{std::string("conv"), scope, body, &*index, true};
+        OptionalTurn t;
+        co_await h->put(*key, R"({"remote_host":"old"})", 60s);
+        got.push_back(co_await prefill_kv_params_for_turn(*h, counters, req, t, "r1"));
+        co_await h->put(*key, "not json", 60s);
+        got.push_back(co_await prefill_kv_params_for_turn(*h, counters, req, t, "r2"));
       },
       net::detached);
   io.run();
-  ASSERT_EQ(got.size(), 3u);
+  ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0], kDefaultPrefillKvParams);
-  EXPECT_EQ(got[1], R"({"remote_host":"d"})");
-  EXPECT_EQ(got[2], kDefaultPrefillKvParams);
-  EXPECT_EQ(counters.hits.load(), 1u);
-  EXPECT_EQ(counters.misses.load(), 1u);
-  json health = conversation_store_json(**stores);
-  EXPECT_EQ(health["kind"], "memory");
-  EXPECT_EQ(health["hits"], 1);
-  EXPECT_EQ(health["entries"], 0);
+  EXPECT_EQ(got[1], kDefaultPrefillKvParams);
+  EXPECT_EQ(counters.misses_history.load(), 1u);
+  EXPECT_EQ(counters.errors.load(), 1u);
+  EXPECT_EQ(counters.hits.load(), 0u);
 }
 
 }  // namespace

@@ -109,7 +109,9 @@ Turn send_turn(std::uint16_t port, Conversation& c) {
   Turn t;
   t.request_id = c.id + "-t" + std::to_string(c.turns);
   const auto r = post_json(port, "/v1/chat/completions", chat(messages, 4, false),
-                           {{"X-Conversation-Id", c.id}, {"X-Request-Id", t.request_id}});
+                           {{"X-Conversation-Id", c.id},
+                            {"X-Request-Id", t.request_id},
+                            {"Authorization", "Bearer ha-client"}});
   t.status = r.status;
   t.replica = r.header("x-pdgate-replica");
   if (r.status == 200) {

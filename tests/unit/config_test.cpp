@@ -271,6 +271,18 @@ TEST(ConfigSyntax, Defaults) {
   EXPECT_FALSE(c.prefill_disabled);
 }
 
+// --conversation-scope-header is stored lowercase (header lookups are
+// case-insensitive); without it the scope is the credential (empty).
+TEST(ConfigSyntax, ConversationScopeHeader) {
+  const auto d = parse({"--prefill", "p:1", "--decode", "d:2"});
+  ASSERT_TRUE(d.ok()) << d.error();
+  EXPECT_EQ(d->config.conversation_scope_header, "");
+  const auto r =
+      parse({"--prefill", "p:1", "--decode", "d:2", "--conversation-scope-header", "X-Tenant-Id"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.conversation_scope_header, "x-tenant-id");
+}
+
 // --port 0 (ephemeral) is allowed for the listener.
 TEST(ConfigSyntax, ListenerPortZero) {
   const auto r = parse({"--port", "0", "--prefill", "p:1", "--decode", "d:2"});
@@ -327,6 +339,8 @@ TEST(ConfigErrors, BadValues) {
       {{"--upstream-max-idle", "-3"}, "--upstream-max-idle"},
       {{"--prefiller-port", "0"}, "--prefiller-port"},
       {{"--decoder-port", "x"}, "--decoder-port"},
+      {{"--conversation-scope-header", "x tenant"}, "--conversation-scope-header"},
+      {{"--conversation-scope-header", "x-tenant:"}, "--conversation-scope-header"},
   };
   for (const auto& [args, flag] : cases) {
     std::vector<const char*> argv{"pdgate", "--prefill", "p:1", "--decode", "d:2"};
