@@ -10,6 +10,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include "core/control_loop.hpp"
 #include "core/server.hpp"
 #include "policies/engine.hpp"
 #include "policies/metrics.hpp"
@@ -61,21 +62,11 @@ int main(int argc, char** argv) {
   }
   const auto engine = *policies;
 
-  // Policy reloads (SIGHUP, file changes) run on their own thread so a
-  // reload's file reads and script checks never stall a worker. SIGHUP
-  // re-reads the command line's config file, so editing its policy keys
-  // switches policies without a restart.
+  // The control thread (this one, once the gateway runs): signals, policy
+  // reloads (their file reads and script checks never stall a worker) and
+  // the engines' metrics scrapes.
   boost::asio::io_context control{1};
-  auto work = boost::asio::make_work_guard(control);
-  pdgate::policy::start_policy_reloader(
-      control, engine, cfg.policy_poll_interval,
-      [argc, argv]() -> pdgate::Result<pdgate::policy::PolicySettings> {
-        auto again = pdgate::parse_command_line(argc, argv);
-        if (!again)
-          return pdgate::fail(again.error());
-        return pdgate::policy::settings_from(again->config);
-      });
-  std::thread control_thread([&control] { control.run(); });
+  pdgate::policy::start_policy_file_watch(control, engine, cfg.policy_poll_interval);
 
   int rc = 0;
   {
@@ -119,11 +110,29 @@ int main(int argc, char** argv) {
       spdlog::info("{} prefill, {} decode, {} encode instance(s); connector {}{}; policies {}",
                    cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), cfg.kv_connector,
                    cfg.prefill_disabled ? " (prefill disabled: one hop to P+D)" : "", cfg.policy);
-      rc = gateway.run();
+      gateway.start();
+      // SIGHUP re-reads the command line's config file, so editing its
+      // policy keys switches policies without a restart.
+      pdgate::ControlLoop signals(
+          control,
+          {[&gateway] { gateway.begin_drain(); }, [&gateway] { return gateway.in_flight(); },
+           [&gateway, &control] {
+             gateway.stop();
+             control.stop();
+           },
+           [argc, argv, engine] {
+             auto again = pdgate::parse_command_line(argc, argv);
+             if (!again) {
+               spdlog::error("SIGHUP: cannot re-read the configuration, nothing changed: {}",
+                             again.error());
+               return;
+             }
+             (void)engine->reload(pdgate::policy::settings_from(again->config));
+           }},
+          cfg.shutdown_timeout);
+      control.run();
+      gateway.wait();
     }
   }
-  work.reset();
-  control.stop();
-  control_thread.join();
   return rc;
 }

@@ -11,7 +11,6 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/read.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -372,7 +371,7 @@ net::awaitable<void> Gateway::admin_session(tcp::socket socket) {
   stream.socket().shutdown(tcp::socket::shutdown_send, ec);
 }
 
-int Gateway::run() {
+void Gateway::start() {
   // An ejected instance's requests that have sent nothing to their client
   // yet are cut off on their worker and fail over (or fail) at once,
   // instead of waiting out the first-byte timeout on an engine that hangs.
@@ -435,56 +434,14 @@ int Gateway::run() {
       }
     }
   });
+}
 
-  net::io_context control;
-  net::signal_set signals(control, SIGINT, SIGTERM);
-  signals.async_wait([this](const beast::error_code& ec, int sig) {
-    if (ec)
-      return;
-    spdlog::info("signal {}: no longer accepting; draining {} in-flight request(s)", sig,
-                 active_requests_.load());
-    stop_gracefully();
-  });
-  net::steady_timer drain(control);
-  std::function<void(std::chrono::steady_clock::time_point)> poll =
-      [&](std::chrono::steady_clock::time_point deadline) {
-        drain.expires_after(std::chrono::milliseconds(50));
-        drain.async_wait([&, deadline](const beast::error_code& ec) {
-          if (ec)
-            return;
-          if (!stopping_.load()) {
-            poll(deadline);
-            return;
-          }
-          if (active_requests_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
-            poll(deadline);
-            return;
-          }
-          if (active_requests_.load() > 0) {
-            spdlog::warn("drain deadline passed with {} request(s) in flight",
-                         active_requests_.load());
-          }
-          for (auto& w : workers_)
-            w->ioc.stop();
-          control.stop();
-        });
-      };
-  // The deadline is taken when the signal arrives; until then the poll
-  // only waits for `stopping_`.
-  std::function<void()> wait_for_stop = [&] {
-    drain.expires_after(std::chrono::milliseconds(50));
-    drain.async_wait([&](const beast::error_code& ec) {
-      if (ec)
-        return;
-      if (stopping_.load()) {
-        poll(std::chrono::steady_clock::now() + cfg_.shutdown_timeout);
-      } else {
-        wait_for_stop();
-      }
-    });
-  };
-  wait_for_stop();
-  control.run();
+void Gateway::stop() {
+  for (auto& w : workers_)
+    w->ioc.stop();
+}
+
+void Gateway::wait() {
   for (auto& w : workers_) {
     if (w->thread.joinable())
       w->thread.join();
@@ -493,10 +450,9 @@ int Gateway::run() {
   if (admin_thread_.joinable())
     admin_thread_.join();
   spdlog::info("pdgate stopped");
-  return 0;
 }
 
-void Gateway::stop_gracefully() {
+void Gateway::begin_drain() {
   stopping_.store(true);
   for (auto& wp : workers_) {
     Worker& w = *wp;

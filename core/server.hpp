@@ -1,6 +1,8 @@
 // The gateway process: worker threads, each with its own io_context and
 // its own listening socket on the shared port (SO_REUSEPORT lets the kernel
-// spread connections), the client sessions, and shutdown on signals.
+// spread connections), the admin thread (admin listener, health checks,
+// shared registry), the routes and the state they share. Signals are the
+// control loop's (core/control_loop.hpp).
 #pragma once
 
 #include <atomic>
@@ -51,9 +53,15 @@ class Gateway {
                         std::function<void(PrometheusText&)> metrics);
   // Prometheus text for GET /metrics.
   std::string metrics_text() const;
-  // Runs until SIGINT/SIGTERM (graceful: stop accepting, let in-flight
-  // requests finish up to the drain deadline). Returns the exit code.
-  int run();
+  // Starts the workers and the admin thread; returns at once.
+  void start();
+  // Stops accepting (the listeners close); in-flight requests go on.
+  void begin_drain();
+  std::int64_t in_flight() const { return active_requests_.load(); }
+  // Stops the workers' loops, whatever is still in flight.
+  void stop();
+  // Returns once every thread has ended (after stop()).
+  void wait();
 
  private:
   struct Worker;
@@ -65,7 +73,6 @@ class Gateway {
   net::awaitable<void> admin_session(tcp::socket socket);
   // GET /status; `addresses` adds the engines' URLs.
   nlohmann::json status_document(bool addresses) const;
-  void stop_gracefully();
 
   Config cfg_;
   Registry registry_;

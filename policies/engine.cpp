@@ -6,7 +6,6 @@
 #include <system_error>
 
 #include <spdlog/spdlog.h>
-#include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 namespace pdgate::policy {
@@ -375,27 +374,6 @@ void PolicyEngine::log_limited(const std::string& kind, const std::string& messa
 
 namespace {
 
-void wait_sighup(std::shared_ptr<net::signal_set> signals, std::shared_ptr<PolicyEngine> engine,
-                 std::function<Result<PolicySettings>()> reread) {
-  signals->async_wait([signals, engine, reread](const boost::system::error_code& ec, int) {
-    if (ec)
-      return;
-    spdlog::info("SIGHUP: reloading policies");
-    if (reread) {
-      auto s = reread();
-      if (!s) {
-        spdlog::error("SIGHUP: cannot re-read the configuration, policies unchanged: {}",
-                      s.error());
-      } else {
-        (void)engine->reload(std::move(*s));
-      }
-    } else {
-      (void)engine->reload();
-    }
-    wait_sighup(signals, engine, reread);
-  });
-}
-
 void poll_files(std::shared_ptr<net::steady_timer> timer, std::shared_ptr<PolicyEngine> engine,
                 std::chrono::milliseconds interval) {
   timer->expires_after(interval);
@@ -409,11 +387,8 @@ void poll_files(std::shared_ptr<net::steady_timer> timer, std::shared_ptr<Policy
 
 }  // namespace
 
-void start_policy_reloader(boost::asio::io_context& ioc, std::shared_ptr<PolicyEngine> engine,
-                           std::chrono::milliseconds poll_interval,
-                           std::function<Result<PolicySettings>()> reread_settings) {
-  auto signals = std::make_shared<net::signal_set>(ioc, SIGHUP);
-  wait_sighup(signals, engine, std::move(reread_settings));
+void start_policy_file_watch(boost::asio::io_context& ioc, std::shared_ptr<PolicyEngine> engine,
+                             std::chrono::milliseconds poll_interval) {
   poll_files(std::make_shared<net::steady_timer>(ioc), std::move(engine), poll_interval);
 }
 

@@ -134,12 +134,10 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   std::unordered_map<std::string, LogState> log_state_;
 };
 
-// Runs the engine's reload triggers on `ioc`: SIGHUP (re-reads the config
-// file's policy keys through `reread_settings` when given, then the
-// scripts) and a poll of the script files' modification times every
-// `poll_interval`. Returns at once.
-void start_policy_reloader(boost::asio::io_context& ioc, std::shared_ptr<PolicyEngine> engine,
-                           std::chrono::milliseconds poll_interval,
-                           std::function<Result<PolicySettings>()> reread_settings = {});
+// Polls the script files' modification times every `poll_interval` on
+// `ioc` and reloads the engine when one changed. Returns at once. (SIGHUP
+// is the control loop's: core/control_loop.hpp.)
+void start_policy_file_watch(boost::asio::io_context& ioc, std::shared_ptr<PolicyEngine> engine,
+                             std::chrono::milliseconds poll_interval);
 
 }  // namespace pdgate::policy
