@@ -526,7 +526,7 @@ std::optional<std::string_view> top_level_member(std::string_view json, std::str
 }
 
 // What a prefill request asks for with nothing cached (as vLLM's proxies
-// and core/body_rewrite.hpp send it).
+// and plugins/kv_bodies.hpp send it).
 constexpr std::string_view kPrefillKvMember =
     R"(,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,)"
     R"("remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null})";

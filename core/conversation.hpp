@@ -20,11 +20,12 @@
 #include <boost/beast/http/string_body.hpp>
 #include <nlohmann/json_fwd.hpp>
 
-#include "core/body_rewrite.hpp"
+#include "core/conversation_store.hpp"
 #include "core/json_body.hpp"
+#include "core/kv_params.hpp"
+#include "core/request_facts.hpp"
 #include "core/sse.hpp"
 #include "core/turn_history.hpp"
-#include "plugins/conversation_store.hpp"
 
 namespace pdgate {
 

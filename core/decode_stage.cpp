@@ -2,8 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/kv_params.hpp"
 #include "core/prefill_stage.hpp"
-#include "plugins/kv_connector.hpp"
 
 namespace pdgate {
 

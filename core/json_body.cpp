@@ -818,4 +818,13 @@ std::string SplicedText::str() const {
   return out;
 }
 
+std::optional<std::string> strip_member(std::string_view json_text, std::string_view key) {
+  const auto index = index_json_object(json_text);
+  if (!index || !raw_member(json_text, *index, key))
+    return std::nullopt;
+  JsonBodyEditor e(json_text, *index);
+  e.remove(key);
+  return e.render();
+}
+
 }  // namespace pdgate

@@ -173,4 +173,9 @@ class JsonBodyEditor {
   std::vector<Edit> edits_;
 };
 
+// `json_text` without its top-level member `key`; nullopt when the text has
+// no such member or is not a valid JSON object (then there is nothing to
+// strip and the caller forwards the text unchanged).
+std::optional<std::string> strip_member(std::string_view json_text, std::string_view key);
+
 }  // namespace pdgate

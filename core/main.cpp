@@ -12,6 +12,8 @@
 
 #include "core/control_loop.hpp"
 #include "core/server.hpp"
+#include "plugins/conversation_stores.hpp"
+#include "plugins/kv_connectors.hpp"
 #include "policies/engine.hpp"
 #include "policies/metrics.hpp"
 
@@ -70,7 +72,10 @@ int main(int argc, char** argv) {
 
   int rc = 0;
   {
-    pdgate::Gateway gateway(cfg, std::move(*stores), engine->factory());
+    // --kv-connector was validated: it names one of the shipped connectors.
+    std::shared_ptr<const pdgate::KvConnector> connector =
+        pdgate::make_kv_connector(cfg.kv_connector);
+    pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory());
     // Engine load (running, waiting, KV-cache usage) for policies, scraped
     // off the workers' loops on the control thread.
     if (cfg.metrics_interval.count() > 0) {

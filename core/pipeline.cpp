@@ -10,7 +10,6 @@
 #include "core/prefill_stage.hpp"
 #include "core/relay.hpp"
 #include "core/request_context.hpp"
-#include "plugins/kv_connector.hpp"
 
 namespace pdgate {
 

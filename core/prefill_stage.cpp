@@ -6,8 +6,8 @@
 #include <boost/uuid/uuid_io.hpp>
 
 #include "core/conversation.hpp"
+#include "core/kv_params.hpp"
 #include "core/stage.hpp"
-#include "plugins/kv_connector.hpp"
 
 namespace pdgate {
 

@@ -17,9 +17,10 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
-#include "core/body_rewrite.hpp"
 #include "core/conversation.hpp"
 #include "core/json_body.hpp"
+#include "core/kv_connector.hpp"
+#include "core/request_facts.hpp"
 #include "core/request_scope.hpp"
 #include "core/stage.hpp"
 #include "core/worker.hpp"

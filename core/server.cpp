@@ -114,6 +114,7 @@ struct Gateway::Worker {
     ctx.conversation_stores = g.conversations_.get();
     ctx.metrics = &g.metrics_;
     ctx.loop_guard = &g.loop_guard_;
+    ctx.connector = g.connector_.get();
   }
 
   std::size_t index;
@@ -125,11 +126,12 @@ struct Gateway::Worker {
 };
 
 Gateway::Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
-                 PickerFactory make_picker)
+                 std::shared_ptr<const KvConnector> connector, PickerFactory make_picker)
     : cfg_(std::move(cfg)),
       registry_(cfg_),
       make_picker_(std::move(make_picker)),
-      conversations_(std::move(conversations)) {
+      conversations_(std::move(conversations)),
+      connector_(std::move(connector)) {
   unsigned n = cfg_.workers;
   if (n == 0)
     n = std::max(1u, std::thread::hardware_concurrency());

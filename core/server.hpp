@@ -35,8 +35,9 @@ class Gateway {
  public:
   // `make_picker` builds each worker's instance picker (default:
   // round-robin).
-  explicit Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
-                   PickerFactory make_picker = RoundRobinPicker::factory());
+  Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
+          std::shared_ptr<const KvConnector> connector,
+          PickerFactory make_picker = RoundRobinPicker::factory());
   ~Gateway();
 
   const Registry& registry() const { return registry_; }
@@ -79,6 +80,7 @@ class Gateway {
   PickerFactory make_picker_;
   // Before workers_: the workers' store handles refer to it.
   std::unique_ptr<ConversationStores> conversations_;
+  std::shared_ptr<const KvConnector> connector_;
   std::atomic<std::int64_t> active_requests_{0};
   std::atomic<bool> stopping_{false};
   GatewayMetrics metrics_;

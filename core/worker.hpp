@@ -9,12 +9,12 @@
 #include <boost/uuid/random_generator.hpp>
 
 #include "core/config.hpp"
+#include "core/conversation_store.hpp"
 #include "core/instance.hpp"
+#include "core/kv_connector.hpp"
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
 #include "core/upstream.hpp"
-#include "plugins/conversation_store.hpp"
-#include "plugins/kv_connector.hpp"
 
 namespace pdgate {
 
@@ -46,14 +46,9 @@ struct WorkerContext {
   // (null: reuse off, e.g. in tests that build a bare WorkerContext).
   std::unique_ptr<ConversationStore> conversations;
   ConversationStores* conversation_stores = nullptr;
-  // How prefill hands the KV cache to decode (--kv-connector; validated,
-  // so only a hand-built Config can name none of them: NIXL then).
-  std::unique_ptr<const KvConnector> connector = make_connector(cfg.kv_connector);
-
-  static std::unique_ptr<const KvConnector> make_connector(const std::string& name) {
-    auto c = make_kv_connector(name);
-    return c ? std::move(c) : make_kv_connector("nixl");
-  }
+  // How prefill hands the KV cache to decode (--kv-connector), chosen by
+  // the composition root; shared by every worker (connectors are const).
+  const KvConnector* connector = nullptr;
   // Shared by all workers; null in tests that build a bare WorkerContext.
   GatewayMetrics* metrics = nullptr;
   // This gateway's Via identity (null: no Via is sent).

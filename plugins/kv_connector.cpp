@@ -1,6 +1,6 @@
-#include "plugins/kv_connector.hpp"
+#include "plugins/kv_connectors.hpp"
 
-#include "core/body_rewrite.hpp"
+#include "plugins/kv_bodies.hpp"
 
 namespace pdgate {
 

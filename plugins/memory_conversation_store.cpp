@@ -1,5 +1,7 @@
 #include "plugins/memory_conversation_store.hpp"
 
+#include "plugins/conversation_stores.hpp"
+
 #include <algorithm>
 
 #include "plugins/redis_conversation_store.hpp"

@@ -10,7 +10,7 @@
 #include <atomic>
 #include <memory>
 
-#include "plugins/conversation_store.hpp"
+#include "core/conversation_store.hpp"
 #include "plugins/redis_connection.hpp"
 #include "plugins/redis_protocol.hpp"
 

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/conversation_store.hpp"
 #include "core/result.hpp"
-#include "plugins/conversation_store.hpp"
 
 namespace pdgate {
 

@@ -9,8 +9,10 @@
 #include <string>
 #include <string_view>
 
-#include "core/body_rewrite.hpp"
 #include "core/json_body.hpp"
+#include "core/kv_params.hpp"
+#include "core/request_facts.hpp"
+#include "plugins/kv_bodies.hpp"
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/conversation.hpp"
+#include "plugins/conversation_stores.hpp"
 
 namespace pdgate {
 namespace {

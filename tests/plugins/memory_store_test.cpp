@@ -6,6 +6,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include "plugins/conversation_stores.hpp"
 #include "plugins/memory_conversation_store.hpp"
 
 namespace pdgate {

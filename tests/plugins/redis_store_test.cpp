@@ -13,7 +13,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
 
-#include "plugins/conversation_store.hpp"
+#include "plugins/conversation_stores.hpp"
 #include "plugins/redis_connection.hpp"
 #include "tests/plugins/redis_server.hpp"
 

@@ -1,4 +1,5 @@
-#include "core/body_rewrite.hpp"
+// The connectors' prefill, decode and one-hop bodies (plugins/kv_bodies.hpp).
+#include "plugins/kv_bodies.hpp"
 
 #include <gtest/gtest.h>
 
@@ -6,103 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/body_fixtures.hpp"
+
 namespace pdgate {
 namespace {
 
 using nlohmann::json;
-
-JsonObjectIndex must_index(std::string_view text) {
-  auto r = index_json_object(text);
-  EXPECT_TRUE(r.ok()) << r.error() << "\n" << text;
-  return r.ok() ? *r : JsonObjectIndex{};
-}
-
-// Parses a rendered body after checking our own validator accepts it too.
-json parsed(const std::string& text) {
-  EXPECT_TRUE(index_json_object(text).ok()) << text;
-  return json::parse(text);
-}
-
-const std::string kCompletions =
-    R"({"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"Tell me a story \u00e9",)"
-    R"("max_tokens":50,"stream":true,"stream_options":{"include_usage":true},)"
-    R"("min_tokens":5,"conversation_id":"conv-1","kv_transfer_params":{"evil":true},)"
-    R"("temperature":0.0,"echo":false})";
-
-const std::string kChat =
-    R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url",)"
-    R"("image_url":{"url":"data:image/png;base64,AAAA"}},{"type":"text","text":"hi"}]}],)"
-    R"("max_completion_tokens":64,"max_tokens":64,"stream":true,"conversation_id":"c"})";
-
-const std::string kPrefillParams =
-    R"({"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": [[1,2,3]],)"
-    R"( "remote_engine_id": "0a1b-uuid", "remote_request_id": "cmpl-x-0-1a2b3c4d",)"
-    R"( "remote_host": "10.0.0.5", "remote_port": 5600, "tp_size": 1, "future_field": {"x":[]}})";
-
-// --- read_facts --------------------------------------------------------------
-
-// A completions body yields model, stream, conversation id, include_usage and the prompt size.
-TEST(ReadFacts, CompletionsFields) {
-  const auto idx = must_index(kCompletions);
-  const auto f = read_facts(kCompletions, idx, false);
-  ASSERT_TRUE(f.ok()) << f.error();
-  EXPECT_EQ(f->model, "meta-llama/Llama-3.1-8B-Instruct");
-  EXPECT_TRUE(f->stream);
-  EXPECT_FALSE(f->is_chat);
-  EXPECT_EQ(f->conversation_id, "conv-1");
-  EXPECT_TRUE(f->include_usage);
-  EXPECT_EQ(f->prompt_bytes, std::string(R"("Tell me a story \u00e9")").size());
-}
-
-// A chat body measures `messages`; missing optional fields take their defaults.
-TEST(ReadFacts, ChatDefaults) {
-  const std::string body = R"({"messages":[{"role":"user","content":"hi"}]})";
-  const auto f = read_facts(body, must_index(body), true);
-  ASSERT_TRUE(f.ok()) << f.error();
-  EXPECT_EQ(f->model, "");
-  EXPECT_FALSE(f->stream);
-  EXPECT_TRUE(f->is_chat);
-  EXPECT_EQ(f->conversation_id, std::nullopt);
-  EXPECT_FALSE(f->include_usage);
-  EXPECT_EQ(f->prompt_bytes, std::string(R"([{"role":"user","content":"hi"}])").size());
-}
-
-// null values count as absent; a numeric conversation id is kept as its JSON text.
-TEST(ReadFacts, NullsAndNumericConversation) {
-  const std::string body =
-      R"({"model":null,"stream":null,"stream_options":null,"conversation_id":42})";
-  const auto f = read_facts(body, must_index(body), false);
-  ASSERT_TRUE(f.ok()) << f.error();
-  EXPECT_FALSE(f->stream);
-  EXPECT_EQ(f->conversation_id, "42");
-}
-
-// Escaped keys and duplicate keys follow JSON semantics: decoded names, the last one wins.
-TEST(ReadFacts, EscapedAndDuplicateKeys) {
-  const std::string body = R"({"str\u0065am":false,"stream":true,"m\u006fdel":"x"})";
-  const auto f = read_facts(body, must_index(body), false);
-  ASSERT_TRUE(f.ok());
-  EXPECT_TRUE(f->stream);
-  EXPECT_EQ(f->model, "x");
-}
-
-// Fields of the wrong type are client errors naming the field.
-TEST(ReadFacts, WrongTypesFail) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"model":1})", "model"},
-      {R"({"stream":"yes"})", "stream"},
-      {R"({"stream_options":[]})", "stream_options"},
-      {R"({"stream_options":{"include_usage":"y"}})", "include_usage"},
-      {R"({"conversation_id":{"a":1}})", "conversation_id"},
-  };
-  for (const auto& [body, field] : cases) {
-    const auto f = read_facts(body, must_index(body), false);
-    ASSERT_FALSE(f.ok()) << body;
-    EXPECT_NE(f.error().find(field), std::string::npos) << f.error();
-  }
-}
-
-// --- Prefill body --------------------------------------------------------------
+using test::kChat;
+using test::kCompletions;
+using test::kPrefillParams;
+using test::must_index;
+using test::parsed;
 
 // The completions prefill body follows every field rule and keeps the prompt byte-identical.
 TEST(PrefillBody, CompletionsRules) {
@@ -214,82 +129,6 @@ TEST(PassthroughBody, RemovesOnlyGatewayFields) {
 }
 
 // --- Prefill responses -----------------------------------------------------------
-
-// Params in a prefill response come back as their exact raw text (nested block ids).
-TEST(ExtractKvParams, ObjectByteIdentical) {
-  const std::string resp = R"({"id":"cmpl-1","choices":[{"text":"a","kv_transfer_params":1}],)"
-                           R"("kv_transfer_params":)" +
-                           kPrefillParams + R"(,"usage":{"prompt_tokens":3}})";
-  const auto r = extract_kv_params(resp);
-  ASSERT_TRUE(r.ok()) << r.error();
-  ASSERT_TRUE(r->has_value());
-  EXPECT_EQ(**r, kPrefillParams);
-}
-
-// Older engines' flat block id lists pass through untouched as well.
-TEST(ExtractKvParams, FlatBlockIds) {
-  const std::string params = R"({"do_remote_prefill":true,"remote_block_ids":[4, 5,6],)"
-                             R"("remote_num_tokens":17,"remote_blocks_expiry_time":1.5e9})";
-  const auto r = extract_kv_params(R"({"kv_transfer_params" :  )" + params + "\n}");
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->value(), params);
-}
-
-// null or absent params mean "no params"; invalid JSON and non-object params are errors.
-TEST(ExtractKvParams, NullAbsentAndErrors) {
-  auto r = extract_kv_params(R"({"kv_transfer_params":null})");
-  ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(r->has_value());
-  r = extract_kv_params(R"({"choices":[]})");
-  ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(r->has_value());
-  EXPECT_FALSE(extract_kv_params(R"({"kv_transfer_params":{)").ok());
-  EXPECT_FALSE(extract_kv_params("").ok());
-  EXPECT_FALSE(extract_kv_params(R"({"kv_transfer_params":[1]})").ok());
-}
-
-// --- Multi-turn helpers -----------------------------------------------------------
-
-// Next-turn params point at the decode host and flip the direction flags; the rest stays
-// byte-identical.
-TEST(NextTurnParams, RewritesHostAndFlags) {
-  const std::string decode_params =
-      R"({"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[7, 8]],)"
-      R"("remote_engine_id":"d-uuid","remote_host":"0.0.0.0","remote_port":5601,"x":{"y":1}})";
-  const auto r = kv_params_for_next_turn_prefill(decode_params, "10.0.0.2");
-  ASSERT_TRUE(r.ok()) << r.error();
-  const json j = parsed(*r);
-  EXPECT_EQ(j["remote_host"], "10.0.0.2");
-  EXPECT_EQ(j["do_remote_decode"], true);
-  EXPECT_EQ(j["do_remote_prefill"], false);
-  EXPECT_EQ(j["remote_port"], 5601);
-  EXPECT_NE(r->find(R"("remote_block_ids":[[7, 8]])"), std::string::npos);
-  EXPECT_NE(r->find(R"("x":{"y":1})"), std::string::npos);
-}
-
-// Missing flags and host are appended; a non-object is an error.
-TEST(NextTurnParams, AppendsAndRejects) {
-  const auto r = kv_params_for_next_turn_prefill(R"({"remote_block_ids":[1]})", "d\"host");
-  ASSERT_TRUE(r.ok());
-  const json j = parsed(*r);
-  EXPECT_EQ(j["remote_host"], "d\"host");
-  EXPECT_EQ(j["do_remote_decode"], true);
-  EXPECT_EQ(j["do_remote_prefill"], false);
-  EXPECT_FALSE(kv_params_for_next_turn_prefill("null", "h").ok());
-  EXPECT_FALSE(kv_params_for_next_turn_prefill("[1]", "h").ok());
-}
-
-// strip_member removes a top-level member, and reports nullopt when there is none or the text is
-// invalid.
-TEST(StripMember, PresentAbsentInvalid) {
-  const std::string chunk =
-      R"({"id":"c","choices":[{"delta":{},"finish_reason":"stop"}],"kv_transfer_params":{"a":[1]}})";
-  const auto s = strip_member(chunk, "kv_transfer_params");
-  ASSERT_TRUE(s);
-  EXPECT_EQ(*s, R"({"id":"c","choices":[{"delta":{},"finish_reason":"stop"}]})");
-  EXPECT_EQ(strip_member(R"({"a":{"kv_transfer_params":1}})", "kv_transfer_params"), std::nullopt);
-  EXPECT_EQ(strip_member("not json", "kv_transfer_params"), std::nullopt);
-}
 
 // --- Spliced bodies (sent as buffers over the client's body) ---------------------
 

@@ -1,4 +1,5 @@
-// Where the gateway keeps, per conversation, the kv_transfer_params a
+// The interface of the conversation stores (implementations in plugins/:
+// memory and Redis). Where the gateway keeps, per conversation, the kv_transfer_params a
 // decode handed out at the end of a turn, so the next turn's prefill can
 // read those blocks instead of recomputing the history (multi-turn reuse,
 // docs/conversations.md). Two kinds sit behind one interface: a bounded map
@@ -124,10 +125,5 @@ class ConversationStores {
  protected:
   ConversationCounters counters_;
 };
-
-// Memory store when `redis_url` is empty, else Redis. Fails on a malformed
-// URL; never connects here (each handle connects on its own worker).
-Result<std::unique_ptr<ConversationStores>> make_conversation_stores(
-    const ConversationStoreOptions& options);
 
 }  // namespace pdgate

@@ -48,7 +48,4 @@ class KvConnector {
   }
 };
 
-// nixl | p2p-nccl | lmcache | none; nullptr for another name.
-std::unique_ptr<const KvConnector> make_kv_connector(std::string_view name);
-
 }  // namespace pdgate

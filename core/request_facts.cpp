@@ -1,0 +1,74 @@
+#include "core/request_facts.hpp"
+
+#include <utility>
+
+namespace pdgate {
+namespace {
+
+bool is_null(std::string_view raw) {
+  return raw == "null";
+}
+
+// The first byte of a validated raw value tells its type.
+char kind(std::string_view raw) {
+  return raw.empty() ? '\0' : raw.front();
+}
+bool is_number(std::string_view raw) {
+  const char c = kind(raw);
+  return c == '-' || (c >= '0' && c <= '9');
+}
+
+}  // namespace
+
+Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& index, bool is_chat) {
+  RequestFacts f;
+  f.is_chat = is_chat;
+
+  if (const auto model = raw_member(body, index, "model"); model && !is_null(*model)) {
+    auto decoded = kind(*model) == '"' ? decode_json_string(*model) : std::nullopt;
+    if (!decoded)
+      return fail("'model' must be a string");
+    f.model = std::move(*decoded);
+  }
+
+  if (const auto stream = raw_member(body, index, "stream"); stream && !is_null(*stream)) {
+    const auto b = bool_member(body, index, "stream");
+    if (!b)
+      return fail("'stream' must be a boolean");
+    f.stream = *b;
+  }
+
+  if (const auto so = raw_member(body, index, "stream_options"); so && !is_null(*so)) {
+    if (kind(*so) != '{')
+      return fail("'stream_options' must be an object");
+    // stream_options is a small object inside an already validated body,
+    // so indexing it again cannot fail and costs next to nothing.
+    const auto inner = index_json_object(*so);
+    if (!inner)
+      return fail("'stream_options': " + inner.error());
+    const auto usage = raw_member(*so, *inner, "include_usage");
+    if (usage && !is_null(*usage)) {
+      const auto b = bool_member(*so, *inner, "include_usage");
+      if (!b)
+        return fail("'stream_options.include_usage' must be a boolean");
+      f.include_usage = *b;
+    }
+  }
+
+  if (const auto cid = raw_member(body, index, "conversation_id"); cid && !is_null(*cid)) {
+    if (kind(*cid) == '"') {
+      f.conversation_id = decode_json_string(*cid);
+    } else if (is_number(*cid)) {
+      f.conversation_id = std::string(*cid);
+    } else {
+      return fail("'conversation_id' must be a string");
+    }
+  }
+
+  if (const auto prompt = raw_member(body, index, is_chat ? "messages" : "prompt")) {
+    f.prompt_bytes = prompt->size();
+  }
+  return f;
+}
+
+}  // namespace pdgate

@@ -1,0 +1,35 @@
+// Top-level facts of a completion request the gateway needs (model,
+// stream, conversation id, ...), read once from the indexed body.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/json_body.hpp"
+#include "core/result.hpp"
+
+namespace pdgate {
+
+// Top-level facts the gateway needs, read once from the indexed body.
+struct RequestFacts {
+  std::string model;  // empty when the client sent none
+  bool stream = false;
+  bool is_chat = false;
+  // The client's conversation key for multi-turn KV reuse. A number is
+  // accepted too and kept as its JSON text, since the Python proxy uses
+  // whatever value it gets as a dictionary key.
+  std::optional<std::string> conversation_id;
+  bool include_usage = false;  // stream_options.include_usage
+  // Size of the raw `messages` (chat) or `prompt` (completions) value: a
+  // cheap proxy for prompt length when routing.
+  std::size_t prompt_bytes = 0;
+};
+
+// Fails with a client-facing message when a field the gateway relies on has
+// the wrong type (model not a string, stream not a boolean, stream_options
+// not an object, conversation_id neither string nor number).
+Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& index, bool is_chat);
+
+}  // namespace pdgate
