@@ -17,7 +17,11 @@ target_compile_definitions(pdgate_options INTERFACE
   BOOST_ASIO_SEPARATE_COMPILATION
   BOOST_BEAST_SEPARATE_COMPILATION
   BOOST_ASIO_NO_DEPRECATED
-  BOOST_ASIO_DISABLE_BOOST_COROUTINE)
+  BOOST_ASIO_DISABLE_BOOST_COROUTINE
+  # Coroutine frames and handlers come from a per-thread cache of freed
+  # blocks; at its default of 2 blocks per purpose a request (a dozen nested
+  # coroutines) fell through to malloc for most of them.
+  BOOST_ASIO_RECYCLING_ALLOCATOR_CACHE_SIZE=16)
 if(PDGATE_SANITIZE)
   # With sanitizer instrumentation GCC 12 reports -Wmaybe-uninitialized
   # inside Beast's own code (asio_impl.cpp); the warning is not actionable

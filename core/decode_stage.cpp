@@ -15,8 +15,8 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   WorkerContext& w = rc.w;
   Routed out;
   auto r = std::make_unique<DecodeRelay>();
-  r->guard = std::make_unique<InFlightGuard>(decode);
-  r->report = std::make_unique<StageReport>(w.picker, decode, rc.pick());
+  r->guard = InFlightGuard(decode);
+  r->report.emplace(w.picker, decode, rc.pick());
   r->decode = decode;
   // A fresh copy per attempt: the recorder follows this decode's answer.
   if (rc.turn)
@@ -41,7 +41,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   }
   UpstreamError rerr;
   if (stream) {
-    r->stream = std::make_unique<StreamRelay>(w, *ex, *decode, rc.request_id(), r->conversation);
+    r->stream.emplace(w, *ex, *decode, rc.request_id(), r->conversation);
     while (!rerr && r->first.empty() && !r->stream->done())
       rerr = co_await r->stream->read_into(r->first);
   } else {

@@ -20,6 +20,19 @@ const char* version_text(unsigned version) {
 
 }  // namespace
 
+std::string render_request_head(const boost::beast::http::request_header<>& req) {
+  std::string head;
+  head.reserve(256);
+  head += req.method_string();
+  head += ' ';
+  head += req.target();
+  head += ' ';
+  head += version_text(req.version());
+  head += "\r\n";
+  append_fields(head, req);
+  return head;
+}
+
 std::string render_head(const boost::beast::http::response_header<>& res) {
   std::string head;
   head.reserve(256);

@@ -21,6 +21,10 @@ inline std::string_view path_of(std::string_view target) {
 
 std::string render_head(const boost::beast::http::response_header<>& res);
 
+// The request line and header fields of an HTTP/1.1 request, as Beast
+// writes them, then the empty line.
+std::string render_request_head(const boost::beast::http::request_header<>& req);
+
 // Whether render_head() + body is the whole message: HTTP/1.0 or 1.1, not
 // chunked (chunked bodies need Beast's framing).
 template <bool isRequest, class Body>

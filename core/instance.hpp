@@ -37,10 +37,16 @@ std::int64_t steady_now_ms();
 struct Instance {
   Instance(std::uint64_t id_, UpstreamSpec spec_, std::map<std::string, std::string> labels_ = {},
            unsigned weight_ = 1)
-      : id(id_), spec(std::move(spec_)), labels(std::move(labels_)), weight(weight_) {}
+      : id(id_),
+        spec(std::move(spec_)),
+        host_port(spec.host + ":" + std::to_string(spec.port)),
+        labels(std::move(labels_)),
+        weight(weight_) {}
 
   const std::uint64_t id;
   const UpstreamSpec spec;
+  // "host:port", as upstream requests' Host header carries it.
+  const std::string host_port;
   const std::map<std::string, std::string> labels;
   const unsigned weight;
 

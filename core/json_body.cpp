@@ -482,6 +482,8 @@ Result<JsonObjectIndex> index_json_object(std::string_view text) {
     return s.failure();
   }
   index.open_brace = s.pos();
+  // Completion requests have a dozen members or so: one allocation.
+  index.members.reserve(16);
   s.advance();
   s.skip_ws();
   if (s.peek() == '}') {
@@ -672,7 +674,10 @@ std::string json_quote(std::string_view s) {
 }
 
 JsonBodyEditor::JsonBodyEditor(std::string_view text, const JsonObjectIndex& index)
-    : text_(text), index_(&index) {}
+    : text_(text), index_(&index) {
+  // The connectors' bodies make up to eight edits: one allocation.
+  edits_.reserve(8);
+}
 
 void JsonBodyEditor::set(std::string_view key, std::string raw_value) {
   for (auto& e : edits_) {

@@ -33,30 +33,63 @@ net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view dat
   co_return !ec;
 }
 
-// The stream's response header and its first events, in one write. Its
-// own coroutine, so that the header is gone while the stream relays (and
-// idles).
+// The stream's response head, written directly: only the status, the
+// engine's Content-Type and Cache-Control, the request id and the framing.
+std::string stream_head(const http::request<http::string_body>& req, const UpstreamExchange& ex,
+                        const std::string& request_id) {
+  std::string h;
+  h.reserve(192 + request_id.size());
+  h += req.version() == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
+  h += std::to_string(ex.status());
+  h += ' ';
+  h += http::obsolete_reason(static_cast<http::status>(ex.status()));
+  h += "\r\nServer: pdgate\r\n";
+  const auto& from = ex.header();
+  const auto ct = from.find(http::field::content_type);
+  h += "Content-Type: ";
+  h += ct != from.end() ? std::string_view(ct->value()) : std::string_view("text/event-stream");
+  h += "\r\n";
+  if (const auto cc = from.find(http::field::cache_control); cc != from.end()) {
+    h += "Cache-Control: ";
+    h += cc->value();
+    h += "\r\n";
+  }
+  h += "X-Request-Id: ";
+  h += request_id;
+  h += "\r\nTransfer-Encoding: chunked\r\n";
+  if (!req.keep_alive())
+    h += "Connection: close\r\n";
+  else if (req.version() == 10)
+    h += "Connection: keep-alive\r\n";
+  h += "\r\n";
+  return h;
+}
+
+// The stream's response head and its first events, in one write; with
+// the last chunk too when the stream already ended (a short answer is one
+// write). Its own coroutine, so that the head is gone while the stream
+// relays (and idles).
 net::awaitable<bool> write_stream_start(const Config& cfg, beast::tcp_stream& client,
                                         const http::request<http::string_body>& req,
                                         UpstreamExchange& ex, const std::string& request_id,
-                                        std::string_view first) {
-  http::response<http::empty_body> res{static_cast<http::status>(ex.status()), req.version()};
-  res.set(http::field::server, "pdgate");
-  copy_answer_headers(ex.header(), res);
-  if (res.find(http::field::content_type) == res.end())
-    res.set(http::field::content_type, "text/event-stream");
-  res.set("X-Request-Id", request_id);
-  res.chunked(true);
-  res.keep_alive(req.keep_alive());
-  const std::string head = render_head(res.base());
+                                        std::string_view first, bool last) {
+  const std::string head = stream_head(req, ex, request_id);
   client.expires_after(cfg.client_idle_timeout);
+  const auto end = http::make_chunk_last();
   beast::error_code ec;
   std::size_t n = 0;
-  if (first.empty()) {
+  if (first.empty() && !last) {
     std::tie(ec, n) = co_await net::async_write(client, net::buffer(head), use_tuple);
-  } else {
+  } else if (first.empty()) {
+    std::tie(ec, n) =
+        co_await net::async_write(client, beast::buffers_cat(net::buffer(head), end), use_tuple);
+  } else if (!last) {
     std::tie(ec, n) = co_await net::async_write(
         client, beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first))),
+        use_tuple);
+  } else {
+    std::tie(ec, n) = co_await net::async_write(
+        client, beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first)), end),
         use_tuple);
   }
   co_return !ec;
@@ -69,9 +102,16 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
                                   const http::request<http::string_body>& req, DecodeRelay& r,
                                   RequestScope& scope) {
   UpstreamExchange& ex = *r.ex;
-  if (!co_await write_stream_start(w.cfg, client, req, ex, r.view->request_id, r.first)) {
+  // A short answer may have ended with its first read: then everything,
+  // the last chunk included, leaves in that one write.
+  const bool ended = r.stream->done();
+  if (!co_await write_stream_start(w.cfg, client, req, ex, r.view->request_id, r.first, ended)) {
     scope.on_client_gone();
     co_return false;
+  }
+  if (ended) {
+    ex.finish();
+    co_return req.keep_alive();
   }
   // Bytes reached the client: no failover from here on.
   ex.committed();
@@ -146,8 +186,18 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
     co_return UpstreamError{UpstreamFailure::protocol, "decode stream from " + decode_.spec.url +
                                                            " is malformed: " + scanner_.error()};
   }
-  while (scanner_.next(event_))
-    out += filter_.on_event(event_);
+  // Events pass through as the same bytes unless the filter has to look
+  // at them: a turn's answer being recorded, or params to capture or hide
+  // (an event that names kv_transfer_params). Then one by one; otherwise
+  // all of them at once, without parsing each.
+  const std::string_view ready = scanner_.ready_bytes();
+  if (!conversation_ && ready.find("kv_transfer_params") == std::string_view::npos) {
+    out.append(ready);
+    scanner_.drop_ready();
+  } else {
+    while (scanner_.next(event_))
+      out += filter_.on_event(event_);
+  }
   // Stored before the client sees the end of the turn, so a client that
   // sends its next turn at once (to any replica) finds them.
   if (filter_.take_new_capture() && conversation_ && w_.conversations) {

@@ -49,15 +49,16 @@ class StreamRelay {
 // Decode answered 2xx and the client's first bytes are ready: a stream's
 // first events (or its end), or a whole answer's body. Handed from the
 // routing phases to the relay.
+// One allocation holds it all (it lives as long as the stream).
 struct DecodeRelay {
   std::unique_ptr<RequestView> view;
-  std::unique_ptr<InFlightGuard> guard;
-  std::unique_ptr<StageReport> report;  // refers to view->ctx
+  InFlightGuard guard;
+  std::optional<StageReport> report;  // refers to the request's PickContext
   std::unique_ptr<UpstreamExchange> ex;
   InstancePtr decode;
-  OptionalTurn conversation;            // the turn whose answer may be stored
-  std::unique_ptr<StreamRelay> stream;  // null: a whole answer
-  std::string first;                    // the stream's first events, or the whole body
+  OptionalTurn conversation;          // the turn whose answer may be stored
+  std::optional<StreamRelay> stream;  // empty: a whole answer
+  std::string first;                  // the stream's first events, or the whole body
 };
 
 // Writes decode's answer to the client: the header with the first bytes,

@@ -41,14 +41,19 @@ bool SseScanner::feed(std::string_view bytes) {
   if (!error_.empty())
     return false;
   compact();
+  // Usually the buffer is empty here (the previous events were popped):
+  // one allocation of the right size rather than a few doublings.
+  if (buf_.empty())
+    buf_.reserve(bytes.size());
   buf_.append(bytes);
+  const char* const data = buf_.data();
   const std::size_t n = buf_.size();
-  while (scan_ < n) {
-    const char c = buf_[scan_];
+  std::size_t scan = scan_;
+  while (scan < n) {
     if (after_cr_) {
       after_cr_ = false;
-      if (c == '\n') {
-        if (scan_ == event_begin_) {
+      if (data[scan] == '\n') {
+        if (scan == event_begin_) {
           // The '\r' before this '\n' was the blank line that ended the
           // previous event, which was cut without waiting for this byte (to
           // relay it at once). The '\n' completes that line ending, so it
@@ -60,37 +65,56 @@ bool SseScanner::feed(std::string_view bytes) {
           }
           ++event_begin_;
         }
-        ++scan_;
+        ++scan;
         continue;
       }
     }
-    if (c != '\n' && c != '\r') {
+    // The rest of the line: no line ending in it, nothing to decide.
+    std::size_t eol = scan;
+    while (eol < n && data[eol] != '\n' && data[eol] != '\r')
+      ++eol;
+    if (eol > scan) {
       line_empty_ = false;
-      ++scan_;
-      continue;
+      scan = eol;
+      if (scan == n)
+        break;
     }
-    ++scan_;
+    const char c = data[scan++];
     if (c == '\r') {
-      if (scan_ < n && buf_[scan_] == '\n') {
-        ++scan_;
+      if (scan < n && data[scan] == '\n') {
+        ++scan;
       } else {
         after_cr_ = true;
       }
     }
     if (line_empty_) {
-      const std::size_t len = scan_ - event_begin_;
+      const std::size_t len = scan - event_begin_;
       if (len > max_event_bytes_)
         break;
       ready_.push_back(len);
-      event_begin_ = scan_;
+      event_begin_ = scan;
     }
     line_empty_ = true;
   }
+  scan_ = scan;
   if (scan_ - event_begin_ > max_event_bytes_ || buf_.size() - event_begin_ > max_event_bytes_) {
     error_ = "SSE event larger than " + std::to_string(max_event_bytes_) + " bytes";
     return false;
   }
   return true;
+}
+
+std::string_view SseScanner::ready_bytes() const {
+  std::size_t len = 0;
+  for (std::size_t i = ready_head_; i < ready_.size(); ++i)
+    len += ready_[i];
+  return std::string_view(buf_).substr(head_, len);
+}
+
+void SseScanner::drop_ready() {
+  head_ += ready_bytes().size();
+  ready_.clear();
+  ready_head_ = 0;
 }
 
 bool SseScanner::next(SseEvent& out) {

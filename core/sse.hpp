@@ -37,6 +37,13 @@ class SseScanner {
   // popping is linear in the bytes fed, however they are split.
   bool next(SseEvent& out);
 
+  // The raw bytes of every complete event not popped yet, back to back
+  // (what next() would hand out, one event after another), and dropping
+  // them: for a relay that passes events through unchanged, without
+  // copying or parsing each one.
+  std::string_view ready_bytes() const;
+  void drop_ready();
+
   // Frees the buffers when no byte is held (all events popped, no partial
   // event): for streams that idle between events.
   void release_idle_memory();

@@ -19,24 +19,47 @@ ForwardedHeaders forwarded_headers(const WorkerContext& w,
   return f;
 }
 
-http::request_header<> upstream_head(http::verb method, const Instance& inst,
-                                     std::string_view target, std::size_t body_size,
-                                     const std::string& request_id, const ForwardedHeaders& fwd) {
-  http::request_header<> h;
-  h.method(method);
-  h.target(target);
-  h.version(11);
-  h.set(http::field::host, inst.spec.host + ":" + std::to_string(inst.spec.port));
-  h.set(http::field::user_agent, "pdgate");
-  h.set("X-Request-Id", request_id);
+namespace {
+
+// The fields every upstream request carries, in the order Beast would
+// write them.
+template <class Sink>
+void upstream_fields(Sink&& add, const Instance& inst, const std::string& request_id,
+                     const ForwardedHeaders& fwd) {
+  add("Host", inst.host_port);
+  add("User-Agent", "pdgate");
+  add("X-Request-Id", request_id);
   if (!fwd.authorization.empty())
-    h.set(http::field::authorization, fwd.authorization);
+    add("Authorization", fwd.authorization);
   if (!fwd.via.empty())
-    h.set(http::field::via, fwd.via);
+    add("Via", fwd.via);
+}
+
+}  // namespace
+
+std::string upstream_head(http::verb method, const Instance& inst, std::string_view target,
+                          std::size_t body_size, const std::string& request_id,
+                          const ForwardedHeaders& fwd) {
+  std::string h;
+  h.reserve(160 + target.size() + request_id.size() + fwd.authorization.size() + fwd.via.size());
+  h += http::to_string(method);
+  h += ' ';
+  h += target;
+  h += " HTTP/1.1\r\n";
+  upstream_fields(
+      [&h](std::string_view name, std::string_view value) {
+        h += name;
+        h += ": ";
+        h += value;
+        h += "\r\n";
+      },
+      inst, request_id, fwd);
   if (method == http::verb::post) {
-    h.set(http::field::content_type, "application/json");
-    h.set(http::field::content_length, std::to_string(body_size));
+    h += "Content-Type: application/json\r\nContent-Length: ";
+    h += std::to_string(body_size);
+    h += "\r\n";
   }
+  h += "\r\n";
   return h;
 }
 
@@ -44,8 +67,11 @@ http::request<http::string_body> upstream_request(http::verb method, const Insta
                                                   std::string_view target, std::string body,
                                                   const std::string& request_id,
                                                   const ForwardedHeaders& fwd) {
-  http::request<http::string_body> r{
-      upstream_head(method, inst, target, body.size(), request_id, fwd)};
+  http::request<http::string_body> r{method, target, 11};
+  upstream_fields([&r](std::string_view name, std::string_view value) { r.set(name, value); },
+                  inst, request_id, fwd);
+  if (method == http::verb::post)
+    r.set(http::field::content_type, "application/json");
   r.keep_alive(true);
   r.body() = std::move(body);
   r.prepare_payload();

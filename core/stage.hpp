@@ -41,11 +41,13 @@ http::request<http::string_body> upstream_request(http::verb method, const Insta
                                                   const std::string& request_id,
                                                   const ForwardedHeaders& fwd);
 
-// The same request's header alone, for a body of `body_size` bytes sent as
-// a buffer sequence (UpstreamExchange::start with buffers).
-http::request_header<> upstream_head(http::verb method, const Instance& inst,
-                                     std::string_view target, std::size_t body_size,
-                                     const std::string& request_id, const ForwardedHeaders& fwd);
+// The same request's head alone, rendered (request line, fields, empty
+// line), for a body of `body_size` bytes sent as a buffer sequence
+// (UpstreamExchange::start with buffers). Written directly: Beast's field
+// container allocates per field, and this runs twice per request.
+std::string upstream_head(http::verb method, const Instance& inst, std::string_view target,
+                          std::size_t body_size, const std::string& request_id,
+                          const ForwardedHeaders& fwd);
 
 // The pieces of a spliced body as buffers for a gathering write.
 std::vector<net::const_buffer> body_buffers(const SplicedText& body);

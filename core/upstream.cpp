@@ -6,6 +6,8 @@
 #include <boost/beast/core/buffers_range.hpp>
 #include <boost/beast/core/read_size.hpp>
 
+#include "core/http_head.hpp"
+
 namespace pdgate {
 
 namespace {
@@ -237,22 +239,17 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
     UpstreamTimeouts timeouts) {
   const std::vector<net::const_buffer> body{net::buffer(req.body())};
-  co_return co_await start(pool, req.base(), body, scope, timeouts);
+  const std::string head = render_request_head(req.base());
+  co_return co_await start(pool, head, body, scope, timeouts);
 }
 
 net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> UpstreamExchange::start(
-    UpstreamPool& pool, const http::request_header<>& head,
-    const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts,
-    std::size_t first_read) {
-  // The header's bytes as Beast lays them out (start line, fields, blank
-  // line), followed by the body's pieces: one gathering write.
-  // The writer owns part of the start line's bytes: it lives as long as
-  // the write does.
-  http::fields::writer header_bytes{head, head.version(), head.method()};
-  const auto header_view = header_bytes.get();
+    UpstreamPool& pool, std::string_view head, const std::vector<net::const_buffer>& body,
+    RequestScope& scope, UpstreamTimeouts timeouts, std::size_t first_read) {
+  // The head, then the body's pieces: one gathering write.
   std::vector<net::const_buffer> out;
-  for (const auto b : beast::buffers_range_ref(header_view))
-    out.push_back(b);
+  out.reserve(body.size() + 1);
+  out.push_back(net::buffer(head.data(), head.size()));
   for (const auto& b : body) {
     if (b.size() != 0)
       out.push_back(b);

@@ -163,19 +163,19 @@ class UpstreamExchange {
   static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
       UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
       UpstreamTimeouts timeouts);
-  // The same with the body given as a buffer sequence (slices of the
-  // client's body and edited fragments, core/json_body.hpp), written after
-  // `head` in one gathering write: a large body is never copied. `head`
-  // must carry the body's Content-Length; the buffers' memory must stay
-  // valid until this completes.
+  // The same with the request's head already rendered (request line,
+  // fields, empty line: core/stage.hpp upstream_head) and the body given as
+  // a buffer sequence (slices of the client's body and edited fragments,
+  // core/json_body.hpp), written in one gathering write: a large body is
+  // never copied. `head` must carry the body's Content-Length; its bytes
+  // and the buffers' must stay valid until this completes.
   // `first_read` is the room for the answer's first read: enough for a
   // whole small answer (kWholeAnswerRead), or kStreamRead where a stream
   // is expected (10,000 streams each allocating 4 KiB for their header
   // fragmented the heap by ~2 KiB per stream even though it was freed).
   static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
-      UpstreamPool& pool, const http::request_header<>& head,
-      const std::vector<net::const_buffer>& body, RequestScope& scope, UpstreamTimeouts timeouts,
-      std::size_t first_read = kWholeAnswerRead);
+      UpstreamPool& pool, std::string_view head, const std::vector<net::const_buffer>& body,
+      RequestScope& scope, UpstreamTimeouts timeouts, std::size_t first_read = kWholeAnswerRead);
 
   unsigned status() const { return parser_->get().result_int(); }
   const http::response_header<>& header() const { return parser_->get().base(); }

@@ -150,6 +150,9 @@ struct LuaVm::Impl {
   };
   std::array<InstanceCache, 3> caches;
   int ctx_ref = LUA_NOREF;
+  // Which of the request's fields (kCtxFields) the current call's ctx
+  // table holds: they are filled when a script first reads them.
+  std::uint32_t ctx_filled = 0;
   int outcome_ref = LUA_NOREF;
   int empty_ref = LUA_NOREF;  // a shared empty table (headers when none)
 
@@ -736,64 +739,105 @@ void add_header(void* L_, std::string_view name, std::string_view value) {
   lua_rawset(L, -3);
 }
 
-// __index of the ctx table: ctx.headers is built from the request only
-// when a script reads it (most policies never do), then kept in ctx for
-// the rest of the call.
+// The fields of ctx, each pushed from the request only when a script
+// first reads it (then kept in the table for the rest of the call): most
+// policies read one or two of them, and pushing all of them (interning a
+// fresh request id string every time) was half the cost of a pick.
+constexpr const char* kCtxFields[] = {"stage",   "model",           "stream",     "is_chat",
+                                      "prompt_len", "conversation_id", "request_id", "prefill",
+                                      "headers"};
+
+// Pushes field `i` of kCtxFields for `ctx` (nil when it has no value).
+void push_ctx_field(lua_State* L, const PickContext& ctx, int i) {
+  switch (i) {
+    case 0:
+      lua_pushstring(L, pdgate::to_string(ctx.stage));
+      return;
+    case 1:
+      lua_pushlstring(L, ctx.model.data(), ctx.model.size());
+      return;
+    case 2:
+      lua_pushboolean(L, ctx.stream ? 1 : 0);
+      return;
+    case 3:
+      lua_pushboolean(L, ctx.is_chat ? 1 : 0);
+      return;
+    case 4:
+      lua_pushnumber(L, static_cast<double>(ctx.prompt_raw.size()));
+      return;
+    case 5:
+      if (ctx.conversation_id)
+        lua_pushlstring(L, ctx.conversation_id->data(), ctx.conversation_id->size());
+      else
+        lua_pushnil(L);
+      return;
+    case 6:
+      lua_pushlstring(L, ctx.request_id.data(), ctx.request_id.size());
+      return;
+    case 7:
+      if (ctx.chosen_prefill != nullptr)
+        lua_pushnumber(L, static_cast<double>(ctx.chosen_prefill->id));
+      else
+        lua_pushnil(L);
+      return;
+    case 8:
+      lua_createtable(L, 0, static_cast<int>(std::max<std::size_t>(ctx.headers.size(), 8)));
+      if (!ctx.headers.empty()) {
+        for (const auto& [k, v] : ctx.headers) {
+          lua_pushlstring(L, k.data(), k.size());
+          lua_pushlstring(L, v.data(), v.size());
+          lua_rawset(L, -3);
+        }
+      } else if (ctx.for_each_header != nullptr) {
+        ctx.for_each_header(ctx.header_source, L, &add_header);
+      }
+      return;
+    default:
+      lua_pushnil(L);
+  }
+}
+
+// __index of the ctx table: fills a field from the request the first time
+// a script reads it during a call.
 int ctx_index(lua_State* L) {
   auto* I = static_cast<Impl*>(lua_touserdata(L, lua_upvalueindex(1)));
   std::size_t n = 0;
   const char* key = lua_tolstring(L, 2, &n);
   const PickContext* ctx = I->cur_ctx;
-  if (key == nullptr || std::string_view(key, n) != "headers" || ctx == nullptr ||
-      ctx->for_each_header == nullptr) {
+  if (key == nullptr || ctx == nullptr) {
     lua_pushnil(L);
     return 1;
   }
-  lua_createtable(L, 0, 8);
-  ctx->for_each_header(ctx->header_source, L, &add_header);
-  lua_pushvalue(L, -1);
-  lua_setfield(L, 1, "headers");
+  const std::string_view k(key, n);
+  for (int i = 0; i < static_cast<int>(std::size(kCtxFields)); ++i) {
+    if (k != kCtxFields[i])
+      continue;
+    push_ctx_field(L, *ctx, i);
+    if (!lua_isnil(L, -1)) {
+      lua_pushvalue(L, -1);
+      lua_setfield(L, 1, kCtxFields[i]);
+      I->ctx_filled |= 1u << i;
+    }
+    return 1;
+  }
+  lua_pushnil(L);
   return 1;
 }
 
-// Fills the reused ctx table from the request. The table is only valid
-// during the call: scripts copy what they keep (docs/policies.md).
+// Pushes the reused ctx table, emptied of the previous call's fields. The
+// table is only valid during the call: scripts copy what they keep
+// (docs/policies.md).
 void push_ctx(Impl& I, const PickContext& ctx) {
+  (void)ctx;  // read through ctx_index, from I.cur_ctx
   lua_State* L = I.L;
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.ctx_ref);
-  lua_pushstring(L, pdgate::to_string(ctx.stage));
-  lua_setfield(L, -2, "stage");
-  set_string(L, "model", ctx.model);
-  set_bool(L, "stream", ctx.stream);
-  set_bool(L, "is_chat", ctx.is_chat);
-  set_number(L, "prompt_len", static_cast<double>(ctx.prompt_raw.size()));
-  if (ctx.conversation_id) {
-    set_string(L, "conversation_id", *ctx.conversation_id);
-  } else {
+  for (int i = 0; I.ctx_filled != 0; ++i) {
+    if ((I.ctx_filled & (1u << i)) == 0)
+      continue;
     lua_pushnil(L);
-    lua_setfield(L, -2, "conversation_id");
+    lua_setfield(L, -2, kCtxFields[i]);
+    I.ctx_filled &= ~(1u << i);
   }
-  set_string(L, "request_id", ctx.request_id);
-  if (ctx.chosen_prefill != nullptr) {
-    set_number(L, "prefill", static_cast<double>(ctx.chosen_prefill->id));
-  } else {
-    lua_pushnil(L);
-    lua_setfield(L, -2, "prefill");
-  }
-  if (ctx.headers.empty() && ctx.for_each_header != nullptr) {
-    // Built by ctx_index when a script first reads ctx.headers.
-    lua_pushnil(L);
-  } else if (ctx.headers.empty()) {
-    lua_rawgeti(L, LUA_REGISTRYINDEX, I.empty_ref);
-  } else {
-    lua_createtable(L, 0, static_cast<int>(ctx.headers.size()));
-    for (const auto& [k, v] : ctx.headers) {
-      lua_pushlstring(L, k.data(), k.size());
-      lua_pushlstring(L, v.data(), v.size());
-      lua_rawset(L, -3);
-    }
-  }
-  lua_setfield(L, -2, "headers");
 }
 
 // Sets up the request the pdgate.* helpers see, and clears it on exit.

@@ -262,5 +262,29 @@ TEST(Sse, DataEventHelper) {
   EXPECT_EQ(scan({sse_data_event("[DONE]")})[0].is_done, true);
 }
 
+// ready_bytes() is what next() would hand out, event after event, for
+// every split of a stream (CR, LF and CRLF endings, comments, a partial
+// event at the end), and drop_ready() leaves the partial event in place.
+TEST(Sse, ReadyBytesEqualPoppedEvents) {
+  const std::string stream =
+      "data: a\n\n: keepalive\r\n\r\nevent: x\rdata: b\r\rdata: c\r\n\r\ndata: partial";
+  for (std::size_t cut = 0; cut <= stream.size(); ++cut) {
+    SseScanner bulk, single;
+    std::string bulk_out, single_out;
+    for (const auto piece : {std::string_view(stream).substr(0, cut),
+                             std::string_view(stream).substr(cut)}) {
+      ASSERT_TRUE(bulk.feed(piece));
+      ASSERT_TRUE(single.feed(piece));
+      bulk_out.append(bulk.ready_bytes());
+      bulk.drop_ready();
+      SseEvent ev;
+      while (single.next(ev))
+        single_out += ev.raw;
+    }
+    EXPECT_EQ(bulk_out, single_out) << "cut at " << cut;
+    EXPECT_EQ(bulk.pending_bytes(), single.pending_bytes()) << "cut at " << cut;
+  }
+}
+
 }  // namespace
 }  // namespace pdgate
