@@ -34,6 +34,12 @@ if ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then
     { apt-get update >/dev/null && apt-get install -y --no-install-recommends nginx-light >/dev/null; }
 fi
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+if ! command -v strace >/dev/null; then
+  echo "installing strace..." >&2
+  apt-get install -y --no-install-recommends strace >/dev/null 2>&1 ||
+    { apt-get update >/dev/null && apt-get install -y --no-install-recommends strace >/dev/null; } ||
+    echo "strace unavailable: no system-call counts" >&2
+fi
 if ! command -v gnuplot >/dev/null; then
   echo "installing gnuplot..." >&2
   apt-get install -y --no-install-recommends gnuplot-nox >/dev/null 2>&1 ||
@@ -174,6 +180,84 @@ done
 sleep 0.2
 nginx_worker=$(pgrep -P "$(cat "$tmp/nginx/nginx.pid")" | head -1)
 
+# Static-answer engines: an nginx answering every request with a fixed body
+# at once, so the engine costs next to nothing and what is measured is the
+# proxy: a 4-event chat stream, a whole chat answer, a prefill answer with
+# kv_transfer_params. In front of them, each its own process: nginx as a
+# one-hop proxy, pdgate one hop, pdgate P/D.
+s_stream=$(free_port)
+s_whole=$(free_port)
+s_prefill=$(free_port)
+n_sstream=$(free_port)
+n_swhole=$(free_port)
+ev() {
+  printf 'data: {"id":"chatcmpl-s","object":"chat.completion.chunk","created":1,"model":"sim-model","choices":[{"index":0,"delta":%s,"finish_reason":%s}]}\\n\\n' "$1" "$2"
+}
+sse_body="$(ev '{"role":"assistant","content":""}' null)$(ev '{"content":" the"}' null)$(ev '{}' '"stop"')data: [DONE]\n\n"
+whole_body='{"id":"chatcmpl-s","object":"chat.completion","created":1,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":" the quick brown fox"},"finish_reason":"length"}],"usage":{"prompt_tokens":8,"total_tokens":12,"completion_tokens":4}}'
+prefill_body='{"id":"cmpl-s","object":"chat.completion","created":1,"model":"sim-model","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2,3],"remote_engine_id":"static","remote_host":"127.0.0.1","remote_port":1,"tp_size":1}}'
+mkdir -p "$tmp/static"
+# nginx_conf NAME SERVERS: a one-worker nginx configuration in $tmp/static.
+nginx_conf() {
+  cat >"$tmp/static/$1.conf" <<EOF
+$user_line
+daemon off;
+worker_processes 1;
+worker_rlimit_nofile 65536;
+pid $tmp/static/$1.pid;
+error_log $tmp/static/$1.log warn;
+events { worker_connections 30000; }
+http {
+  access_log off;
+  client_body_temp_path $tmp/static/$1-body;
+  proxy_temp_path $tmp/static/$1-proxy;
+  fastcgi_temp_path $tmp/static/$1-fastcgi;
+  uwsgi_temp_path $tmp/static/$1-uwsgi;
+  scgi_temp_path $tmp/static/$1-scgi;
+  keepalive_requests 1000000;
+  client_body_buffer_size 1m;
+  $2
+}
+EOF
+  "$nginx_bin" -c "$tmp/static/$1.conf" -e "$tmp/static/$1.log" 2>"$tmp/static/$1.stderr" &
+  pids+=($!)
+  for _ in $(seq 1 100); do
+    [[ -s $tmp/static/$1.pid ]] && break
+    sleep 0.05
+  done
+  [[ -s $tmp/static/$1.pid ]] || { echo "nginx $1 did not start:" >&2; cat "$tmp/static/$1.stderr" >&2; exit 1; }
+  sleep 0.2
+}
+nginx_conf engines "
+  server { listen 127.0.0.1:$s_stream; location / { default_type text/event-stream; return 200 '$sse_body'; } }
+  server { listen 127.0.0.1:$s_whole; location / { default_type application/json; return 200 '$whole_body'; } }
+  server { listen 127.0.0.1:$s_prefill; location / { default_type application/json; return 200 '$prefill_body'; } }"
+nginx_conf proxy "
+  upstream sstream { server 127.0.0.1:$s_stream; keepalive 512; keepalive_requests 1000000; }
+  upstream swhole { server 127.0.0.1:$s_whole; keepalive 512; keepalive_requests 1000000; }
+  proxy_http_version 1.1;
+  proxy_set_header Connection \"\";
+  proxy_buffering off;
+  server { listen 127.0.0.1:$n_sstream; location / { proxy_pass http://sstream; } }
+  server { listen 127.0.0.1:$n_swhole; location / { proxy_pass http://swhole; } }"
+static_proxy_worker=$(pgrep -P "$(cat "$tmp/static/proxy.pid")" | head -1)
+sgw=(--host 127.0.0.1 --port 0 --workers 1 --log-level error --health-interval off
+  --metrics-interval off)
+start gw_sstream "$gw" "${sgw[@]}" --prefill-servers-urls disable \
+  --decode-servers-urls "http://127.0.0.1:$s_stream"
+g_sstream=$port
+g_sstream_pid=$(pid_of_last)
+start gw_swhole "$gw" "${sgw[@]}" --prefill-servers-urls disable \
+  --decode-servers-urls "http://127.0.0.1:$s_whole"
+g_swhole=$port
+g_swhole_pid=$(pid_of_last)
+start gw_spd_stream "$gw" "${sgw[@]}" --prefill "127.0.0.1:$s_prefill" --decode "127.0.0.1:$s_stream"
+g_spd_stream=$port
+g_spd_stream_pid=$(pid_of_last)
+start gw_spd_whole "$gw" "${sgw[@]}" --prefill "127.0.0.1:$s_prefill" --decode "127.0.0.1:$s_whole"
+g_spd_whole=$port
+g_spd_whole_pid=$(pid_of_last)
+
 mkdir -p "$out"
 raw=$out/raw.jsonl
 : >"$raw"
@@ -244,7 +328,44 @@ for round in $(seq 1 "$rounds"); do
     run prompt_1m "$t" "$pf" "$cf" "${xf[@]}" --concurrency 1 --max-tokens 1 --prompt-bytes 1048576 \
       --duration "$((secs / 2 + 1))" --warmup 0.3
   done
+  # Against the static engines: the proxies' own CPU per request.
+  mapfile -t order < <(rotate "$round" nginx onehop pd)
+  for t in "${order[@]}"; do
+    case $t in
+      nginx) ps=$n_sstream pw=$n_swhole cs=$static_proxy_worker cw=$static_proxy_worker ;;
+      onehop) ps=$g_sstream pw=$g_swhole cs=$g_sstream_pid cw=$g_swhole_pid ;;
+      pd) ps=$g_spd_stream pw=$g_spd_whole cs=$g_spd_stream_pid cw=$g_spd_whole_pid ;;
+    esac
+    run static_stream "$t" "$ps" "$cs" --chat --stream --concurrency 32 --duration "$secs" --warmup 0.5
+    run static_whole "$t" "$pw" "$cw" --chat --concurrency 32 --duration "$secs" --warmup 0.5
+  done
 done
+
+# System calls per request, counted by strace over a fixed number of
+# requests (strace slows the process down; only the counts are kept).
+syscalls() {
+  local workload=$1 target=$2 p=$3 pid=$4
+  shift 4
+  command -v strace >/dev/null || return 0
+  local n=4000 f=$tmp/strace-$workload-$target
+  strace -c -f -q -o "$f" -p "$pid" &
+  local spid=$!
+  sleep 0.5
+  "$lg" --url "http://127.0.0.1:$p" --json --requests "$n" --duration 120 --warmup 0 "$@" >/dev/null 2>&1 || true
+  sleep 0.2
+  kill -INT "$spid" 2>/dev/null || true
+  wait "$spid" 2>/dev/null || true
+  # strace -c's last line: "100.00 SECONDS USECS CALLS [ERRORS] total".
+  local calls
+  calls=$(awk '$NF == "total" {print ($(NF-2) ~ /^[0-9]+$/ && NF == 6) ? $(NF-2) : $(NF-1)}' "$f" 2>/dev/null)
+  echo "{\"workload\":\"syscalls_$workload\",\"target\":\"$target\",\"requests\":$n,\"calls\":${calls:-0}}" >>"$raw"
+}
+syscalls stream nginx "$n_sstream" "$static_proxy_worker" --chat --stream --concurrency 32
+syscalls stream onehop "$g_sstream" "$g_sstream_pid" --chat --stream --concurrency 32
+syscalls stream pd "$g_spd_stream" "$g_spd_stream_pid" --chat --stream --concurrency 32
+syscalls whole nginx "$n_swhole" "$static_proxy_worker" --chat --concurrency 32
+syscalls whole onehop "$g_swhole" "$g_swhole_pid" --chat --concurrency 32
+syscalls whole pd "$g_spd_whole" "$g_spd_whole_pid" --chat --concurrency 32
 
 # Idle streams: $streams streams held through pdgate (then nginx, for
 # scale); gateway RSS before and while they are held.

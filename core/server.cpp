@@ -118,7 +118,10 @@ struct Gateway::Worker {
   }
 
   std::size_t index;
-  WorkerIoContext ioc{1};
+  // One thread runs it and its sockets are used from that thread only, so
+  // the reactor needs no locks (handlers posted from other threads, such as
+  // on_ejected's, still go through the scheduler's lock).
+  WorkerIoContext ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   WorkerContext ctx;
   std::optional<tcp::acceptor> acceptor;
   net::steady_timer sweep_timer;
