@@ -100,6 +100,29 @@ int main(int argc, char** argv) {
                                m.sample("pdgate_policy_picks_total",
                                         std::uint64_t{st.picks.load()});
                              });
+    // Signals are installed before the listener opens: the first
+    // signal_set opens a pipe, which must not compete with accepted
+    // connections for descriptors (out of them, it threw and ended the
+    // process), and a SIGTERM right after "listening" must drain.
+    // SIGHUP re-reads the command line's config file, so editing its
+    // policy keys switches policies without a restart.
+    pdgate::ControlLoop signals(
+        control,
+        {[&gateway] { gateway.begin_drain(); }, [&gateway] { return gateway.in_flight(); },
+         [&gateway, &control] {
+           gateway.stop();
+           control.stop();
+         },
+         [argc, argv, engine] {
+           auto again = pdgate::parse_command_line(argc, argv);
+           if (!again) {
+             spdlog::error("SIGHUP: cannot re-read the configuration, nothing changed: {}",
+                           again.error());
+             return;
+           }
+           (void)engine->reload(pdgate::policy::settings_from(again->config));
+         }},
+        cfg.shutdown_timeout);
     auto port = gateway.bind();
     if (!port) {
       spdlog::critical("{}", port.error());
@@ -116,25 +139,6 @@ int main(int argc, char** argv) {
                    cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), cfg.kv_connector,
                    cfg.prefill_disabled ? " (prefill disabled: one hop to P+D)" : "", cfg.policy);
       gateway.start();
-      // SIGHUP re-reads the command line's config file, so editing its
-      // policy keys switches policies without a restart.
-      pdgate::ControlLoop signals(
-          control,
-          {[&gateway] { gateway.begin_drain(); }, [&gateway] { return gateway.in_flight(); },
-           [&gateway, &control] {
-             gateway.stop();
-             control.stop();
-           },
-           [argc, argv, engine] {
-             auto again = pdgate::parse_command_line(argc, argv);
-             if (!again) {
-               spdlog::error("SIGHUP: cannot re-read the configuration, nothing changed: {}",
-                             again.error());
-               return;
-             }
-             (void)engine->reload(pdgate::policy::settings_from(again->config));
-           }},
-          cfg.shutdown_timeout);
       control.run();
       gateway.wait();
     }

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -204,7 +205,11 @@ Connection::Connection(std::uint16_t port) : impl_(std::make_unique<Impl>()) {
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(impl_->fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    throw std::runtime_error("connect to port " + std::to_string(port) + " failed");
+    const int err = errno;
+    ::close(impl_->fd);
+    impl_->fd = -1;
+    throw std::runtime_error("connect to port " + std::to_string(port) +
+                             " failed: " + std::strerror(err));
   }
   int one = 1;
   setsockopt(impl_->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
