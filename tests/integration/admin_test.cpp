@@ -389,10 +389,20 @@ TEST(Metrics, ParsesAndCountsMatchTraffic) {
                   .status,
               200);
   EXPECT_EQ(post_json(g.port(), "/v1/chat/completions", {{"model", "sim-model"}}).status, 400);
-  auto res = get(g.port(), "/metrics");
+  // A request is counted when its last write completes, which a client
+  // that already read the answer can race on another worker: wait (a
+  // bounded time) until all nine are in, then check every series.
+  Response res;
+  std::vector<Sample> m;
+  eventually(
+      [&] {
+        res = get(g.port(), "/metrics");
+        m = parse_prometheus(res.body);
+        return value_of(m, "pdgate_request_duration_seconds_count") >= 9;
+      },
+      std::chrono::seconds(2));
   ASSERT_EQ(res.status, 200);
   EXPECT_NE(res.header("content-type").find("text/plain"), std::string::npos);
-  std::vector<Sample> m;
   ASSERT_NO_THROW(m = parse_prometheus(res.body)) << res.body;
   EXPECT_EQ(value_of(m, "pdgate_requests_total",
                      {{"route", "/v1/chat/completions"}, {"status", "200"}, {"stage", "decode"}}),
