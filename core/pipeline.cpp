@@ -104,10 +104,18 @@ std::optional<GatewayError> validate(RequestContext& rc) {
 net::awaitable<Routed> route(RequestContext& rc) {
   if (auto e = validate(rc))
     co_return Routed{nullptr, std::move(*e)};
-  if (auto e = co_await encode_phase(rc))
+  // (A phase with nothing to do is not entered: each coroutine call costs
+  // a frame allocation.)
+  if (rc.is_chat && !rc.set->encode.empty()) {
+    if (auto e = co_await encode_phase(rc))
+      co_return Routed{nullptr, std::move(*e)};
+  }
+  if (rc.one_hop) {
+    rc.stage_id = rc.request_id();
+    rc.decode_body = rc.connector.decode_body(rc.body, rc.index, std::nullopt);
+  } else if (auto e = co_await prefill_phase(rc)) {
     co_return Routed{nullptr, std::move(*e)};
-  if (auto e = co_await prefill_phase(rc))
-    co_return Routed{nullptr, std::move(*e)};
+  }
   co_return co_await decode_phase(rc);
 }
 

@@ -155,11 +155,6 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
 }
 
 net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc) {
-  if (rc.one_hop) {
-    rc.stage_id = rc.request_id();
-    rc.decode_body = rc.connector.decode_body(rc.body, rc.index, std::nullopt);
-    co_return std::nullopt;
-  }
   if (rc.connector.names_peers()) {
     // The request id names both peers, so decode is chosen first.
     rc.pick().stage = Stage::decode;

@@ -16,7 +16,7 @@ namespace pdgate {
 // Runs the phase, failing over to other prefill instances: takes the
 // conversation's previous-turn params (multi-turn reuse), picks the decode
 // first when the connector names both peers, and leaves rc.prefill,
-// rc.stage_id and rc.decode_body for decode. Nothing to do in one hop.
+// rc.stage_id and rc.decode_body for decode. Not for one hop (no prefill).
 net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc);
 
 // One prefill with failover, asking it for `params` (the default "export
