@@ -424,16 +424,20 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
     if (rest.empty() || end != rest.c_str() + rest.size()) {
       co_return error(req, 404, "no instance " + rest);
     }
+    // The instance is the one drain() acted on: it may be forgotten (no
+    // longer findable) the moment drain() returns, when it had nothing in
+    // flight and was already marked for removal.
     if (drain_only && method == http::verb::post) {
-      if (auto e = registry_.drain(id, false))
-        co_return error(req, e->status, e->message);
+      auto [err, inst] = registry_.drain(id, false);
+      if (err)
+        co_return error(req, err->status, err->message);
       spdlog::info("admin: draining instance {}", id);
-      co_return json_response(req, 200, instance_json(*registry_.snapshot()->find(id)));
+      co_return json_response(req, 200, instance_json(*inst));
     }
     if (!drain_only && method == http::verb::delete_) {
-      auto inst = registry_.snapshot()->find(id);
-      if (auto e = registry_.drain(id, true))
-        co_return error(req, e->status, e->message);
+      auto [err, inst] = registry_.drain(id, true);
+      if (err)
+        co_return error(req, err->status, err->message);
       spdlog::info("admin: removing instance {} (after its in-flight requests)", id);
       co_return json_response(req, 202, instance_json(*inst));
     }

@@ -204,21 +204,19 @@ std::pair<std::optional<RegistryError>, InstancePtr> Registry::add(
   return {std::nullopt, inst};
 }
 
-std::optional<RegistryError> Registry::drain(std::uint64_t id, bool then_remove, bool notify) {
-  InstancePtr found;
+RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify) {
+  InstancePtr inst;
   {
     std::lock_guard lock(mu_);
-    auto inst = set_->find(id);
-    found = inst;
+    inst = set_->find(id);
     if (!inst)
-      return RegistryError{404, "no instance with id " + std::to_string(id)};
+      return {RegistryError{404, "no instance with id " + std::to_string(id)}, nullptr};
     if (then_remove)
       inst->remove_when_idle.store(true);
     if (!inst->draining.exchange(true)) {
       auto next = std::make_shared<InstanceSet>(*set_);
-      for (auto* list : {&next->prefill, &next->decode, &next->encode}) {
-        list->erase(std::remove(list->begin(), list->end(), inst), list->end());
-      }
+      for (auto* list : {&next->prefill, &next->decode, &next->encode})
+        std::erase(*list, inst);
       next->draining.push_back(inst);
       set_ = std::move(next);
       inst->record(true, "draining");
@@ -226,8 +224,8 @@ std::optional<RegistryError> Registry::drain(std::uint64_t id, bool then_remove,
   }
   forget_idle();
   if (notify && on_change)
-    on_change(*found, then_remove ? "removed" : "draining");
-  return std::nullopt;
+    on_change(*inst, then_remove ? "removed" : "draining");
+  return {std::nullopt, std::move(inst)};
 }
 
 std::size_t Registry::forget_idle() {

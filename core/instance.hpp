@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -152,6 +153,8 @@ struct InstanceSet {
   const std::vector<InstancePtr>& for_stage(Stage s) const;
   // Every instance once (a "both" instance is in two lists).
   std::vector<InstancePtr> all() const;
+  // nullptr when no instance has that id (it may have been forgotten since
+  // the caller learnt the id): callers must check.
   InstancePtr find(std::uint64_t id) const;
 };
 
@@ -159,6 +162,13 @@ struct InstanceSet {
 struct RegistryError {
   unsigned status = 400;
   std::string message;
+};
+
+// What a registry change did: the instance it acted on, or why it refused.
+// `instance` is set exactly when `error` is empty.
+struct RegistryOutcome {
+  std::optional<RegistryError> error;
+  InstancePtr instance;
 };
 
 class Registry {
@@ -174,8 +184,11 @@ class Registry {
       UpstreamSpec spec, std::map<std::string, std::string> labels = {}, unsigned weight = 1,
       bool notify = true);
   // Takes an instance out of the candidate lists; its in-flight requests
-  // finish. `then_remove`: forget it once idle (see forget_idle()).
-  std::optional<RegistryError> drain(std::uint64_t id, bool then_remove, bool notify = true);
+  // finish. `then_remove`: forget it once idle (see forget_idle()), which
+  // may be at once. The outcome holds the instance acted on, forgotten or
+  // not, so the caller never has to look it up again; 404 when no
+  // instance has the id.
+  RegistryOutcome drain(std::uint64_t id, bool then_remove, bool notify = true);
   // Forgets draining instances marked for removal that have nothing in
   // flight. Returns how many were forgotten.
   std::size_t forget_idle();
