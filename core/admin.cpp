@@ -300,13 +300,10 @@ net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
     co_return error(req, 400, spec.error());
   spec->role = role;
   // Cheap duplicate check first: no network probe for a known instance.
-  for (const auto& i : registry_.snapshot()->all()) {
-    if (i->spec.url == spec->url &&
-        (i->spec.role == role || i->spec.role == Role::both || role == Role::both)) {
-      co_return error(req, 409,
-                      spec->url + " is already registered as " + to_string(i->spec.role) + " (id " +
-                          std::to_string(i->id) + ")");
-    }
+  if (auto i = registry_.conflict(role, spec->url)) {
+    co_return error(req, 409,
+                    spec->url + " is already registered as " + to_string(i->spec.role) + " (id " +
+                        std::to_string(i->id) + ")");
   }
   auto invalid = co_await validate_upstream(*spec);
   if (invalid)
@@ -372,8 +369,9 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
   }
   if (path == "/admin/instances") {
     if (method == http::verb::get) {
+      const auto set = registry_.snapshot();
       auto arr = json::array();
-      for (const auto& i : registry_.snapshot()->all())
+      for (const auto& i : set->by_id)
         arr.push_back(instance_json(*i));
       co_return json_response(req, 200, {{"instances", arr}});
     }

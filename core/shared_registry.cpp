@@ -125,11 +125,7 @@ void SharedRegistry::apply(const std::string& document) {
     const std::string state = e.value("state", std::string());
     if (!role || url.empty())
       continue;
-    InstancePtr local;
-    for (const auto& i : registry_.snapshot()->all()) {
-      if (i->spec.url == url && i->spec.role == *role)
-        local = i;
-    }
+    const InstancePtr local = registry_.find(*role, url);
     if (state == "active" && !local) {
       auto spec = parse_upstream(*role, url);
       if (!spec)
