@@ -101,6 +101,7 @@ json config_json(const Config& c) {
           {"health_interval_ms", c.health_interval.count()},
           {"health_rise", c.health_rise},
           {"health_fall", c.health_fall},
+          {"health_max_concurrency", c.health_max_concurrency},
           {"eject_after", c.eject_after},
           {"retry_budget", c.retry_budget},
           {"model_check_timeout_ms", c.model_check_timeout.count()},

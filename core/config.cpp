@@ -162,6 +162,9 @@ constexpr std::array kOptions = {
            "Passed checks that re-admit an ejected instance (default: 2)."},
     Option{"health-fall", "", 0, false, false, kGeneral, "N",
            "Failed checks that eject an instance (default: 2)."},
+    Option{"health-max-concurrency", "", 0, false, false, kGeneral, "N",
+           "Health checks in flight at most, spread over the interval; also bounds the "
+           "/metrics scrapes (default: 64)."},
     Option{"eject-after", "", 0, false, false, kGeneral, "N",
            "Consecutive request failures (connect, timeout, 5xx) that eject an instance "
            "(default: 3)."},
@@ -835,6 +838,7 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
       {"health-rise", &Config::health_rise},
       {"health-fall", &Config::health_fall},
       {"eject-after", &Config::eject_after},
+      {"health-max-concurrency", &Config::health_max_concurrency},
   };
   for (const auto& [key, field] : counts) {
     if (const auto* v = get(key)) {
