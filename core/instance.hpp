@@ -222,6 +222,15 @@ class Registry {
   // serving.
   std::function<void(const Instance&)> on_ejected;
 
+  // Instances another replica shared (through Redis) that this one
+  // refused because they failed validation (--allowed-upstreams,
+  // --model); every refusal counts, retries included. For the admin API's
+  // instance list and the pdgate_shared_instances_refused_total metric.
+  void note_shared_refusal() { shared_refused_.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t shared_refused_total() const {
+    return shared_refused_.load(std::memory_order_relaxed);
+  }
+
  private:
   InstancePtr conflict_locked(Role role, const std::string& url) const;
 
@@ -231,6 +240,7 @@ class Registry {
   // mu_: duplicate checks and lookups by URL without scanning the set.
   std::unordered_map<std::string, std::vector<InstancePtr>> by_url_;
   std::uint64_t next_id_ = 1;
+  std::atomic<std::uint64_t> shared_refused_{0};
 };
 
 // What a picker may look at, gathered before it runs: pickers never do

@@ -423,7 +423,7 @@ void Gateway::start() {
     net::co_spawn(admin_ioc_, admin_accept_loop(), net::detached);
   net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_, loop_guard_), net::detached);
   if (!cfg_.redis_url.empty()) {
-    shared_registry_ = std::make_unique<SharedRegistry>(cfg_, registry_);
+    shared_registry_ = std::make_unique<SharedRegistry>(cfg_, registry_, loop_guard_);
     if (auto r = shared_registry_->start(admin_ioc_.get_executor()); !r) {
       spdlog::error("shared registry disabled: {}", r.error());
       shared_registry_.reset();
