@@ -282,6 +282,9 @@ std::string Gateway::metrics_text() const {
   m.sample("pdgate_body_memory_bytes", static_cast<std::uint64_t>(body_budget_.used()));
   m.counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
   m.sample("pdgate_ejections_total", metrics_.ejections.load());
+  m.counter("pdgate_shared_instances_refused_total",
+            "Instances in the shared registry this replica refused (allow-list, model, loop).");
+  m.sample("pdgate_shared_instances_refused_total", registry_.shared_refused_total());
 
   const auto set = registry_.snapshot();
   const auto all = set->all();

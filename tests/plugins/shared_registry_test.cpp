@@ -229,6 +229,12 @@ TEST(SharedRegistry, EntriesFromRedisPassTheAllowList) {
   const Json listed = fenced->call("GET", "/admin/instances").json();
   ASSERT_TRUE(listed.contains("refused_total")) << listed.dump();
   EXPECT_GE(listed["refused_total"].get<int>(), 2) << listed.dump();
+  // The same count is exported to Prometheus.
+  const std::string metrics = get(fenced->port(), "/metrics").body;
+  const std::string series = "\npdgate_shared_instances_refused_total ";
+  const auto at = metrics.find(series);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GE(std::stod(metrics.substr(at + series.size())), 2.0);
   for (int i = 0; i < 4; ++i)
     ASSERT_EQ(post_json(fenced->port(), "/v1/chat/completions", chat()).status, 200);
   EXPECT_TRUE(early.requests().empty());
