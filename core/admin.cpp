@@ -5,15 +5,10 @@
 #include <sstream>
 
 #include <spdlog/spdlog.h>
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
-#include "core/health.hpp"
 #include "core/http_head.hpp"
 
 namespace pdgate {
@@ -21,12 +16,9 @@ namespace pdgate {
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
-using tcp = net::ip::tcp;
 using json = nlohmann::json;
 
 namespace {
-
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 
 AdminApi::Response json_response(const AdminApi::Request& req, unsigned status, const json& j) {
   AdminApi::Response res{static_cast<http::status>(status), req.version()};
@@ -101,6 +93,7 @@ json config_json(const Config& c) {
           {"health_interval_ms", c.health_interval.count()},
           {"health_rise", c.health_rise},
           {"health_fall", c.health_fall},
+          {"health_max_concurrency", c.health_max_concurrency},
           {"eject_after", c.eject_after},
           {"retry_budget", c.retry_budget},
           {"model_check_timeout_ms", c.model_check_timeout.count()},
@@ -109,56 +102,6 @@ json config_json(const Config& c) {
 }
 
 }  // namespace
-
-bool Cidr::contains(const net::ip::address& a) const {
-  net::ip::address addr = a;
-  if (addr.is_v6() && network.is_v4() && addr.to_v6().is_v4_mapped()) {
-    addr = net::ip::make_address_v4(net::ip::v4_mapped, addr.to_v6());
-  }
-  if (addr.is_v4() != network.is_v4())
-    return false;
-  std::vector<unsigned char> x, y;
-  if (addr.is_v4()) {
-    auto b1 = addr.to_v4().to_bytes(), b2 = network.to_v4().to_bytes();
-    x.assign(b1.begin(), b1.end());
-    y.assign(b2.begin(), b2.end());
-  } else {
-    auto b1 = addr.to_v6().to_bytes(), b2 = network.to_v6().to_bytes();
-    x.assign(b1.begin(), b1.end());
-    y.assign(b2.begin(), b2.end());
-  }
-  unsigned bits = prefix;
-  for (std::size_t i = 0; i < x.size() && bits > 0; ++i) {
-    const unsigned take = std::min(bits, 8u);
-    const auto mask = static_cast<unsigned char>(0xFFu << (8 - take));
-    if ((x[i] & mask) != (y[i] & mask))
-      return false;
-    bits -= take;
-  }
-  return true;
-}
-
-Result<Cidr> parse_cidr(const std::string& text) {
-  const std::string t = trim_copy(text);
-  const auto slash = t.find('/');
-  beast::error_code ec;
-  Cidr c;
-  c.network = net::ip::make_address(t.substr(0, slash), ec);
-  if (ec)
-    return fail("--allowed-upstreams: '" + t + "' is not an address or CIDR");
-  const unsigned max = c.network.is_v4() ? 32 : 128;
-  c.prefix = max;
-  if (slash != std::string::npos) {
-    const std::string p = t.substr(slash + 1);
-    char* end = nullptr;
-    const unsigned long n = std::strtoul(p.c_str(), &end, 10);
-    if (p.empty() || end != p.c_str() + p.size() || n > max) {
-      return fail("--allowed-upstreams: bad prefix length in '" + t + "'");
-    }
-    c.prefix = static_cast<unsigned>(n);
-  }
-  return c;
-}
 
 bool constant_time_equals(std::string_view a, std::string_view b) {
   // Runs over the longer input whatever the contents, so the time taken
@@ -188,15 +131,11 @@ Result<std::shared_ptr<AdminApi>> AdminApi::create(const Config& cfg, Registry& 
     if (key.empty())
       return fail("--admin-key-file: " + cfg.admin_key_file + " is empty");
   }
-  std::vector<Cidr> allowed;
-  for (const auto& a : cfg.allowed_upstreams) {
-    auto c = parse_cidr(a);
-    if (!c)
-      return fail(c.error());
-    allowed.push_back(*c);
-  }
+  auto validator = UpstreamValidator::create(cfg, loop_guard);
+  if (!validator)
+    return fail(validator.error());
   return std::shared_ptr<AdminApi>(
-      new AdminApi(cfg, registry, loop_guard, std::move(key), std::move(allowed)));
+      new AdminApi(cfg, registry, std::move(key), std::move(*validator)));
 }
 
 std::optional<AdminApi::Response> AdminApi::authorize_operator(const Request& req) const {
@@ -229,68 +168,6 @@ std::optional<AdminApi::Response> AdminApi::authorize(const Request& req, bool m
   return std::nullopt;
 }
 
-net::awaitable<std::optional<RegistryError>> AdminApi::validate_upstream(const UpstreamSpec& spec) {
-  auto ex = co_await net::this_coro::executor;
-  if (!allowed_.empty()) {
-    // Every address the name resolves to must be allowed: a name that
-    // also points inside the cluster must not slip through.
-    tcp::resolver resolver(ex);
-    net::steady_timer deadline(ex);
-    deadline.expires_after(cfg_.model_check_timeout);
-    deadline.async_wait([&resolver](const beast::error_code& ec) {
-      if (!ec)
-        resolver.cancel();
-    });
-    auto [ec, results] =
-        co_await resolver.async_resolve(spec.host, std::to_string(spec.port), use_tuple);
-    deadline.cancel();
-    if (ec || results.empty()) {
-      co_return RegistryError{422, "cannot resolve " + spec.host + ": " + ec.message()};
-    }
-    for (const auto& r : results) {
-      const auto addr = r.endpoint().address();
-      bool ok = false;
-      for (const auto& c : allowed_)
-        ok = ok || c.contains(addr);
-      if (!ok) {
-        co_return RegistryError{
-            403, spec.url + " resolves to " + addr.to_string() + ", outside --allowed-upstreams"};
-      }
-    }
-  }
-  // One GET /v1/models, carrying this gateway's Via: a 508 means the
-  // instance is this gateway, or forwards to it, and adding it would make
-  // every request (and health check) loop. Without --model an instance
-  // that does not answer yet is still added (the checks will judge it).
-  auto r = co_await probe_get(ex, spec.host, spec.port, "/v1/models", cfg_.model_check_timeout,
-                              loop_guard_.via_for_upstream({}));
-  if (r.status == 508) {
-    co_return RegistryError{422, "adding " + spec.url +
-                                     " would make a routing loop: it is this gateway, or a "
-                                     "gateway that forwards to it"};
-  }
-  if (!cfg_.model.empty()) {
-    if (r.status != 200) {
-      std::string why = r.error;
-      if (r.status != 0)
-        why = "status " + std::to_string(r.status);
-      co_return RegistryError{422,
-                              spec.url + "/v1/models did not answer 200 (" + why + "): not added"};
-    }
-    auto j = json::parse(r.body, nullptr, false);
-    bool serves = false;
-    if (j.is_object() && j.contains("data") && j["data"].is_array()) {
-      for (const auto& m : j["data"]) {
-        serves = serves || (m.is_object() && m.contains("id") && m["id"] == cfg_.model);
-      }
-    }
-    if (!serves) {
-      co_return RegistryError{422, spec.url + " does not serve model '" + cfg_.model + "'"};
-    }
-  }
-  co_return std::nullopt;
-}
-
 net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
                                                  const std::string& url,
                                                  std::map<std::string, std::string> labels,
@@ -300,15 +177,12 @@ net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
     co_return error(req, 400, spec.error());
   spec->role = role;
   // Cheap duplicate check first: no network probe for a known instance.
-  for (const auto& i : registry_.snapshot()->all()) {
-    if (i->spec.url == spec->url &&
-        (i->spec.role == role || i->spec.role == Role::both || role == Role::both)) {
-      co_return error(req, 409,
-                      spec->url + " is already registered as " + to_string(i->spec.role) + " (id " +
-                          std::to_string(i->id) + ")");
-    }
+  if (auto i = registry_.conflict(role, spec->url)) {
+    co_return error(req, 409,
+                    spec->url + " is already registered as " + to_string(i->spec.role) + " (id " +
+                        std::to_string(i->id) + ")");
   }
-  auto invalid = co_await validate_upstream(*spec);
+  auto invalid = co_await validator_.check(*spec);
   if (invalid)
     co_return error(req, invalid->status, invalid->message);
   auto [err, inst] = registry_.add(*spec, std::move(labels), weight);
@@ -372,10 +246,12 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
   }
   if (path == "/admin/instances") {
     if (method == http::verb::get) {
+      const auto set = registry_.snapshot();
       auto arr = json::array();
-      for (const auto& i : registry_.snapshot()->all())
+      for (const auto& i : set->by_id)
         arr.push_back(instance_json(*i));
-      co_return json_response(req, 200, {{"instances", arr}});
+      co_return json_response(
+          req, 200, {{"instances", arr}, {"refused_total", registry_.shared_refused_total()}});
     }
     if (method == http::verb::post) {
       auto j = json::parse(req.body(), nullptr, false);
@@ -424,16 +300,20 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
     if (rest.empty() || end != rest.c_str() + rest.size()) {
       co_return error(req, 404, "no instance " + rest);
     }
+    // The instance is the one drain() acted on: it may be forgotten (no
+    // longer findable) the moment drain() returns, when it had nothing in
+    // flight and was already marked for removal.
     if (drain_only && method == http::verb::post) {
-      if (auto e = registry_.drain(id, false))
-        co_return error(req, e->status, e->message);
+      auto [err, inst] = registry_.drain(id, false);
+      if (err)
+        co_return error(req, err->status, err->message);
       spdlog::info("admin: draining instance {}", id);
-      co_return json_response(req, 200, instance_json(*registry_.snapshot()->find(id)));
+      co_return json_response(req, 200, instance_json(*inst));
     }
     if (!drain_only && method == http::verb::delete_) {
-      auto inst = registry_.snapshot()->find(id);
-      if (auto e = registry_.drain(id, true))
-        co_return error(req, e->status, e->message);
+      auto [err, inst] = registry_.drain(id, true);
+      if (err)
+        co_return error(req, err->status, err->message);
       spdlog::info("admin: removing instance {} (after its in-flight requests)", id);
       co_return json_response(req, 202, instance_json(*inst));
     }

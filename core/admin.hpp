@@ -12,23 +12,15 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
-#include <boost/asio/ip/address.hpp>
 #include <boost/beast/http.hpp>
 
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 #include "core/result.hpp"
+#include "core/upstream_validator.hpp"
 
 namespace pdgate {
-
-// One allowed upstream network ("10.0.0.0/8", "::1/128", "127.0.0.1").
-struct Cidr {
-  boost::asio::ip::address network;
-  unsigned prefix = 0;
-  bool contains(const boost::asio::ip::address& a) const;
-};
-Result<Cidr> parse_cidr(const std::string& text);
 
 // Equal-length-independent, data-independent comparison of secrets.
 bool constant_time_equals(std::string_view a, std::string_view b);
@@ -62,26 +54,18 @@ class AdminApi {
   boost::asio::awaitable<Response> handle_demo_add(Request& req);
 
  private:
-  AdminApi(const Config& cfg, Registry& registry, const LoopGuard& loop_guard, std::string key,
-           std::vector<Cidr> allowed)
-      : cfg_(cfg),
-        registry_(registry),
-        loop_guard_(loop_guard),
-        key_(std::move(key)),
-        allowed_(std::move(allowed)) {}
+  AdminApi(const Config& cfg, Registry& registry, std::string key, UpstreamValidator validator)
+      : cfg_(cfg), registry_(registry), key_(std::move(key)), validator_(std::move(validator)) {}
 
   // nullopt when the request may proceed.
   std::optional<Response> authorize(const Request& req, bool mutating) const;
   boost::asio::awaitable<Response> add(const Request& req, Role role, const std::string& url,
                                        std::map<std::string, std::string> labels, unsigned weight);
-  // Empty when the address passes the allow-list and the model check.
-  boost::asio::awaitable<std::optional<RegistryError>> validate_upstream(const UpstreamSpec& spec);
 
   const Config& cfg_;
   Registry& registry_;
-  const LoopGuard& loop_guard_;
   const std::string key_;
-  const std::vector<Cidr> allowed_;
+  const UpstreamValidator validator_;
   Hooks hooks_;
 };
 

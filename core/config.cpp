@@ -155,13 +155,18 @@ constexpr std::array kOptions = {
            "On SIGTERM or SIGINT, time in-flight requests have to finish before pdgate "
            "exits anyway (default: 30s)."},
     Option{"allowed-upstreams", "", 0, true, false, kGeneral, "CIDR",
-           "Networks instances added at run time must be in, e.g. 10.0.0.0/8 (default: any)."},
+           "Networks instances added at run time (admin API, Redis) must be in, e.g. "
+           "10.0.0.0/8 (default: any)."},
     Option{"health-interval", "", 0, false, false, kGeneral, "DURATION|off",
            "How often each instance's /health is checked (default: 2s)."},
     Option{"health-rise", "", 0, false, false, kGeneral, "N",
            "Passed checks that re-admit an ejected instance (default: 2)."},
     Option{"health-fall", "", 0, false, false, kGeneral, "N",
            "Failed checks that eject an instance (default: 2)."},
+    Option{"health-max-concurrency", "", 0, false, false, kGeneral, "N",
+           "Health checks in flight at most, spread over the interval; also bounds the "
+           "/metrics scrapes and the validation of instances learnt through Redis "
+           "(default: 64)."},
     Option{"eject-after", "", 0, false, false, kGeneral, "N",
            "Consecutive request failures (connect, timeout, 5xx) that eject an instance "
            "(default: 3)."},
@@ -835,6 +840,7 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
       {"health-rise", &Config::health_rise},
       {"health-fall", &Config::health_fall},
       {"eject-after", &Config::eject_after},
+      {"health-max-concurrency", &Config::health_max_concurrency},
   };
   for (const auto& [key, field] : counts) {
     if (const auto* v = get(key)) {

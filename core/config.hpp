@@ -110,6 +110,10 @@ struct Config {
   unsigned health_rise = 2;
   unsigned health_fall = 2;
   unsigned eject_after = 3;
+  // Health checks in flight at most; also bounds the engine-metrics
+  // scrapes and the validation of instances learnt through Redis (each
+  // on its own).
+  unsigned health_max_concurrency = 64;
   // Retries in flight may be at most this fraction of requests in flight
   // (at least one), so an outage cannot turn into a retry storm.
   double retry_budget = 0.2;

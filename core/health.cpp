@@ -12,6 +12,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/probe_rounds.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {
@@ -23,7 +24,10 @@ using tcp = net::ip::tcp;
 
 namespace {
 constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
-}
+// How often removed instances are forgotten and, with checks off, ejected
+// ones re-admitted.
+constexpr auto kHousekeeping = std::chrono::milliseconds(250);
+}  // namespace
 
 net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host, std::uint16_t port,
                                       std::string target, std::chrono::milliseconds timeout,
@@ -103,27 +107,30 @@ net::awaitable<void> run_health_loop(const Config& cfg, Registry& registry,
                                      const LoopGuard& loop_guard) {
   const std::string via = loop_guard.via_for_upstream({});
   auto ex = co_await net::this_coro::executor;
-  net::steady_timer timer(ex);
   const bool checks_on = cfg.health_interval.count() > 0;
-  const auto tick = checks_on ? cfg.health_interval : std::chrono::milliseconds(250);
-  // The first round runs at once: /health and /readyz answer from these
-  // results, and should not wait an interval to know an engine is down.
-  for (bool first = true;; first = false) {
-    if (!first) {
-      timer.expires_after(tick);
-      auto [ec] = co_await timer.async_wait(use_tuple);
-      if (ec)
-        co_return;
-    }
+  if (checks_on) {
+    ProbeRounds rounds;
+    rounds.instances = [&registry] { return registry.snapshot()->all(); };
+    rounds.probe = [&cfg, &registry, via](InstancePtr inst) {
+      return check_one(cfg, registry, std::move(inst), via);
+    };
+    rounds.interval = cfg.health_interval;
+    rounds.max_concurrency = cfg.health_max_concurrency;
+    net::co_spawn(ex, run_probe_rounds(std::move(rounds)), net::detached);
+  }
+  // Removed instances are forgotten soon after their last request ends,
+  // whatever the checks are doing.
+  net::steady_timer timer(ex);
+  for (;;) {
+    timer.expires_after(kHousekeeping);
+    auto [ec] = co_await timer.async_wait(use_tuple);
+    if (ec)
+      co_return;
     registry.forget_idle();
-    const auto set = registry.snapshot();
-    for (const auto& inst : set->all()) {
-      if (checks_on) {
-        // Each check runs on its own so one hung engine delays no other.
-        net::co_spawn(ex, check_one(cfg, registry, inst, via), net::detached);
-      } else {
+    if (!checks_on) {
+      const auto set = registry.snapshot();
+      for (const auto& inst : set->by_id)
         inst->readmit_if_due(false);
-      }
     }
   }
 }

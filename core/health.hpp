@@ -33,10 +33,12 @@ boost::asio::awaitable<ProbeResult> probe_get(boost::asio::any_io_executor ex, s
                                               std::chrono::milliseconds timeout,
                                               std::string via = {});
 
-// Checks every instance's /health each interval (when on), applies
-// rise/fall, re-admits ejected instances whose back-off passed when checks
-// are off, and forgets removed instances once idle. Runs until the
-// executor stops.
+// Checks every instance's /health each interval (when on), at most
+// --health-max-concurrency at a time, each at its own offset into the
+// interval (core/probe_rounds.hpp; the first round as soon as slots allow);
+// applies rise/fall, re-admits ejected instances whose back-off passed when
+// checks are off, and forgets removed instances once idle. Runs until the
+// executor stops, which must be run by one thread.
 boost::asio::awaitable<void> run_health_loop(const Config& cfg, Registry& registry,
                                              const LoopGuard& loop_guard);
 

@@ -1,6 +1,7 @@
 #include "core/instance.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -127,35 +128,55 @@ const std::vector<InstancePtr>& InstanceSet::for_stage(Stage s) const {
   return decode;
 }
 
-std::vector<InstancePtr> InstanceSet::all() const {
-  std::vector<InstancePtr> out;
-  for (const auto* list : {&prefill, &decode, &encode, &draining}) {
-    for (const auto& i : *list) {
-      if (std::find(out.begin(), out.end(), i) == out.end())
-        out.push_back(i);
-    }
-  }
-  return out;
+InstancePtr InstanceSet::find(std::uint64_t id) const {
+  const auto it = std::lower_bound(by_id.begin(), by_id.end(), id,
+                                   [](const InstancePtr& i, std::uint64_t v) { return i->id < v; });
+  return it != by_id.end() && (*it)->id == id ? *it : nullptr;
 }
 
-InstancePtr InstanceSet::find(std::uint64_t id) const {
-  for (const auto* list : {&prefill, &decode, &encode, &draining}) {
-    for (const auto& i : *list) {
-      if (i->id == id)
-        return i;
-    }
-  }
-  return nullptr;
+namespace {
+
+// Whether an instance of role `a` and one of role `b` at the same URL would
+// serve the same stage.
+bool roles_overlap(Role a, Role b) {
+  return a == b || a == Role::both || b == Role::both;
 }
+
+void add_to_lists(InstanceSet& set, const InstancePtr& inst) {
+  switch (inst->spec.role) {
+    case Role::prefill:
+      set.prefill.push_back(inst);
+      break;
+    case Role::decode:
+      set.decode.push_back(inst);
+      break;
+    case Role::encode:
+      set.encode.push_back(inst);
+      break;
+    case Role::both:
+      set.prefill.push_back(inst);
+      set.decode.push_back(inst);
+      break;
+  }
+  set.by_id.push_back(inst);
+}
+
+}  // namespace
 
 Registry::Registry(const Config& cfg) {
   auto set = std::make_shared<InstanceSet>();
+  auto add = [&](const UpstreamSpec& s, std::vector<InstancePtr>& list) {
+    auto inst = std::make_shared<Instance>(next_id_++, s);
+    list.push_back(inst);
+    set->by_id.push_back(inst);
+    by_url_[s.url].push_back(std::move(inst));
+  };
   for (const auto& s : cfg.prefill)
-    set->prefill.push_back(std::make_shared<Instance>(next_id_++, s));
+    add(s, set->prefill);
   for (const auto& s : cfg.decode)
-    set->decode.push_back(std::make_shared<Instance>(next_id_++, s));
+    add(s, set->decode);
   for (const auto& s : cfg.encode)
-    set->encode.push_back(std::make_shared<Instance>(next_id_++, s));
+    add(s, set->encode);
   set_ = std::move(set);
 }
 
@@ -164,83 +185,137 @@ std::shared_ptr<const InstanceSet> Registry::snapshot() const {
   return set_;
 }
 
-std::pair<std::optional<RegistryError>, InstancePtr> Registry::add(
-    UpstreamSpec spec, std::map<std::string, std::string> labels, unsigned weight, bool notify) {
-  InstancePtr inst;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& i : set_->all()) {
-      const bool overlap =
-          i->spec.role == spec.role || i->spec.role == Role::both || spec.role == Role::both;
-      if (overlap && i->spec.url == spec.url) {
-        return {RegistryError{409, std::string(to_string(i->spec.role)) + " instance " + spec.url +
-                                       " is already registered (id " + std::to_string(i->id) +
-                                       ", " + to_string(i->state()) + ")"},
-                nullptr};
-      }
-    }
-    auto next = std::make_shared<InstanceSet>(*set_);
-    inst = std::make_shared<Instance>(next_id_++, spec, std::move(labels), weight);
-    switch (spec.role) {
-      case Role::prefill:
-        next->prefill.push_back(inst);
-        break;
-      case Role::decode:
-        next->decode.push_back(inst);
-        break;
-      case Role::encode:
-        next->encode.push_back(inst);
-        break;
-      case Role::both:
-        next->prefill.push_back(inst);
-        next->decode.push_back(inst);
-        break;
-    }
-    set_ = std::move(next);
+InstancePtr Registry::conflict_locked(Role role, const std::string& url) const {
+  const auto it = by_url_.find(url);
+  if (it == by_url_.end())
+    return nullptr;
+  for (const auto& i : it->second) {
+    if (roles_overlap(i->spec.role, role))
+      return i;
   }
-  inst->record(true, "added");
-  if (notify && on_change)
-    on_change(*inst, "active");
-  return {std::nullopt, inst};
+  return nullptr;
 }
 
-std::optional<RegistryError> Registry::drain(std::uint64_t id, bool then_remove, bool notify) {
-  InstancePtr found;
+InstancePtr Registry::conflict(Role role, const std::string& url) const {
+  std::lock_guard lock(mu_);
+  return conflict_locked(role, url);
+}
+
+InstancePtr Registry::find(Role role, const std::string& url) const {
+  std::lock_guard lock(mu_);
+  const auto it = by_url_.find(url);
+  if (it == by_url_.end())
+    return nullptr;
+  for (const auto& i : it->second) {
+    if (i->spec.role == role)
+      return i;
+  }
+  return nullptr;
+}
+
+RegistryOutcome Registry::add(UpstreamSpec spec, std::map<std::string, std::string> labels,
+                              unsigned weight, bool notify) {
+  std::vector<NewInstance> one;
+  one.push_back({std::move(spec), std::move(labels), weight});
+  return std::move(add(std::move(one), notify).front());
+}
+
+std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool notify) {
+  std::vector<RegistryOutcome> out(batch.size());
+  // The replaced set is released after the lock: freeing thousands of
+  // pointers must not hold up workers taking a snapshot.
+  std::shared_ptr<const InstanceSet> replaced;
   {
     std::lock_guard lock(mu_);
-    auto inst = set_->find(id);
-    found = inst;
+    std::shared_ptr<InstanceSet> next;
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      auto& b = batch[k];
+      if (auto i = conflict_locked(b.spec.role, b.spec.url)) {
+        out[k].error =
+            RegistryError{409, std::string(to_string(i->spec.role)) + " instance " + b.spec.url +
+                                   " is already registered (id " + std::to_string(i->id) + ", " +
+                                   to_string(i->state()) + ")"};
+        continue;
+      }
+      // One copy of the set for the whole batch, not one per instance.
+      if (!next)
+        next = std::make_shared<InstanceSet>(*set_);
+      auto inst = std::make_shared<Instance>(next_id_++, b.spec, std::move(b.labels), b.weight);
+      add_to_lists(*next, inst);
+      by_url_[inst->spec.url].push_back(inst);
+      out[k].instance = std::move(inst);
+    }
+    if (next)
+      replaced = std::exchange(set_, std::move(next));
+  }
+  for (const auto& o : out) {
+    if (!o.instance)
+      continue;
+    o.instance->record(true, "added");
+    if (notify && on_change)
+      on_change(*o.instance, "active");
+  }
+  return out;
+}
+
+RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify) {
+  InstancePtr inst;
+  std::shared_ptr<const InstanceSet> replaced;  // released after the lock
+  {
+    std::lock_guard lock(mu_);
+    inst = set_->find(id);
     if (!inst)
-      return RegistryError{404, "no instance with id " + std::to_string(id)};
+      return {RegistryError{404, "no instance with id " + std::to_string(id)}, nullptr};
     if (then_remove)
       inst->remove_when_idle.store(true);
     if (!inst->draining.exchange(true)) {
       auto next = std::make_shared<InstanceSet>(*set_);
-      for (auto* list : {&next->prefill, &next->decode, &next->encode}) {
-        list->erase(std::remove(list->begin(), list->end(), inst), list->end());
-      }
+      for (auto* list : {&next->prefill, &next->decode, &next->encode})
+        std::erase(*list, inst);
       next->draining.push_back(inst);
-      set_ = std::move(next);
+      replaced = std::exchange(set_, std::move(next));
       inst->record(true, "draining");
     }
   }
   forget_idle();
   if (notify && on_change)
-    on_change(*found, then_remove ? "removed" : "draining");
-  return std::nullopt;
+    on_change(*inst, then_remove ? "removed" : "draining");
+  return {std::nullopt, std::move(inst)};
 }
 
 std::size_t Registry::forget_idle() {
-  std::lock_guard lock(mu_);
-  auto next = std::make_shared<InstanceSet>(*set_);
-  const auto before = next->draining.size();
-  std::erase_if(next->draining, [](const InstancePtr& i) {
+  auto idle = [](const InstancePtr& i) {
     return i->remove_when_idle.load() && i->in_flight.load() == 0;
-  });
-  const auto n = before - next->draining.size();
-  if (n > 0)
-    set_ = std::move(next);
-  return n;
+  };
+  std::shared_ptr<const InstanceSet> replaced;  // released after the lock
+  std::lock_guard lock(mu_);
+  // Called every few hundred milliseconds: the set is copied only when
+  // something is to be forgotten.
+  std::vector<InstancePtr> gone;
+  for (const auto& i : set_->draining) {
+    if (idle(i))
+      gone.push_back(i);
+  }
+  if (gone.empty())
+    return 0;
+  auto by_id = [](const InstancePtr& a, const InstancePtr& b) { return a->id < b->id; };
+  std::sort(gone.begin(), gone.end(), by_id);
+  auto is_gone = [&](const InstancePtr& i) {
+    return std::binary_search(gone.begin(), gone.end(), i, by_id);
+  };
+  auto next = std::make_shared<InstanceSet>(*set_);
+  std::erase_if(next->draining, is_gone);
+  std::erase_if(next->by_id, is_gone);
+  for (const auto& i : gone) {
+    auto it = by_url_.find(i->spec.url);
+    if (it == by_url_.end())
+      continue;
+    std::erase(it->second, i);
+    if (it->second.empty())
+      by_url_.erase(it);
+  }
+  replaced = std::exchange(set_, std::move(next));
+  return gone.size();
 }
 
 InstancePtr RoundRobinPicker::pick(const std::vector<InstancePtr>& candidates,

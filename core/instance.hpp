@@ -10,8 +10,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -141,17 +143,25 @@ class InFlightGuard {
 };
 
 // An immutable view of the instance set; a new one replaces it whole when
-// instances change, so readers never lock while they iterate.
+// instances change, so readers never lock while they iterate. Only the
+// Registry builds one, keeping these invariants: an instance of role
+// "both" is in prefill and decode, every other one in its role's list,
+// and a draining one only in `draining`; `by_id` lists each once, by
+// ascending id (ids only grow), which keeps all() linear and find()
+// logarithmic with thousands of instances.
 struct InstanceSet {
   std::vector<InstancePtr> prefill;
   std::vector<InstancePtr> decode;
   std::vector<InstancePtr> encode;
   // Draining instances: still listed (and counted) but never candidates.
   std::vector<InstancePtr> draining;
+  std::vector<InstancePtr> by_id;
 
   const std::vector<InstancePtr>& for_stage(Stage s) const;
-  // Every instance once (a "both" instance is in two lists).
-  std::vector<InstancePtr> all() const;
+  // Every instance once, by id.
+  std::vector<InstancePtr> all() const { return by_id; }
+  // nullptr when no instance has that id (it may have been forgotten since
+  // the caller learnt the id): callers must check.
   InstancePtr find(std::uint64_t id) const;
 };
 
@@ -161,6 +171,20 @@ struct RegistryError {
   std::string message;
 };
 
+// What a registry change did: the instance it acted on, or why it refused.
+// `instance` is set exactly when `error` is empty.
+struct RegistryOutcome {
+  std::optional<RegistryError> error;
+  InstancePtr instance;
+};
+
+// An instance to add: what the admin API or another replica asked for.
+struct NewInstance {
+  UpstreamSpec spec;
+  std::map<std::string, std::string> labels;
+  unsigned weight = 1;
+};
+
 class Registry {
  public:
   explicit Registry(const Config& cfg);
@@ -168,14 +192,24 @@ class Registry {
   std::shared_ptr<const InstanceSet> snapshot() const;
 
   // Adds an instance (role both: prefill and decode). 409 when an instance
-  // with the same role and URL exists (draining ones included).
-  // `notify` false: a change learnt from another replica, not announced.
-  std::pair<std::optional<RegistryError>, InstancePtr> add(
-      UpstreamSpec spec, std::map<std::string, std::string> labels = {}, unsigned weight = 1,
-      bool notify = true);
+  // with the same URL in an overlapping role exists (draining ones
+  // included). `notify` false: a change learnt from another replica, not
+  // announced.
+  RegistryOutcome add(UpstreamSpec spec, std::map<std::string, std::string> labels = {},
+                      unsigned weight = 1, bool notify = true);
+  // Adds several at once, publishing one new set: one outcome per entry,
+  // in order (a duplicate within the batch is refused like any other).
+  std::vector<RegistryOutcome> add(std::vector<NewInstance> batch, bool notify = true);
+  // The instance registered with exactly this role and URL, else nullptr.
+  InstancePtr find(Role role, const std::string& url) const;
+  // The instance an add of (role, url) would collide with, else nullptr.
+  InstancePtr conflict(Role role, const std::string& url) const;
   // Takes an instance out of the candidate lists; its in-flight requests
-  // finish. `then_remove`: forget it once idle (see forget_idle()).
-  std::optional<RegistryError> drain(std::uint64_t id, bool then_remove, bool notify = true);
+  // finish. `then_remove`: forget it once idle (see forget_idle()), which
+  // may be at once. The outcome holds the instance acted on, forgotten or
+  // not, so the caller never has to look it up again; 404 when no
+  // instance has the id.
+  RegistryOutcome drain(std::uint64_t id, bool then_remove, bool notify = true);
   // Forgets draining instances marked for removal that have nothing in
   // flight. Returns how many were forgotten.
   std::size_t forget_idle();
@@ -188,10 +222,25 @@ class Registry {
   // serving.
   std::function<void(const Instance&)> on_ejected;
 
+  // Instances another replica shared (through Redis) that this one
+  // refused because they failed validation (--allowed-upstreams,
+  // --model); every refusal counts, retries included. For the admin API's
+  // instance list and the pdgate_shared_instances_refused_total metric.
+  void note_shared_refusal() { shared_refused_.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t shared_refused_total() const {
+    return shared_refused_.load(std::memory_order_relaxed);
+  }
+
  private:
+  InstancePtr conflict_locked(Role role, const std::string& url) const;
+
   mutable std::mutex mu_;
   std::shared_ptr<const InstanceSet> set_;
+  // URL -> the instances registered with it (at most one per role), under
+  // mu_: duplicate checks and lookups by URL without scanning the set.
+  std::unordered_map<std::string, std::vector<InstancePtr>> by_url_;
   std::uint64_t next_id_ = 1;
+  std::atomic<std::uint64_t> shared_refused_{0};
 };
 
 // What a picker may look at, gathered before it runs: pickers never do

@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
     // Engine load (running, waiting, KV-cache usage) for policies, scraped
     // off the workers' loops on the control thread.
     if (cfg.metrics_interval.count() > 0) {
-      pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval);
+      pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval,
+                                            cfg.health_max_concurrency);
     }
     gateway.set_policy_hooks([engine]() { return engine->reload(); },
                              [engine](pdgate::PrometheusText& m) {

@@ -282,6 +282,9 @@ std::string Gateway::metrics_text() const {
   m.sample("pdgate_body_memory_bytes", static_cast<std::uint64_t>(body_budget_.used()));
   m.counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
   m.sample("pdgate_ejections_total", metrics_.ejections.load());
+  m.counter("pdgate_shared_instances_refused_total",
+            "Instances in the shared registry this replica refused (allow-list, model, loop).");
+  m.sample("pdgate_shared_instances_refused_total", registry_.shared_refused_total());
 
   const auto set = registry_.snapshot();
   const auto all = set->all();
@@ -423,7 +426,7 @@ void Gateway::start() {
     net::co_spawn(admin_ioc_, admin_accept_loop(), net::detached);
   net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_, loop_guard_), net::detached);
   if (!cfg_.redis_url.empty()) {
-    shared_registry_ = std::make_unique<SharedRegistry>(cfg_, registry_);
+    shared_registry_ = std::make_unique<SharedRegistry>(cfg_, registry_, loop_guard_);
     if (auto r = shared_registry_->start(admin_ioc_.get_executor()); !r) {
       spdlog::error("shared registry disabled: {}", r.error());
       shared_registry_.reset();

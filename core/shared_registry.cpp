@@ -1,5 +1,11 @@
 #include "core/shared_registry.hpp"
 
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <optional>
+#include <utility>
+
 #include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -24,6 +30,9 @@ namespace {
 constexpr auto kCheckInterval = std::chrono::seconds(2);
 // How soon a local change that Redis refused is tried again.
 constexpr auto kRetryInterval = std::chrono::milliseconds(250);
+// How long instances that passed validation wait for others to join their
+// batch before they are added.
+constexpr auto kAddBatchDelay = std::chrono::milliseconds(10);
 
 // KEYS: document, version, channel. ARGV: field, entry JSON, "1" for an
 // announcement (written only if the field is absent). A tombstone
@@ -44,8 +53,11 @@ return v
 
 }  // namespace
 
-SharedRegistry::SharedRegistry(const Config& cfg, Registry& registry)
-    : cfg_(cfg), registry_(registry), shared_(std::make_unique<RedisConnectionsShared>()) {}
+SharedRegistry::SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard)
+    : cfg_(cfg),
+      registry_(registry),
+      loop_guard_(loop_guard),
+      shared_(std::make_unique<RedisConnectionsShared>()) {}
 
 SharedRegistry::~SharedRegistry() {
   if (subscriber_)
@@ -85,7 +97,12 @@ Result<bool> SharedRegistry::start(net::any_io_executor ex) {
   auto endpoint = parse_redis_url(cfg_.redis_url);
   if (!endpoint)
     return fail(endpoint.error());
+  auto validator = UpstreamValidator::create(cfg_, loop_guard_);
+  if (!validator)
+    return fail(validator.error());
+  validator_.emplace(std::move(*validator));
   ex_ = ex;
+  add_timer_.emplace(ex);
   RedisConnectionSettings settings;
   settings.endpoint = std::move(*endpoint);
   settings.command_timeout = std::chrono::milliseconds(500);
@@ -113,46 +130,200 @@ Result<bool> SharedRegistry::start(net::any_io_executor ex) {
   return true;
 }
 
+namespace {
+
+// One entry of the document, read without trusting it: anything of the
+// wrong type, or a weight the admin API would refuse, and it is skipped.
+struct Entry {
+  Role role = Role::decode;
+  std::string url;
+  std::string state;
+  std::map<std::string, std::string> labels;
+  unsigned weight = 1;
+};
+
+std::optional<Entry> parse_entry(const json& e) {
+  if (!e.is_object())
+    return std::nullopt;
+  auto text = [&e](const char* key) {
+    const auto it = e.find(key);
+    return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  Entry out;
+  const auto role = role_from_string(text("role"));
+  out.url = text("url");
+  out.state = text("state");
+  if (!role || out.url.empty())
+    return std::nullopt;
+  out.role = *role;
+  if (const auto it = e.find("labels"); it != e.end() && it->is_object()) {
+    for (const auto& [k, v] : it->items()) {
+      if (v.is_string())
+        out.labels[k] = v.get<std::string>();
+    }
+  }
+  if (const auto it = e.find("weight"); it != e.end()) {
+    if (!it->is_number_unsigned() || it->get<std::uint64_t>() < 1 ||
+        it->get<std::uint64_t>() > 1000) {
+      return std::nullopt;
+    }
+    out.weight = it->get<unsigned>();
+  }
+  return out;
+}
+
+}  // namespace
+
 void SharedRegistry::apply(const std::string& document) {
   auto doc = json::parse(document, nullptr, false);
   if (!doc.is_object())
     return;
+  // A validation that started this long ago has ended however it went
+  // (name resolution and the model check are each bounded by
+  // --model-check-timeout): its entry is validated afresh.
+  const std::int64_t stale_after = 2 * cfg_.model_check_timeout.count() + 1000;
+  const std::int64_t now = steady_now_ms();
+  std::vector<Learnt> fresh;
   for (const auto& [field, e] : doc.items()) {
-    if (!e.is_object())
+    auto entry = parse_entry(e);
+    if (!entry)
       continue;
-    const auto role = role_from_string(e.value("role", std::string()));
-    const std::string url = e.value("url", std::string());
-    const std::string state = e.value("state", std::string());
-    if (!role || url.empty())
-      continue;
-    InstancePtr local;
-    for (const auto& i : registry_.snapshot()->all()) {
-      if (i->spec.url == url && i->spec.role == *role)
-        local = i;
-    }
-    if (state == "active" && !local) {
-      auto spec = parse_upstream(*role, url);
+    std::string key = std::string(to_string(entry->role)) + "|" + entry->url;
+    const InstancePtr local = registry_.find(entry->role, entry->url);
+    auto pending = validating_.find(key);
+    if (entry->state == "active") {
+      if (local)
+        continue;
+      if (pending != validating_.end() &&
+          (pending->second.started_ms == 0 || now - pending->second.started_ms < stale_after)) {
+        pending->second.wanted = true;
+        continue;
+      }
+      auto spec = parse_upstream(entry->role, entry->url);
       if (!spec)
         continue;
-      spec->role = *role;
-      std::map<std::string, std::string> labels;
-      if (e.contains("labels") && e["labels"].is_object()) {
-        for (const auto& [k, v] : e["labels"].items()) {
-          if (v.is_string())
-            labels[k] = v.get<std::string>();
-        }
-      }
-      const unsigned weight = e.value("weight", 1u);
-      auto [err, inst] = registry_.add(*spec, std::move(labels), weight, false);
-      if (inst)
-        spdlog::info("shared registry: learnt {} instance {}", to_string(*role), url);
-    } else if ((state == "draining" || state == "removed") && local &&
-               (!local->draining.load() ||
-                (state == "removed" && !local->remove_when_idle.load()))) {
-      registry_.drain(local->id, state == "removed", false);
-      spdlog::info("shared registry: {} {}", state, url);
+      spec->role = entry->role;
+      fresh.push_back(
+          {std::move(key), NewInstance{std::move(*spec), std::move(entry->labels), entry->weight}});
+      continue;
+    }
+    // No longer active: an add still being validated is not made.
+    if (pending != validating_.end())
+      pending->second.wanted = false;
+    if ((entry->state == "draining" || entry->state == "removed") && local &&
+        (!local->draining.load() ||
+         (entry->state == "removed" && !local->remove_when_idle.load()))) {
+      registry_.drain(local->id, entry->state == "removed", false);
+      spdlog::info("shared registry: {} {}", entry->state, entry->url);
     }
   }
+  learn(std::move(fresh));
+}
+
+void SharedRegistry::learn(std::vector<Learnt> fresh) {
+  if (fresh.empty())
+    return;
+  std::size_t skipped = 0;
+  for (auto& l : fresh) {
+    // Bounded whatever the document holds; what is skipped is picked up
+    // at a later document change.
+    if (validating_.size() >= kMaxValidating) {
+      ++skipped;
+      continue;
+    }
+    validating_[l.key] = Validating{};
+    to_validate_.push_back(std::move(l));
+  }
+  if (skipped > 0) {
+    spdlog::warn("shared registry: {} new instance(s) left for a later change ({} validating)",
+                 skipped, validating_.size());
+  }
+  while (validators_running_ < std::max(1u, cfg_.health_max_concurrency) && !to_validate_.empty()) {
+    ++validators_running_;
+    net::co_spawn(ex_, validate_queued(), [this](const std::exception_ptr& e) {
+      --validators_running_;
+      if (e)
+        spdlog::error("shared registry: a validation failed unexpectedly");
+    });
+  }
+}
+
+net::awaitable<void> SharedRegistry::validate_queued() {
+  while (!to_validate_.empty()) {
+    Learnt l = std::move(to_validate_.front());
+    to_validate_.pop_front();
+    auto pending = validating_.find(l.key);
+    if (pending == validating_.end() || !pending->second.wanted) {
+      if (pending != validating_.end())
+        validating_.erase(pending);
+      continue;
+    }
+    pending->second.started_ms = steady_now_ms();
+    auto refused = co_await validator_->check(l.instance.spec);
+    if (refused) {
+      validating_.erase(l.key);
+      registry_.note_shared_refusal();
+      log_refusal(l, *refused);
+      continue;
+    }
+    passed_.push_back(std::move(l));
+    // What passes within kAddBatchDelay is added as one batch: one new
+    // instance set, not one per instance (each is a copy of the set).
+    if (!add_posted_) {
+      add_posted_ = true;
+      add_timer_->expires_after(kAddBatchDelay);
+      // Aborted only when the registry is being destroyed.
+      add_timer_->async_wait([this](const boost::system::error_code& ec) {
+        if (ec != net::error::operation_aborted)
+          add_passed();
+      });
+    }
+  }
+}
+
+void SharedRegistry::add_passed() {
+  add_posted_ = false;
+  std::vector<NewInstance> batch;
+  for (auto& l : passed_) {
+    const auto it = validating_.find(l.key);
+    const bool wanted = it != validating_.end() && it->second.wanted;
+    if (it != validating_.end())
+      validating_.erase(it);
+    if (wanted)
+      batch.push_back(std::move(l.instance));
+  }
+  passed_.clear();
+  if (batch.empty())
+    return;
+  std::size_t added = 0;
+  for (const auto& o : registry_.add(std::move(batch), false)) {
+    if (!o.instance)
+      continue;
+    if (++added <= 10) {
+      spdlog::info("shared registry: learnt {} instance {}", to_string(o.instance->spec.role),
+                   o.instance->spec.url);
+    }
+  }
+  if (added > 10)
+    spdlog::info("shared registry: learnt {} more instance(s)", added - 10);
+}
+
+void SharedRegistry::log_refusal(const Learnt& l, const RegistryError& why) {
+  // At most one line a second: a document full of bad entries must not
+  // flood the log.
+  const std::int64_t now = steady_now_ms();
+  if (now - last_refusal_log_ms_ < 1000) {
+    ++refusals_not_logged_;
+    return;
+  }
+  std::string more;
+  if (refusals_not_logged_ > 0)
+    more =
+        " (and " + std::to_string(refusals_not_logged_) + " more refusal(s) since the last line)";
+  spdlog::warn("shared registry: not using {} instance {} from Redis: {}{}",
+               to_string(l.instance.spec.role), l.instance.spec.url, why.message, more);
+  last_refusal_log_ms_ = now;
+  refusals_not_logged_ = 0;
 }
 
 net::awaitable<void> SharedRegistry::loop() {

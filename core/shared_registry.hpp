@@ -8,12 +8,24 @@
 // does not resurrect them. With Redis down, replicas keep serving with
 // their last known set; their own changes stay queued and are written
 // when Redis is back.
+//
+// An instance learnt from the document passes the same validation as an
+// admin add (core/upstream_validator.hpp: --allowed-upstreams, the
+// routing-loop probe, --model) before it is used: anyone who can write to
+// Redis could otherwise point every replica at an internal service.
+// Validation is asynchronous, at most --health-max-concurrency at a time,
+// and only for instances new to this replica; a refused one is logged (at most once a second),
+// counted (Registry::shared_refused_total) and tried again at the next document change.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -21,7 +33,9 @@
 
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/loop_guard.hpp"
 #include "core/result.hpp"
+#include "core/upstream_validator.hpp"
 
 namespace pdgate {
 
@@ -30,7 +44,9 @@ struct RedisConnectionsShared;
 
 class SharedRegistry {
  public:
-  SharedRegistry(const Config& cfg, Registry& registry);
+  // `loop_guard` (this gateway's Via identity, for the validation probe)
+  // must outlive it.
+  SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard);
   ~SharedRegistry();
   // Connects on `ex` and runs the sync loop until `ex` stops. Hooks the
   // registry's on_change.
@@ -39,6 +55,18 @@ class SharedRegistry {
  private:
   boost::asio::awaitable<void> loop();
   void apply(const std::string& document);
+  // An active instance of the document this replica does not have.
+  struct Learnt {
+    std::string key;  // role|url
+    NewInstance instance;
+  };
+  // Validates `fresh` (or adds it at once when there is nothing to check).
+  void learn(std::vector<Learnt> fresh);
+  // One validation slot: validates queued instances until none is left.
+  boost::asio::awaitable<void> validate_queued();
+  // Adds the instances that passed and are still wanted, as one batch.
+  void add_passed();
+  void log_refusal(const Learnt& l, const RegistryError& why);
   // `announce`: written only if Redis has no entry for the instance yet
   // (what a replica serves from its flags, or refills an empty Redis with,
   // never overrides a change made through the admin API).
@@ -48,6 +76,7 @@ class SharedRegistry {
 
   const Config& cfg_;
   Registry& registry_;
+  const LoopGuard& loop_guard_;
   std::unique_ptr<RedisConnectionsShared> shared_;
   boost::asio::any_io_executor ex_;
   std::shared_ptr<RedisConnection> conn_;
@@ -65,6 +94,25 @@ class SharedRegistry {
   bool woken_ = false;
   bool reload_ = false;                         // reload the document whatever its version says
   boost::asio::steady_timer* sleep_ = nullptr;  // the loop's timer while it waits
+
+  // Learning, touched on ex_ only. validating_: instances queued or being
+  // validated, with whether the document still wants them (a removal seen
+  // meanwhile cancels the add) and when their validation started (0 while
+  // queued).
+  static constexpr std::size_t kMaxValidating = 100'000;
+  struct Validating {
+    bool wanted = true;
+    std::int64_t started_ms = 0;
+  };
+  std::optional<UpstreamValidator> validator_;
+  std::unordered_map<std::string, Validating> validating_;
+  std::deque<Learnt> to_validate_;
+  std::vector<Learnt> passed_;
+  std::size_t validators_running_ = 0;
+  bool add_posted_ = false;
+  std::optional<boost::asio::steady_timer> add_timer_;
+  std::int64_t last_refusal_log_ms_ = 0;
+  std::uint64_t refusals_not_logged_ = 0;
 };
 
 }  // namespace pdgate

@@ -1,5 +1,7 @@
 #include "policies/metrics.hpp"
 
+#include "core/probe_rounds.hpp"
+
 #include <charconv>
 #include <cmath>
 #include <memory>
@@ -10,6 +12,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -120,13 +123,21 @@ namespace {
 // One GET /metrics; any failure leaves the instance's numbers as they were.
 net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds timeout) {
   auto ex = co_await net::this_coro::executor;
+  // One deadline for the whole exchange, name resolution included: a scrape
+  // holds one of the scraper's few slots, so it must always end.
   tcp::resolver resolver(ex);
+  net::steady_timer deadline(ex);
+  deadline.expires_after(timeout);
+  deadline.async_wait([&resolver](const beast::error_code& ec) {
+    if (!ec)
+      resolver.cancel();
+  });
   auto [rec, endpoints] =
       co_await resolver.async_resolve(inst->spec.host, std::to_string(inst->spec.port), use_tuple);
   if (rec)
     co_return;
   beast::tcp_stream stream(ex);
-  stream.expires_after(timeout);
+  stream.expires_at(deadline.expiry());
   auto [cec, ep] = co_await stream.async_connect(endpoints, use_tuple);
   if (cec)
     co_return;
@@ -150,28 +161,27 @@ net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds time
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
 }
 
-net::awaitable<void> scrape_loop(const Registry& registry, std::chrono::milliseconds interval) {
-  auto ex = co_await net::this_coro::executor;
-  const auto timeout = std::max(interval, std::chrono::milliseconds(200));
-  net::steady_timer timer(ex);
-  for (;;) {
-    const auto set = registry.snapshot();
-    for (const auto* list : {&set->prefill, &set->decode, &set->encode}) {
-      for (const auto& inst : *list)
-        net::co_spawn(ex, scrape_one(inst, timeout), net::detached);
-    }
-    timer.expires_after(interval);
-    auto [ec] = co_await timer.async_wait(use_tuple);
-    if (ec)
-      co_return;
-  }
-}
-
 }  // namespace
 
 void start_metrics_scraper(boost::asio::io_context& ioc, const Registry& registry,
-                           std::chrono::milliseconds interval) {
-  net::co_spawn(ioc, scrape_loop(registry, interval), net::detached);
+                           std::chrono::milliseconds interval, std::size_t max_concurrency) {
+  const auto timeout = std::max(interval, std::chrono::milliseconds(200));
+  ProbeRounds rounds;
+  // Draining instances take no new requests: their load no longer matters.
+  rounds.instances = [&registry] {
+    const auto set = registry.snapshot();
+    std::vector<InstancePtr> out;
+    out.reserve(set->by_id.size());
+    for (const auto& inst : set->by_id) {
+      if (!inst->draining.load(std::memory_order_relaxed))
+        out.push_back(inst);
+    }
+    return out;
+  };
+  rounds.probe = [timeout](InstancePtr inst) { return scrape_one(std::move(inst), timeout); };
+  rounds.interval = interval;
+  rounds.max_concurrency = max_concurrency;
+  net::co_spawn(ioc, run_probe_rounds(std::move(rounds)), net::detached);
 }
 
 }  // namespace pdgate::policy

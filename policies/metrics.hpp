@@ -29,11 +29,13 @@ EngineMetrics parse_vllm_metrics(std::string_view text);
 
 // Starts polling GET /metrics of every instance in the registry's current
 // snapshot each `interval`, with a timeout of `interval` (at least 200 ms)
-// per request. Runs on `ioc` until it is stopped; returns at once. An
+// per request, at most `max_concurrency` at a time, each instance at its
+// own offset into the interval (core/probe_rounds.hpp). Runs on `ioc`
+// (which one thread must run) until it is stopped; returns at once. An
 // instance that does not answer keeps its last numbers, and its
 // metrics_at_ms tells how old they are.
 void start_metrics_scraper(boost::asio::io_context& ioc, const Registry& registry,
-                           std::chrono::milliseconds interval);
+                           std::chrono::milliseconds interval, std::size_t max_concurrency = 64);
 
 // Stores parsed numbers into the instance's atomics.
 void store_metrics(const Instance& inst, const EngineMetrics& m, std::int64_t now_ms);

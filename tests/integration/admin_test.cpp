@@ -3,22 +3,28 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/wait.h>
 
+#include <atomic>
 #include <cctype>
 #include <fstream>
 #include <future>
+#include <iostream>
 #include <map>
+#include <mutex>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
 
 namespace pdgate::test {
 namespace {
 
-const std::string kKey = "s3cret-admin-key";
+const std::string& kKey = kAdminKey;
 
 Json chat(bool stream, int max_tokens = 3) {
   return {{"model", "sim-model"},
@@ -27,33 +33,15 @@ Json chat(bool stream, int max_tokens = 3) {
           {"stream", stream}};
 }
 
-// A gateway with its admin listener; admin_port() read from its second
-// "listening on" line.
-struct AdminGateway {
-  AdminGateway(std::vector<std::string> args,
-               std::map<std::string, std::string> env = {{"ADMIN_API_KEY", kKey}}) {
-    args.insert(args.end(), {"--admin-port", "0"});
-    gw = std::make_unique<Gateway>(std::move(args), std::move(env));
-    admin = gw->process().wait_listening();
-  }
-  std::uint16_t port() const { return gw->port(); }
-  Response call(const std::string& method, const std::string& target, const Json& body = nullptr,
-                Headers h = {{"X-API-Key", kKey}}) {
-    if (!body.is_null())
-      h.emplace_back("Content-Type", "application/json");
-    return http_request(admin, method, target, body.is_null() ? "" : body.dump(), h);
-  }
-  Json instances() { return call("GET", "/admin/instances").json()["instances"]; }
-  Json instance_by_url(const std::string& url) {
-    for (auto& i : instances()) {
-      if (i["url"] == url)
-        return i;
-    }
-    return nullptr;
-  }
-  std::unique_ptr<Gateway> gw;
-  std::uint16_t admin = 0;
-};
+// How a process ended, for failure messages: "killed by signal 11" says SIGSEGV.
+std::string fate(Process& proc, std::chrono::milliseconds wait_at_most = std::chrono::seconds(1)) {
+  const int st = proc.wait(wait_at_most);
+  if (st == -1)
+    return "still running";
+  if (WIFSIGNALED(st))
+    return "killed by signal " + std::to_string(WTERMSIG(st));
+  return "exited with " + std::to_string(WEXITSTATUS(st));
+}
 
 std::vector<std::string> pd_args(Sim& p, std::initializer_list<Sim*> decodes) {
   std::vector<std::string> a = {"--prefill", p.hostport(), "--decode"};
@@ -191,6 +179,175 @@ TEST(AdminApi, DrainedInstanceFinishesStreamsAndGetsNoNewRequests) {
   // Remove: forgotten once idle.
   ASSERT_EQ(g.call("DELETE", "/admin/instances/" + std::to_string(id)).status, 202);
   EXPECT_TRUE(eventually([&] { return g.instance_by_url(d1.url()).is_null(); }));
+}
+
+// The reproduction: DELETE of an instance while a stream runs on it, then POST
+// .../drain in a loop while the stream ends: every answer is JSON 200 (still draining) or 404
+// (forgotten once idle), pdgate keeps running and the stream completes.
+TEST(AdminRaces, DrainLoopAfterDeleteWhileBusyDoesNotCrash) {
+  Sim p("prefill"), d1("decode", {"--itl-ms", "50"});
+  AdminGateway g(pd_args(p, {&d1}));
+  Connection stream(g.port());
+  stream.send_request("POST", "/v1/chat/completions", chat(true, 20).dump(),
+                      {{"Content-Type", "application/json"}});
+  ASSERT_EQ(stream.read_head().status, 200);
+  ASSERT_EQ(d1.requests().size(), 1u);
+  const auto id = std::to_string(g.instance_by_url(d1.url())["id"].get<int>());
+  ASSERT_EQ(g.call("DELETE", "/admin/instances/" + id).status, 202);
+  int drains = 0, forgotten = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < deadline && forgotten == 0) {
+    Response r;
+    ASSERT_NO_THROW(r = g.call("POST", "/admin/instances/" + id + "/drain"))
+        << "after " << drains << " drains; pdgate " << fate(g.gw->process());
+    ASSERT_TRUE(r.status == 200 || r.status == 404) << r.status << " " << r.body;
+    ASSERT_NO_THROW(r.json()) << r.body;
+    if (r.status == 200) {
+      EXPECT_EQ(r.json()["state"], "draining");
+    }
+    ++drains;
+    forgotten += r.status == 404 ? 1 : 0;
+  }
+  EXPECT_EQ(forgotten, 1) << "still listed after " << drains << " drains";
+  EXPECT_TRUE(g.gw->process().running());
+  EXPECT_EQ(http_request(g.admin, "GET", "/health").status, 200);
+  std::string body;
+  for (std::string piece; !(piece = stream.read_body_some()).empty();)
+    body += piece;
+  EXPECT_NE(body.find("[DONE]"), std::string::npos) << body;
+  EXPECT_TRUE(g.instance_by_url(d1.url()).is_null());
+}
+
+// Four admin clients add, drain, delete and read the same instances (on the admin port and
+// the client port's /instances/add) for 4 s while streams run through them: every admin
+// answer is JSON with status 200/201/202/404/409, pdgate keeps running, client requests keep
+// succeeding, and the final instance list has each URL once and nothing left in flight.
+TEST(AdminRaces, ConcurrentAddDrainDeleteUnderTrafficNeverCrash) {
+  Sim p("prefill"), fixed("decode", {"--itl-ms", "20"});
+  std::vector<std::unique_ptr<Sim>> extras;
+  for (int i = 0; i < 3; ++i)
+    extras.push_back(std::make_unique<Sim>("decode", std::vector<std::string>{"--itl-ms", "20"}));
+  AdminGateway g(
+      {"--prefill", p.hostport(), "--decode", fixed.hostport(), "--health-interval", "200ms"});
+  const int first_free_id = 3;  // 1 and 2 are p and fixed: never touched
+  std::atomic<int> max_id{first_free_id};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<std::string> problems;
+  std::map<int, int> admin_statuses, client_statuses;
+  auto note = [&](std::map<int, int>& tally, int status, std::string problem) {
+    std::lock_guard lock(mu);
+    ++tally[status];
+    if (!problem.empty() && problems.size() < 20)
+      problems.push_back(std::move(problem));
+  };
+  auto admin_client = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    while (!stop.load()) {
+      const auto& sim = *extras[rng() % extras.size()];
+      const std::string id =
+          std::to_string(first_free_id + rng() % (max_id.load() - first_free_id + 3));
+      Response r;
+      std::set<int> allowed;
+      try {
+        switch (rng() % 6) {
+          case 0:
+            r = g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", sim.url()}});
+            allowed = {201, 409};
+            break;
+          case 1:
+            r = http_request(g.port(), "POST", "/instances/add",
+                             Json{{"type", "decode"}, {"instance", sim.hostport()}}.dump(),
+                             {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
+            allowed = {201, 409};
+            break;
+          case 2:
+            r = g.call("POST", "/admin/instances/" + id + "/drain");
+            allowed = {200, 404};
+            break;
+          case 3:
+            r = g.call("DELETE", "/admin/instances/" + id);
+            allowed = {202, 404};
+            break;
+          case 4:
+            r = g.call("GET", "/admin/instances/" + id);
+            allowed = {200, 404};
+            break;
+          default:
+            r = g.call("GET", "/admin/instances");
+            allowed = {200};
+            break;
+        }
+      } catch (const std::exception& e) {
+        note(admin_statuses, 0, std::string("admin call failed: ") + e.what());
+        return;
+      }
+      std::string problem;
+      if (!allowed.count(r.status))
+        problem = "status " + std::to_string(r.status) + ": " + r.body;
+      Json j = Json::parse(r.body, nullptr, false);
+      if (j.is_discarded())
+        problem = "not JSON: " + r.body;
+      if (r.status == 201 && j.contains("id")) {
+        for (int seen = max_id.load(); j["id"].get<int>() > seen;)
+          max_id.compare_exchange_weak(seen, j["id"].get<int>());
+      }
+      note(admin_statuses, r.status, std::move(problem));
+    }
+  };
+  auto traffic = [&] {
+    while (!stop.load()) {
+      Response r;
+      try {
+        r = post_json(g.port(), "/v1/chat/completions", chat(true, 5));
+      } catch (const std::exception& e) {
+        note(client_statuses, 0, std::string("client request failed: ") + e.what());
+        return;
+      }
+      note(client_statuses, r.status,
+           r.status == 200 ? "" : "client got " + std::to_string(r.status) + ": " + r.body);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < 4; ++i)
+    threads.emplace_back(admin_client, 1000 + i);
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back(traffic);
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  stop = true;
+  for (auto& t : threads)
+    t.join();
+
+  std::string summary;
+  for (const auto& [status, n] : admin_statuses)
+    summary += " admin " + std::to_string(status) + " x" + std::to_string(n);
+  for (const auto& [status, n] : client_statuses)
+    summary += " client " + std::to_string(status) + " x" + std::to_string(n);
+  ASSERT_EQ(fate(g.gw->process(), std::chrono::milliseconds(0)), "still running") << summary;
+  EXPECT_TRUE(problems.empty()) << summary << "\n" << problems.front();
+  EXPECT_GT(client_statuses[200], 0) << summary;
+  EXPECT_GT(admin_statuses[201], 0) << summary;
+  EXPECT_GT(admin_statuses[202], 0) << summary;
+  EXPECT_EQ(http_request(g.admin, "GET", "/health").status, 200);
+  Json final;
+  EXPECT_TRUE(eventually([&] {
+    final = g.instances();
+    for (const auto& i : final) {
+      if (i["in_flight"] != 0)
+        return false;
+    }
+    return true;
+  })) << final.dump();
+  std::set<int> ids;
+  std::set<std::string> urls;
+  for (const auto& i : final) {
+    EXPECT_TRUE(ids.insert(i["id"].get<int>()).second) << final.dump();
+    EXPECT_TRUE(urls.insert(i["url"].get<std::string>()).second) << final.dump();
+  }
+  // The fixed instances were never touched and still serve.
+  EXPECT_EQ(g.instance_by_url(fixed.url())["state"], "active");
+  EXPECT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+  std::cout << "[ measured ]" << summary << "\n";
 }
 
 // A prefill answering 500 is retried on the other prefill; the client sees success.

@@ -2,6 +2,14 @@
 // redis-server.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
 #include "tests/plugins/redis_server.hpp"
 
@@ -165,6 +173,191 @@ TEST(SharedRegistry, ChangesMadeWhileRedisIsDownAreWrittenBack) {
       eventually([&] { return c.status()["decode_nodes"] == Json::array({added.hostport()}); },
                  std::chrono::seconds(2)))
       << c.status().dump();
+}
+
+// Writes `entry` under `field` into the shared document as another replica
+// would (merge, bump the version, PUBLISH), bypassing every admin API.
+void write_entry(const RedisServer& redis, const std::string& field, const Json& entry) {
+  const std::string script =
+      "local d = redis.call('GET', KEYS[1]) local t = {} if d then t = cjson.decode(d) end "
+      "t[ARGV[1]] = cjson.decode(ARGV[2]) redis.call('SET', KEYS[1], cjson.encode(t)) "
+      "local v = redis.call('INCR', KEYS[2]) redis.call('PUBLISH', KEYS[3], v) return v";
+  redis.cli("EVAL \"" + script +
+            "\" 3 pdgate:instances pdgate:instances:version pdgate:instances:changed '" + field +
+            "' '" + entry.dump() + "'");
+}
+
+Json active_entry(const Sim& s) {
+  return {{"role", "decode"},
+          {"url", s.url()},
+          {"labels", Json::object()},
+          {"weight", 1},
+          {"state", "active"}};
+}
+
+// An instance written straight into Redis outside a replica's --allowed-upstreams (10.0.0.0/8;
+// the sims are on 127.0.0.1) is never adopted by that replica, whether it was there before the
+// replica started or written later, and each refusal is counted; a replica whose allow-list
+// covers it adopts it, and the fenced replica's admin API refuses the same URL with 403.
+TEST(SharedRegistry, EntriesFromRedisPassTheAllowList) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode"), early("decode"), late("decode");
+  write_entry(redis, "decode|" + early.url(), active_entry(early));
+  auto replica = [&](const std::string& allowed) {
+    return std::make_unique<AdminGateway>(
+        std::vector<std::string>{"--prefill", p.hostport(), "--decode", d.hostport(), "--redis",
+                                 redis.url(), "--allowed-upstreams", allowed});
+  };
+  auto fenced = replica("10.0.0.0/8");
+  auto open = replica("127.0.0.0/8");
+  EXPECT_TRUE(eventually([&] { return !open->instance_by_url(early.url()).is_null(); }))
+      << open->call("GET", "/admin/instances").body;
+  write_entry(redis, "decode|" + late.url(), active_entry(late));
+  EXPECT_TRUE(eventually([&] { return !open->instance_by_url(late.url()).is_null(); }))
+      << open->call("GET", "/admin/instances").body;
+
+  // Past the 2 s periodic reload too, the fenced replica has adopted neither.
+  const auto until = Clock::now() + std::chrono::milliseconds(2500);
+  while (Clock::now() < until) {
+    const Json listed = fenced->call("GET", "/admin/instances").json();
+    for (const auto& i : listed["instances"]) {
+      ASSERT_NE(i["url"], early.url()) << listed.dump();
+      ASSERT_NE(i["url"], late.url()) << listed.dump();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const Json listed = fenced->call("GET", "/admin/instances").json();
+  ASSERT_TRUE(listed.contains("refused_total")) << listed.dump();
+  EXPECT_GE(listed["refused_total"].get<int>(), 2) << listed.dump();
+  // The same count is exported to Prometheus.
+  const std::string metrics = get(fenced->port(), "/metrics").body;
+  const std::string series = "\npdgate_shared_instances_refused_total ";
+  const auto at = metrics.find(series);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GE(std::stod(metrics.substr(at + series.size())), 2.0);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(post_json(fenced->port(), "/v1/chat/completions", chat()).status, 200);
+  EXPECT_TRUE(early.requests().empty());
+  EXPECT_TRUE(late.requests().empty());
+  EXPECT_EQ(
+      fenced->call("POST", "/admin/instances", {{"role", "decode"}, {"url", late.url()}}).status,
+      403);
+  EXPECT_NE(fenced->gw->process().log().find("outside --allowed-upstreams"), std::string::npos);
+}
+
+// An entry written into Redis that points at the replica itself (a routing loop: the admin
+// API refuses it with 422) is never adopted by that replica, and is counted as refused.
+TEST(SharedRegistry, EntryPointingAtTheReplicaItselfIsRefused) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode");
+  AdminGateway g({"--prefill", p.hostport(), "--decode", d.hostport(), "--redis", redis.url()});
+  const std::string self = "http://127.0.0.1:" + std::to_string(g.port());
+  write_entry(redis, "decode|" + self,
+              {{"role", "decode"},
+               {"url", self},
+               {"labels", Json::object()},
+               {"weight", 1},
+               {"state", "active"}});
+  EXPECT_TRUE(eventually(
+      [&] { return g.call("GET", "/admin/instances").json().value("refused_total", 0) >= 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(g.instance_by_url(self).is_null()) << g.call("GET", "/admin/instances").body;
+  EXPECT_EQ(g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", self}}).status, 422);
+  EXPECT_EQ(post_json(g.port(), "/v1/chat/completions", chat()).status, 200);
+}
+
+// With --model, an entry written into Redis whose engine does not answer GET /v1/models is
+// refused and counted; once an engine serving the model listens there, the next document
+// change (any write) makes the replica validate it again and adopt it, and it takes traffic.
+TEST(SharedRegistry, RefusedEntryIsRetriedAtTheNextChange) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode");
+  const auto port = closed_port();
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  const Json entry = {{"role", "decode"},
+                      {"url", url},
+                      {"labels", Json::object()},
+                      {"weight", 1},
+                      {"state", "active"}};
+  write_entry(redis, "decode|" + url, entry);
+  AdminGateway g({"--prefill", p.hostport(), "--decode", d.hostport(), "--redis", redis.url(),
+                  "--model", "sim-model", "--model-check-timeout", "500ms"});
+  EXPECT_TRUE(eventually(
+      [&] { return g.call("GET", "/admin/instances").json().value("refused_total", 0) >= 1; }));
+  EXPECT_TRUE(g.instance_by_url(url).is_null());
+
+  Sim late("decode", {"--port", std::to_string(port)});
+  write_entry(redis, "decode|" + url, entry);
+  EXPECT_TRUE(
+      eventually([&] { return !g.instance_by_url(url).is_null(); }, std::chrono::seconds(2)))
+      << g.call("GET", "/admin/instances").body;
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat()).status, 200);
+  EXPECT_FALSE(late.requests().empty());
+}
+
+// A replica started against a document of 10,000 instances (an allow-list covering them, so
+// each is validated) adopts them all within 20 s while its admin API keeps answering GET
+// /health within 1.5 s (the document is parsed on the admin thread; the whole adoption used
+// to run there, stalling it 4.6 s); one more entry written afterwards is adopted within a
+// second (only the new one is validated).
+TEST(SharedRegistry, TenThousandEntriesAreAdoptedWithoutStallingTheAdminApi) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode");
+  const auto port = closed_port();
+  auto url_of = [port](int i) {
+    return "http://127.0." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1) + ":" +
+           std::to_string(port);
+  };
+  Json doc = Json::object();
+  for (int i = 0; i < 10000; ++i) {
+    doc["decode|" + url_of(i)] = {{"role", "decode"},
+                                  {"url", url_of(i)},
+                                  {"labels", Json::object()},
+                                  {"weight", 1},
+                                  {"state", "active"}};
+  }
+  char path[] = "/tmp/pdgate-doc-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string text = doc.dump();
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  redis.cli("-x SET pdgate:instances < " + std::string(path));
+  unlink(path);
+  redis.cli("INCR pdgate:instances:version");
+
+  const auto t0 = Clock::now();
+  AdminGateway g({"--prefill", p.hostport(), "--decode", d.hostport(), "--redis", redis.url(),
+                  "--allowed-upstreams", "127.0.0.0/8", "--log-level", "warn"});
+  std::chrono::milliseconds slowest{0};
+  std::size_t listed = 0;
+  while (Clock::now() - t0 < std::chrono::seconds(20)) {
+    const auto asked = Clock::now();
+    ASSERT_EQ(http_request(g.admin, "GET", "/health").status, 200);
+    slowest = std::max(slowest,
+                       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - asked));
+    listed = g.gw->status()["decode_node_count"].get<std::size_t>() + 1;
+    if (listed == 10002)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::cout << "[ measured ] 10,000 entries adopted in " << took
+            << " s; slowest admin /health meanwhile " << slowest.count() << " ms\n";
+  ASSERT_EQ(listed, 10002u);
+  EXPECT_LT(slowest, std::chrono::milliseconds(1500));
+  EXPECT_EQ(g.instances().size(), 10002u);
+
+  const std::string extra = url_of(10000);
+  write_entry(redis, "decode|" + extra,
+              {{"role", "decode"},
+               {"url", extra},
+               {"labels", Json::object()},
+               {"weight", 1},
+               {"state", "active"}});
+  EXPECT_TRUE(
+      eventually([&] { return !g.instance_by_url(extra).is_null(); }, std::chrono::seconds(1)));
 }
 
 }  // namespace

@@ -761,6 +761,20 @@ TEST(ConfigAdmin, AdminAndHealthFlags) {
   expect_error(parse({"-d", "b:2", "-p", "a:1", "--retry-budget", "2"}), {"retry-budget"});
 }
 
+// --health-max-concurrency defaults to 64, takes 1 to 1000, is in the help, and a bad value
+// names the flag.
+TEST(ConfigAdmin, HealthMaxConcurrency) {
+  EXPECT_EQ(parse({"-d", "b:2", "-p", "a:1"})->config.health_max_concurrency, 64u);
+  const auto r = parse({"-d", "b:2", "-p", "a:1", "--health-max-concurrency", "8"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.health_max_concurrency, 8u);
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--health-max-concurrency", "0"}),
+               {"health-max-concurrency"});
+  expect_error(parse({"-d", "b:2", "-p", "a:1", "--health-max-concurrency", "1001"}),
+               {"health-max-concurrency"});
+  EXPECT_NE(help_text().find("--health-max-concurrency"), std::string::npos);
+}
+
 // The SIGTERM drain deadline and the admin add's model check bound.
 TEST(ConfigAdmin, ShutdownAndModelCheckTimeouts) {
   const auto defaults = parse({"-d", "b:2", "-p", "a:1"});
