@@ -271,8 +271,8 @@ TEST(Sse, ReadyBytesEqualPoppedEvents) {
   for (std::size_t cut = 0; cut <= stream.size(); ++cut) {
     SseScanner bulk, single;
     std::string bulk_out, single_out;
-    for (const auto piece : {std::string_view(stream).substr(0, cut),
-                             std::string_view(stream).substr(cut)}) {
+    for (const auto piece :
+         {std::string_view(stream).substr(0, cut), std::string_view(stream).substr(cut)}) {
       ASSERT_TRUE(bulk.feed(piece));
       ASSERT_TRUE(single.feed(piece));
       bulk_out.append(bulk.ready_bytes());

@@ -1,0 +1,203 @@
+// Instances and the registry (core/instance.*): passive ejection after
+// consecutive failures, active checks' fall/rise, the re-admission
+// back-off, and the registry's add/drain/remove invariants.
+#include "core/instance.hpp"
+
+#include <gtest/gtest.h>
+
+namespace pdgate {
+namespace {
+
+UpstreamSpec spec(Role role, const std::string& hostport) {
+  auto s = parse_upstream(role, hostport);
+  EXPECT_TRUE(s) << s.error();
+  return *s;
+}
+
+InstancePtr make(std::uint64_t id = 1) {
+  return std::make_shared<Instance>(id, spec(Role::decode, "127.0.0.1:9"));
+}
+
+// `eject_after` failures in a row eject (once); a success in between
+// starts the count again.
+TEST(InstanceHealth, ConsecutiveRequestFailuresEject) {
+  auto i = make();
+  EXPECT_FALSE(i->note_request_failure(3, "500"));
+  EXPECT_FALSE(i->note_request_failure(3, "500"));
+  i->note_request_success();
+  EXPECT_FALSE(i->note_request_failure(3, "500"));
+  EXPECT_FALSE(i->note_request_failure(3, "500"));
+  EXPECT_EQ(i->state(), InstanceState::active);
+  EXPECT_TRUE(i->note_request_failure(3, "500"));
+  EXPECT_EQ(i->state(), InstanceState::ejected);
+  EXPECT_EQ(i->ejections.load(), 1u);
+  // Further failures while ejected do not eject it again.
+  EXPECT_FALSE(i->note_request_failure(3, "500"));
+  EXPECT_EQ(i->ejections.load(), 1u);
+  const auto h = i->history();
+  ASSERT_FALSE(h.empty());
+  EXPECT_NE(h.back().what.find("request: 500"), std::string::npos);
+}
+
+// Re-admission back-off doubles with each ejection, from 1 s, and is
+// capped at a minute.
+TEST(InstanceHealth, BackoffDoublesAndCaps) {
+  auto i = make();
+  std::int64_t previous = 0;
+  const std::int64_t expected[] = {1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000};
+  for (auto want : expected) {
+    const auto before = steady_now_ms();
+    ASSERT_TRUE(i->note_request_failure(1, "refused"));
+    const auto wait = i->ejected_until_ms.load() - before;
+    EXPECT_GE(wait, want);
+    EXPECT_LE(wait, want + 50);
+    EXPECT_GE(wait, previous);
+    previous = wait;
+    // Back in (as the back-off would have it) for the next round.
+    i->ejected_until_ms.store(steady_now_ms() - 1);
+    i->readmit_if_due(false);
+    ASSERT_EQ(i->state(), InstanceState::active);
+  }
+}
+
+// Without active checks an ejected instance comes back once its back-off
+// has passed, not before; with checks on, only passed checks readmit it.
+TEST(InstanceHealth, ReadmittedAfterBackoffWithoutChecks) {
+  auto i = make();
+  ASSERT_TRUE(i->note_request_failure(1, "timeout"));
+  i->readmit_if_due(false);
+  EXPECT_EQ(i->state(), InstanceState::ejected) << "readmitted before its back-off";
+  i->ejected_until_ms.store(steady_now_ms() - 1);
+  i->readmit_if_due(true);
+  EXPECT_EQ(i->state(), InstanceState::ejected) << "checks on: the back-off alone is not enough";
+  i->readmit_if_due(false);
+  EXPECT_EQ(i->state(), InstanceState::active);
+  EXPECT_EQ(i->consecutive_failures.load(), 0u);
+  EXPECT_EQ(i->history().back().what, "readmitted after back-off");
+}
+
+// Checks: `fall` failures in a row eject; `rise` passes in a row readmit,
+// but not before the back-off; one failure resets the passes.
+TEST(InstanceHealth, ChecksFallAndRise) {
+  auto i = make();
+  EXPECT_FALSE(i->note_check(false, 2, 3, "refused"));
+  EXPECT_FALSE(i->note_check(false, 2, 3, "refused"));
+  EXPECT_TRUE(i->note_check(false, 2, 3, "refused"));
+  EXPECT_EQ(i->state(), InstanceState::ejected);
+  // Passing checks during the back-off do not readmit.
+  EXPECT_FALSE(i->note_check(true, 2, 3, ""));
+  EXPECT_FALSE(i->note_check(true, 2, 3, ""));
+  EXPECT_EQ(i->state(), InstanceState::ejected);
+  i->ejected_until_ms.store(steady_now_ms() - 1);
+  // A failure resets the run of passes.
+  EXPECT_FALSE(i->note_check(false, 2, 3, "refused"));
+  EXPECT_FALSE(i->note_check(true, 2, 3, ""));
+  EXPECT_EQ(i->state(), InstanceState::ejected);
+  EXPECT_FALSE(i->note_check(true, 2, 3, ""));
+  EXPECT_EQ(i->state(), InstanceState::active);
+  EXPECT_EQ(i->history().back().what, "readmitted");
+}
+
+// The health history keeps the last 20 observations.
+TEST(InstanceHealth, HistoryIsBounded) {
+  auto i = make();
+  for (int n = 0; n < 100; ++n)
+    i->record(n % 2 == 0, "event " + std::to_string(n));
+  const auto h = i->history();
+  ASSERT_EQ(h.size(), 20u);
+  EXPECT_EQ(h.front().what, "event 80");
+  EXPECT_EQ(h.back().what, "event 99");
+}
+
+// An in-flight guard counts a request for exactly as long as it lives,
+// moves included.
+TEST(InstanceLoad, InFlightGuardCountsOnce) {
+  auto i = make();
+  {
+    InFlightGuard a(i);
+    EXPECT_EQ(i->in_flight.load(), 1);
+    InFlightGuard b(std::move(a));
+    EXPECT_EQ(i->in_flight.load(), 1);
+    InFlightGuard c(i);
+    EXPECT_EQ(i->in_flight.load(), 2);
+    c = std::move(b);
+    EXPECT_EQ(i->in_flight.load(), 1);
+  }
+  EXPECT_EQ(i->in_flight.load(), 0);
+  EXPECT_EQ(i->requests_total.load(), 2u);
+}
+
+Config two_and_one() {
+  Config cfg;
+  cfg.prefill = {spec(Role::prefill, "127.0.0.1:8100"), spec(Role::prefill, "127.0.0.1:8101")};
+  cfg.decode = {spec(Role::decode, "127.0.0.1:8200")};
+  return cfg;
+}
+
+// Instances from the configuration get ids in order; find() by id and by
+// role and URL; a duplicate URL in the same role is a 409.
+TEST(Registry, AddFindAndDuplicates) {
+  Registry r(two_and_one());
+  auto set = r.snapshot();
+  ASSERT_EQ(set->prefill.size(), 2u);
+  ASSERT_EQ(set->decode.size(), 1u);
+  EXPECT_EQ(set->all().size(), 3u);
+  EXPECT_EQ(set->find(2)->spec.port, 8101);
+  EXPECT_EQ(set->find(99), nullptr);
+
+  auto dup = r.add(spec(Role::prefill, "127.0.0.1:8100"));
+  ASSERT_TRUE(dup.error);
+  EXPECT_EQ(dup.error->status, 409u);
+  auto added = r.add(spec(Role::decode, "127.0.0.1:8201"), {{"zone", "a"}}, 5);
+  ASSERT_FALSE(added.error);
+  EXPECT_EQ(added.instance->id, 4u);
+  EXPECT_EQ(added.instance->weight, 5u);
+  set = r.snapshot();
+  EXPECT_EQ(set->decode.size(), 2u);
+  EXPECT_EQ(r.find(Role::decode, added.instance->spec.url), added.instance);
+}
+
+// Draining takes an instance out of the candidates but keeps it listed;
+// removal waits for its last request; the outcome names the instance even
+// when it was forgotten at once (the admin API's drain crash).
+TEST(Registry, DrainThenRemoveWhenIdle) {
+  Registry r(two_and_one());
+  std::vector<std::string> changes;
+  r.on_change = [&](const Instance& i, const std::string& state) {
+    changes.push_back(std::to_string(i.id) + " " + state);
+  };
+  auto first = r.snapshot()->find(1);
+  InFlightGuard busy(first);
+
+  auto drained = r.drain(1, false);
+  ASSERT_FALSE(drained.error);
+  EXPECT_EQ(drained.instance, first);
+  auto set = r.snapshot();
+  EXPECT_EQ(set->prefill.size(), 1u);
+  EXPECT_EQ(set->draining.size(), 1u);
+  EXPECT_EQ(set->find(1)->state(), InstanceState::draining);
+
+  auto removed = r.drain(1, true);
+  ASSERT_FALSE(removed.error);
+  EXPECT_EQ(r.forget_idle(), 0u) << "forgotten with a request in flight";
+  EXPECT_NE(r.snapshot()->find(1), nullptr);
+  busy = InFlightGuard();
+  EXPECT_EQ(r.forget_idle(), 1u);
+  EXPECT_EQ(r.snapshot()->find(1), nullptr);
+
+  // An idle instance marked for removal is forgotten inside drain(): the
+  // outcome still holds it.
+  auto gone = r.drain(2, true);
+  ASSERT_FALSE(gone.error);
+  ASSERT_NE(gone.instance, nullptr);
+  EXPECT_EQ(gone.instance->id, 2u);
+  EXPECT_EQ(r.snapshot()->find(2), nullptr);
+
+  auto missing = r.drain(2, false);
+  ASSERT_TRUE(missing.error);
+  EXPECT_EQ(missing.error->status, 404u);
+  EXPECT_FALSE(changes.empty());
+}
+
+}  // namespace
+}  // namespace pdgate
