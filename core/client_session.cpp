@@ -122,15 +122,25 @@ net::awaitable<BodyRead> read_chunked_body(beast::tcp_stream& stream, beast::fla
 // coroutine: the parser and the refusals take no room in the session's
 // frame, which lives as long as the connection.
 net::awaitable<bool> read_request(const ClientSessionEnv& env, beast::tcp_stream& stream,
-                                  beast::flat_buffer& buffer,
-                                  http::request<http::string_body>& req) {
+                                  beast::flat_buffer& buffer, http::request<http::string_body>& req,
+                                  unsigned& refused) {
   const Config& cfg = env.cfg;
+  http::request_parser<AppendStringBody> parser;
   // Answers a request that cannot be read to the end, then closes the way
   // nginx's lingering close does: stop sending, and read (and drop) what
   // the client is still sending for a moment. Closing with unread bytes in
   // the socket would make the kernel send a reset, and the client could
   // lose the answer that explains the refusal.
+  // `req` keeps the refused request's method and target (when its header
+  // was read), so the refusal is counted under its route.
   auto refuse = [&](unsigned status, std::string message) -> net::awaitable<void> {
+    refused = status;
+    // (Beast refuses a Content-Length over the body limit before it
+    // marks the header done, with the request line already parsed.)
+    if (!parser.get().target().empty()) {
+      req.method(parser.get().method());
+      req.target(parser.get().target());
+    }
     auto res = make_error_response(status, message, 11, false);
     if (status == 503)
       res.set(http::field::retry_after, "1");
@@ -151,7 +161,6 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, beast::tcp_stream
   const std::string too_large =
       "request body exceeds the limit of " + std::to_string(cfg.max_body_bytes) + " bytes";
 
-  http::request_parser<AppendStringBody> parser;
   parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
   parser.body_limit(cfg.max_body_bytes);
   stream.expires_after(cfg.header_timeout);
@@ -292,8 +301,17 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
     first = false;
 
     http::request<http::string_body> req;
-    if (!co_await read_request(env, stream, buffer, req))
+    unsigned refused = 0;
+    if (!co_await read_request(env, stream, buffer, req, refused)) {
+      // A request refused before it was read whole (413, 400, 501, 503)
+      // still counts under its route, decided by the gateway.
+      if (refused != 0 && !req.target().empty()) {
+        const std::string_view path = path_of(req.target());
+        if (env.routes.find(req.method(), path).counted)
+          env.metrics.count_request(path, refused, "gateway");
+      }
       break;
+    }
     // The read buffer is empty unless the client pipelined; a streamed
     // answer can last minutes, so it does not keep its 4 KiB+ meanwhile
     // (with 10,000 open streams that is 40 MiB of nothing).
