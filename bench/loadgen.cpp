@@ -653,7 +653,7 @@ void record(Shared& sh, Clock::time_point started_at, bool ok, Sample&& s) {
 }
 
 // Direct P/D, what a client without a gateway must do
-// (docs/vllm-protocol.md): the prefill engine computes one token and
+// (docs/protocol.md): the prefill engine computes one token and
 // exports its KV blocks; the decode engine gets the client's request plus
 // the prefill's kv_transfer_params and pulls the blocks. Both get the same
 // X-Request-Id. Times count from the prefill request.
