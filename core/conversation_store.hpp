@@ -24,6 +24,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "core/result.hpp"
+#include "core/warn_limiter.hpp"
 
 namespace pdgate {
 
@@ -67,6 +68,11 @@ struct ConversationCounters {
   // stored values that are not usable params.
   std::atomic<std::uint64_t> errors{0};
   std::atomic<std::uint64_t> puts{0};
+  // Turns of a named conversation whose decode answered without
+  // kv_transfer_params: nothing to store, so the next turn recomputes its
+  // history. Usually the decode engines are not set up to issue them.
+  std::atomic<std::uint64_t> turns_without_params{0};
+  WarnLimiter without_params_warnings{std::chrono::seconds(30)};
 
   void add(std::atomic<std::uint64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 };

@@ -95,6 +95,26 @@ net::awaitable<bool> write_stream_start(const Config& cfg, beast::tcp_stream& cl
   co_return !ec;
 }
 
+// A turn of a named conversation ended without decode handing out
+// kv_transfer_params: the next turn will recompute the whole history.
+// Counted, and said now and then: the usual cause is decode engines not
+// set up to issue them (vLLM's bidirectional KV transfer; pdgate-sim
+// --issue-decode-kv), which nothing else would reveal.
+void note_turn_without_params(WorkerContext& w, const DecodeRelay& r, bool captured) {
+  if (captured || !r.conversation || w.conversation_stores == nullptr)
+    return;
+  auto& c = w.conversation_stores->counters();
+  c.add(c.turns_without_params);
+  std::uint64_t held_back = 0;
+  if (c.without_params_warnings.allow(steady_now_ms(), held_back)) {
+    spdlog::warn(
+        "request {}: decode {} answered a conversation turn without kv_transfer_params, so the "
+        "next turn cannot reuse its KV cache; are the decode engines configured to issue them? "
+        "({} more since the last warning)",
+        r.view->request_id, r.decode->spec.url, held_back);
+  }
+}
+
 // The rest of decode's stream after its first events went out with the
 // header. If decode breaks off now, the client gets an in-band error event
 // and the stream ends: never an invented finish_reason or [DONE].
@@ -110,6 +130,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
     co_return false;
   }
   if (ended) {
+    note_turn_without_params(w, r, r.stream->captured_params());
     ex.finish();
     co_return req.keep_alive();
   }
@@ -143,6 +164,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
     if (!co_await write_chunk(client, ev, w.cfg))
       co_return false;
   } else {
+    note_turn_without_params(w, r, r.stream->captured_params());
     ex.finish();
   }
   client.expires_after(w.cfg.client_idle_timeout);
@@ -158,6 +180,7 @@ net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
   DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params,
                             r.conversation ? &r.conversation->recorder : nullptr);
   filter.on_body(r.first);
+  note_turn_without_params(w, r, filter.captured().has_value());
   if (filter.take_new_capture() && r.conversation && w.conversations) {
     co_await remember_turn(*w.conversations, *r.conversation, *filter.captured(),
                            w.cfg.conversation_ttl, r.view->request_id);

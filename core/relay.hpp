@@ -33,6 +33,8 @@ class StreamRelay {
   // One read from decode; appends the client bytes it completed to `out`
   // (possibly none).
   net::awaitable<UpstreamError> read_into(std::string& out);
+  // Whether decode's kv_transfer_params for the next turn were seen.
+  bool captured_params() const { return filter_.captured().has_value(); }
 
  private:
   WorkerContext& w_;

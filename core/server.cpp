@@ -337,6 +337,11 @@ std::string Gateway::metrics_text() const {
       m.sample("pdgate_conversation_cache_misses_total", {{"reason", reason}},
                std::uint64_t{n->load()});
     }
+    m.counter("pdgate_conversation_turns_without_params_total",
+              "Conversation turns whose decode answered without kv_transfer_params (nothing "
+              "for the next turn to reuse).");
+    m.sample("pdgate_conversation_turns_without_params_total",
+             std::uint64_t{c.turns_without_params.load()});
     m.counter("pdgate_conversation_cache_errors_total", "Conversation store failures.");
     m.sample("pdgate_conversation_cache_errors_total", std::uint64_t{c.errors.load()});
   }

@@ -208,15 +208,4 @@ std::chrono::milliseconds Backoff::next() {
   return std::min<std::chrono::milliseconds>(d, max_);
 }
 
-bool WarnLimiter::allow(std::int64_t now_ms, std::uint64_t& suppressed) {
-  std::int64_t next = next_ms_.load(std::memory_order_relaxed);
-  if (now_ms >= next &&
-      next_ms_.compare_exchange_strong(next, now_ms + interval_ms_, std::memory_order_relaxed)) {
-    suppressed = suppressed_.exchange(0, std::memory_order_relaxed);
-    return true;
-  }
-  suppressed_.fetch_add(1, std::memory_order_relaxed);
-  return false;
-}
-
 }  // namespace pdgate

@@ -13,6 +13,7 @@
 
 #include "core/conversation_store.hpp"
 #include "core/result.hpp"
+#include "core/warn_limiter.hpp"
 
 namespace pdgate {
 
@@ -72,21 +73,6 @@ class Backoff {
  private:
   std::chrono::milliseconds min_, max_;
   unsigned attempts_ = 0;
-};
-
-// Lets one warning through per interval across all workers; counts what it
-// held back so the next warning can say how many were suppressed.
-class WarnLimiter {
- public:
-  explicit WarnLimiter(std::chrono::milliseconds interval) : interval_ms_(interval.count()) {}
-  // Returns true when the caller should log now; `suppressed` then holds how
-  // many warnings were held back since the last one let through.
-  bool allow(std::int64_t now_ms, std::uint64_t& suppressed);
-
- private:
-  const std::int64_t interval_ms_;
-  std::atomic<std::int64_t> next_ms_{0};
-  std::atomic<std::uint64_t> suppressed_{0};
 };
 
 }  // namespace pdgate

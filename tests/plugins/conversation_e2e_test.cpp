@@ -296,6 +296,42 @@ TEST(ConversationReuse, MemoryStoreSingleReplica) {
 
 // Without a conversation id nothing is taken or stored, and the decode's
 // params are still hidden from the client.
+// The value after `name ` in the gateway's /metrics, or -1.
+double metric_value(std::uint16_t port, const std::string& name) {
+  const std::string body = get(port, "/metrics").body;
+  const auto at = body.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::stod(body.substr(at + name.size() + 2));
+}
+
+// Decode engines that hand out no KV params for a turn (not configured for
+// bidirectional transfer): each such turn is counted and a warning says
+// why reuse cannot happen (once per 30 s); engines that do hand them out
+// count nothing.
+TEST(ConversationReuse, TurnsWithoutDecodeParamsAreCountedAndWarned) {
+  const std::string series = "pdgate_conversation_turns_without_params_total";
+  Sim p("prefill");
+  Sim silent("decode", {"--itl-ms", "1"});
+  Gateway gw(gateway_args(p, silent, {}));
+  Conversation conv{"conv-silent"};
+  for (int t = 0; t < 3; ++t)
+    ASSERT_EQ(send_turn(gw.port(), conv, t % 2 == 0).response.status, 200);
+  EXPECT_TRUE(eventually([&] { return metric_value(gw.port(), series) == 3; }))
+      << metric_value(gw.port(), series);
+  const std::string log = gw.process().log();
+  const auto first = log.find("without kv_transfer_params");
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find("without kv_transfer_params", first + 1), std::string::npos)
+      << "not rate-limited: " << log;
+
+  Sim issuing("decode", decode_flags());
+  Gateway ok(gateway_args(p, issuing, {}));
+  Conversation good{"conv-issuing"};
+  for (int t = 0; t < 3; ++t)
+    ASSERT_EQ(send_turn(ok.port(), good, t % 2 == 0).response.status, 200);
+  EXPECT_EQ(metric_value(ok.port(), series), 0);
+  EXPECT_EQ(ok.process().log().find("without kv_transfer_params"), std::string::npos);
+}
+
 TEST(ConversationReuse, NoConversationId) {
   Sim p("prefill");
   Sim d("decode", decode_flags());
