@@ -1,0 +1,163 @@
+// The deployment files (deploy/) against the program they deploy: every
+// flag and configuration key they use is one pdgate accepts, the probes
+// they point at answer, and `cmake --install` lays out the files the
+// container image and the systemd unit expect.
+#include <gtest/gtest.h>
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "tests/integration/harness.hpp"
+
+namespace pdgate::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What a shell command printed on stdout.
+std::string run(const std::string& command) {
+  std::string out;
+  if (FILE* p = ::popen(command.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
+      out.append(buf, n);
+    ::pclose(p);
+  }
+  return out;
+}
+
+// Every long flag `pdgate --help` documents.
+std::set<std::string> documented_flags() {
+  const std::string help = run(build_dir() + "/pdgate --help");
+  std::set<std::string> flags;
+  static const std::regex flag(R"((?:^|[\s,])(--[a-z][a-z0-9-]*))");
+  for (std::sregex_iterator it(help.begin(), help.end(), flag), end; it != end; ++it)
+    flags.insert((*it)[1]);
+  EXPECT_GT(flags.size(), 40u) << help;
+  return flags;
+}
+
+std::vector<YAML::Node> manifests() {
+  return YAML::LoadAllFromFile(source_dir() + "/deploy/kubernetes/pdgate.yaml");
+}
+
+YAML::Node find_kind(const std::vector<YAML::Node>& docs, const std::string& kind,
+                     const std::string& name) {
+  for (const auto& d : docs) {
+    if (d["kind"].as<std::string>() == kind && d["metadata"]["name"].as<std::string>() == name)
+      return d;
+  }
+  ADD_FAILURE() << "no " << kind << " " << name;
+  return YAML::Node();
+}
+
+YAML::Node pdgate_container(const std::vector<YAML::Node>& docs) {
+  const auto dep = find_kind(docs, "Deployment", "pdgate");
+  for (const auto& c : dep["spec"]["template"]["spec"]["containers"]) {
+    if (c["name"].as<std::string>() == "pdgate")
+      return c;
+  }
+  ADD_FAILURE() << "no pdgate container";
+  return YAML::Node();
+}
+
+// The manifests' container arguments and their ConfigMap's keys are all
+// flags pdgate documents (a renamed flag would break the deployment).
+TEST(Deploy, KubernetesFlagsAndKeysExist) {
+  const auto flags = documented_flags();
+  const auto docs = manifests();
+  for (const auto& arg : pdgate_container(docs)["args"]) {
+    const auto a = arg.as<std::string>();
+    if (a.rfind("--", 0) == 0) {
+      EXPECT_TRUE(flags.count(a)) << a << " is not in pdgate --help";
+    }
+  }
+  const auto cfg = YAML::Load(
+      find_kind(docs, "ConfigMap", "pdgate-config")["data"]["pdgate.yaml"].as<std::string>());
+  ASSERT_TRUE(cfg.IsMap());
+  for (const auto& kv : cfg) {
+    std::string key = "--" + kv.first.as<std::string>();
+    std::replace(key.begin(), key.end(), '_', '-');
+    EXPECT_TRUE(flags.count(key)) << key << " (ConfigMap key) is not in pdgate --help";
+  }
+}
+
+// pdgate starts with the ConfigMap's configuration (listener and Redis
+// overridden for this machine), and the probes the Deployment declares
+// answer: liveness 200, readiness 200 or 503 (its engines do not resolve
+// here), never 404.
+TEST(Deploy, KubernetesProbesAnswer) {
+  const auto docs = manifests();
+  const std::string dir =
+      fs::temp_directory_path() / ("pdgate-deploy-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir + "/pdgate.yaml")
+      << find_kind(docs, "ConfigMap", "pdgate-config")["data"]["pdgate.yaml"].as<std::string>();
+  std::ofstream(dir + "/key") << "test-admin-key\n";
+  Process gw("pdgate", {build_dir() + "/pdgate", "--config", dir + "/pdgate.yaml",
+                        "--admin-key-file", dir + "/key", "--host", "127.0.0.1", "--port", "0",
+                        "--admin-host", "127.0.0.1", "--admin-port", "0", "--redis",
+                        "redis://127.0.0.1:" + std::to_string(closed_port())});
+  const auto port = gw.wait_listening();
+  const auto c = pdgate_container(docs);
+  const auto live = get(port, c["livenessProbe"]["httpGet"]["path"].as<std::string>());
+  EXPECT_EQ(live.status, 200) << live.body;
+  const auto ready = get(port, c["readinessProbe"]["httpGet"]["path"].as<std::string>());
+  EXPECT_TRUE(ready.status == 200 || ready.status == 503) << ready.status << " " << ready.body;
+  fs::remove_all(dir);
+}
+
+// The systemd unit's ExecStart uses flags pdgate documents.
+TEST(Deploy, SystemdUnitFlagsExist) {
+  const auto flags = documented_flags();
+  std::ifstream in(source_dir() + "/deploy/systemd/pdgate.service");
+  std::string line;
+  bool seen = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("ExecStart=", 0) != 0)
+      continue;
+    seen = true;
+    std::istringstream words(line.substr(10));
+    for (std::string w; words >> w;) {
+      if (w.rfind("--", 0) == 0) {
+        EXPECT_TRUE(flags.count(w)) << w;
+      }
+    }
+  }
+  EXPECT_TRUE(seen);
+}
+
+// `cmake --install` puts the programs, the example configuration the
+// image's CMD names, the shipped policies and the unit where deploy/
+// expects them.
+TEST(Deploy, InstallLayout) {
+  const std::string prefix =
+      fs::temp_directory_path() / ("pdgate-install-" + std::to_string(::getpid()));
+  const std::string out = run(std::string(PDGATE_CMAKE_COMMAND) + " --install " + build_dir() +
+                              " --prefix " + prefix + " 2>&1");
+  for (const char* f :
+       {"bin/pdgate", "bin/pdgate-sim", "etc/pdgate/pdgate.example.yaml",
+        "share/pdgate/policies/round_robin.lua", "share/pdgate/policies/prefix_affinity.lua",
+        "share/pdgate/systemd/pdgate.service", "share/doc/pdgate/README.md",
+        "share/doc/pdgate/docs/protocol.md"}) {
+    EXPECT_TRUE(fs::exists(prefix + "/" + f)) << f << "\n" << out;
+  }
+  // The Dockerfile's CMD names the installed example configuration.
+  std::ifstream df(source_dir() + "/deploy/Dockerfile");
+  const std::string dockerfile((std::istreambuf_iterator<char>(df)), {});
+  EXPECT_NE(dockerfile.find("/opt/pdgate/etc/pdgate/pdgate.example.yaml"), std::string::npos);
+  EXPECT_NE(dockerfile.find("--prefix /opt/pdgate"), std::string::npos);
+  // The installed program runs.
+  EXPECT_NE(run(prefix + "/bin/pdgate --help").find("--prefill"), std::string::npos);
+  fs::remove_all(prefix);
+}
+
+}  // namespace
+}  // namespace pdgate::test
