@@ -51,8 +51,8 @@ json instance_json(const Instance& i) {
   return {{"id", i.id},
           {"url", i.spec.url},
           {"role", to_string(i.spec.role)},
-          {"labels", i.labels},
-          {"weight", i.weight},
+          {"labels", *i.labels()},
+          {"weight", i.weight()},
           {"state", to_string(i.state())},
           {"healthy", i.healthy.load()},
           {"in_flight", i.in_flight.load()},
@@ -61,6 +61,35 @@ json instance_json(const Instance& i) {
           {"consecutive_failures", i.consecutive_failures.load()},
           {"ejections", i.ejections.load()},
           {"health_history", history}};
+}
+
+// The optional "labels" member of an add or a PATCH: an object of
+// strings.
+Result<std::optional<Instance::Labels>> labels_field(const json& j) {
+  const auto it = j.find("labels");
+  if (it == j.end())
+    return std::optional<Instance::Labels>();
+  if (!it->is_object())
+    return fail("labels must be an object");
+  Instance::Labels labels;
+  for (const auto& [k, v] : it->items()) {
+    if (!v.is_string())
+      return fail("label values must be strings");
+    labels[k] = v.get<std::string>();
+  }
+  return std::optional<Instance::Labels>(std::move(labels));
+}
+
+// The optional "weight" member: an integer from 1 to 1000.
+Result<std::optional<unsigned>> weight_field(const json& j) {
+  const auto it = j.find("weight");
+  if (it == j.end())
+    return std::optional<unsigned>();
+  if (!it->is_number_unsigned() || it->get<unsigned long>() < 1 ||
+      it->get<unsigned long>() > 1000) {
+    return fail("weight must be an integer from 1 to 1000");
+  }
+  return std::optional<unsigned>(it->get<unsigned>());
 }
 
 json config_json(const Config& c) {
@@ -264,36 +293,29 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
       auto role = role_from_string(role_text);
       if (!role)
         co_return error(req, 400, "role must be prefill, decode, encode or both");
-      std::map<std::string, std::string> labels;
-      if (j.contains("labels")) {
-        if (!j["labels"].is_object())
-          co_return error(req, 400, "labels must be an object");
-        for (const auto& [k, v] : j["labels"].items()) {
-          if (!v.is_string())
-            co_return error(req, 400, "label values must be strings");
-          labels[k] = v.get<std::string>();
-        }
-      }
-      unsigned weight = 1;
-      if (j.contains("weight")) {
-        if (!j["weight"].is_number_unsigned() || j["weight"].get<unsigned long>() < 1 ||
-            j["weight"].get<unsigned long>() > 1000) {
-          co_return error(req, 400, "weight must be an integer from 1 to 1000");
-        }
-        weight = j["weight"].get<unsigned>();
-      }
-      co_return co_await add(req, *role, j["url"].get<std::string>(), std::move(labels), weight);
+      auto labels = labels_field(j);
+      if (!labels)
+        co_return error(req, 400, labels.error());
+      auto weight = weight_field(j);
+      if (!weight)
+        co_return error(req, 400, weight.error());
+      co_return co_await add(req, *role, j["url"].get<std::string>(),
+                             labels->value_or(Instance::Labels{}), weight->value_or(1));
     }
     co_return error(req, 405, "use GET or POST on /admin/instances");
   }
-  // /admin/instances/{id}, /admin/instances/{id}/drain
+  // /admin/instances/{id}, /admin/instances/{id}/drain, .../undrain
   static constexpr std::string_view kPrefix = "/admin/instances/";
   if (path.starts_with(kPrefix)) {
     std::string rest = path.substr(kPrefix.size());
     bool drain_only = false;
+    bool undrain = false;
     if (rest.ends_with("/drain")) {
       drain_only = true;
       rest.resize(rest.size() - 6);
+    } else if (rest.ends_with("/undrain")) {
+      undrain = true;
+      rest.resize(rest.size() - 8);
     }
     char* end = nullptr;
     const unsigned long long id = std::strtoull(rest.c_str(), &end, 10);
@@ -310,6 +332,37 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
       spdlog::info("admin: draining instance {}", id);
       co_return json_response(req, 200, instance_json(*inst));
     }
+    if (undrain) {
+      if (method != http::verb::post)
+        co_return error(req, 405, "use POST on /admin/instances/{id}/undrain");
+      auto [err, inst] = registry_.undrain(id);
+      if (err)
+        co_return error(req, err->status, err->message);
+      spdlog::info("admin: instance {} back in service", id);
+      co_return json_response(req, 200, instance_json(*inst));
+    }
+    if (!drain_only && method == http::verb::patch) {
+      // Relabel or reweigh in place: the id, and so the metric series and
+      // whatever policies remember, stay the same.
+      auto j = json::parse(req.body(), nullptr, false);
+      if (!j.is_object())
+        co_return error(req, 400, "expected {\"labels\": {...}, \"weight\": N}");
+      for (const auto& [k, v] : j.items()) {
+        if (k != "labels" && k != "weight")
+          co_return error(req, 400, "only labels and weight can change; not " + k);
+      }
+      auto labels = labels_field(j);
+      if (!labels)
+        co_return error(req, 400, labels.error());
+      auto weight = weight_field(j);
+      if (!weight)
+        co_return error(req, 400, weight.error());
+      auto [err, inst] = registry_.update(id, *labels, *weight);
+      if (err)
+        co_return error(req, err->status, err->message);
+      spdlog::info("admin: instance {} relabelled/reweighed", id);
+      co_return json_response(req, 200, instance_json(*inst));
+    }
     if (!drain_only && method == http::verb::delete_) {
       auto [err, inst] = registry_.drain(id, true);
       if (err)
@@ -323,7 +376,9 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
         co_return error(req, 404, "no instance with id " + rest);
       co_return json_response(req, 200, instance_json(*inst));
     }
-    co_return error(req, 405, "use GET or DELETE on /admin/instances/{id}, POST on .../drain");
+    co_return error(req, 405,
+                    "use GET, PATCH or DELETE on /admin/instances/{id}, POST on .../drain or "
+                    ".../undrain");
   }
   co_return error(req, 404, "no admin route for " + std::string(req.method_string()) + " " + path);
 }

@@ -42,6 +42,21 @@ const char* to_string(InstanceState s) {
   return "?";
 }
 
+bool Instance::set_meta(const std::optional<Labels>& labels, std::optional<unsigned> weight) const {
+  bool changed = false;
+  if (labels && *labels != *labels_.load()) {
+    labels_.store(std::make_shared<const Labels>(*labels), std::memory_order_release);
+    changed = true;
+  }
+  if (weight && *weight != weight_.load()) {
+    weight_.store(*weight, std::memory_order_relaxed);
+    changed = true;
+  }
+  if (changed)
+    meta_version_.fetch_add(1, std::memory_order_acq_rel);
+  return changed;
+}
+
 void Instance::record(bool ok, std::string what) const {
   std::lock_guard lock(history_mu_);
   history_.push_back({system_now_ms(), ok, std::move(what)});
@@ -142,23 +157,34 @@ bool roles_overlap(Role a, Role b) {
   return a == b || a == Role::both || b == Role::both;
 }
 
-void add_to_lists(InstanceSet& set, const InstancePtr& inst) {
+// Role lists, like by_id, are in id order (ids only grow, and an undrained
+// instance goes back to its place), so policies see a stable order.
+void insert_by_id(std::vector<InstancePtr>& list, const InstancePtr& inst) {
+  const auto at =
+      std::lower_bound(list.begin(), list.end(), inst->id,
+                       [](const InstancePtr& i, std::uint64_t id) { return i->id < id; });
+  list.insert(at, inst);
+}
+
+// `with_id`: also into by_id (a new instance; an undrained one is there).
+void add_to_lists(InstanceSet& set, const InstancePtr& inst, bool with_id = true) {
   switch (inst->spec.role) {
     case Role::prefill:
-      set.prefill.push_back(inst);
+      insert_by_id(set.prefill, inst);
       break;
     case Role::decode:
-      set.decode.push_back(inst);
+      insert_by_id(set.decode, inst);
       break;
     case Role::encode:
-      set.encode.push_back(inst);
+      insert_by_id(set.encode, inst);
       break;
     case Role::both:
-      set.prefill.push_back(inst);
-      set.decode.push_back(inst);
+      insert_by_id(set.prefill, inst);
+      insert_by_id(set.decode, inst);
       break;
   }
-  set.by_id.push_back(inst);
+  if (with_id)
+    set.by_id.push_back(inst);
 }
 
 }  // namespace
@@ -280,6 +306,57 @@ RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify)
   forget_idle();
   if (notify && on_change)
     on_change(*inst, then_remove ? "removed" : "draining");
+  return {std::nullopt, std::move(inst)};
+}
+
+namespace {
+
+// The state an instance is shared as.
+const char* shared_state(const Instance& i) {
+  if (i.remove_when_idle.load())
+    return "removed";
+  return i.draining.load() ? "draining" : "active";
+}
+
+}  // namespace
+
+RegistryOutcome Registry::undrain(std::uint64_t id, bool notify) {
+  InstancePtr inst;
+  std::shared_ptr<const InstanceSet> replaced;  // released after the lock
+  {
+    std::lock_guard lock(mu_);
+    inst = set_->find(id);
+    if (!inst)
+      return {RegistryError{404, "no instance with id " + std::to_string(id)}, nullptr};
+    if (inst->remove_when_idle.load()) {
+      return {RegistryError{409, "instance " + std::to_string(id) +
+                                     " is being removed; add it again instead"},
+              nullptr};
+    }
+    if (!inst->draining.load())
+      return {std::nullopt, std::move(inst)};
+    auto next = std::make_shared<InstanceSet>(*set_);
+    std::erase(next->draining, inst);
+    inst->draining.store(false);
+    add_to_lists(*next, inst, /*with_id=*/false);
+    replaced = std::exchange(set_, std::move(next));
+    inst->record(true, "undrained");
+  }
+  if (notify && on_change)
+    on_change(*inst, "active");
+  return {std::nullopt, std::move(inst)};
+}
+
+RegistryOutcome Registry::update(std::uint64_t id, const std::optional<Instance::Labels>& labels,
+                                 std::optional<unsigned> weight, bool notify) {
+  InstancePtr inst = snapshot()->find(id);
+  if (!inst)
+    return {RegistryError{404, "no instance with id " + std::to_string(id)}, nullptr};
+  if (inst->set_meta(labels, weight)) {
+    inst->record(true, "labels/weight changed");
+    if (notify && on_change)
+      on_change(*inst, shared_state(*inst));
+  }
   return {std::nullopt, std::move(inst)};
 }
 

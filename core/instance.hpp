@@ -37,21 +37,36 @@ const char* to_string(InstanceState s);
 std::int64_t steady_now_ms();
 
 struct Instance {
-  Instance(std::uint64_t id_, UpstreamSpec spec_, std::map<std::string, std::string> labels_ = {},
-           unsigned weight_ = 1)
+  using Labels = std::map<std::string, std::string>;
+
+  Instance(std::uint64_t id_, UpstreamSpec spec_, Labels labels = {}, unsigned weight = 1)
       : id(id_),
         spec(std::move(spec_)),
         host_port(spec.host + ":" + std::to_string(spec.port)),
-        labels(std::move(labels_)),
-        weight(weight_) {}
+        labels_(std::make_shared<const Labels>(std::move(labels))),
+        weight_(weight) {}
 
   const std::uint64_t id;
   const UpstreamSpec spec;
   // "host:port", as upstream requests' Host header carries it.
   const std::string host_port;
-  const std::map<std::string, std::string> labels;
-  const unsigned weight;
 
+  // Labels and weight may change while the instance serves (PATCH
+  // /admin/instances/{id}): readers take a snapshot, and a reader that
+  // caches them (the policy engine's instance tables) compares
+  // meta_version() to know when to look again.
+  std::shared_ptr<const Labels> labels() const { return labels_.load(std::memory_order_acquire); }
+  unsigned weight() const { return weight_.load(std::memory_order_relaxed); }
+  std::uint64_t meta_version() const { return meta_version_.load(std::memory_order_acquire); }
+  // Replaces what is given; returns whether anything changed.
+  bool set_meta(const std::optional<Labels>& labels, std::optional<unsigned> weight) const;
+
+ private:
+  mutable std::atomic<std::shared_ptr<const Labels>> labels_;
+  mutable std::atomic<unsigned> weight_;
+  mutable std::atomic<std::uint64_t> meta_version_{0};
+
+ public:
   // Requests this gateway (all workers) has in flight on the instance.
   mutable std::atomic<std::int64_t> in_flight{0};
   mutable std::atomic<std::uint64_t> requests_total{0};
@@ -72,7 +87,8 @@ struct Instance {
   mutable std::atomic<std::int64_t> engine_other_load{0};
 
   // Draining: no new requests (the registry keeps it out of the candidate
-  // lists), in-flight ones finish. Set once, never cleared.
+  // lists), in-flight ones finish. Cleared only by an undrain (and never
+  // once the instance is marked for removal).
   std::atomic<bool> draining{false};
   std::atomic<bool> remove_when_idle{false};
 
@@ -210,11 +226,19 @@ class Registry {
   // not, so the caller never has to look it up again; 404 when no
   // instance has the id.
   RegistryOutcome drain(std::uint64_t id, bool then_remove, bool notify = true);
+  // Puts a draining instance back among the candidates. 409 when it is
+  // being removed; an active instance is left as it is.
+  RegistryOutcome undrain(std::uint64_t id, bool notify = true);
+  // Changes an instance's labels and/or weight (what is given replaces
+  // what it had); notified as its current state when something changed.
+  RegistryOutcome update(std::uint64_t id, const std::optional<Instance::Labels>& labels,
+                         std::optional<unsigned> weight, bool notify = true);
   // Forgets draining instances marked for removal that have nothing in
   // flight. Returns how many were forgotten.
   std::size_t forget_idle();
   // Called after every local change with the instance and its new state
-  // ("active", "draining", "removed"), to share it; set before serving.
+  // ("active", "draining", "removed"; labels and weight changes are
+  // notified with the state it is in), to share it; set before serving.
   std::function<void(const Instance&, const std::string&)> on_change;
   // Called, on whichever thread ejected it, when an instance is ejected
   // (failed checks or requests), so that requests still waiting on it

@@ -69,8 +69,8 @@ SharedRegistry::~SharedRegistry() {
 void SharedRegistry::queue(const Instance& i, const std::string& state, bool announce) {
   json entry = {{"role", to_string(i.spec.role)},
                 {"url", i.spec.url},
-                {"labels", i.labels},
-                {"weight", i.weight},
+                {"labels", *i.labels()},
+                {"weight", i.weight()},
                 {"state", state}};
   std::string field = std::string(to_string(i.spec.role)) + "|" + i.spec.url;
   std::lock_guard lock(mu_);
@@ -192,8 +192,15 @@ void SharedRegistry::apply(const std::string& document) {
     const InstancePtr local = registry_.find(entry->role, entry->url);
     auto pending = validating_.find(key);
     if (entry->state == "active") {
-      if (local)
+      if (local) {
+        // Another replica undrained, relabelled or reweighed it.
+        if (local->draining.load() && !local->remove_when_idle.load()) {
+          registry_.undrain(local->id, false);
+          spdlog::info("shared registry: undrained {}", entry->url);
+        }
+        registry_.update(local->id, entry->labels, entry->weight, false);
         continue;
+      }
       if (pending != validating_.end() &&
           (pending->second.started_ms == 0 || now - pending->second.started_ms < stale_after)) {
         pending->second.wanted = true;
@@ -216,6 +223,8 @@ void SharedRegistry::apply(const std::string& document) {
       registry_.drain(local->id, entry->state == "removed", false);
       spdlog::info("shared registry: {} {}", entry->state, entry->url);
     }
+    if (entry->state == "draining" && local)
+      registry_.update(local->id, entry->labels, entry->weight, false);
   }
   learn(std::move(fresh));
 }

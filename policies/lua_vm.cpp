@@ -145,6 +145,9 @@ struct LuaVm::Impl {
   struct InstanceCache {
     std::vector<const Instance*> ptrs;
     std::vector<std::uint64_t> ids;
+    // Instance::meta_version() when its table was built: labels and weight
+    // changed at run time rebuild the array.
+    std::vector<std::uint64_t> versions;
     std::vector<Shadow> shadow;
     int array_ref = LUA_NOREF;
   };
@@ -667,18 +670,21 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
   // Pointer and id both: a freed instance's address may be reused.
   bool same = c.array_ref != LUA_NOREF && c.ptrs.size() == candidates.size();
   for (std::size_t i = 0; same && i < candidates.size(); ++i) {
-    same = c.ptrs[i] == candidates[i].get() && c.ids[i] == candidates[i]->id;
+    same = c.ptrs[i] == candidates[i].get() && c.ids[i] == candidates[i]->id &&
+           c.versions[i] == candidates[i]->meta_version();
   }
   if (!same) {
     luaL_unref(L, LUA_REGISTRYINDEX, c.array_ref);
     c.ptrs.clear();
     c.ids.clear();
+    c.versions.clear();
     c.shadow.assign(candidates.size(), Impl::Shadow{});
     lua_createtable(L, static_cast<int>(candidates.size()), 0);
     for (std::size_t i = 0; i < candidates.size(); ++i) {
       const Instance& inst = *candidates[i];
       c.ptrs.push_back(&inst);
       c.ids.push_back(inst.id);
+      c.versions.push_back(inst.meta_version());
       lua_createtable(L, 0, 16);
       set_number(L, "id", static_cast<double>(inst.id));
       set_number(L, "index", static_cast<double>(i + 1));
@@ -686,10 +692,12 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
       set_string(L, "host", inst.spec.host);
       set_number(L, "port", inst.spec.port);
       set_string(L, "role", pdgate::to_string(inst.spec.role));
-      set_number(L, "weight", inst.weight);
-      // Labels given when the instance was added through the admin API.
-      lua_createtable(L, 0, static_cast<int>(inst.labels.size()));
-      for (const auto& [k, v] : inst.labels)
+      set_number(L, "weight", inst.weight());
+      // Labels given when the instance was added (or PATCHed) through the
+      // admin API.
+      const auto labels = inst.labels();
+      lua_createtable(L, 0, static_cast<int>(labels->size()));
+      for (const auto& [k, v] : *labels)
         set_string(L, k.c_str(), v);
       lua_setfield(L, -2, "labels");
       lua_rawseti(L, -2, static_cast<int>(i + 1));
@@ -743,9 +751,9 @@ void add_header(void* L_, std::string_view name, std::string_view value) {
 // first reads it (then kept in the table for the rest of the call): most
 // policies read one or two of them, and pushing all of them (interning a
 // fresh request id string every time) was half the cost of a pick.
-constexpr const char* kCtxFields[] = {"stage",   "model",           "stream",     "is_chat",
-                                      "prompt_len", "conversation_id", "request_id", "prefill",
-                                      "headers"};
+constexpr const char* kCtxFields[] = {"stage",      "model",      "stream",
+                                      "is_chat",    "prompt_len", "conversation_id",
+                                      "request_id", "prefill",    "headers"};
 
 // Pushes field `i` of kCtxFields for `ctx` (nil when it has no value).
 void push_ctx_field(lua_State* L, const PickContext& ctx, int i) {
@@ -1146,6 +1154,7 @@ Result<bool> LuaVm::self_check() {
     c.array_ref = LUA_NOREF;
     c.ptrs.clear();
     c.ids.clear();
+    c.versions.clear();
   }
   return true;
 }

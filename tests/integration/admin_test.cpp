@@ -181,6 +181,100 @@ TEST(AdminApi, DrainedInstanceFinishesStreamsAndGetsNoNewRequests) {
   EXPECT_TRUE(eventually([&] { return g.instance_by_url(d1.url()).is_null(); }));
 }
 
+// Relabelling in place: PATCH changes labels and weight under the same id
+// (the same metric series), a policy that routes by label follows at once,
+// and bad bodies are refused with the reason.
+TEST(AdminApi, PatchRelabelsInPlaceAndPoliciesFollow) {
+  const std::string script =
+      std::string(::testing::TempDir()) + "/gold-" + std::to_string(::getpid()) + ".lua";
+  {
+    std::ofstream f(script);
+    f << "return { pick = function(ctx, instances)\n"
+         "  for _, i in ipairs(instances) do\n"
+         "    if i.labels.tier == 'gold' then return i end\n"
+         "  end\n"
+         "  return instances[1]\n"
+         "end }\n";
+  }
+  Sim p("prefill"), d1("decode"), d2("decode");
+  auto args = pd_args(p, {&d1, &d2});
+  args.insert(args.end(), {"--policy-decode", script});
+  AdminGateway g(args);
+  const auto id2 = g.instance_by_url(d2.url())["id"].get<int>();
+  const std::string path = "/admin/instances/" + std::to_string(id2);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+  EXPECT_EQ(d2.requests().size(), 0u);
+
+  auto r = g.call("PATCH", path, {{"labels", {{"tier", "gold"}}}, {"weight", 7}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["id"], id2);
+  EXPECT_EQ(r.json()["labels"]["tier"], "gold");
+  EXPECT_EQ(r.json()["weight"], 7);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+  EXPECT_EQ(d2.requests().size(), 3u) << "the policy did not see the new label";
+  EXPECT_EQ(g.instance_by_url(d2.url())["weight"], 7);
+
+  // Labels only: the weight stays.
+  r = g.call("PATCH", path, {{"labels", Json::object()}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["weight"], 7);
+  EXPECT_TRUE(r.json()["labels"].empty());
+
+  EXPECT_EQ(g.call("PATCH", path, {{"weight", 0}}).status, 400);
+  EXPECT_EQ(g.call("PATCH", path, {{"labels", {{"tier", 1}}}}).status, 400);
+  auto bad = g.call("PATCH", path, {{"url", "http://elsewhere:1"}});
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("url"), std::string::npos) << bad.body;
+  EXPECT_EQ(g.call("PATCH", "/admin/instances/999", {{"weight", 2}}).status, 404);
+  EXPECT_EQ(http_request(g.admin, "PATCH", path, R"({"weight": 2})",
+                         {{"Content-Type", "application/json"}})
+                .status,
+            401);
+  std::remove(script.c_str());
+}
+
+// Undrain: a drained instance goes back into service under its id; an
+// instance being removed cannot be undrained (409).
+TEST(AdminApi, UndrainPutsAnInstanceBackInService) {
+  Sim p("prefill"), d1("decode"), d2("decode");
+  AdminGateway g(pd_args(p, {&d1, &d2}));
+  const auto id1 = g.instance_by_url(d1.url())["id"].get<int>();
+  const std::string path = "/admin/instances/" + std::to_string(id1);
+  ASSERT_EQ(g.call("POST", path + "/drain").status, 200);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+  EXPECT_EQ(d1.requests().size(), 0u);
+  auto r = g.call("POST", path + "/undrain");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["state"], "active");
+  EXPECT_EQ(r.json()["id"], id1);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+  EXPECT_EQ(d1.requests().size(), 2u) << "round-robin over both again";
+  // Undraining an active instance changes nothing.
+  EXPECT_EQ(g.call("POST", path + "/undrain").status, 200);
+  EXPECT_EQ(g.call("GET", path + "/undrain").status, 405);
+  // Being removed (a stream still runs on it, so it is not forgotten
+  // yet): too late to undrain.
+  Sim slow("decode", {"--itl-ms", "50"});
+  ASSERT_EQ(g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", slow.url()}}).status,
+            201);
+  const auto slow_id = g.instance_by_url(slow.url())["id"].get<int>();
+  ASSERT_EQ(g.call("POST", path + "/drain").status, 200);
+  const auto id2 = g.instance_by_url(d2.url())["id"].get<int>();
+  ASSERT_EQ(g.call("POST", "/admin/instances/" + std::to_string(id2) + "/drain").status, 200);
+  Connection busy(g.port());
+  busy.send_request("POST", "/v1/chat/completions", chat(true, 100).dump(),
+                    {{"Content-Type", "application/json"}});
+  ASSERT_EQ(busy.read_head().status, 200);
+  const std::string slow_path = "/admin/instances/" + std::to_string(slow_id);
+  ASSERT_EQ(g.call("DELETE", slow_path).status, 202);
+  EXPECT_EQ(g.call("POST", slow_path + "/undrain").status, 409);
+  EXPECT_EQ(g.instance_by_url(slow.url())["state"], "draining");
+}
+
 // The issue's reproduction: DELETE of an instance while a stream runs on it, then POST
 // .../drain in a loop while the stream ends: every answer is JSON 200 (still draining) or 404
 // (forgotten once idle), pdgate keeps running and the stream completes.

@@ -81,6 +81,54 @@ TEST(SharedRegistry, AddOnOneReplicaServesThroughTheOtherWithinASecond) {
       eventually([&] { return c.status()["decode_node_count"] == 1; }, std::chrono::seconds(1)));
 }
 
+// PATCH and undrain on replica A reach replica B within a second: labels,
+// weight and the instance's return to service.
+TEST(SharedRegistry, RelabelAndUndrainReachTheOtherReplica) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode"), extra("decode");
+  TwoReplicas r2(p, d, redis);
+  const auto b_admin = r2.b.process().wait_listening();
+  auto call = [](std::uint16_t port, const std::string& method, const std::string& target,
+                 const Json& body = nullptr) {
+    return http_request(port, method, target, body.is_null() ? "" : body.dump(),
+                        {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
+  };
+  auto on_b = [&](const std::string& url) {
+    const Json listed = call(b_admin, "GET", "/admin/instances").json();
+    for (const auto& i : listed["instances"]) {
+      if (i["url"] == url)
+        return i;
+    }
+    return Json();
+  };
+  auto r = call(r2.a_admin, "POST", "/admin/instances", {{"role", "decode"}, {"url", extra.url()}});
+  ASSERT_EQ(r.status, 201) << r.body;
+  const std::string path = "/admin/instances/" + std::to_string(r.json()["id"].get<int>());
+  ASSERT_TRUE(eventually([&] { return !on_b(extra.url()).is_null(); }, std::chrono::seconds(2)))
+      << call(b_admin, "GET", "/admin/instances").body;
+
+  ASSERT_EQ(call(r2.a_admin, "PATCH", path, {{"labels", {{"zone", "b"}}}, {"weight", 3}}).status,
+            200);
+  EXPECT_TRUE(eventually(
+      [&] {
+        const Json i = on_b(extra.url());
+        return i.value("weight", 0) == 3 && i["labels"].value("zone", "") == "b";
+      },
+      std::chrono::seconds(1)))
+      << on_b(extra.url()).dump();
+
+  ASSERT_EQ(call(r2.a_admin, "POST", path + "/drain").status, 200);
+  ASSERT_TRUE(eventually([&] { return on_b(extra.url())["state"] == "draining"; },
+                         std::chrono::seconds(1)));
+  ASSERT_EQ(call(r2.a_admin, "POST", path + "/undrain").status, 200);
+  EXPECT_TRUE(
+      eventually([&] { return on_b(extra.url())["state"] == "active"; }, std::chrono::seconds(1)))
+      << on_b(extra.url()).dump();
+  for (int i = 0; i < 6; ++i)
+    ASSERT_EQ(post_json(r2.b.port(), "/v1/chat/completions", chat()).status, 200);
+  EXPECT_FALSE(extra.requests().empty()) << "B does not route to the undrained instance";
+}
+
 // With Redis gone, replicas keep serving with their last known set.
 TEST(SharedRegistry, RedisDownKeepsLastKnownSet) {
   auto redis = std::make_unique<RedisServer>();

@@ -151,7 +151,7 @@ TEST(Registry, AddFindAndDuplicates) {
   auto added = r.add(spec(Role::decode, "127.0.0.1:8201"), {{"zone", "a"}}, 5);
   ASSERT_FALSE(added.error);
   EXPECT_EQ(added.instance->id, 4u);
-  EXPECT_EQ(added.instance->weight, 5u);
+  EXPECT_EQ(added.instance->weight(), 5u);
   set = r.snapshot();
   EXPECT_EQ(set->decode.size(), 2u);
   EXPECT_EQ(r.find(Role::decode, added.instance->spec.url), added.instance);
@@ -197,6 +197,62 @@ TEST(Registry, DrainThenRemoveWhenIdle) {
   ASSERT_TRUE(missing.error);
   EXPECT_EQ(missing.error->status, 404u);
   EXPECT_FALSE(changes.empty());
+}
+
+// Undrain puts a draining instance back in its role list, in id order;
+// one marked for removal cannot come back (409).
+TEST(Registry, UndrainRestoresOrderUnlessRemoving) {
+  Registry r(two_and_one());
+  std::vector<std::string> changes;
+  r.on_change = [&](const Instance& i, const std::string& state) {
+    changes.push_back(std::to_string(i.id) + " " + state);
+  };
+  ASSERT_FALSE(r.drain(1, false).error);
+  auto back = r.undrain(1);
+  ASSERT_FALSE(back.error);
+  auto set = r.snapshot();
+  ASSERT_EQ(set->prefill.size(), 2u);
+  EXPECT_EQ(set->prefill[0]->id, 1u);
+  EXPECT_EQ(set->prefill[1]->id, 2u);
+  EXPECT_TRUE(set->draining.empty());
+  EXPECT_EQ(set->find(1)->state(), InstanceState::active);
+  EXPECT_EQ(changes.back(), "1 active");
+
+  auto busy = r.snapshot()->find(2);
+  InFlightGuard g(busy);
+  ASSERT_FALSE(r.drain(2, true).error);
+  auto refused = r.undrain(2);
+  ASSERT_TRUE(refused.error);
+  EXPECT_EQ(refused.error->status, 409u);
+  EXPECT_EQ(r.undrain(99).error->status, 404u);
+}
+
+// update() replaces labels and/or weight, bumps the version caches watch,
+// and notifies only when something changed.
+TEST(Registry, UpdateChangesLabelsAndWeight) {
+  Registry r(two_and_one());
+  int notified = 0;
+  r.on_change = [&](const Instance&, const std::string& state) {
+    ++notified;
+    EXPECT_EQ(state, "active");
+  };
+  auto inst = r.snapshot()->find(3);
+  const auto v0 = inst->meta_version();
+  const auto old_labels = inst->labels();
+  ASSERT_FALSE(r.update(3, Instance::Labels{{"tier", "gold"}}, std::nullopt).error);
+  EXPECT_EQ(inst->labels()->at("tier"), "gold");
+  EXPECT_TRUE(old_labels->empty()) << "a reader's snapshot changed under it";
+  EXPECT_EQ(inst->weight(), 1u);
+  EXPECT_GT(inst->meta_version(), v0);
+  ASSERT_FALSE(r.update(3, std::nullopt, 9u).error);
+  EXPECT_EQ(inst->weight(), 9u);
+  EXPECT_EQ(inst->labels()->at("tier"), "gold");
+  EXPECT_EQ(notified, 2);
+  const auto v2 = inst->meta_version();
+  ASSERT_FALSE(r.update(3, Instance::Labels{{"tier", "gold"}}, 9u).error);
+  EXPECT_EQ(inst->meta_version(), v2);
+  EXPECT_EQ(notified, 2) << "notified without a change";
+  EXPECT_EQ(r.update(42, std::nullopt, 2u).error->status, 404u);
 }
 
 }  // namespace
