@@ -1,4 +1,5 @@
-// All of hiredis's C interface lives in this file.
+// hiredis's asynchronous C interface lives in this file (replies are copied out
+// by copy_reply, plugins/redis_protocol.cpp).
 //
 // hiredis's async API owns the socket, the parser and the queue of reply
 // callbacks; it asks its event library to watch the socket through five
@@ -8,6 +9,8 @@
 // redisAsyncHandleWrite. hiredis owns the fd and closes it, so the
 // descriptor is release()d, never closed.
 #include "plugins/redis_connection.hpp"
+
+#include <sys/socket.h>
 
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
@@ -53,8 +56,16 @@ void arm_read(const WatchPtr& w) {
                      if (ec || !w->alive)
                        return;
                      // May free the context (EOF, protocol error): cleanup clears `alive`.
-                     if (w->want_read)
+                     if (w->want_read) {
                        redisAsyncHandleRead(w->ac);
+                       // hiredis buffers a bulk string until it is whole:
+                       // past the bound the server is broken or hostile.
+                       // Shutting the socket down makes hiredis see the
+                       // close, fail what waits, and the client reconnect.
+                       const redisReader* r = w->alive ? w->ac->c.reader : nullptr;
+                       if (r != nullptr && r->len - r->pos > kMaxReplyBytes)
+                         ::shutdown(w->ac->c.fd, SHUT_RDWR);
+                     }
                      arm_read(w);
                    });
 }
@@ -114,41 +125,6 @@ void attach(redisAsyncContext* ac, const net::any_io_executor& ex) {
   ac->ev.addWrite = ev_add_write;
   ac->ev.delWrite = ev_del_write;
   ac->ev.cleanup = ev_cleanup;
-}
-
-RedisReply copy_reply(const redisReply* r) {
-  RedisReply out;
-  switch (r->type) {
-    case REDIS_REPLY_STRING:
-      out.type = RedisReply::Type::string;
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.type = RedisReply::Type::array;
-      out.elements.reserve(r->elements);
-      for (std::size_t i = 0; i < r->elements; ++i)
-        out.elements.push_back(copy_reply(r->element[i]));
-      return out;
-    case REDIS_REPLY_INTEGER:
-      out.type = RedisReply::Type::integer;
-      out.integer = r->integer;
-      return out;
-    case REDIS_REPLY_NIL:
-      out.type = RedisReply::Type::nil;
-      return out;
-    case REDIS_REPLY_STATUS:
-      out.type = RedisReply::Type::status;
-      break;
-    case REDIS_REPLY_ERROR:
-      out.type = RedisReply::Type::error;
-      break;
-    default:
-      out.type = RedisReply::Type::none;
-      out.text = "unknown reply type";
-      return out;
-  }
-  if (r->str != nullptr)
-    out.text.assign(r->str, r->len);
-  return out;
 }
 
 RedisReply no_reply(std::string why) {
@@ -378,6 +354,7 @@ net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
     co_return false;
   }
   ac->data = this;
+  bound_reply_reader(ac->c.reader);
   attach(ac, ex_);
   ac_ = ac;
   // Hooks first: setting the connect callback arms the first write wait.

@@ -1,5 +1,7 @@
 #include "plugins/redis_protocol.hpp"
 
+#include <hiredis/hiredis.h>
+
 #include <algorithm>
 #include <charconv>
 
@@ -167,6 +169,59 @@ Result<RedisEndpoint> parse_redis_url(std::string_view url) {
     }
   }
   return ep;
+}
+
+void bound_reply_reader(redisReader* reader) {
+  // hiredis gives every reader the same functions; they are kept once, and
+  // the bounded set calls them for what passes.
+  static const redisReplyObjectFunctions base = *reader->fn;
+  static redisReplyObjectFunctions bounded = [] {
+    redisReplyObjectFunctions f = base;
+    f.createArray = [](const redisReadTask* task, int elements) -> void* {
+      // nullptr: hiredis reports "Out of memory" and the connection ends.
+      return elements > kMaxReplyElements ? nullptr : base.createArray(task, elements);
+    };
+    f.createString = [](const redisReadTask* task, char* str, size_t len) -> void* {
+      return len > kMaxReplyBytes ? nullptr : base.createString(task, str, len);
+    };
+    return f;
+  }();
+  reader->fn = &bounded;
+}
+
+RedisReply copy_reply(const redisReply* r) {
+  RedisReply out;
+  switch (r->type) {
+    case REDIS_REPLY_STRING:
+      out.type = RedisReply::Type::string;
+      break;
+    case REDIS_REPLY_ARRAY:
+      out.type = RedisReply::Type::array;
+      out.elements.reserve(r->elements);
+      for (std::size_t i = 0; i < r->elements; ++i)
+        out.elements.push_back(copy_reply(r->element[i]));
+      return out;
+    case REDIS_REPLY_INTEGER:
+      out.type = RedisReply::Type::integer;
+      out.integer = r->integer;
+      return out;
+    case REDIS_REPLY_NIL:
+      out.type = RedisReply::Type::nil;
+      return out;
+    case REDIS_REPLY_STATUS:
+      out.type = RedisReply::Type::status;
+      break;
+    case REDIS_REPLY_ERROR:
+      out.type = RedisReply::Type::error;
+      break;
+    default:
+      out.type = RedisReply::Type::none;
+      out.text = "unknown reply type";
+      return out;
+  }
+  if (r->str != nullptr)
+    out.text.assign(r->str, r->len);
+  return out;
 }
 
 TakeResult interpret_take_reply(const RedisReply& reply) {

@@ -15,6 +15,9 @@
 #include "core/result.hpp"
 #include "core/warn_limiter.hpp"
 
+struct redisReply;  // hiredis
+struct redisReader;
+
 namespace pdgate {
 
 struct RedisEndpoint {
@@ -47,6 +50,25 @@ struct RedisReply {
   long long integer = 0;
   std::vector<RedisReply> elements;  // of an array (e.g. a pub/sub message)
 };
+
+// Limits on what a Redis server's replies may make pdgate hold. pdgate's
+// own replies are small (a stored turn is a few hundred bytes, the shared
+// registry's document about 150 bytes per instance): these only stop a
+// broken or hostile server. hiredis (0.14) trusts a reply's declared
+// array length and allocates for it at once ("*1000000000" = 8 GB), and
+// buffers a bulk string until it is whole.
+inline constexpr int kMaxReplyElements = 1 << 20;
+inline constexpr std::size_t kMaxReplyBytes = 256u << 20;
+
+// Makes `reader` refuse (as a protocol error) arrays longer than
+// kMaxReplyElements and strings longer than kMaxReplyBytes, before
+// allocating for them.
+void bound_reply_reader(redisReader* reader);
+
+// Copies a hiredis reply (which dies with its callback) into a RedisReply:
+// bulk strings, status and error text, integers, nil, and arrays (nested
+// as deep as hiredis parsed them).
+RedisReply copy_reply(const redisReply* r);
 
 // GETDEL (or the GET+DEL script): nil is a miss, a bulk string is a hit,
 // anything else is an error (an error reply, a wrong type, no reply).

@@ -2,6 +2,10 @@
 // reconnect backoff and the warning limiter, without a socket.
 #include <gtest/gtest.h>
 
+#include <hiredis/hiredis.h>
+
+#include <string>
+
 #include "plugins/redis_protocol.hpp"
 
 namespace pdgate {
@@ -125,6 +129,67 @@ TEST(RedisReplies, UnknownCommand) {
 }
 
 // Keys are <prefix>conv:<id>.
+// Reads replies from `bytes` with a bounded reader: the replies, and
+// whether the reader failed.
+struct ReadBack {
+  std::vector<RedisReply> replies;
+  bool error = false;
+};
+ReadBack read_back(const std::string& bytes) {
+  ReadBack out;
+  redisReader* r = redisReaderCreate();
+  bound_reply_reader(r);
+  redisReaderFeed(r, bytes.data(), bytes.size());
+  for (;;) {
+    void* reply = nullptr;
+    if (redisReaderGetReply(r, &reply) != REDIS_OK) {
+      out.error = true;
+      break;
+    }
+    if (reply == nullptr)
+      break;
+    out.replies.push_back(copy_reply(static_cast<redisReply*>(reply)));
+    freeReplyObject(reply);
+  }
+  redisReaderFree(r);
+  return out;
+}
+
+// Found by fuzz_redis_reply: a reply declaring a billion elements made
+// hiredis allocate 8 GB for them at once (ASan: out-of-memory). Refused
+// now before any allocation, as a reader error (the connection ends).
+TEST(RedisReplies, HugeDeclaredArrayIsRefused) {
+  const auto huge = read_back("*1000000000\r\n");
+  EXPECT_TRUE(huge.error);
+  EXPECT_TRUE(huge.replies.empty());
+  const auto nested = read_back("*2\r\n*" + std::to_string(kMaxReplyElements + 1) + "\r\n");
+  EXPECT_TRUE(nested.error);
+}
+
+// Replies within the bounds read as before: arrays, strings, status,
+// integers, nil, errors.
+TEST(RedisReplies, BoundedReaderKeepsOrdinaryReplies) {
+  const auto ok = read_back(
+      "*3\r\n$7\r\nmessage\r\n$3\r\nch1\r\n$7\r\nchanged\r\n+OK\r\n:42\r\n$-1\r\n-ERR no\r\n");
+  ASSERT_FALSE(ok.error);
+  ASSERT_EQ(ok.replies.size(), 5u);
+  EXPECT_EQ(ok.replies[0].type, RedisReply::Type::array);
+  ASSERT_EQ(ok.replies[0].elements.size(), 3u);
+  EXPECT_EQ(ok.replies[0].elements[2].text, "changed");
+  EXPECT_TRUE(interpret_put_reply(ok.replies[1]));
+  EXPECT_EQ(ok.replies[2].integer, 42);
+  EXPECT_EQ(interpret_take_reply(ok.replies[3]).kind, TakeResult::Kind::miss);
+  EXPECT_EQ(ok.replies[4].type, RedisReply::Type::error);
+  const auto many = read_back("*1000\r\n" + [] {
+    std::string s;
+    for (int i = 0; i < 1000; ++i)
+      s += ":1\r\n";
+    return s;
+  }());
+  ASSERT_FALSE(many.error);
+  EXPECT_EQ(many.replies.at(0).elements.size(), 1000u);
+}
+
 TEST(RedisKeys, Layout) {
   EXPECT_EQ(conversation_redis_key("pdgate:", "c-1"), "pdgate:conv:c-1");
 }
