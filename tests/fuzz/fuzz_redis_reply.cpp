@@ -1,0 +1,111 @@
+// The Redis reply path as pdgate runs it: bytes from the server go through
+// hiredis's reply reader, are copied out (plugins/redis_protocol.cpp
+// copy_reply), judged (interpret_take_reply, interpret_put_reply), and a
+// taken value is decoded as a stored turn (core/turn_history.cpp). The
+// first byte picks how the bytes are split across reads: split or whole,
+// the replies and the protocol error must be the same.
+#include <hiredis/hiredis.h>
+
+#include <hiredis/read.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/turn_history.hpp"
+#include "plugins/redis_protocol.hpp"
+
+namespace {
+
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "invariant failed: %s\n", what);
+    std::abort();
+  }
+}
+
+bool same(const pdgate::RedisReply& a, const pdgate::RedisReply& b) {
+  if (a.type != b.type || a.text != b.text || a.integer != b.integer ||
+      a.elements.size() != b.elements.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < a.elements.size(); ++i) {
+    if (!same(a.elements[i], b.elements[i]))
+      return false;
+  }
+  return true;
+}
+
+struct Parsed {
+  std::vector<pdgate::RedisReply> replies;
+  bool protocol_error = false;
+};
+
+// Feeds `bytes` in pieces of `piece` bytes, taking every reply as soon as
+// it is complete, as the connection does.
+Parsed parse(std::string_view bytes, std::size_t piece) {
+  Parsed out;
+  redisReader* r = redisReaderCreate();
+  pdgate::bound_reply_reader(r);  // as every connection's reader is
+  for (std::size_t at = 0; at < bytes.size() && !out.protocol_error; at += piece) {
+    const auto chunk = bytes.substr(at, piece);
+    if (redisReaderFeed(r, chunk.data(), chunk.size()) != REDIS_OK) {
+      out.protocol_error = true;
+      break;
+    }
+    for (;;) {
+      void* reply = nullptr;
+      if (redisReaderGetReply(r, &reply) != REDIS_OK) {
+        out.protocol_error = true;
+        break;
+      }
+      if (reply == nullptr)
+        break;
+      out.replies.push_back(pdgate::copy_reply(static_cast<redisReply*>(reply)));
+      freeReplyObject(reply);
+    }
+  }
+  redisReaderFree(r);
+  return out;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0)
+    return 0;
+  const std::size_t piece = data[0] % 7 + 1;
+  const std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const Parsed whole = parse(bytes, bytes.size() + 1);
+  const Parsed split = parse(bytes, piece);
+  check(whole.protocol_error == split.protocol_error, "protocol error depends on the split");
+  if (!whole.protocol_error) {
+    check(whole.replies.size() == split.replies.size(), "reply count depends on the split");
+    for (std::size_t i = 0; i < whole.replies.size(); ++i)
+      check(same(whole.replies[i], split.replies[i]), "reply depends on the split");
+  }
+  for (const auto& reply : whole.replies) {
+    const auto taken = pdgate::interpret_take_reply(reply);
+    check(taken.kind != pdgate::TakeResult::Kind::hit ||
+              reply.type == pdgate::RedisReply::Type::string,
+          "a hit that was not a bulk string");
+    if (taken.kind == pdgate::TakeResult::Kind::hit) {
+      // Whatever a store holds (or an attacker wrote into it) decodes to a
+      // turn that re-encodes to a value that decodes the same, or to none.
+      if (auto turn = pdgate::decode_stored_turn(taken.params)) {
+        auto again = pdgate::decode_stored_turn(pdgate::encode_stored_turn(*turn));
+        check(again.has_value(), "a decoded turn does not re-encode");
+        check(again->fingerprint == turn->fingerprint && again->extent == turn->extent &&
+                  again->kind == turn->kind,
+              "a decoded turn re-encodes differently");
+      }
+    }
+    (void)pdgate::interpret_put_reply(reply);
+    (void)pdgate::is_unknown_command_error(reply);
+  }
+  return 0;
+}
