@@ -18,12 +18,14 @@
 #include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -55,6 +57,9 @@ struct Options {
   double hold_s = 0;
   bool json = false;
   std::string label;
+  // A request still running after this many seconds is cut off and counted
+  // as a timeout (0: never).
+  double request_timeout_s = 0;
   // Direct P/D: the prefill engine (--url is then the decode engine).
   std::string prefill_host;
   unsigned short prefill_port = 0;
@@ -77,6 +82,7 @@ struct Options {
                "  --model NAME           model (sim-model)\n"
                "  --turns N              multi-turn: conversations of N turns resending history\n"
                "  --hold S               open --concurrency streams, hold them S s, exit\n"
+               "  --request-timeout S    cut off (and count as a timeout) a request running S s\n"
                "  --prefill-url URL      direct P/D: POST each request first to this prefill\n"
                "                         engine (max_tokens 1, stream false, kv_transfer_params\n"
                "                         do_remote_decode), then to --url (the decode engine)\n"
@@ -141,6 +147,8 @@ Options parse(int argc, char** argv) {
       o.hold_s = std::stod(val());
     else if (a == "--label")
       o.label = val();
+    else if (a == "--request-timeout")
+      o.request_timeout_s = std::stod(val());
     else if (a == "--prefill-url")
       prefill_url = val();
     else if (a == "--json")
@@ -182,12 +190,18 @@ struct Sample {
   double ttft_ms = -1;
   std::vector<double> itl_ms;
   std::size_t tokens = 0;
+  // Why it failed: connect, write, read (the connection broke), timeout
+  // (--request-timeout), status_NNN, or in_band (a stream that ended with
+  // an error event or without [DONE]).
+  std::string failure;
 };
 
 struct Stats {
   std::vector<double> e2e, ttft, itl;
   std::size_t ok = 0, errors = 0, tokens = 0;
   std::size_t all = 0;  // warm-up included: for per-request CPU accounting
+  std::map<std::string, std::size_t> failures;
+  double max_e2e_ms = 0;  // of every measured request, failed ones included
   void add(Sample&& s) {
     ++ok;
     tokens += s.tokens;
@@ -347,12 +361,19 @@ class ResponseReader {
 // token (the sim sends one token per event, as vLLM does).
 class SseCounter {
  public:
+  bool done_seen = false;   // data: [DONE]
+  bool error_seen = false;  // an in-band error event
   // Returns how many token events completed in this piece.
   std::size_t feed(std::string_view piece, std::string* content) {
     pending_.append(piece);
     std::size_t tokens = 0, start = 0, end;
     while ((end = pending_.find("\n\n", start)) != std::string::npos) {
       std::string_view ev(pending_.data() + start, end - start);
+      if (ev.rfind("data:", 0) == 0 && ev.find("[DONE]") != std::string_view::npos)
+        done_seen = true;
+      if (ev.rfind("data:", 0) == 0 && ev.find("\"error\"") != std::string_view::npos &&
+          ev.find("\"choices\"") == std::string_view::npos)
+        error_seen = true;
       if (ev.rfind("data:", 0) == 0 && ev.find("[DONE]") == std::string_view::npos) {
         ++tokens;
         if (content)
@@ -565,11 +586,30 @@ class Connection {
   net::awaitable<bool> exchange_at(Clock::time_point t0, bool stream, const std::string& request,
                                    Sample& s, std::string* content, std::string* raw_body,
                                    bool* got_header = nullptr) {
-    if (!co_await ensure_open())
+    if (!co_await ensure_open()) {
+      s.failure = "connect";
       co_return false;
+    }
+    // --request-timeout: the socket is closed under the exchange, which
+    // then fails and is counted as a timeout.
+    auto timed_out = std::make_shared<bool>(false);
+    std::optional<net::steady_timer> deadline;
+    if (sh_.opt.request_timeout_s > 0) {
+      deadline.emplace(sh_.io);
+      deadline->expires_after(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(sh_.opt.request_timeout_s)));
+      deadline->async_wait([timed_out, sock = &sock_](const boost::system::error_code& ec) {
+        if (ec)
+          return;  // cancelled: the exchange ended (the socket may be gone)
+        *timed_out = true;
+        boost::system::error_code ignored;
+        sock->close(ignored);
+      });
+    }
     auto [wec, wn] = co_await net::async_write(sock_, net::buffer(request), use_tuple);
     if (wec) {
       open_ = false;
+      s.failure = *timed_out ? "timeout" : "write";
       co_return false;
     }
     unsigned status = 0;
@@ -602,14 +642,23 @@ class Connection {
           }
         });
     s.e2e_ms = ms(Clock::now() - t0);
+    if (deadline)
+      deadline->cancel();
     if (!ok) {
       open_ = false;
+      s.failure = *timed_out ? "timeout" : "read";
       co_return false;
     }
     if (!keep)
       open_ = false;
-    if (status != 200)
+    if (status != 200) {
+      s.failure = "status_" + std::to_string(status);
       co_return false;
+    }
+    if (stream && (sse.error_seen || !sse.done_seen)) {
+      s.failure = "in_band";
+      co_return false;
+    }
     if (!stream) {
       s.tokens = sh_.opt.max_tokens;
       if (content)
@@ -646,10 +695,13 @@ void record(Shared& sh, Clock::time_point started_at, bool ok, Sample&& s) {
   ++sh.stats.all;
   if (!measuring(sh, started_at))
     return;
-  if (ok)
+  sh.stats.max_e2e_ms = std::max(sh.stats.max_e2e_ms, s.e2e_ms);
+  if (ok) {
     sh.stats.add(std::move(s));
-  else
+  } else {
     ++sh.stats.errors;
+    ++sh.stats.failures[s.failure.empty() ? "other" : s.failure];
+  }
 }
 
 // Direct P/D, what a client without a gateway must do
@@ -853,6 +905,16 @@ net::awaitable<void> hold_all(Shared& sh) {
   sh.io.stop();
 }
 
+std::string failures_json(const Stats& st) {
+  std::string out = "{";
+  for (const auto& [kind, n] : st.failures) {
+    if (out.size() > 1)
+      out += ",";
+    out += "\"" + kind + "\":" + std::to_string(n);
+  }
+  return out + "}";
+}
+
 void report(Shared& sh, double measured_s) {
   auto& st = sh.stats;
   const double rps = static_cast<double>(st.ok) / measured_s;
@@ -863,16 +925,18 @@ void report(Shared& sh, double measured_s) {
         "\"tok_s\":%.1f,"
         "\"e2e_p50\":%.4f,\"e2e_p90\":%.4f,\"e2e_p99\":%.4f,\"e2e_mean\":%.4f,"
         "\"ttft_p50\":%.4f,\"ttft_p90\":%.4f,\"ttft_p99\":%.4f,\"ttft_mean\":%.4f,"
-        "\"itl_p50\":%.4f,\"itl_p90\":%.4f,\"itl_p99\":%.4f,\"itl_mean\":%.4f}\n",
+        "\"itl_p50\":%.4f,\"itl_p90\":%.4f,\"itl_p99\":%.4f,\"itl_mean\":%.4f,"
+        "\"max_e2e_ms\":%.1f,\"failures\":%s}\n",
         sh.opt.label.c_str(), st.ok, st.all, st.errors, measured_s, rps, tps, pct(st.e2e, 50),
         pct(st.e2e, 90), pct(st.e2e, 99), mean(st.e2e), pct(st.ttft, 50), pct(st.ttft, 90),
         pct(st.ttft, 99), mean(st.ttft), pct(st.itl, 50), pct(st.itl, 90), pct(st.itl, 99),
-        mean(st.itl));
+        mean(st.itl), st.max_e2e_ms, failures_json(st).c_str());
     return;
   }
   std::printf("============ pdgate-loadgen result ============\n");
   std::printf("%-32s %zu\n", "Successful requests:", st.ok);
-  std::printf("%-32s %zu\n", "Failed requests:", st.errors);
+  std::printf("%-32s %zu %s\n", "Failed requests:", st.errors, failures_json(st).c_str());
+  std::printf("%-32s %.1f\n", "Longest request (ms):", st.max_e2e_ms);
   std::printf("%-32s %.2f\n", "Measured duration (s):", measured_s);
   std::printf("%-32s %.2f\n", "Request throughput (req/s):", rps);
   std::printf("%-32s %.1f\n", "Output token throughput (tok/s):", tps);
