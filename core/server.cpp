@@ -129,10 +129,12 @@ struct Gateway::Worker {
 };
 
 Gateway::Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
-                 std::shared_ptr<const KvConnector> connector, PickerFactory make_picker)
+                 std::shared_ptr<const KvConnector> connector, PickerFactory make_picker,
+                 RegistrySyncFactory make_registry_sync)
     : cfg_(std::move(cfg)),
       registry_(cfg_),
       make_picker_(std::move(make_picker)),
+      make_registry_sync_(std::move(make_registry_sync)),
       conversations_(std::move(conversations)),
       connector_(std::move(connector)) {
   unsigned n = cfg_.workers;
@@ -430,8 +432,9 @@ void Gateway::start() {
   if (admin_acceptor_)
     net::co_spawn(admin_ioc_, admin_accept_loop(), net::detached);
   net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_, loop_guard_), net::detached);
-  if (!cfg_.redis_url.empty()) {
-    shared_registry_ = std::make_unique<SharedRegistry>(cfg_, registry_, loop_guard_);
+  if (make_registry_sync_)
+    shared_registry_ = make_registry_sync_(cfg_, registry_, loop_guard_);
+  if (shared_registry_) {
     if (auto r = shared_registry_->start(admin_ioc_.get_executor()); !r) {
       spdlog::error("shared registry disabled: {}", r.error());
       shared_registry_.reset();

@@ -25,8 +25,8 @@
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
 #include "core/prometheus.hpp"
+#include "core/registry_sync.hpp"
 #include "core/routes.hpp"
-#include "core/shared_registry.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -34,10 +34,12 @@ namespace pdgate {
 class Gateway {
  public:
   // `make_picker` builds each worker's instance picker (default:
-  // round-robin).
+  // round-robin); `make_registry_sync` what shares the instance registry
+  // with other replicas (default: nothing is shared).
   Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
           std::shared_ptr<const KvConnector> connector,
-          PickerFactory make_picker = RoundRobinPicker::factory());
+          PickerFactory make_picker = RoundRobinPicker::factory(),
+          RegistrySyncFactory make_registry_sync = {});
   ~Gateway();
 
   const Registry& registry() const { return registry_; }
@@ -78,6 +80,7 @@ class Gateway {
   Config cfg_;
   Registry registry_;
   PickerFactory make_picker_;
+  RegistrySyncFactory make_registry_sync_;
   // Before workers_: the workers' store handles refer to it.
   std::unique_ptr<ConversationStores> conversations_;
   std::shared_ptr<const KvConnector> connector_;
@@ -97,7 +100,7 @@ class Gateway {
   std::uint16_t admin_port_ = 0;
   std::thread admin_thread_;
   // With --redis: the instance set shared with the other replicas.
-  std::unique_ptr<SharedRegistry> shared_registry_;
+  std::unique_ptr<RegistrySync> shared_registry_;
   // Before workers_: their connections refer to them.
   RouteTable routes_;
   const ClientSessionEnv session_env_{cfg_,     routes_,          body_budget_, loop_guard_,

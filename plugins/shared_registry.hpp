@@ -34,6 +34,7 @@
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
+#include "core/registry_sync.hpp"
 #include "core/result.hpp"
 #include "core/upstream_validator.hpp"
 
@@ -42,7 +43,7 @@ namespace pdgate {
 class RedisConnection;
 struct RedisConnectionsShared;
 
-class SharedRegistry {
+class SharedRegistry final : public RegistrySync {
  public:
   // `loop_guard` (this gateway's Via identity, for the validation probe)
   // must outlive it.
@@ -50,7 +51,7 @@ class SharedRegistry {
   ~SharedRegistry();
   // Connects on `ex` and runs the sync loop until `ex` stops. Hooks the
   // registry's on_change.
-  Result<bool> start(boost::asio::any_io_executor ex);
+  Result<bool> start(boost::asio::any_io_executor ex) override;
 
  private:
   boost::asio::awaitable<void> loop();

@@ -14,6 +14,7 @@
 #include "core/server.hpp"
 #include "plugins/conversation_stores.hpp"
 #include "plugins/kv_connectors.hpp"
+#include "plugins/shared_registry.hpp"
 #include "policies/engine.hpp"
 #include "policies/metrics.hpp"
 
@@ -75,7 +76,16 @@ int main(int argc, char** argv) {
     // --kv-connector was validated: it names one of the shipped connectors.
     std::shared_ptr<const pdgate::KvConnector> connector =
         pdgate::make_kv_connector(cfg.kv_connector);
-    pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory());
+    // With --redis, replicas share their instance registry.
+    auto share_registry =
+        [](const pdgate::Config& c, pdgate::Registry& registry,
+           const pdgate::LoopGuard& loop_guard) -> std::unique_ptr<pdgate::RegistrySync> {
+      if (c.redis_url.empty())
+        return nullptr;
+      return std::make_unique<pdgate::SharedRegistry>(c, registry, loop_guard);
+    };
+    pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory(),
+                            share_registry);
     // Engine load (running, waiting, KV-cache usage) for policies, scraped
     // off the workers' loops on the control thread.
     if (cfg.metrics_interval.count() > 0) {

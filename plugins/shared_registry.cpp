@@ -1,4 +1,4 @@
-#include "core/shared_registry.hpp"
+#include "plugins/shared_registry.hpp"
 
 #include <algorithm>
 #include <exception>
