@@ -10,6 +10,7 @@
 
 #include "core/errors.hpp"
 #include "core/http_head.hpp"
+#include "core/text.hpp"
 
 namespace pdgate {
 
@@ -32,15 +33,6 @@ AdminApi::Response json_response(const AdminApi::Request& req, unsigned status, 
 
 AdminApi::Response error(const AdminApi::Request& req, unsigned status, const std::string& msg) {
   return make_error_response(status, msg, req.version(), req.keep_alive());
-}
-
-std::string trim_copy(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
-    s.pop_back();
-  std::size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i])))
-    ++i;
-  return s.substr(i);
 }
 
 json instance_json(const Instance& i) {
@@ -156,7 +148,7 @@ Result<std::shared_ptr<AdminApi>> AdminApi::create(const Config& cfg, Registry& 
       return fail("--admin-key-file: cannot read " + cfg.admin_key_file);
     std::stringstream ss;
     ss << in.rdbuf();
-    key = trim_copy(ss.str());
+    key = std::string(trim(ss.str()));
     if (key.empty())
       return fail("--admin-key-file: " + cfg.admin_key_file + " is empty");
   }

@@ -16,215 +16,15 @@
 #include <system_error>
 #include <utility>
 
+#include "core/text.hpp"
+
 namespace pdgate {
 namespace {
 
-// Every option, once: the command-line parser, the YAML loader and the help
-// text all read this table, so a flag cannot exist in one and not the others.
-struct Option {
-  std::string_view key;      // canonical name: the long flag without dashes
-  std::string_view alias;    // a second long name (the Python proxies' plural forms)
-  char short_name;           // 0 when there is none
-  bool list;                 // takes one or more values (argparse nargs="+")
-  bool cli_only;             // meaningless in a config file
-  std::string_view group;    // help section
-  std::string_view metavar;  // value placeholder in the help
-  std::string_view help;     // one line, ends with the default when there is one
-};
-
-constexpr std::string_view kListener = "Listener";
-constexpr std::string_view kEngines = "Engines";
-constexpr std::string_view kLimits = "Client limits";
-constexpr std::string_view kUpstream = "Upstream";
-constexpr std::string_view kPolicies = "Policies";
-constexpr std::string_view kGeneral = "General";
-
-constexpr std::array kOptions = {
-    Option{"host", "", 0, false, false, kListener, "HOST",
-           "Address to listen on for clients (default: 0.0.0.0)."},
-    Option{"port", "", 0, false, false, kListener, "PORT",
-           "Port to listen on; 0 picks a free one (default: 8000)."},
-    Option{"workers", "", 0, false, false, kListener, "N",
-           "Worker threads, at most 1024; 0 means one per CPU core (default: 0)."},
-
-    Option{"model", "", 'm', false, false, kEngines, "NAME",
-           "Model name, as the demo proxy's --model; optional (default: none)."},
-    Option{"prefill", "", 'p', true, false, kEngines, "HOST:PORT",
-           "Demo-proxy form: prefill instances, one or more (default: none)."},
-    Option{"decode", "", 'd', true, false, kEngines, "HOST:PORT",
-           "Demo-proxy form: decode instances, one or more (default: none)."},
-    Option{"prefiller-host", "prefiller-hosts", 0, true, false, kEngines, "HOST",
-           "Multi-turn form: prefill hosts, paired with --prefiller-port (default: localhost)."},
-    Option{"prefiller-port", "prefiller-ports", 0, true, false, kEngines, "PORT",
-           "Multi-turn form: prefill ports, one per host (default: 8100)."},
-    Option{"decoder-host", "decoder-hosts", 0, true, false, kEngines, "HOST",
-           "Multi-turn form: decode hosts, paired with --decoder-port (default: localhost)."},
-    Option{"decoder-port", "decoder-ports", 0, true, false, kEngines, "PORT",
-           "Multi-turn form: decode ports, one per host (default: 8200)."},
-    Option{"encode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
-           "EPD form: comma-separated encoder URLs for multimodal items (default: none)."},
-    Option{"prefill-servers-urls", "", 0, false, false, kEngines, "URL,URL|disable",
-           "EPD form: comma-separated prefill URLs; disable, none or \"\" sends each request "
-           "in one hop to a combined P+D instance (default: none)."},
-    Option{"decode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
-           "EPD form: comma-separated decode URLs (default: none)."},
-    Option{"kv-connector", "", 0, false, false, kEngines, "nixl|p2p-nccl|lmcache|none",
-           "How prefill hands KV blocks to decode; none sends one hop (default: nixl)."},
-
-    Option{"max-body-size", "", 0, false, false, kLimits, "SIZE",
-           "Largest request body accepted; bytes or K/KiB/M/MiB/G/GiB (default: 64MiB)."},
-    Option{"max-header-size", "", 0, false, false, kLimits, "SIZE",
-           "Largest request header block accepted (default: 64KiB)."},
-    Option{"body-memory-limit", "", 0, false, false, kLimits, "SIZE",
-           "Memory all request bodies being received may hold together; past it a large "
-           "body is refused with 503 (default: 1GiB)."},
-    Option{"header-timeout", "", 0, false, false, kLimits, "DURATION",
-           "Time allowed to receive a request's headers; 500ms, 10s, 2m or seconds "
-           "(default: 10s)."},
-    Option{"client-idle-timeout", "", 0, false, false, kLimits, "DURATION",
-           "Idle keep-alive client connections are closed after this (default: 75s)."},
-
-    Option{"connect-timeout", "", 0, false, false, kUpstream, "DURATION",
-           "Time allowed to connect to an engine (default: 5s)."},
-    Option{"first-byte-timeout", "", 0, false, false, kUpstream, "DURATION",
-           "Time allowed for an engine's first response byte, prefill included, and "
-           "for each silence inside its response (default: 600s)."},
-    Option{"upstream-idle-timeout", "", 0, false, false, kUpstream, "DURATION",
-           "Idle keep-alive connections to engines are closed after this "
-           "(default: 60s)."},
-    Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
-           "Idle keep-alive connections kept per engine per worker (default: 64)."},
-
-    Option{"policy", "", 0, false, false, kPolicies, "NAME|PATH",
-           "Routing policy for every stage: round_robin, least_load, power_of_two, "
-           "session_affinity, prefix_affinity, conversation_decode, or a .lua file "
-           "(default: round_robin)."},
-    Option{"policy-prefill", "", 0, false, false, kPolicies, "NAME|PATH",
-           "Policy for the prefill stage (default: --policy)."},
-    Option{"policy-decode", "", 0, false, false, kPolicies, "NAME|PATH",
-           "Policy for the decode stage (default: --policy)."},
-    Option{"policy-encode", "", 0, false, false, kPolicies, "NAME|PATH",
-           "Policy for the encode stage (default: --policy)."},
-    Option{"policy-dir", "", 0, false, false, kPolicies, "DIR",
-           "Directory searched for NAME.lua before the shipped policies (default: none)."},
-    Option{"policy-budget-us", "", 0, false, false, kPolicies, "N",
-           "Time a policy hook may run, in microseconds; past it the request is routed "
-           "round-robin (default: 1000)."},
-    Option{"policy-memory", "", 0, false, false, kPolicies, "SIZE",
-           "Memory each worker's policy state may hold (default: 64MiB)."},
-    Option{"prefix-block-size", "", 0, false, false, kPolicies, "SIZE",
-           "Prompt bytes per prefix block hash that policies compare (default: 256)."},
-    Option{"policy-poll-interval", "", 0, false, false, kPolicies, "DURATION",
-           "How often policy files are checked for changes and reloaded (default: 1s)."},
-    Option{"metrics-interval", "", 0, false, false, kPolicies, "DURATION|off",
-           "How often each engine's /metrics is scraped for policies; off disables "
-           "(default: 1s)."},
-
-    Option{"redis", "", 0, false, false, kGeneral, "URL",
-           "Conversation store for multi-turn KV reuse shared by replicas: "
-           "redis://[:password@]host:port[/db] or unix:///path (default: in memory)."},
-    Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
-           "Prefix of the Redis keys (default: pdgate:)."},
-    Option{"redis-timeout", "", 0, false, false, kGeneral, "DURATION",
-           "Longest wait for Redis before a turn proceeds as a cache miss (default: 50ms)."},
-    Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
-           "How long a conversation's decode blocks stay reusable (default: 450s)."},
-    Option{"conversation-cache-size", "", 0, false, false, kGeneral, "N",
-           "Conversations the in-memory store keeps (default: 100000)."},
-    Option{"conversation-scope-header", "", 0, false, false, kGeneral, "NAME",
-           "Header whose value decides whose conversations a request may continue, e.g. "
-           "x-tenant-id (default: the Authorization credential)."},
-    Option{"expose-kv-params", "", 0, false, false, kGeneral, "true|false",
-           "Let clients see decode's kv_transfer_params (default: false)."},
-    Option{"verbose-errors", "", 0, false, false, kGeneral, "true|false",
-           "Error bodies sent to clients include engine addresses and engines' own error "
-           "text; otherwise only the stage that failed and how (default: false)."},
-    Option{"profile-routes", "", 0, false, false, kGeneral, "on|off",
-           "Serve POST /start_profile and /stop_profile on the client port (they need the "
-           "admin key when one is set) (default: on)."},
-    Option{"admin-port", "", 0, false, false, kGeneral, "PORT",
-           "Port of the admin API (docs/admin.md); 0 picks a free one (default: off)."},
-    Option{"admin-host", "", 0, false, false, kGeneral, "HOST",
-           "Address the admin API listens on (default: 127.0.0.1)."},
-    Option{"admin-key-file", "", 0, false, false, kGeneral, "FILE",
-           "File holding the admin API key (default: env ADMIN_API_KEY)."},
-    Option{"model-check-timeout", "", 0, false, false, kGeneral, "DURATION",
-           "Time an instance added at run time has to answer GET /v1/models when --model "
-           "is set, and to resolve for --allowed-upstreams (default: 5s)."},
-    Option{"shutdown-timeout", "", 0, false, false, kGeneral, "DURATION",
-           "On SIGTERM or SIGINT, time in-flight requests have to finish before pdgate "
-           "exits anyway (default: 30s)."},
-    Option{"allowed-upstreams", "", 0, true, false, kGeneral, "CIDR",
-           "Networks instances added at run time (admin API, Redis) must be in, e.g. "
-           "10.0.0.0/8 (default: any)."},
-    Option{"health-interval", "", 0, false, false, kGeneral, "DURATION|off",
-           "How often each instance's /health is checked (default: 2s)."},
-    Option{"health-rise", "", 0, false, false, kGeneral, "N",
-           "Passed checks that re-admit an ejected instance (default: 2)."},
-    Option{"health-fall", "", 0, false, false, kGeneral, "N",
-           "Failed checks that eject an instance (default: 2)."},
-    Option{"health-max-concurrency", "", 0, false, false, kGeneral, "N",
-           "Health checks in flight at most, spread over the interval; also bounds the "
-           "/metrics scrapes and the validation of instances learnt through Redis "
-           "(default: 64)."},
-    Option{"eject-after", "", 0, false, false, kGeneral, "N",
-           "Consecutive request failures (connect, timeout, 5xx) that eject an instance "
-           "(default: 3)."},
-    Option{"retry-budget", "", 0, false, false, kGeneral, "FRACTION",
-           "Retries in flight allowed, as a fraction of requests in flight (default: 0.2)."},
-    Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
-           "trace, debug, info, warn or error (default: info)."},
-    Option{"config", "", 0, false, true, kGeneral, "FILE",
-           "YAML file with any of these options (names without dashes); flags override it."},
-    Option{"help", "", 'h', false, true, kGeneral, "", "Print this help and exit."},
-};
-
-// '_' and '-' are interchangeable in names, as in vLLM's own CLI, so
-// `max_body_size` in YAML and `--max-body-size` mean the same thing.
 std::string normalize_name(std::string_view name) {
   std::string out(name);
   std::replace(out.begin(), out.end(), '_', '-');
   return out;
-}
-
-const Option* find_option(std::string_view name) {
-  const std::string n = normalize_name(name);
-  for (const auto& o : kOptions) {
-    if (o.key == n || (!o.alias.empty() && o.alias == n))
-      return &o;
-  }
-  return nullptr;
-}
-
-const Option* find_short(char c) {
-  for (const auto& o : kOptions) {
-    if (o.short_name != 0 && o.short_name == c)
-      return &o;
-  }
-  return nullptr;
-}
-
-// The values given for one option, and where they came from (the flag as
-// the user spelled it, or the config key) so errors point at the culprit.
-struct RawValue {
-  std::string origin;
-  std::vector<std::string> values;
-};
-using RawMap = std::map<std::string, RawValue, std::less<>>;
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
-    s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
-    s.remove_suffix(1);
-  return s;
 }
 
 Result<std::uint64_t> parse_uint(std::string_view text, std::uint64_t max) {
@@ -385,6 +185,398 @@ Result<std::string> parse_kv_connector(std::string_view text) {
               "' (expected nixl, p2p-nccl, lmcache or none)");
 }
 
+// How a value reaches the Config. Each entry of kOptions names its setter,
+// so an option is added in one place: its entry (name, help, setter). The
+// engine lists (the demo, multi-turn and EPD forms) combine several
+// options and are set together by apply_engines(); list-valued options
+// without a setter are read there or by apply_raw() itself.
+using Apply = Result<bool> (*)(Config& c, std::string_view value);
+
+template <auto Field>
+Result<bool> set_text(Config& c, std::string_view v) {
+  c.*Field = std::string(v);
+  return true;
+}
+
+template <auto Field>
+Result<bool> set_trimmed(Config& c, std::string_view v) {
+  c.*Field = std::string(trim(v));
+  return true;
+}
+
+template <auto Field>
+Result<bool> set_name(Config& c, std::string_view v) {
+  if (trim(v).empty())
+    return fail("must not be empty");
+  c.*Field = std::string(trim(v));
+  return true;
+}
+
+template <auto Field>
+Result<bool> set_size(Config& c, std::string_view v) {
+  auto n = parse_size(v);
+  if (!n)
+    return fail(n.error());
+  c.*Field = *n;
+  return true;
+}
+
+template <auto Field>
+Result<bool> set_duration(Config& c, std::string_view v) {
+  auto d = parse_duration(v);
+  if (!d)
+    return fail(d.error());
+  c.*Field = std::chrono::duration_cast<std::remove_reference_t<decltype(c.*Field)>>(*d);
+  return true;
+}
+
+// A duration, or "off" (or 0) for never.
+template <auto Field>
+Result<bool> set_interval(Config& c, std::string_view v) {
+  const std::string word = lower(trim(v));
+  if (word == "off" || word == "0") {
+    c.*Field = std::chrono::milliseconds(0);
+    return true;
+  }
+  return set_duration<Field>(c, v);
+}
+
+template <auto Field>
+Result<bool> set_switch(Config& c, std::string_view v) {
+  auto b = parse_switch(v);
+  if (!b)
+    return fail(b.error());
+  c.*Field = *b;
+  return true;
+}
+
+template <auto Field, std::uint64_t Max>
+Result<bool> set_uint(Config& c, std::string_view v) {
+  auto n = parse_uint(trim(v), Max);
+  if (!n)
+    return fail(n.error());
+  c.*Field = static_cast<std::remove_reference_t<decltype(c.*Field)>>(*n);
+  return true;
+}
+
+// Counts of health checks and failures: 1 to 1000.
+template <auto Field>
+Result<bool> set_count(Config& c, std::string_view v) {
+  unsigned n = 0;
+  const std::string t(trim(v));
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+  if (ec != std::errc() || p != t.data() + t.size() || n < 1 || n > 1000)
+    return fail("not a count from 1 to 1000");
+  c.*Field = n;
+  return true;
+}
+
+Result<bool> set_host(Config& c, std::string_view v) {
+  if (trim(v).empty())
+    return fail("the listen address must not be empty");
+  c.host = std::string(trim(v));
+  return true;
+}
+
+Result<bool> set_port(Config& c, std::string_view v) {
+  auto p = parse_port_number(trim(v), true);
+  if (!p)
+    return fail(p.error());
+  c.port = *p;
+  return true;
+}
+
+Result<bool> set_kv_connector(Config& c, std::string_view v) {
+  auto k = parse_kv_connector(v);
+  if (!k)
+    return fail(k.error());
+  c.kv_connector = *k;
+  return true;
+}
+
+// RFC 9110 token characters only (anything else cannot be a header
+// name), lower-cased.
+Result<bool> set_scope_header(Config& c, std::string_view v) {
+  std::string name(trim(v));
+  for (auto& ch : name) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (!std::isalnum(u) && std::string_view("!#$%&'*+-.^_`|~").find(ch) == std::string_view::npos)
+      return fail("not a header name");
+    ch = static_cast<char>(std::tolower(u));
+  }
+  c.conversation_scope_header = std::move(name);
+  return true;
+}
+
+Result<bool> set_expose_kv_params(Config& c, std::string_view v) {
+  c.expose_kv_params = trim(v) == "true" || trim(v) == "1";
+  return true;
+}
+
+Result<bool> set_policy_budget(Config& c, std::string_view v) {
+  auto n = parse_uint(trim(v), 10'000'000);
+  if (!n)
+    return fail(n.error());
+  if (*n == 0)
+    return fail("must be at least 1 microsecond");
+  c.policy_budget = std::chrono::microseconds(*n);
+  return true;
+}
+
+// Setting the admin port turns the admin listener on.
+Result<bool> set_admin_port(Config& c, std::string_view v) {
+  unsigned long n = 0;
+  const std::string t(trim(v));
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+  if (ec != std::errc() || p != t.data() + t.size() || n > 65535)
+    return fail("not a port number (0-65535)");
+  c.admin_port = static_cast<std::uint16_t>(n);
+  c.admin_enabled = true;
+  return true;
+}
+
+Result<bool> set_retry_budget(Config& c, std::string_view v) {
+  const std::string t(trim(v));
+  char* end = nullptr;
+  const double f = std::strtod(t.c_str(), &end);
+  if (t.empty() || end != t.c_str() + t.size() || !(f >= 0.0 && f <= 1.0))
+    return fail("not a fraction from 0 to 1");
+  c.retry_budget = f;
+  return true;
+}
+
+Result<bool> set_log_level(Config& c, std::string_view v) {
+  auto l = parse_log_level(v);
+  if (!l)
+    return fail(l.error());
+  c.log_level = *l;
+  return true;
+}
+
+// Every option, once: the command-line parser, the YAML loader and the help
+// text all read this table, so a flag cannot exist in one and not the others.
+struct Option {
+  std::string_view key;      // canonical name: the long flag without dashes
+  std::string_view alias;    // a second long name (the Python proxies' plural forms)
+  char short_name;           // 0 when there is none
+  bool list;                 // takes one or more values (argparse nargs="+")
+  bool cli_only;             // meaningless in a config file
+  std::string_view group;    // help section
+  std::string_view metavar;  // value placeholder in the help
+  std::string_view help;     // one line, ends with the default when there is one
+  Apply apply = nullptr;     // sets one value; nullptr: read by apply_raw (lists, engines)
+};
+
+constexpr std::string_view kListener = "Listener";
+constexpr std::string_view kEngines = "Engines";
+constexpr std::string_view kLimits = "Client limits";
+constexpr std::string_view kUpstream = "Upstream";
+constexpr std::string_view kPolicies = "Policies";
+constexpr std::string_view kGeneral = "General";
+
+constexpr std::array kOptions = {
+    Option{"host", "", 0, false, false, kListener, "HOST",
+           "Address to listen on for clients (default: 0.0.0.0).", &set_host},
+    Option{"port", "", 0, false, false, kListener, "PORT",
+           "Port to listen on; 0 picks a free one (default: 8000).", &set_port},
+    Option{"workers", "", 0, false, false, kListener, "N",
+           "Worker threads, at most 1024; 0 means one per CPU core (default: 0).",
+           &set_uint<&Config::workers, 1024>},
+
+    Option{"model", "", 'm', false, false, kEngines, "NAME",
+           "Model name, as the demo proxy's --model; optional (default: none).",
+           &set_text<&Config::model>},
+    Option{"prefill", "", 'p', true, false, kEngines, "HOST:PORT",
+           "Demo-proxy form: prefill instances, one or more (default: none)."},
+    Option{"decode", "", 'd', true, false, kEngines, "HOST:PORT",
+           "Demo-proxy form: decode instances, one or more (default: none)."},
+    Option{"prefiller-host", "prefiller-hosts", 0, true, false, kEngines, "HOST",
+           "Multi-turn form: prefill hosts, paired with --prefiller-port (default: localhost)."},
+    Option{"prefiller-port", "prefiller-ports", 0, true, false, kEngines, "PORT",
+           "Multi-turn form: prefill ports, one per host (default: 8100)."},
+    Option{"decoder-host", "decoder-hosts", 0, true, false, kEngines, "HOST",
+           "Multi-turn form: decode hosts, paired with --decoder-port (default: localhost)."},
+    Option{"decoder-port", "decoder-ports", 0, true, false, kEngines, "PORT",
+           "Multi-turn form: decode ports, one per host (default: 8200)."},
+    Option{"encode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
+           "EPD form: comma-separated encoder URLs for multimodal items (default: none)."},
+    Option{"prefill-servers-urls", "", 0, false, false, kEngines, "URL,URL|disable",
+           "EPD form: comma-separated prefill URLs; disable, none or \"\" sends each request "
+           "in one hop to a combined P+D instance (default: none)."},
+    Option{"decode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
+           "EPD form: comma-separated decode URLs (default: none)."},
+    Option{"kv-connector", "", 0, false, false, kEngines, "nixl|p2p-nccl|lmcache|none",
+           "How prefill hands KV blocks to decode; none sends one hop (default: nixl).",
+           &set_kv_connector},
+
+    Option{"max-body-size", "", 0, false, false, kLimits, "SIZE",
+           "Largest request body accepted; bytes or K/KiB/M/MiB/G/GiB (default: 64MiB).",
+           &set_size<&Config::max_body_bytes>},
+    Option{"max-header-size", "", 0, false, false, kLimits, "SIZE",
+           "Largest request header block accepted (default: 64KiB).",
+           &set_size<&Config::max_header_bytes>},
+    Option{"body-memory-limit", "", 0, false, false, kLimits, "SIZE",
+           "Memory all request bodies being received may hold together; past it a large "
+           "body is refused with 503 (default: 1GiB).",
+           &set_size<&Config::body_memory_limit>},
+    Option{"header-timeout", "", 0, false, false, kLimits, "DURATION",
+           "Time allowed to receive a request's headers; 500ms, 10s, 2m or seconds "
+           "(default: 10s).",
+           &set_duration<&Config::header_timeout>},
+    Option{"client-idle-timeout", "", 0, false, false, kLimits, "DURATION",
+           "Idle keep-alive client connections are closed after this (default: 75s).",
+           &set_duration<&Config::client_idle_timeout>},
+
+    Option{"connect-timeout", "", 0, false, false, kUpstream, "DURATION",
+           "Time allowed to connect to an engine (default: 5s).",
+           &set_duration<&Config::connect_timeout>},
+    Option{"first-byte-timeout", "", 0, false, false, kUpstream, "DURATION",
+           "Time allowed for an engine's first response byte, prefill included, and "
+           "for each silence inside its response (default: 600s).",
+           &set_duration<&Config::first_byte_timeout>},
+    Option{"upstream-idle-timeout", "", 0, false, false, kUpstream, "DURATION",
+           "Idle keep-alive connections to engines are closed after this "
+           "(default: 60s).",
+           &set_duration<&Config::upstream_idle_timeout>},
+    Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
+           "Idle keep-alive connections kept per engine per worker (default: 64).",
+           &set_uint<&Config::upstream_max_idle, (1u << 20)>},
+
+    Option{"policy", "", 0, false, false, kPolicies, "NAME|PATH",
+           "Routing policy for every stage: round_robin, least_load, power_of_two, "
+           "session_affinity, prefix_affinity, conversation_decode, or a .lua file "
+           "(default: round_robin).",
+           &set_name<&Config::policy>},
+    Option{"policy-prefill", "", 0, false, false, kPolicies, "NAME|PATH",
+           "Policy for the prefill stage (default: --policy).", &set_name<&Config::policy_prefill>},
+    Option{"policy-decode", "", 0, false, false, kPolicies, "NAME|PATH",
+           "Policy for the decode stage (default: --policy).", &set_name<&Config::policy_decode>},
+    Option{"policy-encode", "", 0, false, false, kPolicies, "NAME|PATH",
+           "Policy for the encode stage (default: --policy).", &set_name<&Config::policy_encode>},
+    Option{"policy-dir", "", 0, false, false, kPolicies, "DIR",
+           "Directory searched for NAME.lua before the shipped policies (default: none).",
+           &set_name<&Config::policy_dir>},
+    Option{"policy-budget-us", "", 0, false, false, kPolicies, "N",
+           "Time a policy hook may run, in microseconds; past it the request is routed "
+           "round-robin (default: 1000).",
+           &set_policy_budget},
+    Option{"policy-memory", "", 0, false, false, kPolicies, "SIZE",
+           "Memory each worker's policy state may hold (default: 64MiB).",
+           &set_size<&Config::policy_memory>},
+    Option{"prefix-block-size", "", 0, false, false, kPolicies, "SIZE",
+           "Prompt bytes per prefix block hash that policies compare (default: 256).",
+           &set_size<&Config::prefix_block_size>},
+    Option{"policy-poll-interval", "", 0, false, false, kPolicies, "DURATION",
+           "How often policy files are checked for changes and reloaded (default: 1s).",
+           &set_duration<&Config::policy_poll_interval>},
+    Option{"metrics-interval", "", 0, false, false, kPolicies, "DURATION|off",
+           "How often each engine's /metrics is scraped for policies; off disables "
+           "(default: 1s).",
+           &set_interval<&Config::metrics_interval>},
+
+    Option{"redis", "", 0, false, false, kGeneral, "URL",
+           "Conversation store for multi-turn KV reuse shared by replicas: "
+           "redis://[:password@]host:port[/db] or unix:///path (default: in memory).",
+           &set_trimmed<&Config::redis_url>},
+    Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
+           "Prefix of the Redis keys (default: pdgate:).", &set_text<&Config::redis_key_prefix>},
+    Option{"redis-timeout", "", 0, false, false, kGeneral, "DURATION",
+           "Longest wait for Redis before a turn proceeds as a cache miss (default: 50ms).",
+           &set_duration<&Config::redis_timeout>},
+    Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
+           "How long a conversation's decode blocks stay reusable (default: 450s).",
+           &set_duration<&Config::conversation_ttl>},
+    Option{"conversation-cache-size", "", 0, false, false, kGeneral, "N",
+           "Conversations the in-memory store keeps (default: 100000).",
+           &set_uint<&Config::conversation_cache_size, (1u << 30)>},
+    Option{"conversation-scope-header", "", 0, false, false, kGeneral, "NAME",
+           "Header whose value decides whose conversations a request may continue, e.g. "
+           "x-tenant-id (default: the Authorization credential).",
+           &set_scope_header},
+    Option{"expose-kv-params", "", 0, false, false, kGeneral, "true|false",
+           "Let clients see decode's kv_transfer_params (default: false).", &set_expose_kv_params},
+    Option{"verbose-errors", "", 0, false, false, kGeneral, "true|false",
+           "Error bodies sent to clients include engine addresses and engines' own error "
+           "text; otherwise only the stage that failed and how (default: false).",
+           &set_switch<&Config::verbose_errors>},
+    Option{"profile-routes", "", 0, false, false, kGeneral, "on|off",
+           "Serve POST /start_profile and /stop_profile on the client port (they need the "
+           "admin key when one is set) (default: on).",
+           &set_switch<&Config::profile_routes>},
+    Option{"admin-port", "", 0, false, false, kGeneral, "PORT",
+           "Port of the admin API (docs/admin.md); 0 picks a free one (default: off).",
+           &set_admin_port},
+    Option{"admin-host", "", 0, false, false, kGeneral, "HOST",
+           "Address the admin API listens on (default: 127.0.0.1).",
+           &set_trimmed<&Config::admin_host>},
+    Option{"admin-key-file", "", 0, false, false, kGeneral, "FILE",
+           "File holding the admin API key (default: env ADMIN_API_KEY).",
+           &set_trimmed<&Config::admin_key_file>},
+    Option{"model-check-timeout", "", 0, false, false, kGeneral, "DURATION",
+           "Time an instance added at run time has to answer GET /v1/models when --model "
+           "is set, and to resolve for --allowed-upstreams (default: 5s).",
+           &set_duration<&Config::model_check_timeout>},
+    Option{"shutdown-timeout", "", 0, false, false, kGeneral, "DURATION",
+           "On SIGTERM or SIGINT, time in-flight requests have to finish before pdgate "
+           "exits anyway (default: 30s).",
+           &set_duration<&Config::shutdown_timeout>},
+    Option{"allowed-upstreams", "", 0, true, false, kGeneral, "CIDR",
+           "Networks instances added at run time (admin API, Redis) must be in, e.g. "
+           "10.0.0.0/8 (default: any)."},
+    Option{"health-interval", "", 0, false, false, kGeneral, "DURATION|off",
+           "How often each instance's /health is checked (default: 2s).",
+           &set_interval<&Config::health_interval>},
+    Option{"health-rise", "", 0, false, false, kGeneral, "N",
+           "Passed checks that re-admit an ejected instance (default: 2).",
+           &set_count<&Config::health_rise>},
+    Option{"health-fall", "", 0, false, false, kGeneral, "N",
+           "Failed checks that eject an instance (default: 2).", &set_count<&Config::health_fall>},
+    Option{"health-max-concurrency", "", 0, false, false, kGeneral, "N",
+           "Health checks in flight at most, spread over the interval; also bounds the "
+           "/metrics scrapes and the validation of instances learnt through Redis "
+           "(default: 64).",
+           &set_count<&Config::health_max_concurrency>},
+    Option{"eject-after", "", 0, false, false, kGeneral, "N",
+           "Consecutive request failures (connect, timeout, 5xx) that eject an instance "
+           "(default: 3).",
+           &set_count<&Config::eject_after>},
+    Option{"retry-budget", "", 0, false, false, kGeneral, "FRACTION",
+           "Retries in flight allowed, as a fraction of requests in flight (default: 0.2).",
+           &set_retry_budget},
+    Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
+           "trace, debug, info, warn or error (default: info).", &set_log_level},
+    Option{"config", "", 0, false, true, kGeneral, "FILE",
+           "YAML file with any of these options (names without dashes); flags override it."},
+    Option{"help", "", 'h', false, true, kGeneral, "", "Print this help and exit."},
+};
+
+// '_' and '-' are interchangeable in names, as in vLLM's own CLI, so
+// `max_body_size` in YAML and `--max-body-size` mean the same thing.
+const Option* find_option(std::string_view name) {
+  const std::string n = normalize_name(name);
+  for (const auto& o : kOptions) {
+    if (o.key == n || (!o.alias.empty() && o.alias == n))
+      return &o;
+  }
+  return nullptr;
+}
+
+const Option* find_short(char c) {
+  for (const auto& o : kOptions) {
+    if (o.short_name != 0 && o.short_name == c)
+      return &o;
+  }
+  return nullptr;
+}
+
+// The values given for one option, and where they came from (the flag as
+// the user spelled it, or the config key) so errors point at the culprit.
+struct RawValue {
+  std::string origin;
+  std::vector<std::string> values;
+};
+using RawMap = std::map<std::string, RawValue, std::less<>>;
+
 // The EPD proxy's list syntax: comma-separated, whitespace trimmed, empty
 // items dropped.
 std::vector<std::string> split_urls(std::string_view text) {
@@ -430,39 +622,6 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
       return err(v, "expects exactly one value");
     return v.values.front();
   };
-
-  if (const auto* v = get("host")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    if (trim(*s).empty())
-      return err(*v, "the listen address must not be empty");
-    c.host = std::string(trim(*s));
-  }
-  if (const auto* v = get("port")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto p = parse_port_number(trim(*s), true);
-    if (!p)
-      return err(*v, p.error());
-    c.port = *p;
-  }
-  if (const auto* v = get("workers")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto n = parse_uint(trim(*s), 1024);
-    if (!n)
-      return err(*v, n.error());
-    c.workers = static_cast<unsigned>(*n);
-  }
-  if (const auto* v = get("model")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    c.model = *s;
-  }
 
   // Engines: every form contributes to the same lists, in the order demo,
   // multi-turn, EPD. A role's list is replaced only when some form names it.
@@ -596,224 +755,17 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
   if (encode_named)
     c.encode = std::move(encode);
 
-  if (const auto* v = get("kv-connector")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto k = parse_kv_connector(*s);
-    if (!k)
-      return err(*v, k.error());
-    c.kv_connector = *k;
-  }
-  const std::pair<std::string_view, std::size_t Config::*> sizes[] = {
-      {"max-body-size", &Config::max_body_bytes},
-      {"max-header-size", &Config::max_header_bytes},
-      {"body-memory-limit", &Config::body_memory_limit},
-  };
-  for (const auto& [key, field] : sizes) {
-    if (const auto* v = get(key)) {
+  // Every single-valued option, through its entry's setter.
+  for (const auto& o : kOptions) {
+    if (o.apply == nullptr)
+      continue;
+    if (const auto* v = get(o.key)) {
       auto s = single(*v);
       if (!s)
         return fail(s.error());
-      auto n = parse_size(*s);
-      if (!n)
-        return err(*v, n.error());
-      c.*field = *n;
+      if (auto r = o.apply(c, *s); !r)
+        return err(*v, r.error());
     }
-  }
-  const std::pair<std::string_view, std::chrono::milliseconds Config::*> durations[] = {
-      {"header-timeout", &Config::header_timeout},
-      {"client-idle-timeout", &Config::client_idle_timeout},
-      {"connect-timeout", &Config::connect_timeout},
-      {"first-byte-timeout", &Config::first_byte_timeout},
-      {"upstream-idle-timeout", &Config::upstream_idle_timeout},
-      {"model-check-timeout", &Config::model_check_timeout},
-      {"shutdown-timeout", &Config::shutdown_timeout},
-  };
-  for (const auto& [key, field] : durations) {
-    if (const auto* v = get(key)) {
-      auto s = single(*v);
-      if (!s)
-        return fail(s.error());
-      auto d = parse_duration(*s);
-      if (!d)
-        return err(*v, d.error());
-      c.*field = *d;
-    }
-  }
-  if (const auto* v = get("redis")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    c.redis_url = std::string(trim(*s));
-  }
-  if (const auto* v = get("redis-key-prefix")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    c.redis_key_prefix = std::string(*s);
-  }
-  if (const auto* v = get("redis-timeout")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto d = parse_duration(*s);
-    if (!d)
-      return err(*v, d.error());
-    c.redis_timeout = *d;
-  }
-  if (const auto* v = get("conversation-ttl")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto d = parse_duration(*s);
-    if (!d)
-      return err(*v, d.error());
-    c.conversation_ttl = std::chrono::duration_cast<std::chrono::seconds>(*d);
-  }
-  if (const auto* v = get("conversation-cache-size")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto n = parse_uint(trim(*s), 1u << 30);
-    if (!n)
-      return err(*v, n.error());
-    c.conversation_cache_size = static_cast<std::size_t>(*n);
-  }
-  if (const auto* v = get("conversation-scope-header")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    std::string name(trim(*s));
-    for (auto& ch : name) {
-      const auto u = static_cast<unsigned char>(ch);
-      // RFC 9110 token characters: anything else cannot be a header name.
-      if (!std::isalnum(u) &&
-          std::string_view("!#$%&'*+-.^_`|~").find(ch) == std::string_view::npos)
-        return err(*v, "not a header name");
-      ch = static_cast<char>(std::tolower(u));
-    }
-    c.conversation_scope_header = std::move(name);
-  }
-  if (const auto* v = get("expose-kv-params")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    c.expose_kv_params = trim(*s) == "true" || trim(*s) == "1";
-  }
-  const std::pair<std::string_view, bool Config::*> switches[] = {
-      {"verbose-errors", &Config::verbose_errors},
-      {"profile-routes", &Config::profile_routes},
-  };
-  for (const auto& [key, field] : switches) {
-    if (const auto* v = get(key)) {
-      auto s = single(*v);
-      if (!s)
-        return fail(s.error());
-      auto b = parse_switch(*s);
-      if (!b)
-        return err(*v, b.error());
-      c.*field = *b;
-    }
-  }
-  if (const auto* v = get("upstream-max-idle")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto n = parse_uint(trim(*s), 1u << 20);
-    if (!n)
-      return err(*v, n.error());
-    c.upstream_max_idle = static_cast<std::size_t>(*n);
-  }
-  const std::pair<std::string_view, std::string Config::*> policy_names[] = {
-      {"policy", &Config::policy},
-      {"policy-prefill", &Config::policy_prefill},
-      {"policy-decode", &Config::policy_decode},
-      {"policy-encode", &Config::policy_encode},
-      {"policy-dir", &Config::policy_dir},
-  };
-  for (const auto& [key, field] : policy_names) {
-    if (const auto* v = get(key)) {
-      auto s = single(*v);
-      if (!s)
-        return fail(s.error());
-      if (trim(*s).empty())
-        return err(*v, "must not be empty");
-      c.*field = std::string(trim(*s));
-    }
-  }
-  if (const auto* v = get("policy-budget-us")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto n = parse_uint(trim(*s), 10'000'000);
-    if (!n)
-      return err(*v, n.error());
-    if (*n == 0)
-      return err(*v, "must be at least 1 microsecond");
-    c.policy_budget = std::chrono::microseconds(*n);
-  }
-  const std::pair<std::string_view, std::size_t Config::*> policy_sizes[] = {
-      {"policy-memory", &Config::policy_memory},
-      {"prefix-block-size", &Config::prefix_block_size},
-  };
-  for (const auto& [key, field] : policy_sizes) {
-    if (const auto* v = get(key)) {
-      auto s = single(*v);
-      if (!s)
-        return fail(s.error());
-      auto n = parse_size(*s);
-      if (!n)
-        return err(*v, n.error());
-      c.*field = *n;
-    }
-  }
-  if (const auto* v = get("policy-poll-interval")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto d = parse_duration(*s);
-    if (!d)
-      return err(*v, d.error());
-    c.policy_poll_interval = *d;
-  }
-  if (const auto* v = get("metrics-interval")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    const std::string word = lower(trim(*s));
-    if (word == "off" || word == "0") {
-      c.metrics_interval = std::chrono::milliseconds(0);
-    } else {
-      auto d = parse_duration(*s);
-      if (!d)
-        return err(*v, d.error());
-      c.metrics_interval = *d;
-    }
-  }
-  if (const auto* v = get("admin-port")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    unsigned long n = 0;
-    const std::string t(trim(*s));
-    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
-    if (ec != std::errc() || p != t.data() + t.size() || n > 65535)
-      return err(*v, "not a port number (0-65535)");
-    c.admin_port = static_cast<std::uint16_t>(n);
-    c.admin_enabled = true;
-  }
-  if (const auto* v = get("admin-host")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    c.admin_host = std::string(trim(*s));
-  }
-  if (const auto* v = get("admin-key-file")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    c.admin_key_file = std::string(trim(*s));
   }
   if (const auto* v = get("allowed-upstreams")) {
     c.allowed_upstreams.clear();
@@ -821,59 +773,6 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
       for (auto& u : split_urls(item))
         c.allowed_upstreams.push_back(std::move(u));
     }
-  }
-  if (const auto* v = get("health-interval")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    const std::string word = lower(trim(*s));
-    if (word == "off" || word == "0") {
-      c.health_interval = std::chrono::milliseconds(0);
-    } else {
-      auto d = parse_duration(*s);
-      if (!d)
-        return err(*v, d.error());
-      c.health_interval = *d;
-    }
-  }
-  const std::pair<std::string_view, unsigned Config::*> counts[] = {
-      {"health-rise", &Config::health_rise},
-      {"health-fall", &Config::health_fall},
-      {"eject-after", &Config::eject_after},
-      {"health-max-concurrency", &Config::health_max_concurrency},
-  };
-  for (const auto& [key, field] : counts) {
-    if (const auto* v = get(key)) {
-      auto s = single(*v);
-      if (!s)
-        return fail(s.error());
-      unsigned n = 0;
-      const std::string t(trim(*s));
-      auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
-      if (ec != std::errc() || p != t.data() + t.size() || n < 1 || n > 1000)
-        return err(*v, "not a count from 1 to 1000");
-      c.*field = n;
-    }
-  }
-  if (const auto* v = get("retry-budget")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    const std::string t(trim(*s));
-    char* end = nullptr;
-    const double f = std::strtod(t.c_str(), &end);
-    if (t.empty() || end != t.c_str() + t.size() || !(f >= 0.0 && f <= 1.0))
-      return err(*v, "not a fraction from 0 to 1");
-    c.retry_budget = f;
-  }
-  if (const auto* v = get("log-level")) {
-    auto s = single(*v);
-    if (!s)
-      return fail(s.error());
-    auto l = parse_log_level(*s);
-    if (!l)
-      return err(*v, l.error());
-    c.log_level = *l;
   }
   return c;
 }

@@ -13,7 +13,9 @@ namespace {
 
 constexpr std::string_view kParamsKey = "kv_transfer_params";
 
-std::string_view trim(std::string_view s) {
+// A header value without the spaces and tabs around it (HTTP's optional
+// whitespace; nothing else is stripped).
+std::string_view trim_blanks(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
     s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
@@ -59,7 +61,7 @@ std::optional<std::string> conversation_key(
   auto it = req.find("x-conversation-id");
   if (it == req.end())
     return std::nullopt;
-  return bounded(trim(it->value()));
+  return bounded(trim_blanks(it->value()));
 }
 
 std::optional<std::string> conversation_scope(
@@ -70,7 +72,7 @@ std::optional<std::string> conversation_scope(
   if (!scope_header.empty()) {
     name = scope_header;
     auto it = req.find(scope_header);
-    value = it == req.end() ? std::string_view() : trim(it->value());
+    value = it == req.end() ? std::string_view() : trim_blanks(it->value());
   }
   if (value.empty())
     return std::nullopt;

@@ -68,8 +68,8 @@ http::request<http::string_body> upstream_request(http::verb method, const Insta
                                                   const std::string& request_id,
                                                   const ForwardedHeaders& fwd) {
   http::request<http::string_body> r{method, target, 11};
-  upstream_fields([&r](std::string_view name, std::string_view value) { r.set(name, value); },
-                  inst, request_id, fwd);
+  upstream_fields([&r](std::string_view name, std::string_view value) { r.set(name, value); }, inst,
+                  request_id, fwd);
   if (method == http::verb::post)
     r.set(http::field::content_type, "application/json");
   r.keep_alive(true);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/health.hpp"
+#include "core/text.hpp"
 
 namespace pdgate {
 
@@ -25,15 +26,6 @@ using json = nlohmann::json;
 namespace {
 
 constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
-
-std::string trim_copy(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
-    s.pop_back();
-  std::size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i])))
-    ++i;
-  return s.substr(i);
-}
 
 }  // namespace
 
@@ -66,7 +58,7 @@ bool Cidr::contains(const net::ip::address& a) const {
 }
 
 Result<Cidr> parse_cidr(const std::string& text) {
-  const std::string t = trim_copy(text);
+  const std::string t = std::string(trim(text));
   const auto slash = t.find('/');
   beast::error_code ec;
   Cidr c;
