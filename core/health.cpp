@@ -33,21 +33,15 @@ net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host,
                                       std::string target, std::chrono::milliseconds timeout,
                                       std::string via) {
   ProbeResult r;
-  // The resolver is bounded by the same deadline: a timer closes it.
-  tcp::resolver resolver(ex);
-  net::steady_timer deadline(ex);
-  deadline.expires_after(timeout);
-  deadline.async_wait([&resolver](const beast::error_code& ec) {
-    if (!ec)
-      resolver.cancel();
-  });
-  auto [rec, results] = co_await resolver.async_resolve(host, std::to_string(port), use_tuple);
+  // One deadline for the whole probe, name resolution included.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto [rec, results] = co_await resolve_until(ex, host, port, deadline);
   if (rec) {
     r.error = "cannot resolve " + host + ": " + rec.message();
     co_return r;
   }
   beast::tcp_stream stream(ex);
-  stream.expires_at(deadline.expiry());
+  stream.expires_at(deadline);
   const auto cec = co_await connect_stream(stream, results);
   if (cec) {
     r.error = "connect: " + cec.message();

@@ -40,6 +40,26 @@ bool is_local_resource_error(const boost::system::error_code& ec) {
   }
 }
 
+net::awaitable<std::pair<beast::error_code, tcp::resolver::results_type>> resolve_until(
+    net::any_io_executor ex, const std::string& host, std::uint16_t port,
+    std::chrono::steady_clock::time_point deadline) {
+  auto resolver = std::make_shared<tcp::resolver>(ex);
+  net::steady_timer timer(ex);
+  timer.expires_at(deadline);
+  // The handler may run after this frame is gone (its completion already
+  // queued when the timer was destroyed): it holds only a weak reference.
+  timer.async_wait([weak = std::weak_ptr<tcp::resolver>(resolver)](const beast::error_code& ec) {
+    if (ec)
+      return;
+    if (auto r = weak.lock())
+      r->cancel();
+  });
+  auto [ec, results] = co_await resolver->async_resolve(host, std::to_string(port),
+                                                        net::as_tuple(net::use_awaitable));
+  timer.cancel();
+  co_return std::pair{ec, std::move(results)};
+}
+
 net::awaitable<beast::error_code> connect_stream(beast::tcp_stream& stream,
                                                  const tcp::resolver::results_type& endpoints) {
   beast::error_code last = net::error::host_not_found;

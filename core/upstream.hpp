@@ -62,6 +62,15 @@ bool is_local_resource_error(const boost::system::error_code& ec);
 // range connect (which reports a failed open as "operation canceled"), so
 // that the gateway's own shortage of descriptors (is_local_resource_error)
 // is told apart from an engine that refuses.
+// Resolves host:port with Asio (on its resolver thread, never blocking the
+// loop), given up at `deadline` (operation_aborted). The deadline's timer
+// holds no reference to this coroutine's frame: a timer that fires as the
+// resolve completes must not touch a resolver that is gone.
+boost::asio::awaitable<
+    std::pair<boost::system::error_code, boost::asio::ip::tcp::resolver::results_type>>
+resolve_until(boost::asio::any_io_executor ex, const std::string& host, std::uint16_t port,
+              std::chrono::steady_clock::time_point deadline);
+
 boost::asio::awaitable<boost::system::error_code> connect_stream(
     boost::beast::tcp_stream& stream,
     const boost::asio::ip::tcp::resolver::results_type& endpoints);

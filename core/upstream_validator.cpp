@@ -15,6 +15,7 @@
 
 #include "core/health.hpp"
 #include "core/text.hpp"
+#include "core/upstream.hpp"
 
 namespace pdgate {
 
@@ -103,16 +104,8 @@ net::awaitable<std::optional<RegistryError>> UpstreamValidator::check(
     if (auto literal = net::ip::make_address(spec.host, not_literal); !not_literal) {
       addresses.push_back(literal);
     } else {
-      tcp::resolver resolver(ex);
-      net::steady_timer deadline(ex);
-      deadline.expires_after(cfg_->model_check_timeout);
-      deadline.async_wait([&resolver](const beast::error_code& ec) {
-        if (!ec)
-          resolver.cancel();
-      });
-      auto [ec, results] =
-          co_await resolver.async_resolve(spec.host, std::to_string(spec.port), use_tuple);
-      deadline.cancel();
+      auto [ec, results] = co_await resolve_until(
+          ex, spec.host, spec.port, std::chrono::steady_clock::now() + cfg_->model_check_timeout);
       if (ec || results.empty()) {
         co_return RegistryError{422, "cannot resolve " + spec.host + ": " + ec.message()};
       }

@@ -1,6 +1,7 @@
 #include "policies/metrics.hpp"
 
 #include "core/probe_rounds.hpp"
+#include "core/upstream.hpp"
 
 #include <charconv>
 #include <cmath>
@@ -125,19 +126,12 @@ net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds time
   auto ex = co_await net::this_coro::executor;
   // One deadline for the whole exchange, name resolution included: a scrape
   // holds one of the scraper's few slots, so it must always end.
-  tcp::resolver resolver(ex);
-  net::steady_timer deadline(ex);
-  deadline.expires_after(timeout);
-  deadline.async_wait([&resolver](const beast::error_code& ec) {
-    if (!ec)
-      resolver.cancel();
-  });
-  auto [rec, endpoints] =
-      co_await resolver.async_resolve(inst->spec.host, std::to_string(inst->spec.port), use_tuple);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto [rec, endpoints] = co_await resolve_until(ex, inst->spec.host, inst->spec.port, deadline);
   if (rec)
     co_return;
   beast::tcp_stream stream(ex);
-  stream.expires_at(deadline.expiry());
+  stream.expires_at(deadline);
   auto [cec, ep] = co_await stream.async_connect(endpoints, use_tuple);
   if (cec)
     co_return;
