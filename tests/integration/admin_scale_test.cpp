@@ -275,8 +275,16 @@ TEST(AdminScale, TenThousandAddsComplete) {
   const double first = sum(took, 0, 1000), last = sum(took, 9000, 10000);
   std::cout << "[ measured ] 10,000 adds: " << total << " s; first 1,000: " << first
             << " s, last 1,000: " << last << " s\n";
-  EXPECT_LT(total, 60.0);
-  EXPECT_LT(last, 5.0);
+  // The bounds are the issue's, for the normal build; ASan+UBSan make
+  // every add several times slower, the no-slowdown ratio is what holds.
+#ifdef PDGATE_SANITIZED
+  constexpr double kSlower = 3.0;
+#else
+  constexpr double kSlower = 1.0;
+#endif
+  EXPECT_LT(total, 60.0 * kSlower);
+  EXPECT_LT(last, 5.0 * kSlower);
+  EXPECT_LT(last, 3 * first + 1.0) << "adds slow down as instances accumulate";
   const auto t1 = Clock::now();
   const auto listed = g.call("GET", "/admin/instances");
   std::cout << "[ measured ] GET /admin/instances with 10,002: " << seconds_since(t1) * 1000

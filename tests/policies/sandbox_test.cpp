@@ -31,7 +31,13 @@ using test::TempScript;
 
 // A pick with a 1 ms budget must return within this (budget, the overrun
 // the sandbox allows, and scheduling noise on a busy 2-core machine).
+// Under ASan+UBSan every instruction and the watchdog's own wake-ups run
+// several times slower (87 ms seen with the suite running beside it).
+#ifdef PDGATE_SANITIZED
+constexpr auto kPickBound = 250ms;
+#else
 constexpr auto kPickBound = 50ms;
+#endif
 // Loading runs the script's top level with a 200 ms budget.
 constexpr auto kLoadBound = 400ms;
 

@@ -142,6 +142,15 @@ TEST(NeverSentRetries, RefusedConnectIsRetriedWhateverTheBudget) {
 // a socket are not held against the engine), and once descriptors are free
 // requests are served at once.
 TEST(LocalFaults, FdExhaustionEjectsNoEngine) {
+#ifdef PDGATE_SANITIZED
+  // UBSan proves memory readable through a pipe before each dynamic type
+  // check; out of descriptors the pipe fails and every virtual call is
+  // reported as "invalid vptr" ("memory cannot be printed"), and a
+  // suppressions file cannot be opened either. The condition this test
+  // creates is one the sanitizer cannot run under: it runs in the normal
+  // build.
+  GTEST_SKIP() << "descriptor exhaustion breaks UBSan's own checks";
+#endif
   Sim p("prefill");
   Sim d("decode");
   std::vector<std::string> argv = {"/usr/bin/prlimit",
