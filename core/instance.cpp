@@ -74,8 +74,16 @@ bool Instance::eject(const std::string& why) const {
   bool expected = true;
   if (!h.compare_exchange_strong(expected, false))
     return false;
+  // The back-off grows with each ejection, but only while ejections come
+  // close together: an engine restarted now and then (a deploy, a crash a
+  // day) would otherwise reach the one-minute cap for good, and when its
+  // peers failed there would be nothing to route to for a minute although
+  // it was healthy.
+  const std::int64_t now = steady_now_ms();
+  if (now - healthy_since_ms.load() >= kBackoffForgivenAfterMs)
+    ejections.store(0);
   const unsigned n = ejections.fetch_add(1) + 1;
-  ejected_until_ms.store(steady_now_ms() + backoff_ms(n));
+  ejected_until_ms.store(now + backoff_ms(n));
   check_passes.store(0);
   spdlog::warn("instance {} ({}) ejected: {}", id, spec.url, why);
   record(false, "ejected: " + why);
@@ -96,6 +104,7 @@ bool Instance::note_check(bool ok, unsigned rise, unsigned fall, const std::stri
     const unsigned passes = check_passes.fetch_add(1) + 1;
     if (!healthy.load() && passes >= rise && steady_now_ms() >= ejected_until_ms.load()) {
       consecutive_failures.store(0);
+      healthy_since_ms.store(steady_now_ms());
       healthy.store(true);
       spdlog::info("instance {} ({}) re-admitted after {} passed check(s)", id, spec.url, passes);
       record(true, "readmitted");
@@ -114,6 +123,7 @@ void Instance::readmit_if_due(bool checks_on) const {
   if (checks_on || healthy.load() || steady_now_ms() < ejected_until_ms.load())
     return;
   consecutive_failures.store(0);
+  healthy_since_ms.store(steady_now_ms());
   healthy.store(true);
   spdlog::info("instance {} ({}) re-admitted after its back-off", id, spec.url);
   record(true, "readmitted after back-off");

@@ -100,6 +100,10 @@ struct Instance {
   mutable std::atomic<unsigned> check_failures{0};
   mutable std::atomic<unsigned> ejections{0};
   mutable std::atomic<std::int64_t> ejected_until_ms{0};  // steady clock
+  // When it was last (re-)admitted, steady clock: an instance that then
+  // served this long without being ejected starts its back-off over.
+  mutable std::atomic<std::int64_t> healthy_since_ms{steady_now_ms()};
+  static constexpr std::int64_t kBackoffForgivenAfterMs = 30'000;
 
   InstanceState state() const {
     if (draining.load(std::memory_order_relaxed))

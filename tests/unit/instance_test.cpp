@@ -60,6 +60,34 @@ TEST(InstanceHealth, BackoffDoublesAndCaps) {
   }
 }
 
+// Found by the soak (bench/soak.sh): with each decode restarted every
+// minute, their back-offs reached the one-minute cap and stayed there, so
+// when one was killed while the other sat out its minute, every request
+// got a 503 (1.8 million of them). An instance that served 30 s since it
+// was re-admitted starts its back-off over at 1 s; ejections close
+// together still double it.
+TEST(InstanceHealth, BackoffStartsOverAfterAHealthyPeriod) {
+  auto i = make();
+  for (int round = 0; round < 7; ++round) {
+    ASSERT_TRUE(i->note_request_failure(1, "killed"));
+    i->ejected_until_ms.store(steady_now_ms() - 1);
+    i->readmit_if_due(false);
+  }
+  // Ejected again at once: the back-off is at its cap.
+  auto before = steady_now_ms();
+  ASSERT_TRUE(i->note_request_failure(1, "killed"));
+  EXPECT_GE(i->ejected_until_ms.load() - before, 60'000);
+  i->ejected_until_ms.store(steady_now_ms() - 1);
+  i->readmit_if_due(false);
+  // Healthy for longer than the forgiveness period, then ejected: 1 s.
+  i->healthy_since_ms.store(steady_now_ms() - Instance::kBackoffForgivenAfterMs - 1);
+  before = steady_now_ms();
+  ASSERT_TRUE(i->note_request_failure(1, "killed"));
+  const auto wait = i->ejected_until_ms.load() - before;
+  EXPECT_GE(wait, 1000);
+  EXPECT_LE(wait, 1100);
+}
+
 // Without active checks an ejected instance comes back once its back-off
 // has passed, not before; with checks on, only passed checks readmit it.
 TEST(InstanceHealth, ReadmittedAfterBackoffWithoutChecks) {
