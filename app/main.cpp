@@ -3,12 +3,16 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <string_view>
 #include <thread>
+
+#include <luajit.h>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/version.hpp>
 
 #include "core/control_loop.hpp"
 #include "core/server.hpp"
@@ -34,10 +38,21 @@ int main(int argc, char** argv) {
   auto parsed = pdgate::parse_command_line(argc, argv);
   if (!parsed) {
     std::fprintf(stderr, "pdgate: %s\nTry 'pdgate --help'.\n", parsed.error().c_str());
+    // --check-config reports an invalid configuration with 1 (as nginx -t
+    // does); starting with one is a usage error, 2.
+    for (int i = 1; i < argc; ++i) {
+      if (std::string_view(argv[i]) == "--check-config")
+        return 1;
+    }
     return 2;
   }
   if (parsed->help) {
     std::fputs(pdgate::help_text().c_str(), stdout);
+    return 0;
+  }
+  if (parsed->version) {
+    std::printf("pdgate %s (Boost %d.%d, %s)\n", PDGATE_VERSION, BOOST_VERSION / 100000,
+                BOOST_VERSION / 100 % 1000, LUAJIT_VERSION);
     return 0;
   }
   const pdgate::Config& cfg = parsed->config;
@@ -54,16 +69,30 @@ int main(int argc, char** argv) {
   auto stores = pdgate::make_conversation_stores(store_options);
   if (!stores) {
     std::fprintf(stderr, "pdgate: %s\nTry 'pdgate --help'.\n", stores.error().c_str());
-    return 2;
+    return parsed->check_only ? 1 : 2;
   }
 
   // A broken policy at start-up is a configuration error, reported like one.
   auto policies = pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg));
   if (!policies) {
     std::fprintf(stderr, "pdgate: %s\n", policies.error().c_str());
-    return 2;
+    return parsed->check_only ? 1 : 2;
   }
   const auto engine = *policies;
+  const auto policy_of = [&cfg](const std::string& stage_policy) {
+    return stage_policy.empty() ? cfg.policy : stage_policy;
+  };
+  if (parsed->check_only) {
+    // Everything that can be checked without the network has been: the
+    // flags, the file and the policy scripts (loaded and self-checked).
+    std::printf(
+        "pdgate: configuration OK: %zu prefill, %zu decode, %zu encode instance(s); connector "
+        "%s; policies prefill=%s decode=%s encode=%s\n",
+        cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), cfg.kv_connector.c_str(),
+        policy_of(cfg.policy_prefill).c_str(), policy_of(cfg.policy_decode).c_str(),
+        policy_of(cfg.policy_encode).c_str());
+    return 0;
+  }
 
   // The control thread (this one, once the gateway runs): signals, policy
   // reloads (their file reads and script checks never stall a worker) and
@@ -146,9 +175,13 @@ int main(int argc, char** argv) {
                     static_cast<unsigned>(gateway.admin_port()));
       }
       std::fflush(stdout);
-      spdlog::info("{} prefill, {} decode, {} encode instance(s); connector {}{}; policies {}",
-                   cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), cfg.kv_connector,
-                   cfg.prefill_disabled ? " (prefill disabled: one hop to P+D)" : "", cfg.policy);
+      spdlog::info(
+          "{} prefill, {} decode, {} encode instance(s); connector {}{}; policies prefill={} "
+          "decode={} encode={}",
+          cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), cfg.kv_connector,
+          cfg.prefill_disabled ? " (prefill disabled: one hop to P+D)" : "",
+          policy_of(cfg.policy_prefill), policy_of(cfg.policy_decode),
+          policy_of(cfg.policy_encode));
       gateway.start();
       control.run();
       gateway.wait();

@@ -548,6 +548,10 @@ constexpr std::array kOptions = {
     Option{"config", "", 0, false, true, kGeneral, "FILE",
            "YAML file with any of these options (names without dashes); flags override it."},
     Option{"help", "", 'h', false, true, kGeneral, "", "Print this help and exit."},
+    Option{"version", "", 'V', false, true, kGeneral, "", "Print the version and exit."},
+    Option{"check-config", "", 0, false, true, kGeneral, "",
+           "Check the flags, the --config file and the policy scripts, then exit: 0 when "
+           "valid, 1 with the error otherwise (nothing is resolved or contacted)."},
 };
 
 // '_' and '-' are interchangeable in names, as in vLLM's own CLI, so
@@ -1012,6 +1016,14 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
     if (o->key == "help") {
       cl.help = true;
       return cl;
+    }
+    if (o->key == "version") {
+      cl.version = true;
+      return cl;
+    }
+    if (o->key == "check-config") {
+      cl.check_only = true;
+      continue;
     }
 
     RawValue v{spelled, {}};

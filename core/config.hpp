@@ -126,6 +126,10 @@ struct Config {
 struct CommandLine {
   Config config;
   bool help = false;
+  bool version = false;  // --version: print it and exit
+  // --check-config: parse and validate everything (flags, the YAML file,
+  // policy scripts), report, and exit without serving.
+  bool check_only = false;
 };
 
 // Parses argv (argv[0] is skipped). Loads --config first, then applies the

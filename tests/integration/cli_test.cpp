@@ -135,6 +135,66 @@ TEST(Config, HelpAndBadFlag) {
   EXPECT_NE(bad.log().find("--no-such-flag"), std::string::npos) << bad.log();
 }
 
+// Runs pdgate with `args` (shell words) to completion: its exit status
+// and everything it printed (stdout and stderr).
+std::pair<int, std::string> run_pdgate(const std::string& args) {
+  std::string out;
+  FILE* p = ::popen((build_dir() + "/pdgate " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr)
+    return {-1, ""};
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
+    out.append(buf, n);
+  const int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+// --version prints the version and exits 0.
+TEST(Config, Version) {
+  const auto [code, out] = run_pdgate("--version");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(out.rfind("pdgate 0.", 0), 0u) << out;
+  EXPECT_NE(out.find("LuaJIT"), std::string::npos) << out;
+}
+
+// --check-config accepts the shipped example (naming each stage's policy)
+// without serving, and rejects each kind of mistake with exit 1 and a
+// message naming it: a bad value in the file, a flag, a missing role, a
+// policy script that does not load.
+TEST(Config, CheckConfig) {
+  const std::string example = source_dir() + "/config/pdgate.example.yaml";
+  auto [code, out] = run_pdgate("--check-config --config " + example);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("configuration OK"), std::string::npos) << out;
+  EXPECT_NE(out.find("policies prefill="), std::string::npos) << out;
+  EXPECT_EQ(out.find("listening"), std::string::npos) << out;
+
+  const std::string dir = ::testing::TempDir() + "/pdgate-check-" + std::to_string(::getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/bad-duration.yaml") << "decode: [localhost:8200]\nconnect-timeout: soon\n";
+  std::ofstream(dir + "/no-decode.yaml") << "prefill: [localhost:8100]\n";
+  std::ofstream(dir + "/broken.lua") << "return { pick = function( end }\n";
+  struct Bad {
+    std::string args;
+    std::string says;
+  };
+  const Bad bad[] = {
+      {"--config " + dir + "/bad-duration.yaml", "connect-timeout"},
+      {"--config " + dir + "/no-decode.yaml", "no decode instances"},
+      {"--decode localhost:8200 --port 70000", "port"},
+      {"--prefill localhost:8100 --decode localhost:8200 --policy " + dir + "/broken.lua",
+       "broken.lua"},
+      {"--config " + dir + "/missing.yaml", "missing.yaml"},
+  };
+  for (const auto& b : bad) {
+    std::tie(code, out) = run_pdgate("--check-config " + b.args);
+    EXPECT_NE(code, 0) << b.args << ": " << out;
+    EXPECT_NE(out.find(b.says), std::string::npos) << b.args << ": " << out;
+    EXPECT_EQ(out.find("configuration OK"), std::string::npos) << out;
+  }
+}
+
 // --workers N runs N serving threads (reported by /status and visible as
 // threads of the process).
 TEST(Config, WorkersFlag) {
