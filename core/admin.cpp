@@ -5,11 +5,18 @@
 #include <sstream>
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
 #include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
 #include "core/http_head.hpp"
+#include "core/response_writer.hpp"
 #include "core/text.hpp"
 
 namespace pdgate {
@@ -18,6 +25,7 @@ namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using json = nlohmann::json;
+using tcp = net::ip::tcp;
 
 namespace {
 
@@ -373,6 +381,52 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
                     ".../undrain");
   }
   co_return error(req, 404, "no admin route for " + std::string(req.method_string()) + " " + path);
+}
+
+namespace {
+
+// One admin connection: requests one after another until the client
+// closes, idles past `idle_timeout` or sends something unreadable.
+net::awaitable<void> admin_session(tcp::socket socket, std::shared_ptr<AdminApi> api,
+                                   std::chrono::milliseconds idle_timeout) {
+  constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(64 * 1024);
+    parser.body_limit(1u << 20);  // admin bodies are small JSON documents
+    stream.expires_after(idle_timeout);
+    auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
+    if (ec)
+      break;
+    auto req = parser.release();
+    auto res = co_await api->handle(req);
+    if (!co_await write_response(stream, res) || !req.keep_alive())
+      break;
+  }
+  beast::error_code ec;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+}
+
+}  // namespace
+
+net::awaitable<void> serve_admin(tcp::acceptor& acceptor, std::shared_ptr<AdminApi> api,
+                                 std::chrono::milliseconds idle_timeout) {
+  constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
+  for (;;) {
+    auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
+    if (ec) {
+      if (ec == net::error::operation_aborted || !acceptor.is_open())
+        co_return;
+      // Out of descriptors, say: try again shortly rather than spin.
+      net::steady_timer t(acceptor.get_executor(), std::chrono::milliseconds(50));
+      co_await t.async_wait(use_tuple);
+      continue;
+    }
+    net::co_spawn(acceptor.get_executor(), admin_session(std::move(socket), api, idle_timeout),
+                  net::detached);
+  }
 }
 
 }  // namespace pdgate

@@ -5,13 +5,16 @@
 // InstanceSet in the Registry.
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/http.hpp>
 
 #include "core/config.hpp"
@@ -68,5 +71,13 @@ class AdminApi {
   const UpstreamValidator validator_;
   Hooks hooks_;
 };
+
+// The admin listener (--admin-port): accepts on `acceptor` and serves each
+// connection with `api` (keep-alive, small bodies, `idle_timeout` between
+// requests) until the acceptor is closed. Runs on the acceptor's executor,
+// the gateway's control loop, never on a worker.
+boost::asio::awaitable<void> serve_admin(boost::asio::ip::tcp::acceptor& acceptor,
+                                         std::shared_ptr<AdminApi> api,
+                                         std::chrono::milliseconds idle_timeout);
 
 }  // namespace pdgate

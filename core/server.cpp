@@ -352,40 +352,6 @@ std::string Gateway::metrics_text() const {
   return m.take();
 }
 
-net::awaitable<void> Gateway::admin_accept_loop() {
-  for (;;) {
-    auto [ec, socket] = co_await admin_acceptor_->async_accept(use_tuple);
-    if (ec) {
-      if (ec == net::error::operation_aborted || !admin_acceptor_->is_open())
-        co_return;
-      net::steady_timer t(admin_ioc_, std::chrono::milliseconds(50));
-      co_await t.async_wait(use_tuple);
-      continue;
-    }
-    net::co_spawn(admin_ioc_, admin_session(std::move(socket)), net::detached);
-  }
-}
-
-net::awaitable<void> Gateway::admin_session(tcp::socket socket) {
-  beast::tcp_stream stream(std::move(socket));
-  beast::flat_buffer buffer;
-  for (;;) {
-    http::request_parser<http::string_body> parser;
-    parser.header_limit(64 * 1024);
-    parser.body_limit(1u << 20);  // admin bodies are small JSON documents
-    stream.expires_after(cfg_.client_idle_timeout);
-    auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
-    if (ec)
-      break;
-    auto req = parser.release();
-    auto res = co_await admin_->handle(req);
-    if (!co_await write_response(stream, res) || !req.keep_alive())
-      break;
-  }
-  beast::error_code ec;
-  stream.socket().shutdown(tcp::socket::shutdown_send, ec);
-}
-
 void Gateway::start() {
   // An ejected instance's requests that have sent nothing to their client
   // yet are cut off on their worker and fail over (or fail) at once,
@@ -430,7 +396,8 @@ void Gateway::start() {
   admin_->set_hooks({reload_policy_, [this] { return metrics_text(); },
                      [this] { return status_document(true).dump(); }});
   if (admin_acceptor_)
-    net::co_spawn(admin_ioc_, admin_accept_loop(), net::detached);
+    net::co_spawn(admin_ioc_, serve_admin(*admin_acceptor_, admin_, cfg_.client_idle_timeout),
+                  net::detached);
   net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_, loop_guard_), net::detached);
   if (make_registry_sync_)
     shared_registry_ = make_registry_sync_(cfg_, registry_, loop_guard_);

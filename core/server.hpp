@@ -72,8 +72,6 @@ class Gateway {
   // Fills routes_: every route of the client port.
   void build_routes();
   net::awaitable<bool> demo_add(RouteCall& c);
-  net::awaitable<void> admin_accept_loop();
-  net::awaitable<void> admin_session(tcp::socket socket);
   // GET /status; `addresses` adds the engines' URLs.
   nlohmann::json status_document(bool addresses) const;
 
