@@ -78,7 +78,7 @@ BOUND=$((FIRST_BYTE * 2 + 30))
 read -r GWPID GW < <(start gw "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 2 \
   --prefill "127.0.0.1:$P1" "127.0.0.1:$P2" --decode "127.0.0.1:$D1" "127.0.0.1:$D2" \
   --first-byte-timeout "${FIRST_BYTE}s" --connect-timeout 2s --health-interval 1s \
-  --health-fall 1 --health-rise 1 --eject-after 2 --log-level warn)
+  --log-level warn)
 echo "soak: pdgate pid $GWPID on :$GW; prefill :$P1 :$P2; decode :$D1 :$D2; work dir $WORK"
 
 # Every kill_every seconds: SIGKILL one decode (alternating) and restart it
