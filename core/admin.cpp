@@ -92,6 +92,21 @@ Result<std::optional<unsigned>> weight_field(const json& j) {
   return std::optional<unsigned>(it->get<unsigned>());
 }
 
+// The optional "labels" and "weight" of an add or a PATCH.
+struct MetaFields {
+  std::optional<Instance::Labels> labels;
+  std::optional<unsigned> weight;
+};
+Result<MetaFields> meta_fields(const json& j) {
+  auto labels = labels_field(j);
+  if (!labels)
+    return fail(labels.error());
+  auto weight = weight_field(j);
+  if (!weight)
+    return fail(weight.error());
+  return MetaFields{std::move(*labels), *weight};
+}
+
 json config_json(const Config& c) {
   auto specs = [](const std::vector<UpstreamSpec>& v) {
     auto a = json::array();
@@ -293,14 +308,11 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
       auto role = role_from_string(role_text);
       if (!role)
         co_return error(req, 400, "role must be prefill, decode, encode or both");
-      auto labels = labels_field(j);
-      if (!labels)
-        co_return error(req, 400, labels.error());
-      auto weight = weight_field(j);
-      if (!weight)
-        co_return error(req, 400, weight.error());
+      auto meta = meta_fields(j);
+      if (!meta)
+        co_return error(req, 400, meta.error());
       co_return co_await add(req, *role, j["url"].get<std::string>(),
-                             labels->value_or(Instance::Labels{}), weight->value_or(1));
+                             meta->labels.value_or(Instance::Labels{}), meta->weight.value_or(1));
     }
     co_return error(req, 405, "use GET or POST on /admin/instances");
   }
@@ -351,13 +363,10 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
         if (k != "labels" && k != "weight")
           co_return error(req, 400, "only labels and weight can change; not " + k);
       }
-      auto labels = labels_field(j);
-      if (!labels)
-        co_return error(req, 400, labels.error());
-      auto weight = weight_field(j);
-      if (!weight)
-        co_return error(req, 400, weight.error());
-      auto [err, inst] = registry_.update(id, *labels, *weight);
+      auto meta = meta_fields(j);
+      if (!meta)
+        co_return error(req, 400, meta.error());
+      auto [err, inst] = registry_.update(id, meta->labels, meta->weight);
       if (err)
         co_return error(req, err->status, err->message);
       spdlog::info("admin: instance {} relabelled/reweighed", id);
