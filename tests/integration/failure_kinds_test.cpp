@@ -343,8 +343,12 @@ std::vector<Row> rows() {
              "--prefill", p.hostport(), "--decode", "127.0.0.1:" + std::to_string(closed_port()),
              "--eject-after", "1", "--health-interval", "off"});
          const auto port = s.gw->port();
-         // Warm-up: the refused decode is ejected (counted on its own).
+         // Warm-up: the refused decode is ejected (counted on its own,
+         // once its last write completes: waited for, so that it is not
+         // taken for the row's request).
          EXPECT_EQ(post_json(port, "/v1/chat/completions", chat(false)).status, 502);
+         EXPECT_TRUE(
+             eventually([&] { return total(request_counts(port)) >= 1; }, std::chrono::seconds(2)));
          send_chat(s);
          return s;
        },
