@@ -46,7 +46,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(!r.error().empty(), "empty error message");
     return 0;
   }
-  if (r->help)
+  if (r->help || r->version)  // both exit before any validation
     return 0;
   check(pdgate::validate(r->config).ok(), "accepted config fails validate");
   for (const auto* list : {&r->config.prefill, &r->config.decode, &r->config.encode}) {
