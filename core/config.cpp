@@ -476,7 +476,9 @@ constexpr std::array kOptions = {
 
     Option{"redis", "", 0, false, false, kGeneral, "URL",
            "Conversation store for multi-turn KV reuse shared by replicas: "
-           "redis://[:password@]host:port[/db] or unix:///path (default: in memory).",
+           "redis://[:password@]host:port[/db], "
+           "redis+sentinel://[:password@]host:port[,host:port...]/master[/db] "
+           "or unix:///path (default: in memory).",
            &set_trimmed<&Config::redis_url>},
     Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
            "Prefix of the Redis keys (default: pdgate:).", &set_text<&Config::redis_key_prefix>},
