@@ -3,6 +3,8 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -18,6 +20,7 @@
 #include "core/server.hpp"
 #include "plugins/conversation_stores.hpp"
 #include "plugins/kv_connectors.hpp"
+#include "plugins/redis_client_keys.hpp"
 #include "plugins/shared_registry.hpp"
 #include "policies/engine.hpp"
 #include "policies/metrics.hpp"
@@ -79,6 +82,23 @@ int main(int argc, char** argv) {
     return parsed->check_only ? 1 : 2;
   }
   const auto engine = *policies;
+
+  // API keys from a file: read once here, before anything serves; a bad
+  // file is a configuration error (and --check-config reports it).
+  pdgate::KeyTable file_keys;
+  if (!cfg.api_keys_file.empty()) {
+    std::ifstream in(cfg.api_keys_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto table = in ? pdgate::parse_key_file(text.str())
+                    : pdgate::Result<pdgate::KeyTable>(pdgate::fail("cannot read the file"));
+    if (!table) {
+      std::fprintf(stderr, "pdgate: --api-keys %s: %s\n", cfg.api_keys_file.c_str(),
+                   table.error().c_str());
+      return parsed->check_only ? 1 : 2;
+    }
+    file_keys = std::move(*table);
+  }
   const auto policy_of = [&cfg](const std::string& stage_policy) {
     return stage_policy.empty() ? cfg.policy : stage_policy;
   };
@@ -115,6 +135,28 @@ int main(int argc, char** argv) {
     };
     pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory(),
                             share_registry);
+    if (!cfg.api_keys_file.empty() || cfg.api_keys_from_redis) {
+      // With --redis the limits hold across every replica; without, each
+      // replica enforces them on its own share.
+      std::unique_ptr<pdgate::ClientKeys> keys;
+      if (cfg.redis_url.empty()) {
+        keys = pdgate::make_local_client_keys(std::move(file_keys));
+      } else {
+        pdgate::RedisClientKeysOptions o;
+        o.redis_url = cfg.redis_url;
+        o.key_prefix = cfg.redis_key_prefix;
+        o.timeout = cfg.redis_timeout;
+        o.keys_from_redis = cfg.api_keys_from_redis;
+        o.fail_open = cfg.limits_fail_open;
+        auto made = pdgate::make_redis_client_keys(std::move(file_keys), std::move(o));
+        if (!made) {
+          std::fprintf(stderr, "pdgate: %s\n", made.error().c_str());
+          return 2;
+        }
+        keys = std::move(*made);
+      }
+      gateway.set_client_keys(std::move(keys), control.get_executor());
+    }
     // Engine load (running, waiting, KV-cache usage) for policies, scraped
     // off the workers' loops on the control thread.
     if (cfg.metrics_interval.count() > 0) {

@@ -241,6 +241,14 @@ Result<bool> set_interval(Config& c, std::string_view v) {
   return set_duration<Field>(c, v);
 }
 
+Result<bool> set_fail_mode(Config& c, std::string_view v) {
+  const std::string word = lower(trim(v));
+  if (word != "open" && word != "closed")
+    return fail("expected open or closed");
+  c.limits_fail_open = word == "open";
+  return true;
+}
+
 template <auto Field>
 Result<bool> set_switch(Config& c, std::string_view v) {
   auto b = parse_switch(v);
@@ -426,6 +434,18 @@ constexpr std::array kOptions = {
     Option{"client-idle-timeout", "", 0, false, false, kLimits, "DURATION",
            "Idle keep-alive client connections are closed after this (default: 75s).",
            &set_duration<&Config::client_idle_timeout>},
+    Option{"api-keys", "", 0, false, false, kLimits, "FILE",
+           "YAML file of client API keys (SHA-256 hashed) with optional limits; clients must "
+           "send 'Authorization: Bearer KEY' (default: none, no key asked).",
+           &set_trimmed<&Config::api_keys_file>},
+    Option{"api-keys-from-redis", "", 0, false, false, kLimits, "true|false",
+           "Also read API keys from the Redis hash PREFIXapi_keys (hex SHA-256 -> JSON), "
+           "refreshed every 5s; needs --redis (default: false).",
+           &set_switch<&Config::api_keys_from_redis>},
+    Option{"limits-on-redis-failure", "", 0, false, false, kLimits, "open|closed",
+           "When Redis cannot answer a limit check: let the request in (open) or answer 503 "
+           "(closed) (default: open).",
+           &set_fail_mode},
 
     Option{"connect-timeout", "", 0, false, false, kUpstream, "DURATION",
            "Time allowed to connect to an engine (default: 5s).",
@@ -1138,6 +1158,8 @@ Result<Config> validate(Config c) {
   if (c.shutdown_timeout > std::chrono::hours(24)) {
     return fail("--shutdown-timeout must be at most 24h");
   }
+  if (c.api_keys_from_redis && c.redis_url.empty())
+    return fail("--api-keys-from-redis needs --redis");
   for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
     for (const auto& u : *list) {
       if (u.port == 0 || u.host.empty()) {

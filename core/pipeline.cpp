@@ -4,6 +4,7 @@
 #include <boost/beast/core/string.hpp>
 #include <boost/uuid/uuid_io.hpp>
 
+#include "core/client_admission.hpp"
 #include "core/conversation.hpp"
 #include "core/decode_stage.hpp"
 #include "core/encode_stage.hpp"
@@ -150,10 +151,14 @@ net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
 net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
                                       http::request<http::string_body>& req, RequestScope& scope,
                                       bool is_chat) {
+  // Held until the answer is written: the key's concurrency slot.
+  ClientAdmission admission;
   std::unique_ptr<DecodeRelay> relay;
   {
     auto rc = std::make_unique<RequestContext>(w, client, req, scope, is_chat);
     rc->view->request_id = request_id_for(w, req);
+    if (auto e = co_await admit_client(w, req, rc->request_id(), admission))
+      co_return co_await finish(w, client, req, rc->request_id(), scope, *e);
     Routed routed = co_await route(*rc);
     if (!routed.relay)
       co_return co_await finish(w, client, req, rc->request_id(), scope, routed.error);
@@ -167,6 +172,9 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
                                   http::request<http::string_body>& req, RequestScope& scope) {
   const std::string request_id = request_id_for(w, req);
+  ClientAdmission admission;
+  if (auto e = co_await admit_client(w, req, request_id, admission))
+    co_return co_await finish(w, client, req, request_id, scope, *e);
   const auto set = w.registry.snapshot();
   PickContext ctx;
   ctx.stage = Stage::decode;

@@ -19,6 +19,7 @@
 
 #include "core/admin.hpp"
 #include "core/body_budget.hpp"
+#include "core/client_keys.hpp"
 #include "core/client_session.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
@@ -54,6 +55,9 @@ class Gateway {
   // counters), both from main(); set before run().
   void set_policy_hooks(std::function<Result<bool>()> reload,
                         std::function<void(PrometheusText&)> metrics);
+  // API keys and limits (--api-keys); their background work (keys
+  // refreshed from Redis) runs on `control`. Set before start().
+  void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
   // Prometheus text for GET /metrics.
   std::string metrics_text() const;
   // Starts the workers and the admin thread; returns at once.
@@ -99,6 +103,8 @@ class Gateway {
   std::thread admin_thread_;
   // With --redis: the instance set shared with the other replicas.
   std::unique_ptr<RegistrySync> shared_registry_;
+  // Before workers_: their limiters refer to it.
+  std::unique_ptr<ClientKeys> client_keys_;
   // Before workers_: their connections refer to them.
   RouteTable routes_;
   const ClientSessionEnv session_env_{cfg_,     routes_,          body_budget_, loop_guard_,
