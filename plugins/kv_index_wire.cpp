@@ -1,6 +1,7 @@
 #include "plugins/kv_index_wire.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 namespace pdgate::kv_wire {
@@ -70,8 +71,16 @@ std::size_t append_prefix(std::string& out, InstanceKey instance, std::int64_t w
   put<std::uint64_t>(out, instance);
   put<std::int64_t>(out, wall_ms);
   put<std::uint32_t>(out, static_cast<std::uint32_t>(n));
-  for (std::size_t i = 0; i < n; ++i)
-    put<std::uint64_t>(out, hashes[i]);
+  // Records are encoded on the pick path: one copy of the hashes where
+  // the machine is little-endian, byte by byte elsewhere.
+  if constexpr (std::endian::native == std::endian::little) {
+    const std::size_t at = out.size();
+    out.resize(at + 8 * n);
+    std::memcpy(out.data() + at, hashes.data(), 8 * n);
+  } else {
+    for (std::size_t i = 0; i < n; ++i)
+      put<std::uint64_t>(out, hashes[i]);
+  }
   return out.size() - before;
 }
 
@@ -111,8 +120,13 @@ Result<Batch> decode_batch(std::string_view bytes) {
       if (r.bad() || n > kMaxBlocks || r.left() / 8 < n)
         return fail("kv-index batch: bad prefix record");
       p.hashes.resize(n);
-      for (auto& h : p.hashes)
-        h = r.get<std::uint64_t>();
+      if constexpr (std::endian::native == std::endian::little) {
+        const std::string_view raw = r.bytes(8 * std::size_t{n});
+        std::memcpy(p.hashes.data(), raw.data(), raw.size());
+      } else {
+        for (auto& h : p.hashes)
+          h = r.get<std::uint64_t>();
+      }
       b.prefixes.push_back(std::move(p));
     } else if (kind == kConversation) {
       ConversationRecord c;

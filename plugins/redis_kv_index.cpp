@@ -100,6 +100,7 @@ void RedisKvIndex::enqueue(Encode&& encode) {
     if (open_.records > 0 && open_.body.size() + rec.size() > settings_.batch_bytes) {
       sealed_.push_back(std::move(open_));
       open_ = Pending{};
+      open_.body.reserve(settings_.batch_bytes);
     }
     // Over the bound: the oldest batch goes (newer routes are worth more).
     while (queued_bytes_ + rec.size() > settings_.max_queued_bytes && !sealed_.empty()) {
