@@ -107,16 +107,24 @@ void wait_connected(Gateway& a, Gateway& b) {
   }
 }
 
+// Four prefill and two decode engines behind replicas A and B (prefix_affinity for
+// prefill), both reading each other's records.
+struct PrefixCluster {
+  PrefixCluster() { wait_connected(a, b); }
+  RedisServer redis;
+  Sim p0{"prefill"}, p1{"prefill"}, p2{"prefill"}, p3{"prefill"}, d0{"decode"}, d1{"decode"};
+  std::vector<Sim*> prefills{&p0, &p1, &p2, &p3}, decodes{&d0, &d1};
+  std::vector<std::string> policy{"--policy-prefill", "prefix_affinity"};
+  Gateway a{replica_args(redis, prefills, decodes, false, policy)};
+  Gateway b{replica_args(redis, prefills, decodes, true, policy)};
+};
+
 // prefix_affinity: a prompt routed through replica A, sent again through replica B 100 ms
 // later, goes to the same prefill engine, for every one of eight prompts.
 TEST(SharedKvIndex, PrefixRoutedByAFoundByBWithin100ms) {
-  RedisServer redis;
-  Sim p0("prefill"), p1("prefill"), p2("prefill"), p3("prefill"), d0("decode"), d1("decode");
-  std::vector<Sim*> prefills{&p0, &p1, &p2, &p3}, decodes{&d0, &d1};
-  const std::vector<std::string> policy{"--policy-prefill", "prefix_affinity"};
-  Gateway a(replica_args(redis, prefills, decodes, false, policy));
-  Gateway b(replica_args(redis, prefills, decodes, true, policy));
-  wait_connected(a, b);
+  PrefixCluster c;
+  Gateway &a = c.a, &b = c.b;
+  auto& prefills = c.prefills;
   for (int i = 0; i < 8; ++i) {
     const std::string marker = "prompt-" + std::to_string(i) + "-x";
     ASSERT_EQ(post_json(a.port(), "/v1/chat/completions", chat(prompt(marker))).status, 200);
@@ -168,13 +176,10 @@ TEST(SharedKvIndex, ConversationAlternatingReplicasKeepsDecode) {
 // Redis is killed and restarted while both replicas serve traffic: no request fails, and a
 // prompt routed through A while Redis was down reaches B's index once Redis is back.
 TEST(SharedKvIndex, RedisRestartUnderTrafficNoFailureAndCatchUp) {
-  RedisServer redis;
-  Sim p0("prefill"), p1("prefill"), p2("prefill"), p3("prefill"), d0("decode"), d1("decode");
-  std::vector<Sim*> prefills{&p0, &p1, &p2, &p3}, decodes{&d0, &d1};
-  const std::vector<std::string> policy{"--policy-prefill", "prefix_affinity"};
-  Gateway a(replica_args(redis, prefills, decodes, false, policy));
-  Gateway b(replica_args(redis, prefills, decodes, true, policy));
-  wait_connected(a, b);
+  PrefixCluster c;
+  Gateway &a = c.a, &b = c.b;
+  RedisServer& redis = c.redis;
+  auto& prefills = c.prefills;
 
   std::atomic<bool> stop{false};
   std::atomic<int> sent{0}, failed{0};
