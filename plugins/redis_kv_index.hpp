@@ -43,8 +43,9 @@ struct RedisKvIndexSettings {
   std::string redis_url;
   std::string stream_key = "pdgate:kv-index";
   // Batches the stream retains (XADD MAXLEN ~): what a replica that starts
-  // or reconnects can catch up on.
-  std::size_t stream_max_batches = 4096;
+  // or reconnects can catch up on; with batch_bytes, what bounds the
+  // stream's memory in Redis (64 MiB at most, a few MiB typically).
+  std::size_t stream_max_batches = 1024;
   // How long a record waits for others to share its XADD, and the most a
   // batch carries (a record larger than that goes alone).
   std::chrono::milliseconds batch_window{2};
