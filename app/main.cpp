@@ -21,8 +21,11 @@
 #include "plugins/conversation_stores.hpp"
 #include "plugins/kv_connectors.hpp"
 #include "plugins/redis_client_keys.hpp"
+#include "plugins/redis_kv_index.hpp"
 #include "plugins/shared_registry.hpp"
 #include "policies/engine.hpp"
+#include "policies/kv_index_purge.hpp"
+#include "policies/local_kv_index.hpp"
 #include "policies/metrics.hpp"
 
 // glibc's defaults return a freed 1 MiB request body to the kernel at
@@ -75,8 +78,23 @@ int main(int argc, char** argv) {
     return parsed->check_only ? 1 : 2;
   }
 
+  // Where prompt prefixes and conversations were routed, for the policies:
+  // with --redis (unless --shared-kv-index off) shared by every replica.
+  auto local_index = std::make_shared<pdgate::policy::LocalKvIndex>();
+  std::shared_ptr<pdgate::KvLocationIndex> kv_index = local_index;
+  std::shared_ptr<pdgate::RedisKvIndex> shared_index;
+  if (!cfg.redis_url.empty() && cfg.shared_kv_index) {
+    pdgate::RedisKvIndexSettings s;
+    s.redis_url = cfg.redis_url;
+    s.stream_key = cfg.redis_key_prefix + "kv-index";
+    s.ttl_ms = local_index->prefix_ttl_ms();
+    shared_index = std::make_shared<pdgate::RedisKvIndex>(local_index, std::move(s));
+    kv_index = shared_index;
+  }
+
   // A broken policy at start-up is a configuration error, reported like one.
-  auto policies = pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg));
+  auto policies =
+      pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg), kv_index);
   if (!policies) {
     std::fprintf(stderr, "pdgate: %s\n", policies.error().c_str());
     return parsed->check_only ? 1 : 2;
@@ -119,6 +137,12 @@ int main(int argc, char** argv) {
   // the engines' metrics scrapes.
   boost::asio::io_context control{1};
   pdgate::policy::start_policy_file_watch(control, engine, cfg.policy_poll_interval);
+  if (shared_index) {
+    // The URL was checked with the conversation store's; Redis being
+    // unreachable is not an error (the index retries in the background).
+    if (auto started = shared_index->start(); !started)
+      spdlog::error("shared kv index not started: {}", started.error());
+  }
 
   int rc = 0;
   {
@@ -163,8 +187,10 @@ int main(int argc, char** argv) {
       pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval,
                                             cfg.health_max_concurrency);
     }
+    pdgate::policy::start_kv_index_purge(control, gateway.registry(), kv_index,
+                                         std::chrono::seconds(1));
     gateway.set_policy_hooks([engine]() { return engine->reload(); },
-                             [engine](pdgate::PrometheusText& m) {
+                             [engine, shared_index](pdgate::PrometheusText& m) {
                                const auto& st = engine->stats();
                                const std::pair<const char*, std::uint64_t> rows[] = {
                                    {"error", st.errors.load()},
@@ -181,6 +207,8 @@ int main(int argc, char** argv) {
                                m.counter("pdgate_policy_picks_total", "Policy picks.");
                                m.sample("pdgate_policy_picks_total",
                                         std::uint64_t{st.picks.load()});
+                               if (shared_index)
+                                 pdgate::write_kv_index_metrics(m, shared_index->stats());
                              });
     // Signals are installed before the listener opens: the first
     // signal_set opens a pipe, which must not compete with accepted

@@ -505,6 +505,11 @@ constexpr std::array kOptions = {
     Option{"redis-timeout", "", 0, false, false, kGeneral, "DURATION",
            "Longest wait for Redis before a turn proceeds as a cache miss (default: 50ms).",
            &set_duration<&Config::redis_timeout>},
+    Option{"shared-kv-index", "", 0, false, false, kGeneral, "on|off",
+           "With --redis, replicas share where they routed each prompt prefix and "
+           "conversation, so prefix and conversation policies see the whole cluster's "
+           "routing (default: on).",
+           &set_switch<&Config::shared_kv_index>},
     Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
            "How long a conversation's decode blocks stay reusable (default: 450s).",
            &set_duration<&Config::conversation_ttl>},

@@ -85,6 +85,9 @@ struct Config {
   std::string redis_url;  // empty: the in-memory store
   std::string redis_key_prefix = "pdgate:";
   std::chrono::milliseconds redis_timeout{50};
+  // With redis_url: replicas share their prefix and conversation routing
+  // records (core/kv_location_index.hpp).
+  bool shared_kv_index = true;
   std::chrono::seconds conversation_ttl{450};
   std::size_t conversation_cache_size = 100000;
   // Lowercase header naming the client for reuse (e.g. x-tenant-id); empty:
