@@ -74,9 +74,12 @@ std::size_t append_prefix(std::string& out, InstanceKey instance, std::int64_t w
   // Records are encoded on the pick path: one copy of the hashes where
   // the machine is little-endian, byte by byte elsewhere.
   if constexpr (std::endian::native == std::endian::little) {
-    const std::size_t at = out.size();
-    out.resize(at + 8 * n);
-    std::memcpy(out.data() + at, hashes.data(), 8 * n);
+    // (memcpy from an empty vector's null data() is undefined, even for 0 bytes.)
+    if (n > 0) {
+      const std::size_t at = out.size();
+      out.resize(at + 8 * n);
+      std::memcpy(out.data() + at, hashes.data(), 8 * n);
+    }
   } else {
     for (std::size_t i = 0; i < n; ++i)
       put<std::uint64_t>(out, hashes[i]);
@@ -122,7 +125,8 @@ Result<Batch> decode_batch(std::string_view bytes) {
       p.hashes.resize(n);
       if constexpr (std::endian::native == std::endian::little) {
         const std::string_view raw = r.bytes(8 * std::size_t{n});
-        std::memcpy(p.hashes.data(), raw.data(), raw.size());
+        if (n > 0)
+          std::memcpy(p.hashes.data(), raw.data(), raw.size());
       } else {
         for (auto& h : p.hashes)
           h = r.get<std::uint64_t>();
