@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "core/control_loop.hpp"
 #include "core/server.hpp"
 #include "plugins/conversation_stores.hpp"
+#include "plugins/dns_discovery.hpp"
 #include "plugins/kv_connectors.hpp"
 #include "plugins/redis_client_keys.hpp"
 #include "plugins/redis_kv_index.hpp"
@@ -101,6 +103,18 @@ int main(int argc, char** argv) {
   }
   const auto engine = *policies;
 
+  // dns:// instance sources need a DNS server to ask (not resolved here:
+  // --check-config resolves nothing).
+  std::pair<std::string, std::uint16_t> dns_server;
+  if (!cfg.dns_sources.empty()) {
+    auto server = pdgate::DnsDiscovery::server_from(cfg);
+    if (!server) {
+      std::fprintf(stderr, "pdgate: %s\n", server.error().c_str());
+      return parsed->check_only ? 1 : 2;
+    }
+    dns_server = *server;
+  }
+
   // API keys from a file: read once here, before anything serves; a bad
   // file is a configuration error (and --check-config reports it).
   pdgate::KeyTable file_keys;
@@ -180,6 +194,11 @@ int main(int argc, char** argv) {
         keys = std::move(*made);
       }
       gateway.set_client_keys(std::move(keys), control.get_executor());
+    }
+    std::optional<pdgate::DnsDiscovery> discovery;
+    if (!cfg.dns_sources.empty()) {
+      discovery.emplace(cfg, gateway.registry(), dns_server.first, dns_server.second);
+      discovery->start(control.get_executor());
     }
     // Engine load (running, waiting, KV-cache usage) for policies, scraped
     // off the workers' loops on the control thread.

@@ -494,6 +494,13 @@ constexpr std::array kOptions = {
            "(default: 1s).",
            &set_interval<&Config::metrics_interval>},
 
+    Option{"dns-interval", "", 0, false, false, kEngines, "DURATION",
+           "How often dns://NAME:PORT instance sources are resolved again (default: 5s).",
+           &set_duration<&Config::dns_interval>},
+    Option{"dns-server", "", 0, false, false, kEngines, "HOST:PORT",
+           "DNS server asked for dns:// sources (default: the first nameserver of "
+           "/etc/resolv.conf, port 53).",
+           &set_trimmed<&Config::dns_server>},
     Option{"redis", "", 0, false, false, kGeneral, "URL",
            "Conversation store for multi-turn KV reuse shared by replicas: "
            "redis://[:password@]host:port[/db], "
@@ -656,9 +663,18 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
 
   // Engines: every form contributes to the same lists, in the order demo,
   // multi-turn, EPD. A role's list is replaced only when some form names it.
+  // dns:// entries, by role; a role named anywhere replaces its sources.
+  std::vector<DnsSource> dns[4];
   const auto parse_list = [&](const RawValue& v, Role role,
                               std::vector<UpstreamSpec>& out) -> Result<bool> {
     for (const auto& text : v.values) {
+      if (lower(trim(text).substr(0, 6)) == "dns://") {
+        auto d = parse_dns_source(role, trim(text));
+        if (!d)
+          return err(v, d.error());
+        dns[static_cast<int>(role)].push_back(std::move(*d));
+        continue;
+      }
       auto u = parse_upstream(role, text);
       if (!u)
         return err(v, u.error());
@@ -785,6 +801,16 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
   }
   if (encode_named)
     c.encode = std::move(encode);
+  for (Role role : {Role::prefill, Role::decode, Role::encode}) {
+    const bool named = role == Role::prefill  ? prefill_named
+                       : role == Role::decode ? decode_named
+                                              : encode_named;
+    if (!named)
+      continue;
+    std::erase_if(c.dns_sources, [&](const DnsSource& d) { return d.role == role; });
+    for (auto& d : dns[static_cast<int>(role)])
+      c.dns_sources.push_back(std::move(d));
+  }
 
   // Every single-valued option, through its entry's setter.
   for (const auto& o : kOptions) {
@@ -904,6 +930,24 @@ const char* to_string(Role r) {
       return "both";
   }
   return "unknown";
+}
+
+Result<DnsSource> parse_dns_source(Role role, std::string_view text) {
+  const auto bad = [&](const std::string& why) {
+    return fail("invalid " + std::string(to_string(role)) + " DNS source '" + std::string(text) +
+                "': " + why);
+  };
+  const std::string_view rest = text.substr(6);  // after "dns://"
+  const auto colon = rest.rfind(':');
+  if (colon == std::string_view::npos)
+    return bad("missing port (expected dns://name:port)");
+  const std::string_view name = rest.substr(0, colon);
+  if (name.empty() || name.size() > 253 || !std::all_of(name.begin(), name.end(), is_hostname_char))
+    return bad("invalid DNS name '" + std::string(name) + "'");
+  auto p = parse_port_number(rest.substr(colon + 1), false);
+  if (!p)
+    return bad(p.error());
+  return DnsSource{role, std::string(name), *p};
 }
 
 Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
@@ -1103,7 +1147,11 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
 }
 
 Result<Config> validate(Config c) {
-  if (c.decode.empty()) {
+  const auto has_dns = [&](Role role) {
+    return std::any_of(c.dns_sources.begin(), c.dns_sources.end(),
+                       [&](const DnsSource& d) { return d.role == role; });
+  };
+  if (c.decode.empty() && !has_dns(Role::decode)) {
     return fail(
         "no decode instances: give --decode, --decoder-host/--decoder-port or "
         "--decode-servers-urls");
@@ -1113,7 +1161,11 @@ Result<Config> validate(Config c) {
         "--prefill-servers-urls disables prefill, but prefill instances were also given "
         "(--prefill or --prefiller-host)");
   }
-  if (c.prefill.empty() && !c.prefill_disabled && c.kv_connector != "none") {
+  if (c.prefill_disabled && has_dns(Role::prefill)) {
+    return fail("--prefill-servers-urls disables prefill, but a dns:// prefill source was given");
+  }
+  if (c.prefill.empty() && !has_dns(Role::prefill) && !c.prefill_disabled &&
+      c.kv_connector != "none") {
     return fail(
         "no prefill instances: give --prefill, --prefiller-host/--prefiller-port or "
         "--prefill-servers-urls, or send requests in one hop with --prefill-servers-urls "

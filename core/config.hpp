@@ -32,6 +32,16 @@ struct UpstreamSpec {
   std::string kv_peer;
 };
 
+// Instances found in DNS (`dns://NAME:PORT` in an instance list): every
+// address NAME resolves to (A and AAAA), on PORT, re-resolved every
+// --dns-interval (plugins/dns_discovery.hpp).
+struct DnsSource {
+  Role role = Role::decode;
+  std::string name;
+  std::uint16_t port = 0;
+  std::string text() const { return "dns://" + name + ":" + std::to_string(port); }
+};
+
 struct Config {
   // Client listener.
   std::string host = "0.0.0.0";
@@ -46,6 +56,10 @@ struct Config {
   // --prefill-servers-urls disable|none|"": one hop to a combined P+D
   // instance (the decode list), body untouched.
   bool prefill_disabled = false;
+  // Instance lists fed by DNS; a role with one may start with no instance.
+  std::vector<DnsSource> dns_sources;
+  std::chrono::milliseconds dns_interval{5'000};
+  std::string dns_server;  // HOST:PORT; empty: the first nameserver of /etc/resolv.conf
   std::string kv_connector = "nixl";
 
   // Client-side limits.
@@ -152,6 +166,8 @@ Result<Config> apply_yaml(Config base, const std::string& yaml_text);
 // Parses "host:port", "http://host:port" or "http://host:port/" into a spec.
 // An empty host ("http://:8100") means localhost, as vLLM's scripts assume.
 Result<UpstreamSpec> parse_upstream(Role role, const std::string& text);
+// "dns://name:port" (the caller has seen the scheme).
+Result<DnsSource> parse_dns_source(Role role, std::string_view text);
 
 // The --help text, one paragraph per flag.
 std::string help_text();

@@ -1,5 +1,7 @@
 #include "core/health_report.hpp"
 
+#include <algorithm>
+
 #include <string>
 
 namespace pdgate {
@@ -58,7 +60,9 @@ Verdict judge(const InstanceSet& set, RequiredRoles required, bool stopping) {
 
 RequiredRoles RequiredRoles::from(const Config& cfg) {
   RequiredRoles r;
-  r.encode = !cfg.encode.empty();
+  r.encode =
+      !cfg.encode.empty() || std::any_of(cfg.dns_sources.begin(), cfg.dns_sources.end(),
+                                         [](const DnsSource& d) { return d.role == Role::encode; });
   r.prefill = !cfg.prefill_disabled && cfg.kv_connector != "none";
   return r;
 }

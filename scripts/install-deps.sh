@@ -17,6 +17,8 @@ PACKAGES=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev redis-server
   # The Sentinel failover test (Redis behind redis+sentinel://).
   redis-sentinel
+  # The DNS discovery test (a real DNS server whose records it changes).
+  dnsmasq-base
   # The HA test and examples/ha (HAProxy in front of two replicas).
   haproxy
   # Demo and the Node SDK test.

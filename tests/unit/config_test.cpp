@@ -75,6 +75,32 @@ TEST(ConfigSeeds, DemoProxy) {
   EXPECT_EQ(c.decode[0].port, 8200);
 }
 
+// dns://NAME:PORT in an instance list is a DNS source of that role, not an
+// instance: a role fed only by DNS may start with none; static and DNS
+// entries mix; bad names and missing ports are refused.
+TEST(ConfigDns, Sources) {
+  const auto r = parse({"--prefill", "dns://prefill-headless.ns.svc.cluster.local:8100", "--decode",
+                        "localhost:8200", "dns://decode-headless:8200", "--dns-interval", "2s",
+                        "--dns-server", "10.96.0.10:53"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config& c = r->config;
+  EXPECT_TRUE(c.prefill.empty());
+  EXPECT_EQ(urls(c.decode), (std::vector<std::string>{"http://localhost:8200"}));
+  ASSERT_EQ(c.dns_sources.size(), 2u);
+  EXPECT_EQ(c.dns_sources[0].role, Role::prefill);
+  EXPECT_EQ(c.dns_sources[0].name, "prefill-headless.ns.svc.cluster.local");
+  EXPECT_EQ(c.dns_sources[0].port, 8100);
+  EXPECT_EQ(c.dns_sources[1].text(), "dns://decode-headless:8200");
+  EXPECT_EQ(c.dns_interval, std::chrono::seconds(2));
+  EXPECT_EQ(c.dns_server, "10.96.0.10:53");
+  expect_error(parse({"--decode", "dns://decode-headless"}), {"missing port"});
+  expect_error(parse({"--decode", "dns://bad_name!:8200"}), {"invalid DNS name"});
+  expect_error(parse({"--decode", "dns://d:0"}), {"DNS source"});
+  expect_error(parse({"--prefill-servers-urls", "disable", "--prefill", "dns://p:8100", "--decode",
+                      "localhost:8200"}),
+               {"dns:// prefill source"});
+}
+
 // The demo proxy's short flags -m/-p/-d work the same.
 TEST(ConfigSeeds, DemoProxyShortFlags) {
   const auto r = parse({"-m", "m", "-p", "a:1", "-d", "b:2", "c:3"});
