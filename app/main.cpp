@@ -14,7 +14,12 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/version.hpp>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
+#include "core/config_reload.hpp"
 #include "core/control_loop.hpp"
+#include "core/instance_address.hpp"
 #include "core/server.hpp"
 #include "plugins/conversation_stores.hpp"
 #include "plugins/kv_connectors.hpp"
@@ -94,6 +99,27 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // Instances listed twice under different names (localhost and
+  // 127.0.0.1): resolved before anything serves, on a loop of their own.
+  {
+    boost::asio::io_context resolving{1};
+    std::vector<std::string> dups;
+    boost::asio::co_spawn(
+        resolving,
+        [&]() -> boost::asio::awaitable<void> {
+          dups = co_await pdgate::resolved_duplicates(
+              resolving.get_executor(), cfg,
+              std::chrono::steady_clock::now() + cfg.model_check_timeout);
+        },
+        boost::asio::detached);
+    resolving.run();
+    if (!dups.empty()) {
+      for (const auto& d : dups)
+        std::fprintf(stderr, "pdgate: %s\n", d.c_str());
+      return 2;
+    }
+  }
+
   // The control thread (this one, once the gateway runs): signals, policy
   // reloads (their file reads and script checks never stall a worker) and
   // the engines' metrics scrapes.
@@ -140,12 +166,26 @@ int main(int argc, char** argv) {
                                m.sample("pdgate_policy_picks_total",
                                         std::uint64_t{st.picks.load()});
                              });
+    // SIGHUP re-reads the command line and its config file and applies
+    // what can change at run time (core/config_reload.hpp).
+    pdgate::ConfigReloader reloader(
+        control.get_executor(), cfg,
+        {[argc, argv]() -> pdgate::Result<pdgate::Config> {
+           auto again = pdgate::parse_command_line(argc, argv);
+           if (!again)
+             return pdgate::fail(again.error());
+           return std::move(again->config);
+         },
+         [engine](const pdgate::Config& next) {
+           return engine->reload(pdgate::policy::settings_from(next));
+         },
+         [&gateway](const pdgate::Config& before, std::shared_ptr<const pdgate::Config> next) {
+           gateway.apply_config(before, std::move(next));
+         }});
     // Signals are installed before the listener opens: the first
     // signal_set opens a pipe, which must not compete with accepted
     // connections for descriptors (out of them, it threw and ended the
     // process), and a SIGTERM right after "listening" must drain.
-    // SIGHUP re-reads the command line's config file, so editing its
-    // policy keys switches policies without a restart.
     pdgate::ControlLoop signals(
         control,
         {[&gateway] { gateway.begin_drain(); }, [&gateway] { return gateway.in_flight(); },
@@ -153,15 +193,7 @@ int main(int argc, char** argv) {
            gateway.stop();
            control.stop();
          },
-         [argc, argv, engine] {
-           auto again = pdgate::parse_command_line(argc, argv);
-           if (!again) {
-             spdlog::error("SIGHUP: cannot re-read the configuration, nothing changed: {}",
-                           again.error());
-             return;
-           }
-           (void)engine->reload(pdgate::policy::settings_from(again->config));
-         }},
+         [&reloader] { reloader.reload(); }},
         cfg.shutdown_timeout);
     auto port = gateway.bind();
     if (!port) {

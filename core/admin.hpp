@@ -50,6 +50,9 @@ class AdminApi {
   std::optional<Response> authorize_operator(const Request& req) const;
 
   void set_hooks(Hooks h) { hooks_ = std::move(h); }
+  // The configuration GET /admin/config shows, after a reload; called on
+  // the admin thread, as every request is served.
+  void set_config(std::shared_ptr<const Config> live) { live_ = std::move(live); }
 
   // Admin listener requests.
   boost::asio::awaitable<Response> handle(Request& req);
@@ -58,14 +61,19 @@ class AdminApi {
 
  private:
   AdminApi(const Config& cfg, Registry& registry, std::string key, UpstreamValidator validator)
-      : cfg_(cfg), registry_(registry), key_(std::move(key)), validator_(std::move(validator)) {}
+      : cfg_(cfg),
+        live_(std::make_shared<const Config>(cfg)),
+        registry_(registry),
+        key_(std::move(key)),
+        validator_(std::move(validator)) {}
 
   // nullopt when the request may proceed.
   std::optional<Response> authorize(const Request& req, bool mutating) const;
   boost::asio::awaitable<Response> add(const Request& req, Role role, const std::string& url,
                                        std::map<std::string, std::string> labels, unsigned weight);
 
-  const Config& cfg_;
+  const Config& cfg_;  // as started: what needs a restart to change
+  std::shared_ptr<const Config> live_;
   Registry& registry_;
   const std::string key_;
   const UpstreamValidator validator_;

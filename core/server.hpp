@@ -56,6 +56,13 @@ class Gateway {
                         std::function<void(PrometheusText&)> metrics);
   // Prometheus text for GET /metrics.
   std::string metrics_text() const;
+  // Applies a reloaded configuration (core/config_reload.hpp): the
+  // instance lists are reconciled with the registry at once, and each
+  // worker, and the admin API, swaps in `next` on its own thread before
+  // its next event, so a request reads its settings without a lock and
+  // never sees a half-written one. Settings that need a restart must
+  // already be `before`'s (reloadable_part). Call from one thread.
+  void apply_config(const Config& before, std::shared_ptr<const Config> next);
   // Starts the workers and the admin thread; returns at once.
   void start();
   // Stops accepting (the listeners close); in-flight requests go on.
@@ -101,7 +108,7 @@ class Gateway {
   std::unique_ptr<RegistrySync> shared_registry_;
   // Before workers_: their connections refer to them.
   RouteTable routes_;
-  const ClientSessionEnv session_env_{cfg_,     routes_,          body_budget_, loop_guard_,
+  const ClientSessionEnv session_env_{routes_,  body_budget_,     loop_guard_,
                                       metrics_, active_requests_, stopping_};
   std::vector<std::unique_ptr<Worker>> workers_;
 };

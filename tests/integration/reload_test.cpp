@@ -1,0 +1,258 @@
+// Operations without a restart: SIGHUP applies an edited config file
+// (instance lists, timeouts, labels) and names what needs a restart; an
+// invalid edit is refused whole; GET /admin/config shows the live values
+// of every option; one engine under two names is refused. Real pdgate and
+// pdgate-sim processes.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/integration/admin_gateway.hpp"
+#include "tests/integration/harness.hpp"
+
+namespace pdgate::test {
+namespace {
+
+Json chat(int max_tokens = 2) {
+  return {{"model", "sim-model"},
+          {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+          {"max_tokens", max_tokens},
+          {"stream", false}};
+}
+
+// A config file in a fresh directory, rewritten as editors do (write,
+// then rename), so pdgate never reads half of it.
+class ConfigFile {
+ public:
+  explicit ConfigFile(const std::string& text) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pdgate_reload_" + std::to_string(::getpid()) + "_" + std::to_string(n_++));
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "pdgate.yaml").string();
+    write(text);
+  }
+  ~ConfigFile() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  void write(const std::string& text) {
+    const std::string tmp = path_ + ".tmp";
+    { std::ofstream(tmp, std::ios::trunc) << text; }
+    std::filesystem::rename(tmp, path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  static inline int n_ = 0;
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+Json find_url(const Json& instances, const std::string& url) {
+  for (const auto& i : instances) {
+    if (i["url"] == url)
+      return i;
+  }
+  return nullptr;
+}
+
+// Counts occurrences of `what` in the gateway's log.
+std::size_t log_count(Process& p, const std::string& what) {
+  const std::string log = p.log();
+  std::size_t n = 0;
+  for (auto at = log.find(what); at != std::string::npos; at = log.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+// The edited file adds a decode, removes one and shortens the first-byte
+// timeout; after SIGHUP the registry shows the new list (the kept
+// instance under its id, the new one with its YAML labels), a request to
+// a hung prefill fails after the new timeout instead of the old 10
+// minutes, /admin/config shows the new values, and the changed worker
+// pool size is named as needing a restart and left as it was.
+TEST(Reload, SighupAppliesInstancesAndTimeouts) {
+  Sim p("prefill"), hung("prefill", {"--hang"}), d1("decode"), d2("decode"), d3("decode");
+  ConfigFile file("prefill: [" + p.url() + "]\ndecode: [" + d1.url() + ", " + d2.url() +
+                  "]\nupstream-max-idle: 8\nhealth-interval: off\n");
+  AdminGateway g({"--config", file.path()});
+  const auto before = g.instances();
+  ASSERT_EQ(before.size(), 3u) << before.dump();
+  const auto d1_id = find_url(before, d1.url())["id"];
+  ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat()).status, 200);
+
+  file.write("prefill: [" + hung.url() + "]\n" + "decode:\n  - " + d1.url() +
+             "\n  - url: " + d3.url() + "\n    labels: {tier: gold}\n    weight: 3\n" +
+             "first-byte-timeout: 1s\nupstream-max-idle: 16\nhealth-interval: off\n");
+  g.gw->process().signal(SIGHUP);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto now = g.instances();
+        return find_url(now, d2.url()).is_null() && !find_url(now, d3.url()).is_null() &&
+               find_url(now, p.url()).is_null();
+      },
+      std::chrono::seconds(10)))
+      << g.instances().dump();
+  const auto after = g.instances();
+  EXPECT_EQ(find_url(after, d1.url())["id"], d1_id) << "a kept instance keeps its id";
+  EXPECT_EQ(find_url(after, d3.url())["labels"]["tier"], "gold");
+  EXPECT_EQ(find_url(after, d3.url())["weight"], 3);
+  EXPECT_EQ(find_url(after, hung.url())["state"], "active");
+
+  // The hung prefill is now the only one: the request fails once the new
+  // 1 s first-byte timeout passes (the old one was 600 s).
+  const auto t0 = Clock::now();
+  auto r = post_json(g.port(), "/v1/chat/completions", chat());
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(r.status, 502) << r.body;
+  EXPECT_NE(r.body.find("timed out"), std::string::npos) << r.body;
+  EXPECT_GE(took, std::chrono::milliseconds(900));
+  EXPECT_LT(took, std::chrono::seconds(60));
+
+  const auto cfg = g.call("GET", "/admin/config").json();
+  EXPECT_EQ(cfg["first-byte-timeout"], "1s") << cfg.dump();
+  EXPECT_EQ(cfg["upstream-max-idle"], "8") << "a restart-only key keeps its running value";
+  ASSERT_EQ(cfg["decode"].size(), 2u) << cfg.dump();
+  EXPECT_EQ(cfg["decode"][1]["url"], d3.url());
+  EXPECT_EQ(cfg["decode"][1]["labels"]["tier"], "gold");
+  const std::string log = g.gw->process().log();
+  EXPECT_NE(log.find("upstream-max-idle changed but needs a restart; still running with 8"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("first-byte-timeout"), std::string::npos) << log;
+}
+
+// An edit that is wrong in two ways (a bad duration, one decode engine
+// listed under two names) is refused whole: both faults are logged, and
+// the instance list and timeouts stay as they were.
+TEST(Reload, InvalidEditIsRefusedWhole) {
+  Sim p("prefill"), d1("decode"), d2("decode");
+  ConfigFile file("prefill: [" + p.url() + "]\ndecode: [" + d1.url() +
+                  "]\nconnect-timeout: 3s\nhealth-interval: off\n");
+  AdminGateway g({"--config", file.path()});
+
+  // d1 as "localhost:PORT" and "127.0.0.1:PORT": the same engine.
+  const std::string alias = "localhost:" + std::to_string(d1.port());
+  file.write("prefill: [" + p.url() + "]\ndecode: [" + d1.url() + ", " + alias + ", " + d2.url() +
+             "]\nconnect-timeout: 4s\nhealth-interval: off\n");
+  g.gw->process().signal(SIGHUP);
+  ASSERT_TRUE(eventually([&] { return log_count(g.gw->process(), "configuration refused") == 1; },
+                         std::chrono::seconds(10)))
+      << g.gw->process().log();
+  std::string log = g.gw->process().log();
+  EXPECT_NE(log.find("is " + d1.url() + " again"), std::string::npos) << log;
+  EXPECT_EQ(g.instances().size(), 2u) << g.instances().dump();
+  EXPECT_EQ(g.call("GET", "/admin/config").json()["connect-timeout"], "3s");
+
+  file.write("prefill: [" + p.url() + "]\ndecode: [" + d1.url() + ", " + d2.url() +
+             "]\nconnect-timeout: soon\nfirst-byte-timeout: never\nhealth-interval: off\n");
+  g.gw->process().signal(SIGHUP);
+  ASSERT_TRUE(eventually([&] { return log_count(g.gw->process(), "configuration refused") == 2; },
+                         std::chrono::seconds(10)));
+  log = g.gw->process().log();
+  EXPECT_NE(log.find("'soon'"), std::string::npos) << log;
+  EXPECT_NE(log.find("'never'"), std::string::npos) << log;
+  EXPECT_EQ(g.instances().size(), 2u);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat()).status, 200);
+  EXPECT_TRUE(d2.requests().empty()) << "the refused list must not be applied";
+}
+
+// GET /admin/config lists every option --help documents (but those only
+// the command line takes), and masks secrets: the Redis password.
+TEST(Reload, AdminConfigListsEveryOptionMasked) {
+  Sim p("prefill"), d("decode");
+  AdminGateway g({"--prefill", p.hostport(), "--decode", d.hostport(), "--redis",
+                  "redis://:hunter2@127.0.0.1:" + std::to_string(closed_port()), "--redis-timeout",
+                  "20ms"});
+  const auto r = g.call("GET", "/admin/config");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body.find("hunter2"), std::string::npos) << r.body;
+  const auto cfg = r.json();
+  EXPECT_NE(cfg["redis"].get<std::string>().find("***"), std::string::npos);
+
+  // Every option of --help, by the flag's name.
+  const std::string text = [&] {
+    std::string out;
+    FILE* f = ::popen((build_dir() + "/pdgate --help").c_str(), "r");
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;)
+      out.append(buf, n);
+    ::pclose(f);
+    return out;
+  }();
+  std::istringstream lines(text);
+  std::size_t options = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with("  --"))
+      continue;
+    const std::string key = line.substr(4, line.find_first_of(" ,", 4) - 4);
+    if (key == "config" || key == "help" || key == "version" || key == "check-config")
+      continue;
+    ++options;
+    EXPECT_TRUE(cfg.contains(key)) << key << " missing from /admin/config";
+  }
+  EXPECT_GE(options, 55u);
+}
+
+// The same engine under another name is refused: an admin add answers 409
+// naming the instance it duplicates; a config listing it twice does not
+// start (exit 2, both names in the message).
+TEST(Reload, DuplicateByResolvedAddressRefused) {
+  Sim p("prefill"), d("decode");
+  AdminGateway g({"--prefill", p.hostport(), "--decode", d.hostport()});
+  const std::string alias = "http://localhost:" + std::to_string(d.port());
+  auto r = g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", alias}});
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(r.body.find(d.url()), std::string::npos) << r.body;
+  EXPECT_EQ(g.instances().size(), 2u);
+  // Another role is another instance: the same engine may serve both.
+  r = g.call("POST", "/admin/instances", {{"role", "prefill"}, {"url", alias}});
+  EXPECT_EQ(r.status, 201) << r.body;
+
+  Process twice("pdgate-twice", {build_dir() + "/pdgate", "--port", "0", "--prefill", p.hostport(),
+                                 "--decode", d.hostport(), alias});
+  const int st = twice.wait(std::chrono::seconds(20));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << st;
+  const std::string log = twice.log();
+  EXPECT_NE(log.find(alias), std::string::npos) << log;
+  EXPECT_NE(log.find(d.url()), std::string::npos) << log;
+}
+
+// Labels and weights written in the YAML instance list reach a policy as
+// the admin API's do: a script that picks the "gold" decode sends every
+// request to it, and sees its weight.
+TEST(Reload, YamlLabelsReachThePolicy) {
+  Sim p("prefill"), d1("decode"), d2("decode");
+  ConfigFile script_dir("");
+  const std::string script =
+      std::filesystem::path(script_dir.path()).replace_filename("gold.lua").string();
+  std::ofstream(script) << "return { pick = function(ctx, instances)\n"
+                           "  for _, i in ipairs(instances) do\n"
+                           "    if i.labels.tier == 'gold' and i.weight == 5 then return i end\n"
+                           "  end\n"
+                           "  return instances[1]\n"
+                           "end }\n";
+  ConfigFile file("prefill: [" + p.url() + "]\ndecode:\n  - " + d1.url() +
+                  "\n  - url: " + d2.url() +
+                  "\n    labels: {tier: gold}\n    weight: 5\npolicy-decode: " + script + "\n");
+  AdminGateway g({"--config", file.path()});
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat()).status, 200);
+  EXPECT_EQ(d2.requests().size(), 4u) << "the policy did not see the YAML labels";
+  EXPECT_TRUE(d1.requests().empty());
+  const auto listed = find_url(g.instances(), d2.url());
+  EXPECT_EQ(listed["labels"]["tier"], "gold");
+  EXPECT_EQ(listed["weight"], 5);
+}
+
+}  // namespace
+}  // namespace pdgate::test
