@@ -9,12 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+#include "core/config.hpp"
 #include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
 
@@ -28,32 +25,9 @@ Json chat(int max_tokens = 2) {
           {"stream", false}};
 }
 
-// A config file in a fresh directory, rewritten as editors do (write,
-// then rename), so pdgate never reads half of it.
-class ConfigFile {
- public:
-  explicit ConfigFile(const std::string& text) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("pdgate_reload_" + std::to_string(::getpid()) + "_" + std::to_string(n_++));
-    std::filesystem::create_directories(dir_);
-    path_ = (dir_ / "pdgate.yaml").string();
-    write(text);
-  }
-  ~ConfigFile() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  void write(const std::string& text) {
-    const std::string tmp = path_ + ".tmp";
-    { std::ofstream(tmp, std::ios::trunc) << text; }
-    std::filesystem::rename(tmp, path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  static inline int n_ = 0;
-  std::filesystem::path dir_;
-  std::string path_;
+// The --config file the tests edit.
+struct ConfigFile : EditedFile {
+  explicit ConfigFile(const std::string& text) : EditedFile("pdgate.yaml", text) {}
 };
 
 Json find_url(const Json& instances, const std::string& url) {
@@ -179,26 +153,12 @@ TEST(Reload, AdminConfigListsEveryOptionMasked) {
   const auto cfg = r.json();
   EXPECT_NE(cfg["redis"].get<std::string>().find("***"), std::string::npos);
 
-  // Every option of --help, by the flag's name.
-  const std::string text = [&] {
-    std::string out;
-    FILE* f = ::popen((build_dir() + "/pdgate --help").c_str(), "r");
-    char buf[4096];
-    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;)
-      out.append(buf, n);
-    ::pclose(f);
-    return out;
-  }();
-  std::istringstream lines(text);
+  // Every option a config file may set (the unit tests check that these
+  // are all of --help's), by the flag's name.
   std::size_t options = 0;
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.starts_with("  --"))
-      continue;
-    const std::string key = line.substr(4, line.find_first_of(" ,", 4) - 4);
-    if (key == "config" || key == "help" || key == "version" || key == "check-config")
-      continue;
+  for (const auto& e : effective_config(Config{})) {
     ++options;
-    EXPECT_TRUE(cfg.contains(key)) << key << " missing from /admin/config";
+    EXPECT_TRUE(cfg.contains(e.key)) << e.key << " missing from /admin/config";
   }
   EXPECT_GE(options, 55u);
 }
@@ -232,18 +192,16 @@ TEST(Reload, DuplicateByResolvedAddressRefused) {
 // request to it, and sees its weight.
 TEST(Reload, YamlLabelsReachThePolicy) {
   Sim p("prefill"), d1("decode"), d2("decode");
-  ConfigFile script_dir("");
-  const std::string script =
-      std::filesystem::path(script_dir.path()).replace_filename("gold.lua").string();
-  std::ofstream(script) << "return { pick = function(ctx, instances)\n"
-                           "  for _, i in ipairs(instances) do\n"
-                           "    if i.labels.tier == 'gold' and i.weight == 5 then return i end\n"
-                           "  end\n"
-                           "  return instances[1]\n"
-                           "end }\n";
-  ConfigFile file("prefill: [" + p.url() + "]\ndecode:\n  - " + d1.url() +
-                  "\n  - url: " + d2.url() +
-                  "\n    labels: {tier: gold}\n    weight: 5\npolicy-decode: " + script + "\n");
+  EditedFile script("gold.lua",
+                    "return { pick = function(ctx, instances)\n"
+                    "  for _, i in ipairs(instances) do\n"
+                    "    if i.labels.tier == 'gold' and i.weight == 5 then return i end\n"
+                    "  end\n"
+                    "  return instances[1]\n"
+                    "end }\n");
+  ConfigFile file(
+      "prefill: [" + p.url() + "]\ndecode:\n  - " + d1.url() + "\n  - url: " + d2.url() +
+      "\n    labels: {tier: gold}\n    weight: 5\npolicy-decode: " + script.path() + "\n");
   AdminGateway g({"--config", file.path()});
   for (int i = 0; i < 4; ++i)
     ASSERT_EQ(post_json(g.port(), "/v1/chat/completions", chat()).status, 200);
