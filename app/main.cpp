@@ -10,12 +10,11 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/version.hpp>
-
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 
 #include "core/config_reload.hpp"
 #include "core/control_loop.hpp"
@@ -179,8 +178,9 @@ int main(int argc, char** argv) {
          [engine](const pdgate::Config& next) {
            return engine->reload(pdgate::policy::settings_from(next));
          },
-         [&gateway](const pdgate::Config& before, std::shared_ptr<const pdgate::Config> next) {
-           gateway.apply_config(before, std::move(next));
+         [&gateway](const pdgate::Config& before, std::shared_ptr<const pdgate::Config> next,
+                    std::vector<std::string> restart_needed) {
+           gateway.apply_config(before, std::move(next), std::move(restart_needed));
          }});
     // Signals are installed before the listener opens: the first
     // signal_set opens a pipe, which must not compete with accepted

@@ -275,7 +275,9 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
     co_return json_response(req, 200, json::parse(hooks_.status_json()));
   }
   if (path == "/admin/config" && method == http::verb::get) {
-    co_return json_response(req, 200, config_json(*live_));
+    auto j = config_json(*live_);
+    j["restart_needed"] = restart_needed_;
+    co_return json_response(req, 200, j);
   }
   if (path == "/admin/policy/reload" && method == http::verb::post) {
     if (!hooks_.reload_policy)

@@ -50,9 +50,13 @@ class AdminApi {
   std::optional<Response> authorize_operator(const Request& req) const;
 
   void set_hooks(Hooks h) { hooks_ = std::move(h); }
-  // The configuration GET /admin/config shows, after a reload; called on
-  // the admin thread, as every request is served.
-  void set_config(std::shared_ptr<const Config> live) { live_ = std::move(live); }
+  // The configuration GET /admin/config shows after a reload, and the keys
+  // the reloaded file changed that wait for a restart; called on the admin
+  // thread, as every request is served.
+  void set_config(std::shared_ptr<const Config> live, std::vector<std::string> restart_needed) {
+    live_ = std::move(live);
+    restart_needed_ = std::move(restart_needed);
+  }
 
   // Admin listener requests.
   boost::asio::awaitable<Response> handle(Request& req);
@@ -74,6 +78,7 @@ class AdminApi {
 
   const Config& cfg_;  // as started: what needs a restart to change
   std::shared_ptr<const Config> live_;
+  std::vector<std::string> restart_needed_;
   Registry& registry_;
   const std::string key_;
   const UpstreamValidator validator_;

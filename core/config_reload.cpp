@@ -147,7 +147,7 @@ net::awaitable<Result<bool>> ConfigReloader::once() {
   auto previous = running_;
   running_ = next;
   if (hooks_.apply)
-    hooks_.apply(*previous, next);
+    hooks_.apply(*previous, next, diff.restart_needed);
   if (diff.applied.empty() && diff.restart_needed.empty())
     spdlog::info("SIGHUP: configuration unchanged");
   if (!diff.applied.empty())

@@ -44,8 +44,11 @@ class ConfigReloader {
     // Switches the policies to the new configuration's; a failure refuses
     // the reload.
     std::function<Result<bool>(const Config&)> reload_policies;
-    // Hands an accepted configuration to the gateway's threads.
-    std::function<void(const Config& before, std::shared_ptr<const Config> next)> apply;
+    // Hands an accepted configuration to the gateway's threads, with the
+    // keys the file changed that wait for a restart.
+    std::function<void(const Config& before, std::shared_ptr<const Config> next,
+                       std::vector<std::string> restart_needed)>
+        apply;
   };
 
   ConfigReloader(boost::asio::any_io_executor control, Config running, Hooks hooks);

@@ -358,7 +358,8 @@ std::string Gateway::metrics_text() const {
   return m.take();
 }
 
-void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> next) {
+void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> next,
+                           std::vector<std::string> restart_needed) {
   for (const auto& line : reconcile_instances(registry_, before, *next).lines)
     spdlog::info("SIGHUP: {}", line);
   for (auto& wp : workers_) {
@@ -366,7 +367,9 @@ void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> n
     net::post(w.ioc, [&w, next] { w.cfg = *next; });
   }
   if (admin_)
-    net::post(admin_ioc_, [admin = admin_, next] { admin->set_config(next); });
+    net::post(admin_ioc_, [admin = admin_, next, keys = std::move(restart_needed)]() mutable {
+      admin->set_config(next, std::move(keys));
+    });
 }
 
 void Gateway::start() {

@@ -62,7 +62,10 @@ class Gateway {
   // its next event, so a request reads its settings without a lock and
   // never sees a half-written one. Settings that need a restart must
   // already be `before`'s (reloadable_part). Call from one thread.
-  void apply_config(const Config& before, std::shared_ptr<const Config> next);
+  // `restart_needed`: keys the file changed that keep their running value,
+  // for GET /admin/config.
+  void apply_config(const Config& before, std::shared_ptr<const Config> next,
+                    std::vector<std::string> restart_needed);
   // Starts the workers and the admin thread; returns at once.
   void start();
   // Stops accepting (the listeners close); in-flight requests go on.

@@ -94,6 +94,7 @@ TEST(Reload, SighupAppliesInstancesAndTimeouts) {
   const auto cfg = g.call("GET", "/admin/config").json();
   EXPECT_EQ(cfg["first-byte-timeout"], "1s") << cfg.dump();
   EXPECT_EQ(cfg["upstream-max-idle"], "8") << "a restart-only key keeps its running value";
+  EXPECT_EQ(cfg["restart_needed"], Json::array({"upstream-max-idle"})) << cfg.dump();
   ASSERT_EQ(cfg["decode"].size(), 2u) << cfg.dump();
   EXPECT_EQ(cfg["decode"][1]["url"], d3.url());
   EXPECT_EQ(cfg["decode"][1]["labels"]["tier"], "gold");
