@@ -1534,10 +1534,14 @@ std::vector<ConfigEntry> effective_config(const Config& c) {
 
 ConfigDiff diff_config(const Config& before, const Config& after) {
   ConfigDiff d;
+  // What is applied is what reloadable_part() takes from `after` (with
+  // prefill off, a prefill list stays as it was).
+  const Config applied = reloadable_part(before, after);
   for (const auto& o : kOptions) {
     if (o.cli_only || spells_another_key(o.key))
       continue;
-    if (option_value(before, o.key) == option_value(after, o.key))
+    const Config& now = o.restart ? after : applied;
+    if (option_value(before, o.key) == option_value(now, o.key))
       continue;
     (o.restart ? d.restart_needed : d.applied).emplace_back(o.key);
   }
@@ -1548,6 +1552,11 @@ ConfigDiff diff_config(const Config& before, const Config& after) {
 }
 
 Config reloadable_part(const Config& running, Config c) {
+  // Prefill switched on or off waits for a restart, and so does the
+  // prefill list meanwhile: an empty one cannot serve, and one given
+  // while prefill is off has no stage to serve.
+  if (running.prefill_disabled || c.prefill_disabled != running.prefill_disabled)
+    c.prefill = running.prefill;
   c.host = running.host;
   c.port = running.port;
   c.workers = running.workers;
@@ -1576,9 +1585,6 @@ Config reloadable_part(const Config& running, Config c) {
   c.health_fall = running.health_fall;
   c.health_max_concurrency = running.health_max_concurrency;
   c.config_file = running.config_file;
-  // With prefill off the prefill list stays as it was (empty).
-  if (running.prefill_disabled)
-    c.prefill = running.prefill;
   return c;
 }
 

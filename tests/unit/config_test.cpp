@@ -971,6 +971,18 @@ TEST(ConfigReload, DiffNamesAppliedAndRestartKeys) {
   EXPECT_EQ(d.applied, (std::vector<std::string>{"decode", "first-byte-timeout", "retry-budget"}));
   EXPECT_EQ(d.restart_needed, (std::vector<std::string>{"port", "workers"}));
   EXPECT_TRUE(diff_config(a->config, a->config).applied.empty());
+
+  // Prefill switched back on: a restart; its list is not applied before.
+  const auto off = parse({"--decode", "d:1", "d:2", "--prefill-servers-urls", "disable"});
+  ASSERT_TRUE(off.ok()) << off.error();
+  const auto on = diff_config(off->config, a->config);
+  EXPECT_TRUE(on.applied.empty()) << on.applied.front();
+  EXPECT_EQ(on.restart_needed, std::vector<std::string>{"prefill-servers-urls (disable)"});
+  // And switched off: the running prefill list stays until the restart.
+  const auto to_off = diff_config(a->config, off->config);
+  EXPECT_TRUE(to_off.applied.empty()) << to_off.applied.front();
+  EXPECT_EQ(urls(reloadable_part(a->config, off->config).prefill),
+            std::vector<std::string>{"http://p:1"});
 }
 
 // What a reload applies keeps every restart-only value of the running
