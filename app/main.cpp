@@ -181,7 +181,8 @@ int main(int argc, char** argv) {
          [&gateway](const pdgate::Config& before, std::shared_ptr<const pdgate::Config> next,
                     std::vector<std::string> restart_needed) {
            gateway.apply_config(before, std::move(next), std::move(restart_needed));
-         }});
+         },
+         [&gateway](const std::string& why) { gateway.reload_refused(why); }});
     // Signals are installed before the listener opens: the first
     // signal_set opens a pipe, which must not compete with accepted
     // connections for descriptors (out of them, it threw and ended the

@@ -277,6 +277,9 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
   if (path == "/admin/config" && method == http::verb::get) {
     auto j = config_json(*live_);
     j["restart_needed"] = restart_needed_;
+    j["reloads"] = {{"applied", reloads_applied_},
+                    {"refused", reloads_refused_},
+                    {"last_error", last_reload_error_}};
     co_return json_response(req, 200, j);
   }
   if (path == "/admin/policy/reload" && method == http::verb::post) {

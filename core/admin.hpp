@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -56,6 +57,13 @@ class AdminApi {
   void set_config(std::shared_ptr<const Config> live, std::vector<std::string> restart_needed) {
     live_ = std::move(live);
     restart_needed_ = std::move(restart_needed);
+    ++reloads_applied_;
+    last_reload_error_.clear();
+  }
+  // A reload was refused (`why`: every error); the configuration stays.
+  void reload_refused(std::string why) {
+    ++reloads_refused_;
+    last_reload_error_ = std::move(why);
   }
 
   // Admin listener requests.
@@ -79,6 +87,9 @@ class AdminApi {
   const Config& cfg_;  // as started: what needs a restart to change
   std::shared_ptr<const Config> live_;
   std::vector<std::string> restart_needed_;
+  std::uint64_t reloads_applied_ = 0;
+  std::uint64_t reloads_refused_ = 0;
+  std::string last_reload_error_;  // empty unless the last reload was refused
   Registry& registry_;
   const std::string key_;
   const UpstreamValidator validator_;

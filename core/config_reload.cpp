@@ -111,6 +111,8 @@ net::awaitable<void> ConfigReloader::run() {
     } else {
       ++refused_;
       spdlog::error("SIGHUP: configuration refused, nothing changed:\n{}", r.error());
+      if (hooks_.refused)
+        hooks_.refused(r.error());
     }
   } while (again_);
   busy_ = false;

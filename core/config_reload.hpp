@@ -49,6 +49,8 @@ class ConfigReloader {
     std::function<void(const Config& before, std::shared_ptr<const Config> next,
                        std::vector<std::string> restart_needed)>
         apply;
+    // Told why a reload was refused (every error, a line each).
+    std::function<void(const std::string& why)> refused;
   };
 
   ConfigReloader(boost::asio::any_io_executor control, Config running, Hooks hooks);

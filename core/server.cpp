@@ -372,6 +372,13 @@ void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> n
     });
 }
 
+void Gateway::reload_refused(std::string why) {
+  if (admin_)
+    net::post(admin_ioc_, [admin = admin_, why = std::move(why)]() mutable {
+      admin->reload_refused(std::move(why));
+    });
+}
+
 void Gateway::start() {
   // An ejected instance's requests that have sent nothing to their client
   // yet are cut off on their worker and fail over (or fail) at once,

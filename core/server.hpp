@@ -66,6 +66,8 @@ class Gateway {
   // for GET /admin/config.
   void apply_config(const Config& before, std::shared_ptr<const Config> next,
                     std::vector<std::string> restart_needed);
+  // A reload was refused: GET /admin/config says why.
+  void reload_refused(std::string why);
   // Starts the workers and the admin thread; returns at once.
   void start();
   // Stops accepting (the listeners close); in-flight requests go on.

@@ -67,6 +67,12 @@ TEST(Reload, SighupAppliesInstancesAndTimeouts) {
              "\n  - url: " + d3.url() + "\n    labels: {tier: gold}\n    weight: 3\n" +
              "first-byte-timeout: 1s\nupstream-max-idle: 16\nhealth-interval: off\n");
   g.gw->process().signal(SIGHUP);
+  // The admin API takes the new configuration after the workers were
+  // handed theirs: once it shows it, every new request sees it too.
+  ASSERT_TRUE(eventually(
+      [&] { return g.call("GET", "/admin/config").json()["first-byte-timeout"] == "1s"; },
+      std::chrono::seconds(10)))
+      << g.gw->process().log();
   ASSERT_TRUE(eventually(
       [&] {
         const auto now = g.instances();
@@ -95,6 +101,8 @@ TEST(Reload, SighupAppliesInstancesAndTimeouts) {
   EXPECT_EQ(cfg["first-byte-timeout"], "1s") << cfg.dump();
   EXPECT_EQ(cfg["upstream-max-idle"], "8") << "a restart-only key keeps its running value";
   EXPECT_EQ(cfg["restart_needed"], Json::array({"upstream-max-idle"})) << cfg.dump();
+  EXPECT_EQ(cfg["reloads"]["applied"], 1);
+  EXPECT_EQ(cfg["reloads"]["last_error"], "");
   ASSERT_EQ(cfg["decode"].size(), 2u) << cfg.dump();
   EXPECT_EQ(cfg["decode"][1]["url"], d3.url());
   EXPECT_EQ(cfg["decode"][1]["labels"]["tier"], "gold");
@@ -119,19 +127,25 @@ TEST(Reload, InvalidEditIsRefusedWhole) {
   file.write("prefill: [" + p.url() + "]\ndecode: [" + d1.url() + ", " + alias + ", " + d2.url() +
              "]\nconnect-timeout: 4s\nhealth-interval: off\n");
   g.gw->process().signal(SIGHUP);
-  ASSERT_TRUE(eventually([&] { return log_count(g.gw->process(), "configuration refused") == 1; },
-                         std::chrono::seconds(10)))
+  const auto refusals = [&] {
+    return g.call("GET", "/admin/config").json()["reloads"]["refused"].get<int>();
+  };
+  ASSERT_TRUE(eventually([&] { return refusals() == 1; }, std::chrono::seconds(10)))
       << g.gw->process().log();
   std::string log = g.gw->process().log();
   EXPECT_NE(log.find("is " + d1.url() + " again"), std::string::npos) << log;
   EXPECT_EQ(g.instances().size(), 2u) << g.instances().dump();
-  EXPECT_EQ(g.call("GET", "/admin/config").json()["connect-timeout"], "3s");
+  auto cfg = g.call("GET", "/admin/config").json();
+  EXPECT_EQ(cfg["connect-timeout"], "3s");
+  EXPECT_EQ(cfg["reloads"]["refused"], 1) << cfg["reloads"].dump();
+  EXPECT_NE(cfg["reloads"]["last_error"].get<std::string>().find("again"), std::string::npos)
+      << cfg["reloads"].dump();
 
   file.write("prefill: [" + p.url() + "]\ndecode: [" + d1.url() + ", " + d2.url() +
              "]\nconnect-timeout: soon\nfirst-byte-timeout: never\nhealth-interval: off\n");
   g.gw->process().signal(SIGHUP);
-  ASSERT_TRUE(eventually([&] { return log_count(g.gw->process(), "configuration refused") == 2; },
-                         std::chrono::seconds(10)));
+  ASSERT_TRUE(eventually([&] { return refusals() == 2; }, std::chrono::seconds(10)));
+  EXPECT_EQ(log_count(g.gw->process(), "configuration refused"), 2u);
   log = g.gw->process().log();
   EXPECT_NE(log.find("'soon'"), std::string::npos) << log;
   EXPECT_NE(log.find("'never'"), std::string::npos) << log;
