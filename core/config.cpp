@@ -424,7 +424,7 @@ constexpr std::array kOptions = {
     Option{"body-memory-limit", "", 0, false, false, kLimits, "SIZE",
            "Memory all request bodies being received may hold together; past it a large "
            "body is refused with 503 (default: 1GiB).",
-           &set_size<&Config::body_memory_limit>, kRestart},
+           &set_size<&Config::body_memory_limit>},
     Option{"header-timeout", "", 0, false, false, kLimits, "DURATION",
            "Time allowed to receive a request's headers; 500ms, 10s, 2m or seconds "
            "(default: 10s).",
@@ -1563,7 +1563,6 @@ Config reloadable_part(const Config& running, Config c) {
   c.model = running.model;
   c.kv_connector = running.kv_connector;
   c.prefill_disabled = running.prefill_disabled;
-  c.body_memory_limit = running.body_memory_limit;
   c.upstream_idle_timeout = running.upstream_idle_timeout;
   c.upstream_max_idle = running.upstream_max_idle;
   c.policy_poll_interval = running.policy_poll_interval;

@@ -362,6 +362,7 @@ void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> n
                            std::vector<std::string> restart_needed) {
   for (const auto& line : reconcile_instances(registry_, before, *next).lines)
     spdlog::info("SIGHUP: {}", line);
+  body_budget_.set_limit(next->body_memory_limit);
   for (auto& wp : workers_) {
     Worker& w = *wp;
     net::post(w.ioc, [&w, next] { w.cfg = *next; });

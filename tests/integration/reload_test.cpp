@@ -51,8 +51,9 @@ std::size_t log_count(Process& p, const std::string& what) {
 // timeout; after SIGHUP the registry shows the new list (the kept
 // instance under its id, the new one with its YAML labels), a request to
 // a hung prefill fails after the new timeout instead of the old 10
-// minutes, /admin/config shows the new values, and the changed worker
-// pool size is named as needing a restart and left as it was.
+// minutes, a large body meets the new memory budget, /admin/config shows
+// the new values, and the changed pool size is named as needing a
+// restart and left as it was.
 TEST(Reload, SighupAppliesInstancesAndTimeouts) {
   Sim p("prefill"), hung("prefill", {"--hang"}), d1("decode"), d2("decode"), d3("decode");
   ConfigFile file("prefill: [" + p.url() + "]\ndecode: [" + d1.url() + ", " + d2.url() +
@@ -65,7 +66,8 @@ TEST(Reload, SighupAppliesInstancesAndTimeouts) {
 
   file.write("prefill: [" + hung.url() + "]\n" + "decode:\n  - " + d1.url() +
              "\n  - url: " + d3.url() + "\n    labels: {tier: gold}\n    weight: 3\n" +
-             "first-byte-timeout: 1s\nupstream-max-idle: 16\nhealth-interval: off\n");
+             "first-byte-timeout: 1s\nupstream-max-idle: 16\nhealth-interval: off\n" +
+             "body-memory-limit: 1MiB\n");
   g.gw->process().signal(SIGHUP);
   // The admin API takes the new configuration after the workers were
   // handed theirs: once it shows it, every new request sees it too.
@@ -96,6 +98,23 @@ TEST(Reload, SighupAppliesInstancesAndTimeouts) {
   EXPECT_NE(r.body.find("timed out"), std::string::npos) << r.body;
   EXPECT_GE(took, std::chrono::milliseconds(900));
   EXPECT_LT(took, std::chrono::seconds(60));
+
+  // The body memory budget shrank from 1 GiB to 1 MiB: a 3 MiB body being
+  // received is refused with 503 once it outgrows it.
+  {
+    Connection c(g.port());
+    c.send_raw(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 3145728\r\n\r\n");
+    try {
+      for (int i = 0; i < 3; ++i)
+        c.send_raw(std::string(1 << 20, 'a'));
+    } catch (const std::exception&) {
+      // The gateway may close before the last piece: the answer is read below.
+    }
+    const auto refused = c.read_response(std::chrono::seconds(10));
+    EXPECT_EQ(refused.status, 503) << refused.body;
+  }
 
   const auto cfg = g.call("GET", "/admin/config").json();
   EXPECT_EQ(cfg["first-byte-timeout"], "1s") << cfg.dump();

@@ -1060,7 +1060,7 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
       EXPECT_NE(wanted[e.key], before[e.key]) << e.key << ": the test should change it";
     }
   }
-  EXPECT_EQ(restart_keys, 25u);
+  EXPECT_EQ(restart_keys, 24u);
   EXPECT_EQ(urls(merged.decode), std::vector<std::string>{"http://d:2"});
   EXPECT_EQ(merged.first_byte_timeout, std::chrono::seconds(3));
 }
