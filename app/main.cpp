@@ -2,6 +2,7 @@
 // vLLM serving. See README.md.
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string_view>
 #include <thread>
@@ -41,7 +42,14 @@ int main(int argc, char** argv) {
   tune_malloc();
   auto parsed = pdgate::parse_command_line(argc, argv);
   if (!parsed) {
-    std::fprintf(stderr, "pdgate: %s\nTry 'pdgate --help'.\n", parsed.error().c_str());
+    // Every mistake, a line each, as compilers list them.
+    std::string_view errors = parsed.error();
+    while (!errors.empty()) {
+      const auto line = errors.substr(0, errors.find('\n'));
+      std::fprintf(stderr, "pdgate: %.*s\n", static_cast<int>(line.size()), line.data());
+      errors.remove_prefix(std::min(line.size() + 1, errors.size()));
+    }
+    std::fputs("Try 'pdgate --help'.\n", stderr);
     // --check-config reports an invalid configuration with 1 (as nginx -t
     // does); starting with one is a usage error, 2.
     for (int i = 1; i < argc; ++i) {

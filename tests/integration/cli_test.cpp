@@ -217,6 +217,8 @@ TEST(Config, CheckConfigReportsEveryError) {
     EXPECT_NE(out.find(says), std::string::npos) << says << " not in: " << out;
   }
   EXPECT_EQ(out.find("configuration OK"), std::string::npos) << out;
+  // One line per error, each marked as pdgate's.
+  EXPECT_NE(out.find("\npdgate: --port"), std::string::npos) << out;
   std::system(("rm -rf " + dir).c_str());
 }
 
