@@ -9,7 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/config.hpp"
 #include "tests/integration/admin_gateway.hpp"
@@ -244,6 +247,62 @@ TEST(Reload, YamlLabelsReachThePolicy) {
   const auto listed = find_url(g.instances(), d2.url());
   EXPECT_EQ(listed["labels"]["tier"], "gold");
   EXPECT_EQ(listed["weight"], 5);
+}
+
+// Reloads under traffic lose no request: while clients send requests
+// without pause, SIGHUP swaps the decode list back and forth and changes a
+// timeout each time; every request is answered 200, and both lists served.
+TEST(Reload, ReloadsUnderTrafficLoseNoRequest) {
+  Sim p("prefill"), d1("decode", {"--itl-ms", "5"}), d2("decode", {"--itl-ms", "5"}),
+      d3("decode", {"--itl-ms", "5"});
+  const auto config = [&](Sim& second, int timeout_s) {
+    return "prefill: [" + p.url() + "]\ndecode: [" + d1.url() + ", " + second.url() +
+           "]\nfirst-byte-timeout: " + std::to_string(timeout_s) + "s\nhealth-interval: off\n";
+  };
+  ConfigFile file(config(d2, 30));
+  AdminGateway g({"--config", file.path()});
+  std::atomic<bool> done{false};
+  std::atomic<int> ok{0}, bad{0};
+  std::vector<std::thread> clients;
+  // Stops and joins the clients however the test ends (an ASSERT returns).
+  struct Join {
+    std::atomic<bool>& done;
+    std::vector<std::thread>& threads;
+    ~Join() {
+      done = true;
+      for (auto& t : threads) {
+        if (t.joinable())
+          t.join();
+      }
+    }
+  } join{done, clients};
+  for (int t = 0; t < 3; ++t) {
+    clients.emplace_back([&] {
+      while (!done.load()) {
+        const auto r = post_json(g.port(), "/v1/chat/completions", chat(8));
+        (r.status == 200 ? ok : bad).fetch_add(1);
+      }
+    });
+  }
+  for (int i = 1; i <= 6; ++i) {
+    file.write(config(i % 2 == 1 ? d3 : d2, 30 + i));
+    g.gw->process().signal(SIGHUP);
+    const std::string want = std::to_string(30 + i) + "s";
+    ASSERT_TRUE(eventually(
+        [&] { return g.call("GET", "/admin/config").json()["first-byte-timeout"] == want; },
+        std::chrono::seconds(10)));
+    // Some traffic on this list before the next swap.
+    const int seen = ok.load();
+    ASSERT_TRUE(eventually([&] { return ok.load() >= seen + 3; }, std::chrono::seconds(20)));
+  }
+  done = true;
+  for (auto& c : clients)
+    c.join();
+  EXPECT_EQ(bad.load(), 0) << ok.load() << " answered 200";
+  EXPECT_GE(ok.load(), 18);
+  EXPECT_FALSE(d2.requests().empty());
+  EXPECT_FALSE(d3.requests().empty());
+  EXPECT_EQ(g.call("GET", "/admin/config").json()["reloads"]["applied"], 6);
 }
 
 }  // namespace
