@@ -555,7 +555,8 @@ constexpr std::array kOptions = {
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
            "trace, debug, info, warn or error (default: info).", &set_log_level},
     Option{"config", "", 0, false, true, kGeneral, "FILE",
-           "YAML file with any of these options (names without dashes); flags override it."},
+           "YAML file with any of these options (names without dashes); flags override it. "
+           "SIGHUP re-reads it and applies what can change without a restart."},
     Option{"help", "", 'h', false, true, kGeneral, "", "Print this help and exit."},
     Option{"version", "", 'V', false, true, kGeneral, "", "Print the version and exit."},
     Option{"check-config", "", 0, false, true, kGeneral, "",
