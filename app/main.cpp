@@ -2,6 +2,7 @@
 // vLLM serving. See README.md.
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -13,11 +14,15 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/version.hpp>
 
+#include "core/config_reload.hpp"
 #include "core/control_loop.hpp"
+#include "core/instance_address.hpp"
 #include "core/server.hpp"
 #include "plugins/conversation_stores.hpp"
 #include "plugins/dns_discovery.hpp"
@@ -45,7 +50,14 @@ int main(int argc, char** argv) {
   tune_malloc();
   auto parsed = pdgate::parse_command_line(argc, argv);
   if (!parsed) {
-    std::fprintf(stderr, "pdgate: %s\nTry 'pdgate --help'.\n", parsed.error().c_str());
+    // Every mistake, a line each, as compilers list them.
+    std::string_view errors = parsed.error();
+    while (!errors.empty()) {
+      const auto line = errors.substr(0, errors.find('\n'));
+      std::fprintf(stderr, "pdgate: %.*s\n", static_cast<int>(line.size()), line.data());
+      errors.remove_prefix(std::min(line.size() + 1, errors.size()));
+    }
+    std::fputs("Try 'pdgate --help'.\n", stderr);
     // --check-config reports an invalid configuration with 1 (as nginx -t
     // does); starting with one is a usage error, 2.
     for (int i = 1; i < argc; ++i) {
@@ -146,6 +158,27 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // Instances listed twice under different names (localhost and
+  // 127.0.0.1): resolved before anything serves, on a loop of their own.
+  {
+    boost::asio::io_context resolving{1};
+    std::vector<std::string> dups;
+    boost::asio::co_spawn(
+        resolving,
+        [&]() -> boost::asio::awaitable<void> {
+          dups = co_await pdgate::resolved_duplicates(
+              resolving.get_executor(), cfg,
+              std::chrono::steady_clock::now() + cfg.model_check_timeout);
+        },
+        boost::asio::detached);
+    resolving.run();
+    if (!dups.empty()) {
+      for (const auto& d : dups)
+        std::fprintf(stderr, "pdgate: %s\n", d.c_str());
+      return 2;
+    }
+  }
+
   // The control thread (this one, once the gateway runs): signals, policy
   // reloads (their file reads and script checks never stall a worker) and
   // the engines' metrics scrapes.
@@ -229,12 +262,28 @@ int main(int argc, char** argv) {
                                if (shared_index)
                                  pdgate::write_kv_index_metrics(m, shared_index->stats());
                              });
+    // SIGHUP re-reads the command line and its config file and applies
+    // what can change at run time (core/config_reload.hpp).
+    pdgate::ConfigReloader reloader(
+        control.get_executor(), cfg,
+        {[argc, argv]() -> pdgate::Result<pdgate::Config> {
+           auto again = pdgate::parse_command_line(argc, argv);
+           if (!again)
+             return pdgate::fail(again.error());
+           return std::move(again->config);
+         },
+         [engine](const pdgate::Config& next) {
+           return engine->reload(pdgate::policy::settings_from(next));
+         },
+         [&gateway](const pdgate::Config& before, std::shared_ptr<const pdgate::Config> next,
+                    std::vector<std::string> restart_needed) {
+           gateway.apply_config(before, std::move(next), std::move(restart_needed));
+         },
+         [&gateway](const std::string& why) { gateway.reload_refused(why); }});
     // Signals are installed before the listener opens: the first
     // signal_set opens a pipe, which must not compete with accepted
     // connections for descriptors (out of them, it threw and ended the
     // process), and a SIGTERM right after "listening" must drain.
-    // SIGHUP re-reads the command line's config file, so editing its
-    // policy keys switches policies without a restart.
     pdgate::ControlLoop signals(
         control,
         {[&gateway] { gateway.begin_drain(); }, [&gateway] { return gateway.in_flight(); },
@@ -242,15 +291,7 @@ int main(int argc, char** argv) {
            gateway.stop();
            control.stop();
          },
-         [argc, argv, engine] {
-           auto again = pdgate::parse_command_line(argc, argv);
-           if (!again) {
-             spdlog::error("SIGHUP: cannot re-read the configuration, nothing changed: {}",
-                           again.error());
-             return;
-           }
-           (void)engine->reload(pdgate::policy::settings_from(again->config));
-         }},
+         [&reloader] { reloader.reload(); }},
         cfg.shutdown_timeout);
     auto port = gateway.bind();
     if (!port) {

@@ -9,6 +9,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -16,6 +17,7 @@
 
 #include "core/errors.hpp"
 #include "core/http_head.hpp"
+#include "core/instance_address.hpp"
 #include "core/response_writer.hpp"
 #include "core/text.hpp"
 
@@ -107,42 +109,26 @@ Result<MetaFields> meta_fields(const json& j) {
   return MetaFields{std::move(*labels), *weight};
 }
 
+// Every option's effective value under its flag's name (as --help lists
+// them), secrets masked; the instance lists with their labels and weights.
 json config_json(const Config& c) {
+  json out = json::object();
+  for (const auto& e : effective_config(c)) {
+    if (e.list)
+      out[e.key] = e.values;
+    else
+      out[e.key] = e.values.empty() ? std::string() : e.values.front();
+  }
   auto specs = [](const std::vector<UpstreamSpec>& v) {
     auto a = json::array();
     for (const auto& s : v)
-      a.push_back(s.url);
+      a.push_back({{"url", s.url}, {"labels", s.labels}, {"weight", s.weight}});
     return a;
   };
-  return {{"host", c.host},
-          {"port", c.port},
-          {"workers", c.workers},
-          {"model", c.model},
-          {"prefill", specs(c.prefill)},
-          {"decode", specs(c.decode)},
-          {"encode", specs(c.encode)},
-          {"prefill_disabled", c.prefill_disabled},
-          {"kv_connector", c.kv_connector},
-          {"max_body_bytes", c.max_body_bytes},
-          {"connect_timeout_ms", c.connect_timeout.count()},
-          {"first_byte_timeout_ms", c.first_byte_timeout.count()},
-          {"upstream_idle_timeout_ms", c.upstream_idle_timeout.count()},
-          {"policy", c.policy},
-          {"policy_prefill", c.policy_prefill},
-          {"policy_decode", c.policy_decode},
-          {"redis", c.redis_url.empty() ? "" : "(set)"},  // may hold a password
-          {"admin_host", c.admin_host},
-          {"admin_port", c.admin_port},
-          {"allowed_upstreams", c.allowed_upstreams},
-          {"health_interval_ms", c.health_interval.count()},
-          {"health_rise", c.health_rise},
-          {"health_fall", c.health_fall},
-          {"health_max_concurrency", c.health_max_concurrency},
-          {"eject_after", c.eject_after},
-          {"retry_budget", c.retry_budget},
-          {"model_check_timeout_ms", c.model_check_timeout.count()},
-          {"shutdown_timeout_ms", c.shutdown_timeout.count()},
-          {"log_level", c.log_level}};
+  out["prefill"] = specs(c.prefill);
+  out["decode"] = specs(c.decode);
+  out["encode"] = specs(c.encode);
+  return out;
 }
 
 }  // namespace
@@ -226,6 +212,17 @@ net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
                     spec->url + " is already registered as " + to_string(i->spec.role) + " (id " +
                         std::to_string(i->id) + ")");
   }
+  // The same engine under another name (localhost and 127.0.0.1): the
+  // resolver runs on its own thread, bounded like the checks below.
+  auto ex = co_await net::this_coro::executor;
+  if (auto i = co_await same_address_instance(
+          ex, *registry_.snapshot(), *spec,
+          std::chrono::steady_clock::now() + cfg_.model_check_timeout)) {
+    co_return error(req, 409,
+                    spec->url + " is the same address as " + i->spec.url +
+                        ", already registered as " + to_string(i->spec.role) + " (id " +
+                        std::to_string(i->id) + ")");
+  }
   auto invalid = co_await validator_.check(*spec);
   if (invalid)
     co_return error(req, invalid->status, invalid->message);
@@ -278,7 +275,12 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
     co_return json_response(req, 200, json::parse(hooks_.status_json()));
   }
   if (path == "/admin/config" && method == http::verb::get) {
-    co_return json_response(req, 200, config_json(cfg_));
+    auto j = config_json(*live_);
+    j["restart_needed"] = restart_needed_;
+    j["reloads"] = {{"applied", reloads_applied_},
+                    {"refused", reloads_refused_},
+                    {"last_error", last_reload_error_}};
+    co_return json_response(req, 200, j);
   }
   if (path == "/admin/policy/reload" && method == http::verb::post) {
     if (!hooks_.reload_policy)

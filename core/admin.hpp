@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -50,6 +51,20 @@ class AdminApi {
   std::optional<Response> authorize_operator(const Request& req) const;
 
   void set_hooks(Hooks h) { hooks_ = std::move(h); }
+  // The configuration GET /admin/config shows after a reload, and the keys
+  // the reloaded file changed that wait for a restart; called on the admin
+  // thread, as every request is served.
+  void set_config(std::shared_ptr<const Config> live, std::vector<std::string> restart_needed) {
+    live_ = std::move(live);
+    restart_needed_ = std::move(restart_needed);
+    ++reloads_applied_;
+    last_reload_error_.clear();
+  }
+  // A reload was refused (`why`: every error); the configuration stays.
+  void reload_refused(std::string why) {
+    ++reloads_refused_;
+    last_reload_error_ = std::move(why);
+  }
 
   // Admin listener requests.
   boost::asio::awaitable<Response> handle(Request& req);
@@ -58,14 +73,23 @@ class AdminApi {
 
  private:
   AdminApi(const Config& cfg, Registry& registry, std::string key, UpstreamValidator validator)
-      : cfg_(cfg), registry_(registry), key_(std::move(key)), validator_(std::move(validator)) {}
+      : cfg_(cfg),
+        live_(std::make_shared<const Config>(cfg)),
+        registry_(registry),
+        key_(std::move(key)),
+        validator_(std::move(validator)) {}
 
   // nullopt when the request may proceed.
   std::optional<Response> authorize(const Request& req, bool mutating) const;
   boost::asio::awaitable<Response> add(const Request& req, Role role, const std::string& url,
                                        std::map<std::string, std::string> labels, unsigned weight);
 
-  const Config& cfg_;
+  const Config& cfg_;  // as started: what needs a restart to change
+  std::shared_ptr<const Config> live_;
+  std::vector<std::string> restart_needed_;
+  std::uint64_t reloads_applied_ = 0;
+  std::uint64_t reloads_refused_ = 0;
+  std::string last_reload_error_;  // empty unless the last reload was refused
   Registry& registry_;
   const std::string key_;
   const UpstreamValidator validator_;

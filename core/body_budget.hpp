@@ -6,6 +6,8 @@
 // clients sending large bodies at once cannot hold more than the budget
 // together. Past it, a new growth is refused and that request answered 503;
 // small requests, whose bodies arrive with their header, are not charged.
+// A reload may change the budget at any time (set_limit): charges already
+// taken stay, new ones are judged against the new limit.
 #pragma once
 
 #include <atomic>
@@ -23,9 +25,10 @@ class BodyBudget {
   // Takes `n` bytes of the budget, or nothing and false when that would
   // exceed it (the refusal is counted).
   bool try_charge(std::size_t n) {
+    const std::size_t limit = limit_.load(std::memory_order_relaxed);
     std::size_t used = used_.load(std::memory_order_relaxed);
     do {
-      if (n > limit_ || used > limit_ - n) {
+      if (n > limit || used > limit - n) {
         refusals_.fetch_add(1, std::memory_order_relaxed);
         return false;
       }
@@ -34,12 +37,13 @@ class BodyBudget {
   }
   void release(std::size_t n) { used_.fetch_sub(n, std::memory_order_relaxed); }
 
-  std::size_t limit() const { return limit_; }
+  std::size_t limit() const { return limit_.load(std::memory_order_relaxed); }
+  void set_limit(std::size_t limit) { limit_.store(limit, std::memory_order_relaxed); }
   std::size_t used() const { return used_.load(std::memory_order_relaxed); }
   std::uint64_t refusals() const { return refusals_.load(std::memory_order_relaxed); }
 
  private:
-  const std::size_t limit_;
+  std::atomic<std::size_t> limit_;
   std::atomic<std::size_t> used_{0};
   std::atomic<std::uint64_t> refusals_{0};
 };

@@ -121,10 +121,9 @@ net::awaitable<BodyRead> read_chunked_body(beast::tcp_stream& stream, beast::fla
 // false) when it cannot be read and the connection must close. Its own
 // coroutine: the parser and the refusals take no room in the session's
 // frame, which lives as long as the connection.
-net::awaitable<bool> read_request(const ClientSessionEnv& env, beast::tcp_stream& stream,
-                                  beast::flat_buffer& buffer, http::request<http::string_body>& req,
-                                  unsigned& refused) {
-  const Config& cfg = env.cfg;
+net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg,
+                                  beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                  http::request<http::string_body>& req, unsigned& refused) {
   http::request_parser<AppendStringBody> parser;
   // Answers a request that cannot be read to the end, then closes the way
   // nginx's lingering close does: stop sending, and read (and drop) what
@@ -283,7 +282,9 @@ net::awaitable<bool> dispatch(const ClientSessionEnv& env, WorkerContext& w,
 
 net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
                                   tcp::socket socket) {
-  const Config& cfg = env.cfg;
+  // The worker's settings, which a reload may change between two
+  // requests (read at each use, never copied for the connection's life).
+  const Config& cfg = w.cfg;
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
   bool first = true;
@@ -302,7 +303,7 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
 
     http::request<http::string_body> req;
     unsigned refused = 0;
-    if (!co_await read_request(env, stream, buffer, req, refused)) {
+    if (!co_await read_request(env, cfg, stream, buffer, req, refused)) {
       // A request refused before it was read whole (413, 400, 501, 503)
       // still counts under its route, decided by the gateway.
       if (refused != 0 && !req.target().empty()) {

@@ -21,9 +21,9 @@
 namespace pdgate {
 
 // What a client connection needs from the gateway process; shared by all
-// workers' connections.
+// workers' connections. Its settings are the worker's (WorkerContext::cfg),
+// which a reload replaces.
 struct ClientSessionEnv {
-  const Config& cfg;
   const RouteTable& routes;
   BodyBudget& body_budget;
   const LoopGuard& loop_guard;

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -373,7 +374,12 @@ struct Option {
   std::string_view metavar;  // value placeholder in the help
   std::string_view help;     // one line, ends with the default when there is one
   Apply apply = nullptr;     // sets one value; nullptr: read by apply_raw (lists, engines)
+  // Read once at start (a listener, a thread count, a connection pool's
+  // shape): a reload names a change but leaves the running value.
+  bool restart = false;
 };
+
+constexpr bool kRestart = true;
 
 constexpr std::string_view kListener = "Listener";
 constexpr std::string_view kEngines = "Engines";
@@ -384,16 +390,16 @@ constexpr std::string_view kGeneral = "General";
 
 constexpr std::array kOptions = {
     Option{"host", "", 0, false, false, kListener, "HOST",
-           "Address to listen on for clients (default: 0.0.0.0).", &set_host},
+           "Address to listen on for clients (default: 0.0.0.0).", &set_host, kRestart},
     Option{"port", "", 0, false, false, kListener, "PORT",
-           "Port to listen on; 0 picks a free one (default: 8000).", &set_port},
+           "Port to listen on; 0 picks a free one (default: 8000).", &set_port, kRestart},
     Option{"workers", "", 0, false, false, kListener, "N",
            "Worker threads, at most 1024; 0 means one per CPU core (default: 0).",
-           &set_uint<&Config::workers, 1024>},
+           &set_uint<&Config::workers, 1024>, kRestart},
 
     Option{"model", "", 'm', false, false, kEngines, "NAME",
            "Model name, as the demo proxy's --model; optional (default: none).",
-           &set_text<&Config::model>},
+           &set_text<&Config::model>, kRestart},
     Option{"prefill", "", 'p', true, false, kEngines, "HOST:PORT",
            "Demo-proxy form: prefill instances, one or more (default: none)."},
     Option{"decode", "", 'd', true, false, kEngines, "HOST:PORT",
@@ -415,7 +421,7 @@ constexpr std::array kOptions = {
            "EPD form: comma-separated decode URLs (default: none)."},
     Option{"kv-connector", "", 0, false, false, kEngines, "nixl|p2p-nccl|lmcache|none",
            "How prefill hands KV blocks to decode; none sends one hop (default: nixl).",
-           &set_kv_connector},
+           &set_kv_connector, kRestart},
 
     Option{"max-body-size", "", 0, false, false, kLimits, "SIZE",
            "Largest request body accepted; bytes or K/KiB/M/MiB/G/GiB (default: 64MiB).",
@@ -437,15 +443,15 @@ constexpr std::array kOptions = {
     Option{"api-keys", "", 0, false, false, kLimits, "FILE",
            "YAML file of client API keys (SHA-256 hashed) with optional limits; clients must "
            "send 'Authorization: Bearer KEY' (default: none, no key asked).",
-           &set_trimmed<&Config::api_keys_file>},
+           &set_trimmed<&Config::api_keys_file>, kRestart},
     Option{"api-keys-from-redis", "", 0, false, false, kLimits, "true|false",
            "Also read API keys from the Redis hash PREFIXapi_keys (hex SHA-256 -> JSON), "
            "refreshed every 5s; needs --redis (default: false).",
-           &set_switch<&Config::api_keys_from_redis>},
+           &set_switch<&Config::api_keys_from_redis>, kRestart},
     Option{"limits-on-redis-failure", "", 0, false, false, kLimits, "open|closed",
            "When Redis cannot answer a limit check: let the request in (open) or answer 503 "
            "(closed) (default: open).",
-           &set_fail_mode},
+           &set_fail_mode, kRestart},
 
     Option{"connect-timeout", "", 0, false, false, kUpstream, "DURATION",
            "Time allowed to connect to an engine (default: 5s).",
@@ -457,10 +463,10 @@ constexpr std::array kOptions = {
     Option{"upstream-idle-timeout", "", 0, false, false, kUpstream, "DURATION",
            "Idle keep-alive connections to engines are closed after this "
            "(default: 60s).",
-           &set_duration<&Config::upstream_idle_timeout>},
+           &set_duration<&Config::upstream_idle_timeout>, kRestart},
     Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
            "Idle keep-alive connections kept per engine per worker (default: 64).",
-           &set_uint<&Config::upstream_max_idle, (1u << 20)>},
+           &set_uint<&Config::upstream_max_idle, (1u << 20)>, kRestart},
 
     Option{"policy", "", 0, false, false, kPolicies, "NAME|PATH",
            "Routing policy for every stage: round_robin, least_load, power_of_two, "
@@ -488,41 +494,42 @@ constexpr std::array kOptions = {
            &set_size<&Config::prefix_block_size>},
     Option{"policy-poll-interval", "", 0, false, false, kPolicies, "DURATION",
            "How often policy files are checked for changes and reloaded (default: 1s).",
-           &set_duration<&Config::policy_poll_interval>},
+           &set_duration<&Config::policy_poll_interval>, kRestart},
     Option{"metrics-interval", "", 0, false, false, kPolicies, "DURATION|off",
            "How often each engine's /metrics is scraped for policies; off disables "
            "(default: 1s).",
-           &set_interval<&Config::metrics_interval>},
+           &set_interval<&Config::metrics_interval>, kRestart},
 
     Option{"dns-interval", "", 0, false, false, kEngines, "DURATION",
            "How often dns://NAME:PORT instance sources are resolved again (default: 5s).",
-           &set_duration<&Config::dns_interval>},
+           &set_duration<&Config::dns_interval>, kRestart},
     Option{"dns-server", "", 0, false, false, kEngines, "HOST:PORT",
            "DNS server asked for dns:// sources (default: the first nameserver of "
            "/etc/resolv.conf, port 53).",
-           &set_trimmed<&Config::dns_server>},
+           &set_trimmed<&Config::dns_server>, kRestart},
     Option{"redis", "", 0, false, false, kGeneral, "URL",
            "Conversation store for multi-turn KV reuse shared by replicas: "
            "redis://[:password@]host:port[/db], "
            "redis+sentinel://[:password@]host:port[,host:port...]/master[/db] "
            "or unix:///path (default: in memory).",
-           &set_trimmed<&Config::redis_url>},
+           &set_trimmed<&Config::redis_url>, kRestart},
     Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
-           "Prefix of the Redis keys (default: pdgate:).", &set_text<&Config::redis_key_prefix>},
+           "Prefix of the Redis keys (default: pdgate:).", &set_text<&Config::redis_key_prefix>,
+           kRestart},
     Option{"redis-timeout", "", 0, false, false, kGeneral, "DURATION",
            "Longest wait for Redis before a turn proceeds as a cache miss (default: 50ms).",
-           &set_duration<&Config::redis_timeout>},
+           &set_duration<&Config::redis_timeout>, kRestart},
     Option{"shared-kv-index", "", 0, false, false, kGeneral, "on|off",
            "With --redis, replicas share where they routed each prompt prefix and "
            "conversation, so prefix and conversation policies see the whole cluster's "
            "routing (default: on).",
-           &set_switch<&Config::shared_kv_index>},
+           &set_switch<&Config::shared_kv_index>, kRestart},
     Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
            "How long a conversation's decode blocks stay reusable (default: 450s).",
            &set_duration<&Config::conversation_ttl>},
     Option{"conversation-cache-size", "", 0, false, false, kGeneral, "N",
            "Conversations the in-memory store keeps (default: 100000).",
-           &set_uint<&Config::conversation_cache_size, (1u << 30)>},
+           &set_uint<&Config::conversation_cache_size, (1u << 30)>, kRestart},
     Option{"conversation-scope-header", "", 0, false, false, kGeneral, "NAME",
            "Header whose value decides whose conversations a request may continue, e.g. "
            "x-tenant-id (default: the Authorization credential).",
@@ -536,40 +543,42 @@ constexpr std::array kOptions = {
     Option{"profile-routes", "", 0, false, false, kGeneral, "on|off",
            "Serve POST /start_profile and /stop_profile on the client port (they need the "
            "admin key when one is set) (default: on).",
-           &set_switch<&Config::profile_routes>},
+           &set_switch<&Config::profile_routes>, kRestart},
     Option{"admin-port", "", 0, false, false, kGeneral, "PORT",
            "Port of the admin API (docs/admin.md); 0 picks a free one (default: off).",
-           &set_admin_port},
+           &set_admin_port, kRestart},
     Option{"admin-host", "", 0, false, false, kGeneral, "HOST",
            "Address the admin API listens on (default: 127.0.0.1).",
-           &set_trimmed<&Config::admin_host>},
+           &set_trimmed<&Config::admin_host>, kRestart},
     Option{"admin-key-file", "", 0, false, false, kGeneral, "FILE",
            "File holding the admin API key (default: env ADMIN_API_KEY).",
-           &set_trimmed<&Config::admin_key_file>},
+           &set_trimmed<&Config::admin_key_file>, kRestart},
     Option{"model-check-timeout", "", 0, false, false, kGeneral, "DURATION",
            "Time an instance added at run time has to answer GET /v1/models when --model "
            "is set, and to resolve for --allowed-upstreams (default: 5s).",
-           &set_duration<&Config::model_check_timeout>},
+           &set_duration<&Config::model_check_timeout>, kRestart},
     Option{"shutdown-timeout", "", 0, false, false, kGeneral, "DURATION",
            "On SIGTERM or SIGINT, time in-flight requests have to finish before pdgate "
            "exits anyway (default: 30s).",
-           &set_duration<&Config::shutdown_timeout>},
+           &set_duration<&Config::shutdown_timeout>, kRestart},
     Option{"allowed-upstreams", "", 0, true, false, kGeneral, "CIDR",
            "Networks instances added at run time (admin API, Redis) must be in, e.g. "
-           "10.0.0.0/8 (default: any)."},
+           "10.0.0.0/8 (default: any).",
+           nullptr, kRestart},
     Option{"health-interval", "", 0, false, false, kGeneral, "DURATION|off",
            "How often each instance's /health is checked (default: 2s).",
-           &set_interval<&Config::health_interval>},
+           &set_interval<&Config::health_interval>, kRestart},
     Option{"health-rise", "", 0, false, false, kGeneral, "N",
            "Passed checks that re-admit an ejected instance (default: 2).",
-           &set_count<&Config::health_rise>},
+           &set_count<&Config::health_rise>, kRestart},
     Option{"health-fall", "", 0, false, false, kGeneral, "N",
-           "Failed checks that eject an instance (default: 2).", &set_count<&Config::health_fall>},
+           "Failed checks that eject an instance (default: 2).", &set_count<&Config::health_fall>,
+           kRestart},
     Option{"health-max-concurrency", "", 0, false, false, kGeneral, "N",
            "Health checks in flight at most, spread over the interval; also bounds the "
            "/metrics scrapes and the validation of instances learnt through Redis "
            "(default: 64).",
-           &set_count<&Config::health_max_concurrency>},
+           &set_count<&Config::health_max_concurrency>, kRestart},
     Option{"eject-after", "", 0, false, false, kGeneral, "N",
            "Consecutive request failures (connect, timeout, 5xx) that eject an instance "
            "(default: 3).",
@@ -580,12 +589,13 @@ constexpr std::array kOptions = {
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
            "trace, debug, info, warn or error (default: info).", &set_log_level},
     Option{"config", "", 0, false, true, kGeneral, "FILE",
-           "YAML file with any of these options (names without dashes); flags override it."},
+           "YAML file with any of these options (names without dashes); flags override it. "
+           "SIGHUP re-reads it and applies what can change without a restart."},
     Option{"help", "", 'h', false, true, kGeneral, "", "Print this help and exit."},
     Option{"version", "", 'V', false, true, kGeneral, "", "Print the version and exit."},
     Option{"check-config", "", 0, false, true, kGeneral, "",
            "Check the flags, the --config file and the policy scripts, then exit: 0 when "
-           "valid, 1 with the error otherwise (nothing is resolved or contacted)."},
+           "valid, 1 with every error otherwise (nothing is resolved or contacted)."},
 };
 
 // '_' and '-' are interchangeable in names, as in vLLM's own CLI, so
@@ -607,13 +617,24 @@ const Option* find_short(char c) {
   return nullptr;
 }
 
+// Labels and weight given with one instance in a YAML list.
+struct InstanceMeta {
+  std::map<std::string, std::string> labels;
+  unsigned weight = 1;
+};
+
 // The values given for one option, and where they came from (the flag as
 // the user spelled it, or the config key) so errors point at the culprit.
+// `meta`, when not empty, holds one entry per value (YAML instance lists).
 struct RawValue {
   std::string origin;
   std::vector<std::string> values;
+  std::vector<InstanceMeta> meta;
 };
 using RawMap = std::map<std::string, RawValue, std::less<>>;
+// Mistakes found so far: parsing goes on after one, so that every mistake
+// is reported at once.
+using Errors = std::vector<std::string>;
 
 // The EPD proxy's list syntax: comma-separated, whitespace trimmed, empty
 // items dropped.
@@ -644,54 +665,67 @@ std::string host_port_text(std::string_view host, std::string_view port) {
   return std::string(host) + ":" + std::string(port);
 }
 
-// Builds a Config from collected option values on top of `c`. Used for the
-// YAML file, the command line and both merged, so all share the rules.
-Result<Config> apply_raw(Config c, const RawMap& raw) {
+// An EPD option's items split at commas; an item that carries labels or a
+// weight must be a single URL, which keeps them.
+RawValue split_epd(const RawValue& v) {
+  RawValue split{v.origin, {}, {}};
+  for (std::size_t k = 0; k < v.values.size(); ++k) {
+    for (auto& u : split_urls(v.values[k])) {
+      split.values.push_back(std::move(u));
+      if (!v.meta.empty())
+        split.meta.push_back(v.meta[k]);
+    }
+  }
+  return split;
+}
+
+// Builds a Config from collected option values on top of `c`, adding a
+// message to `errors` for each bad value (which leaves its option as it
+// was). Used for the YAML file, the command line and both merged, so all
+// share the rules.
+Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
   const auto get = [&](std::string_view key) -> const RawValue* {
     const auto it = raw.find(key);
     return it == raw.end() ? nullptr : &it->second;
   };
-  const auto err = [](const RawValue& v, const std::string& what) {
-    return fail(v.origin + ": " + what);
-  };
-  // A single value: a YAML list given to a single-valued key is an error.
-  const auto single = [&](const RawValue& v) -> Result<std::string> {
-    if (v.values.size() != 1)
-      return err(v, "expects exactly one value");
-    return v.values.front();
+  const auto err = [&](const RawValue& v, const std::string& what) {
+    errors.push_back(v.origin + ": " + what);
   };
 
   // Engines: every form contributes to the same lists, in the order demo,
   // multi-turn, EPD. A role's list is replaced only when some form names it.
   // dns:// entries, by role; a role named anywhere replaces its sources.
   std::vector<DnsSource> dns[4];
-  const auto parse_list = [&](const RawValue& v, Role role,
-                              std::vector<UpstreamSpec>& out) -> Result<bool> {
-    for (const auto& text : v.values) {
+  const auto parse_list = [&](const RawValue& v, Role role, std::vector<UpstreamSpec>& out) {
+    for (std::size_t k = 0; k < v.values.size(); ++k) {
+      const std::string& text = v.values[k];
       if (lower(trim(text).substr(0, 6)) == "dns://") {
-        auto d = parse_dns_source(role, trim(text));
-        if (!d)
-          return err(v, d.error());
-        dns[static_cast<int>(role)].push_back(std::move(*d));
+        if (auto d = parse_dns_source(role, trim(text)))
+          dns[static_cast<int>(role)].push_back(std::move(*d));
+        else
+          err(v, d.error());
         continue;
       }
       auto u = parse_upstream(role, text);
-      if (!u)
-        return err(v, u.error());
+      if (!u) {
+        err(v, u.error());
+        continue;
+      }
+      if (k < v.meta.size()) {
+        u->labels = v.meta[k].labels;
+        u->weight = v.meta[k].weight;
+      }
       out.push_back(std::move(*u));
     }
-    return true;
   };
   std::vector<UpstreamSpec> prefill, decode, encode;
   bool prefill_named = false, decode_named = false, encode_named = false;
   if (const auto* v = get("prefill")) {
-    if (auto r = parse_list(*v, Role::prefill, prefill); !r)
-      return fail(r.error());
+    parse_list(*v, Role::prefill, prefill);
     prefill_named = true;
   }
   if (const auto* v = get("decode")) {
-    if (auto r = parse_list(*v, Role::decode, decode); !r)
-      return fail(r.error());
+    parse_list(*v, Role::decode, decode);
     decode_named = true;
   }
 
@@ -699,31 +733,15 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
   // only when no other form gave the role's instances.
   std::vector<UpstreamSpec> epd_prefill, epd_decode;
   if (const auto* v = get("encode-servers-urls")) {
-    RawValue split{v->origin, {}};
-    for (const auto& item : v->values) {
-      for (auto& u : split_urls(item))
-        split.values.push_back(std::move(u));
-    }
-    if (auto r = parse_list(split, Role::encode, encode); !r)
-      return fail(r.error());
+    parse_list(split_epd(*v), Role::encode, encode);
     encode_named = true;
   }
   if (const auto* v = get("decode-servers-urls")) {
-    RawValue split{v->origin, {}};
-    for (const auto& item : v->values) {
-      for (auto& u : split_urls(item))
-        split.values.push_back(std::move(u));
-    }
-    if (auto r = parse_list(split, Role::decode, epd_decode); !r)
-      return fail(r.error());
+    parse_list(split_epd(*v), Role::decode, epd_decode);
     decode_named = true;
   }
   if (const auto* v = get("prefill-servers-urls")) {
-    RawValue split{v->origin, {}};
-    for (const auto& item : v->values) {
-      for (auto& u : split_urls(item))
-        split.values.push_back(std::move(u));
-    }
+    const RawValue split = split_epd(*v);
     // Like the EPD proxy, "disable", "none" or nothing at all means E+PD:
     // no prefill stage, one hop to a combined instance.
     const std::string word = v->values.size() == 1 ? lower(trim(v->values.front())) : "";
@@ -731,8 +749,7 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
       c.prefill_disabled = true;
     } else {
       c.prefill_disabled = false;
-      if (auto r = parse_list(split, Role::prefill, epd_prefill); !r)
-        return fail(r.error());
+      parse_list(split, Role::prefill, epd_prefill);
       prefill_named = true;
     }
   }
@@ -746,45 +763,47 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
   std::vector<UpstreamSpec> mt_prefill, mt_decode;
   if (ph != nullptr || pp != nullptr || dh != nullptr || dp != nullptr) {
     const auto zip = [&](const RawValue* hosts, const RawValue* ports, std::string_view def_port,
-                         Role role, std::string_view side,
-                         std::vector<UpstreamSpec>& out) -> Result<bool> {
+                         Role role, std::string_view side, std::vector<UpstreamSpec>& out) {
       const std::vector<std::string> def_hosts{"localhost"};
       const std::vector<std::string> def_ports{std::string(def_port)};
       const auto& hv = hosts != nullptr ? hosts->values : def_hosts;
       const auto& pv = ports != nullptr ? ports->values : def_ports;
       if (hv.size() != pv.size()) {
-        return fail("Number of " + std::string(side) + " hosts must match ports (" +
-                    std::to_string(hv.size()) + " hosts, " + std::to_string(pv.size()) + " ports)");
+        errors.push_back("Number of " + std::string(side) + " hosts must match ports (" +
+                         std::to_string(hv.size()) + " hosts, " + std::to_string(pv.size()) +
+                         " ports)");
+        return;
       }
       // Errors name the flag that supplied the bad item; defaults are valid.
-      const RawValue defaults{"--" + std::string(side) + "-host", {}};
+      const RawValue defaults{"--" + std::string(side) + "-host", {}, {}};
       const RawValue& host_origin = hosts != nullptr ? *hosts : defaults;
       const RawValue& port_origin = ports != nullptr ? *ports : defaults;
       for (std::size_t i = 0; i < hv.size(); ++i) {
         const std::string_view host = trim(hv[i]);
-        if (host.empty())
-          return err(host_origin, "empty host");
+        if (host.empty()) {
+          err(host_origin, "empty host");
+          continue;
+        }
         auto port = parse_port_number(trim(pv[i]), false);
-        if (!port)
-          return err(port_origin, port.error());
+        if (!port) {
+          err(port_origin, port.error());
+          continue;
+        }
         auto u = parse_upstream(role, host_port_text(host, trim(pv[i])));
-        if (!u)
-          return err(host_origin, u.error());
+        if (!u) {
+          err(host_origin, u.error());
+          continue;
+        }
         out.push_back(std::move(*u));
       }
-      return true;
     };
     if (ph != nullptr || pp != nullptr ||
         (prefill.empty() && epd_prefill.empty() && !c.prefill_disabled)) {
-      if (auto r = zip(ph, pp, "8100", Role::prefill, "prefiller", mt_prefill); !r) {
-        return fail(r.error());
-      }
+      zip(ph, pp, "8100", Role::prefill, "prefiller", mt_prefill);
       prefill_named = true;
     }
     if (dh != nullptr || dp != nullptr || (decode.empty() && epd_decode.empty())) {
-      if (auto r = zip(dh, dp, "8200", Role::decode, "decoder", mt_decode); !r) {
-        return fail(r.error());
-      }
+      zip(dh, dp, "8200", Role::decode, "decoder", mt_decode);
       decode_named = true;
     }
   }
@@ -817,11 +836,12 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
     if (o.apply == nullptr)
       continue;
     if (const auto* v = get(o.key)) {
-      auto s = single(*v);
-      if (!s)
-        return fail(s.error());
-      if (auto r = o.apply(c, *s); !r)
-        return err(*v, r.error());
+      if (v->values.size() != 1) {
+        err(*v, "expects exactly one value");
+        continue;
+      }
+      if (auto r = o.apply(c, v->values.front()); !r)
+        err(*v, r.error());
     }
   }
   if (const auto* v = get("allowed-upstreams")) {
@@ -834,60 +854,166 @@ Result<Config> apply_raw(Config c, const RawMap& raw) {
   return c;
 }
 
+// Reads one instance given as a mapping: {url: ..., labels: {k: v},
+// weight: N}. Returns the URL; adds to `errors` and returns nothing when
+// the item is malformed.
+std::optional<std::string> yaml_instance(const YAML::Node& item, const std::string& origin,
+                                         InstanceMeta& meta, Errors& errors) {
+  std::optional<std::string> url;
+  bool ok = true;
+  for (const auto& field : item) {
+    const std::string name = field.first.IsScalar() ? field.first.Scalar() : std::string();
+    const YAML::Node& value = field.second;
+    if (name == "url") {
+      if (!value.IsScalar()) {
+        errors.push_back(origin + ": an instance's url must be a plain string");
+        ok = false;
+      } else {
+        url = value.Scalar();
+      }
+    } else if (name == "labels") {
+      if (!value.IsMap()) {
+        errors.push_back(origin + ": an instance's labels must be a mapping of strings");
+        ok = false;
+        continue;
+      }
+      for (const auto& l : value) {
+        if (!l.first.IsScalar() || !l.second.IsScalar()) {
+          errors.push_back(origin + ": label names and values must be plain strings");
+          ok = false;
+          break;
+        }
+        meta.labels[l.first.Scalar()] = l.second.Scalar();
+      }
+    } else if (name == "weight") {
+      auto w = value.IsScalar() ? parse_uint(trim(value.Scalar()), 1000)
+                                : Result<std::uint64_t>(fail("not a number"));
+      if (!w || *w == 0) {
+        errors.push_back(origin + ": an instance's weight must be an integer from 1 to 1000");
+        ok = false;
+      } else {
+        meta.weight = static_cast<unsigned>(*w);
+      }
+    } else {
+      errors.push_back(origin + ": unknown instance field '" + name +
+                       "' (expected url, labels, weight)");
+      ok = false;
+    }
+  }
+  if (!url) {
+    if (ok)
+      errors.push_back(origin + ": an instance given as a mapping needs a url");
+    return std::nullopt;
+  }
+  if (!ok)
+    return std::nullopt;
+  return url;
+}
+
+bool takes_instances(const Option& o) {
+  return o.key == "prefill" || o.key == "decode" || o.key.ends_with("-servers-urls");
+}
+
 // Reads a YAML document into option values. `label` names the source in
-// errors ("config file 'x.yaml'").
-Result<RawMap> yaml_to_raw(const std::string& yaml_text, const std::string& label) {
+// errors ("config file 'x.yaml'"). A bad key is reported and skipped.
+RawMap yaml_to_raw(const std::string& yaml_text, const std::string& label, Errors& errors) {
   RawMap raw;
   try {
     const YAML::Node root = YAML::Load(yaml_text);
     if (!root.IsDefined() || root.IsNull())
       return raw;
-    if (!root.IsMap())
-      return fail(label + ": expected a mapping of option names to values");
+    if (!root.IsMap()) {
+      errors.push_back(label + ": expected a mapping of option names to values");
+      return raw;
+    }
     for (const auto& kv : root) {
-      if (!kv.first.IsScalar())
-        return fail(label + ": option names must be plain strings");
+      if (!kv.first.IsScalar()) {
+        errors.push_back(label + ": option names must be plain strings");
+        continue;
+      }
       const std::string name = kv.first.Scalar();
       const Option* o = find_option(name);
       if (o == nullptr) {
-        return fail(label + ": unknown key '" + name + "' (see --help for the option names)");
+        errors.push_back(label + ": unknown key '" + name + "' (see --help for the option names)");
+        continue;
       }
       if (o->cli_only) {
-        return fail(label + ": '" + name + "' can only be given on the command line");
+        errors.push_back(label + ": '" + name + "' can only be given on the command line");
+        continue;
       }
-      RawValue v{label + ", key '" + name + "'", {}};
+      RawValue v{label + ", key '" + name + "'", {}, {}};
       const YAML::Node& node = kv.second;
       if (node.IsNull())
         continue;  // `key:` with nothing after it leaves the default
       if (node.IsScalar()) {
         v.values.push_back(node.Scalar());
       } else if (node.IsSequence()) {
+        bool bad = false;
+        bool any_meta = false;
+        std::vector<InstanceMeta> meta;
         for (const auto& item : node) {
-          if (!item.IsScalar())
-            return fail(v.origin + ": list items must be plain values");
-          v.values.push_back(item.Scalar());
+          InstanceMeta m;
+          if (item.IsMap() && takes_instances(*o)) {
+            auto url = yaml_instance(item, v.origin, m, errors);
+            if (!url) {
+              bad = true;
+              continue;
+            }
+            v.values.push_back(*url);
+            any_meta = true;
+          } else if (!item.IsScalar()) {
+            errors.push_back(v.origin +
+                             (takes_instances(*o)
+                                  ? ": list items must be addresses or {url, labels, weight}"
+                                  : ": list items must be plain values"));
+            bad = true;
+            continue;
+          } else {
+            v.values.push_back(item.Scalar());
+          }
+          meta.push_back(std::move(m));
         }
+        // A bad item is reported and left out; the others still count,
+        // so the rules that look at the whole list report what they find.
+        if (bad && v.values.empty())
+          continue;
+        if (any_meta)
+          v.meta = std::move(meta);
         // The EPD keys hold comma-separated text on the command line; a YAML
-        // list of URLs is the natural spelling in a file, so join it.
+        // list of URLs is the natural spelling in a file, so join it (a
+        // list with labels keeps its items apart: each is one URL).
         if (o->key.ends_with("-servers-urls")) {
-          std::string joined;
-          for (const auto& item : v.values)
-            joined += (joined.empty() ? "" : ",") + item;
-          v.values = {joined};
+          if (!any_meta) {
+            std::string joined;
+            for (const auto& item : v.values)
+              joined += (joined.empty() ? "" : ",") + item;
+            v.values = {joined};
+          }
         } else if (!o->list) {
-          return fail(v.origin + ": expects a single value, not a list");
+          errors.push_back(v.origin + ": expects a single value, not a list");
+          continue;
         } else if (v.values.empty()) {
-          return fail(v.origin + ": the list must not be empty");
+          errors.push_back(v.origin + ": the list must not be empty");
+          continue;
         }
       } else {
-        return fail(v.origin + ": expects a value or a list, not a mapping");
+        errors.push_back(v.origin + ": expects a value or a list, not a mapping");
+        continue;
       }
       raw[std::string(o->key)] = std::move(v);
     }
   } catch (const YAML::Exception& e) {
-    return fail(label + ": " + e.what());
+    errors.push_back(label + ": " + e.what());
   }
   return raw;
+}
+
+// Every message, a line each.
+Failure fail_all(const Errors& errors) {
+  std::string out;
+  for (const auto& e : errors)
+    out += (out.empty() ? "" : "\n") + e;
+  return fail(out);
 }
 
 bool looks_like_option(std::string_view tok) {
@@ -1041,10 +1167,12 @@ Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
 }
 
 Result<Config> apply_yaml(Config base, const std::string& yaml_text) {
-  auto raw = yaml_to_raw(yaml_text, "config");
-  if (!raw)
-    return fail(raw.error());
-  return apply_raw(std::move(base), *raw);
+  Errors errors;
+  auto raw = yaml_to_raw(yaml_text, "config", errors);
+  auto c = apply_raw(std::move(base), raw, errors);
+  if (!errors.empty())
+    return fail_all(errors);
+  return c;
 }
 
 Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
@@ -1058,6 +1186,7 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
     }
   }
 
+  Errors errors;
   RawMap flags;
   std::string config_path;
   bool config_given = false;
@@ -1080,10 +1209,17 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
       if (tok.size() > 2)
         inline_value = tok.substr(tok[2] == '=' ? 3 : 2);
     } else {
-      return fail("unexpected argument '" + tok + "' (options start with --; see --help)");
+      errors.push_back("unexpected argument '" + tok + "' (options start with --; see --help)");
+      continue;
     }
-    if (o == nullptr)
-      return fail("unknown option '" + spelled + "' (see --help)");
+    if (o == nullptr) {
+      errors.push_back("unknown option '" + spelled + "' (see --help)");
+      // Its values, if any, belong to it: skip them rather than report
+      // each as an unexpected argument.
+      while (i < argc && !looks_like_option(argv[i] == nullptr ? "" : argv[i]))
+        ++i;
+      continue;
+    }
     if (o->key == "help") {
       cl.help = true;
       return cl;
@@ -1097,7 +1233,7 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
       continue;
     }
 
-    RawValue v{spelled, {}};
+    RawValue v{spelled, {}, {}};
     if (inline_value)
       v.values.push_back(*inline_value);
     // argparse's nargs="+": a list option takes every following token up
@@ -1110,8 +1246,9 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
       ++i;
     }
     if (v.values.empty()) {
-      return fail("missing value for " + spelled + " (expected " + std::string(o->metavar) +
-                  (o->list ? " ..." : "") + ")");
+      errors.push_back("missing value for " + spelled + " (expected " + std::string(o->metavar) +
+                       (o->list ? " ..." : "") + ")");
+      continue;
     }
     if (o->key == "config") {
       config_path = v.values.front();
@@ -1126,77 +1263,86 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
   if (config_given) {
     auto text = read_file(config_path);
     if (!text)
-      return fail(text.error());
-    auto file = yaml_to_raw(*text, "config file '" + config_path + "'");
-    if (!file)
-      return fail(file.error());
-    merged = std::move(*file);
+      errors.push_back(text.error());
+    else
+      merged = yaml_to_raw(*text, "config file '" + config_path + "'", errors);
   }
   for (auto& [key, value] : flags)
     merged[key] = std::move(value);
 
-  auto config = apply_raw(Config{}, merged);
-  if (!config)
-    return fail(config.error());
-  config->config_file = config_path;
-  auto valid = validate(std::move(*config));
-  if (!valid)
-    return fail(valid.error());
+  auto config = apply_raw(Config{}, merged, errors);
+  config.config_file = config_path;
+  // Cross-field rules are checked even after a bad value, so one run
+  // lists everything to fix; a rule broken only because a bad value was
+  // left at its default is still worth knowing about.
+  auto valid = validate(std::move(config));
+  if (!valid) {
+    std::string_view rest = valid.error();
+    while (!rest.empty()) {
+      const auto nl = std::min(rest.find('\n'), rest.size());
+      errors.emplace_back(rest.substr(0, nl));
+      rest.remove_prefix(std::min(nl + 1, rest.size()));
+    }
+  }
+  if (!errors.empty())
+    return fail_all(errors);
   cl.config = std::move(*valid);
   return cl;
 }
 
 Result<Config> validate(Config c) {
+  Errors errors;
   const auto has_dns = [&](Role role) {
     return std::any_of(c.dns_sources.begin(), c.dns_sources.end(),
                        [&](const DnsSource& d) { return d.role == role; });
   };
   if (c.decode.empty() && !has_dns(Role::decode)) {
-    return fail(
+    errors.push_back(
         "no decode instances: give --decode, --decoder-host/--decoder-port or "
         "--decode-servers-urls");
   }
   if (c.prefill_disabled && !c.prefill.empty()) {
-    return fail(
+    errors.push_back(
         "--prefill-servers-urls disables prefill, but prefill instances were also given "
         "(--prefill or --prefiller-host)");
   }
   if (c.prefill_disabled && has_dns(Role::prefill)) {
-    return fail("--prefill-servers-urls disables prefill, but a dns:// prefill source was given");
+    errors.push_back(
+        "--prefill-servers-urls disables prefill, but a dns:// prefill source was given");
   }
   if (c.prefill.empty() && !has_dns(Role::prefill) && !c.prefill_disabled &&
       c.kv_connector != "none") {
-    return fail(
+    errors.push_back(
         "no prefill instances: give --prefill, --prefiller-host/--prefiller-port or "
         "--prefill-servers-urls, or send requests in one hop with --prefill-servers-urls "
         "disable");
   }
   if (c.host.empty())
-    return fail("--host must not be empty");
+    errors.push_back("--host must not be empty");
   if (c.workers > 1024) {
-    return fail("--workers: at most 1024 (got " + std::to_string(c.workers) + ")");
+    errors.push_back("--workers: at most 1024 (got " + std::to_string(c.workers) + ")");
   }
   if (auto k = parse_kv_connector(c.kv_connector); !k)
-    return fail("--kv-connector: " + k.error());
+    errors.push_back("--kv-connector: " + k.error());
   if (auto l = parse_log_level(c.log_level); !l)
-    return fail("--log-level: " + l.error());
+    errors.push_back("--log-level: " + l.error());
   if (c.max_body_bytes == 0)
-    return fail("--max-body-size must be at least 1 byte");
+    errors.push_back("--max-body-size must be at least 1 byte");
   if (c.body_memory_limit < (1u << 20)) {
-    return fail("--body-memory-limit must be at least 1MiB (got " +
-                std::to_string(c.body_memory_limit) + " bytes)");
+    errors.push_back("--body-memory-limit must be at least 1MiB (got " +
+                     std::to_string(c.body_memory_limit) + " bytes)");
   }
   if (c.policy_memory < (1u << 20)) {
-    return fail("--policy-memory must be at least 1MiB (got " + std::to_string(c.policy_memory) +
-                " bytes)");
+    errors.push_back("--policy-memory must be at least 1MiB (got " +
+                     std::to_string(c.policy_memory) + " bytes)");
   }
   if (c.prefix_block_size < 16) {
-    return fail("--prefix-block-size must be at least 16 bytes (got " +
-                std::to_string(c.prefix_block_size) + ")");
+    errors.push_back("--prefix-block-size must be at least 16 bytes (got " +
+                     std::to_string(c.prefix_block_size) + ")");
   }
   if (c.max_header_bytes < 1024) {
-    return fail("--max-header-size must be at least 1KiB (got " +
-                std::to_string(c.max_header_bytes) + " bytes)");
+    errors.push_back("--max-header-size must be at least 1KiB (got " +
+                     std::to_string(c.max_header_bytes) + " bytes)");
   }
   const std::pair<const char*, std::chrono::milliseconds> durations[] = {
       {"--header-timeout", c.header_timeout},
@@ -1207,23 +1353,35 @@ Result<Config> validate(Config c) {
   };
   for (const auto& [name, d] : durations) {
     if (d.count() <= 0)
-      return fail(std::string(name) + " must be positive");
+      errors.push_back(std::string(name) + " must be positive");
   }
   if (c.model_check_timeout > std::chrono::minutes(5)) {
-    return fail("--model-check-timeout must be at most 5m (an admin add waits for it)");
+    errors.push_back("--model-check-timeout must be at most 5m (an admin add waits for it)");
   }
   if (c.shutdown_timeout > std::chrono::hours(24)) {
-    return fail("--shutdown-timeout must be at most 24h");
+    errors.push_back("--shutdown-timeout must be at most 24h");
   }
   if (c.api_keys_from_redis && c.redis_url.empty())
-    return fail("--api-keys-from-redis needs --redis");
+    errors.push_back("--api-keys-from-redis needs --redis");
   for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
+    // Duplicates as written (host names compared without case); names
+    // that resolve to the same address are caught when pdgate starts or
+    // reloads, which resolves them.
+    std::map<std::string, std::string> seen;
     for (const auto& u : *list) {
       if (u.port == 0 || u.host.empty()) {
-        return fail("invalid " + std::string(to_string(u.role)) + " instance '" + u.url + "'");
+        errors.push_back("invalid " + std::string(to_string(u.role)) + " instance '" + u.url + "'");
+        continue;
+      }
+      const auto [it, fresh] = seen.emplace(lower(u.url), u.url);
+      if (!fresh) {
+        errors.push_back(std::string(to_string(u.role)) + " instance " + u.url +
+                         " is listed twice (as " + it->second + " and " + u.url + ")");
       }
     }
   }
+  if (!errors.empty())
+    return fail_all(errors);
   return c;
 }
 
@@ -1267,6 +1425,250 @@ std::string help_text() {
     }
   }
   return out;
+}
+
+}  // namespace pdgate
+
+namespace pdgate {
+namespace {
+
+std::string duration_text(std::chrono::milliseconds d) {
+  if (d.count() % 1000 == 0)
+    return std::to_string(d.count() / 1000) + "s";
+  return std::to_string(d.count()) + "ms";
+}
+
+std::string interval_text(std::chrono::milliseconds d) {
+  return d.count() == 0 ? "off" : duration_text(d);
+}
+
+std::string size_text(std::size_t bytes) {
+  constexpr std::pair<std::size_t, const char*> units[] = {
+      {std::size_t{1} << 30, "GiB"}, {std::size_t{1} << 20, "MiB"}, {std::size_t{1} << 10, "KiB"}};
+  for (const auto& [unit, name] : units) {
+    if (bytes >= unit && bytes % unit == 0)
+      return std::to_string(bytes / unit) + name;
+  }
+  return std::to_string(bytes);
+}
+
+std::string bool_text(bool b) {
+  return b ? "true" : "false";
+}
+
+// An instance as the config shows it: its URL, then what a YAML entry
+// added to it.
+std::string instance_text(const UpstreamSpec& u) {
+  std::string out = u.url;
+  if (!u.kv_peer.empty())
+    out += "@" + u.kv_peer;
+  if (!u.labels.empty()) {
+    out += " labels={";
+    bool first = true;
+    for (const auto& [k, v] : u.labels) {
+      out += (first ? "" : ",") + k + "=" + v;
+      first = false;
+    }
+    out += "}";
+  }
+  if (u.weight != 1)
+    out += " weight=" + std::to_string(u.weight);
+  return out;
+}
+
+std::vector<std::string> instance_texts(const std::vector<UpstreamSpec>& list) {
+  std::vector<std::string> out;
+  for (const auto& u : list)
+    out.push_back(instance_text(u));
+  return out;
+}
+
+std::string join_urls(const std::vector<UpstreamSpec>& list) {
+  std::string out;
+  for (const auto& u : list)
+    out += (out.empty() ? "" : ",") + u.url;
+  return out;
+}
+
+// The effective value of one option; the engine forms that are other
+// spellings of the same lists (multi-turn, EPD) show those lists.
+std::vector<std::string> option_value(const Config& c, std::string_view key) {
+  const auto hosts = [](const std::vector<UpstreamSpec>& list) {
+    std::vector<std::string> out;
+    for (const auto& u : list)
+      out.push_back(u.host);
+    return out;
+  };
+  const auto ports = [](const std::vector<UpstreamSpec>& list) {
+    std::vector<std::string> out;
+    for (const auto& u : list)
+      out.push_back(std::to_string(u.port));
+    return out;
+  };
+  const std::map<std::string_view, std::function<std::vector<std::string>()>> values = {
+      {"host", [&] { return std::vector{c.host}; }},
+      {"port", [&] { return std::vector{std::to_string(c.port)}; }},
+      {"workers", [&] { return std::vector{std::to_string(c.workers)}; }},
+      {"model", [&] { return std::vector{c.model}; }},
+      {"prefill", [&] { return instance_texts(c.prefill); }},
+      {"decode", [&] { return instance_texts(c.decode); }},
+      {"prefiller-host", [&] { return hosts(c.prefill); }},
+      {"prefiller-port", [&] { return ports(c.prefill); }},
+      {"decoder-host", [&] { return hosts(c.decode); }},
+      {"decoder-port", [&] { return ports(c.decode); }},
+      {"encode-servers-urls", [&] { return std::vector{join_urls(c.encode)}; }},
+      {"prefill-servers-urls",
+       [&] {
+         return std::vector{c.prefill_disabled ? std::string("disable") : join_urls(c.prefill)};
+       }},
+      {"decode-servers-urls", [&] { return std::vector{join_urls(c.decode)}; }},
+      {"kv-connector", [&] { return std::vector{c.kv_connector}; }},
+      {"max-body-size", [&] { return std::vector{size_text(c.max_body_bytes)}; }},
+      {"max-header-size", [&] { return std::vector{size_text(c.max_header_bytes)}; }},
+      {"body-memory-limit", [&] { return std::vector{size_text(c.body_memory_limit)}; }},
+      {"header-timeout", [&] { return std::vector{duration_text(c.header_timeout)}; }},
+      {"client-idle-timeout", [&] { return std::vector{duration_text(c.client_idle_timeout)}; }},
+      {"connect-timeout", [&] { return std::vector{duration_text(c.connect_timeout)}; }},
+      {"first-byte-timeout", [&] { return std::vector{duration_text(c.first_byte_timeout)}; }},
+      {"upstream-idle-timeout",
+       [&] { return std::vector{duration_text(c.upstream_idle_timeout)}; }},
+      {"upstream-max-idle", [&] { return std::vector{std::to_string(c.upstream_max_idle)}; }},
+      {"policy", [&] { return std::vector{c.policy}; }},
+      {"policy-prefill", [&] { return std::vector{c.policy_prefill}; }},
+      {"policy-decode", [&] { return std::vector{c.policy_decode}; }},
+      {"policy-encode", [&] { return std::vector{c.policy_encode}; }},
+      {"policy-dir", [&] { return std::vector{c.policy_dir}; }},
+      {"policy-budget-us", [&] { return std::vector{std::to_string(c.policy_budget.count())}; }},
+      {"policy-memory", [&] { return std::vector{size_text(c.policy_memory)}; }},
+      {"prefix-block-size", [&] { return std::vector{size_text(c.prefix_block_size)}; }},
+      {"policy-poll-interval", [&] { return std::vector{duration_text(c.policy_poll_interval)}; }},
+      {"metrics-interval", [&] { return std::vector{interval_text(c.metrics_interval)}; }},
+      {"redis", [&] { return std::vector{mask_url_password(c.redis_url)}; }},
+      {"redis-key-prefix", [&] { return std::vector{c.redis_key_prefix}; }},
+      {"redis-timeout", [&] { return std::vector{duration_text(c.redis_timeout)}; }},
+      {"conversation-ttl",
+       [&] {
+         return std::vector{duration_text(
+             std::chrono::duration_cast<std::chrono::milliseconds>(c.conversation_ttl))};
+       }},
+      {"conversation-cache-size",
+       [&] { return std::vector{std::to_string(c.conversation_cache_size)}; }},
+      {"conversation-scope-header", [&] { return std::vector{c.conversation_scope_header}; }},
+      {"expose-kv-params", [&] { return std::vector{bool_text(c.expose_kv_params)}; }},
+      {"verbose-errors", [&] { return std::vector{bool_text(c.verbose_errors)}; }},
+      {"profile-routes", [&] { return std::vector{bool_text(c.profile_routes)}; }},
+      {"admin-port",
+       [&] {
+         return std::vector{c.admin_enabled ? std::to_string(c.admin_port) : std::string("off")};
+       }},
+      {"admin-host", [&] { return std::vector{c.admin_host}; }},
+      // The file's path, never its content (the key).
+      {"admin-key-file", [&] { return std::vector{c.admin_key_file}; }},
+      {"model-check-timeout", [&] { return std::vector{duration_text(c.model_check_timeout)}; }},
+      {"shutdown-timeout", [&] { return std::vector{duration_text(c.shutdown_timeout)}; }},
+      {"allowed-upstreams", [&] { return c.allowed_upstreams; }},
+      {"health-interval", [&] { return std::vector{interval_text(c.health_interval)}; }},
+      {"health-rise", [&] { return std::vector{std::to_string(c.health_rise)}; }},
+      {"health-fall", [&] { return std::vector{std::to_string(c.health_fall)}; }},
+      {"health-max-concurrency",
+       [&] { return std::vector{std::to_string(c.health_max_concurrency)}; }},
+      {"eject-after", [&] { return std::vector{std::to_string(c.eject_after)}; }},
+      {"retry-budget",
+       [&] {
+         std::ostringstream out;
+         out << c.retry_budget;
+         return std::vector{out.str()};
+       }},
+      {"log-level", [&] { return std::vector{c.log_level}; }},
+  };
+  const auto it = values.find(key);
+  // Every option a file may set has its row (a unit test checks it).
+  return it == values.end() ? std::vector<std::string>{"(not shown)"} : it->second();
+}
+
+// Other spellings of an instance list: a reload reports the list's own key.
+bool spells_another_key(std::string_view key) {
+  return key.starts_with("prefiller-") || key.starts_with("decoder-") ||
+         key == "decode-servers-urls" || key == "prefill-servers-urls";
+}
+
+}  // namespace
+
+std::string mask_url_password(const std::string& url) {
+  const auto scheme = url.find("://");
+  const auto at = url.rfind('@');
+  if (scheme == std::string::npos || at == std::string::npos || at < scheme)
+    return url;
+  const auto user_end = url.find(':', scheme + 3);
+  // redis://user:password@host or redis://:password@host: keep the user.
+  if (user_end != std::string::npos && user_end < at)
+    return url.substr(0, user_end + 1) + "***" + url.substr(at);
+  return url.substr(0, scheme + 3) + "***" + url.substr(at);
+}
+
+std::vector<ConfigEntry> effective_config(const Config& c) {
+  std::vector<ConfigEntry> out;
+  for (const auto& o : kOptions) {
+    if (o.cli_only)
+      continue;
+    out.push_back({std::string(o.key), option_value(c, o.key), o.list, o.restart});
+  }
+  return out;
+}
+
+ConfigDiff diff_config(const Config& before, const Config& after) {
+  ConfigDiff d;
+  // What is applied is what reloadable_part() takes from `after` (with
+  // prefill off, a prefill list stays as it was).
+  const Config applied = reloadable_part(before, after);
+  for (const auto& o : kOptions) {
+    if (o.cli_only || spells_another_key(o.key))
+      continue;
+    const Config& now = o.restart ? after : applied;
+    if (option_value(before, o.key) == option_value(now, o.key))
+      continue;
+    (o.restart ? d.restart_needed : d.applied).emplace_back(o.key);
+  }
+  // Whether prefill runs at all shapes each worker's pipeline.
+  if (before.prefill_disabled != after.prefill_disabled)
+    d.restart_needed.emplace_back("prefill-servers-urls (disable)");
+  return d;
+}
+
+Config reloadable_part(const Config& running, Config c) {
+  // Prefill switched on or off waits for a restart, and so does the
+  // prefill list meanwhile: an empty one cannot serve, and one given
+  // while prefill is off has no stage to serve.
+  if (running.prefill_disabled || c.prefill_disabled != running.prefill_disabled)
+    c.prefill = running.prefill;
+  c.host = running.host;
+  c.port = running.port;
+  c.workers = running.workers;
+  c.model = running.model;
+  c.kv_connector = running.kv_connector;
+  c.prefill_disabled = running.prefill_disabled;
+  c.upstream_idle_timeout = running.upstream_idle_timeout;
+  c.upstream_max_idle = running.upstream_max_idle;
+  c.policy_poll_interval = running.policy_poll_interval;
+  c.metrics_interval = running.metrics_interval;
+  c.redis_url = running.redis_url;
+  c.redis_key_prefix = running.redis_key_prefix;
+  c.redis_timeout = running.redis_timeout;
+  c.conversation_cache_size = running.conversation_cache_size;
+  c.profile_routes = running.profile_routes;
+  c.admin_enabled = running.admin_enabled;
+  c.admin_port = running.admin_port;
+  c.admin_host = running.admin_host;
+  c.admin_key_file = running.admin_key_file;
+  c.model_check_timeout = running.model_check_timeout;
+  c.shutdown_timeout = running.shutdown_timeout;
+  c.allowed_upstreams = running.allowed_upstreams;
+  c.health_interval = running.health_interval;
+  c.health_rise = running.health_rise;
+  c.health_fall = running.health_fall;
+  c.health_max_concurrency = running.health_max_concurrency;
+  c.config_file = running.config_file;
+  return c;
 }
 
 }  // namespace pdgate

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +31,10 @@ struct UpstreamSpec {
   std::uint16_t port = 0;
   // "zmqhost:zmqport" for --kv-connector p2p-nccl (given as url@zmqhost:zmqport).
   std::string kv_peer;
+  // Given in a YAML instance list ({url: ..., labels: {...}, weight: N});
+  // policies see them as they see the admin API's.
+  std::map<std::string, std::string> labels;
+  unsigned weight = 1;
 };
 
 // Instances found in DNS (`dns://NAME:PORT` in an instance list): every
@@ -156,8 +161,8 @@ struct CommandLine {
 };
 
 // Parses argv (argv[0] is skipped). Loads --config first, then applies the
-// flags on top of it, so flags override the file. Returns a message naming
-// the offending flag on any mistake.
+// flags on top of it, so flags override the file. On mistakes it goes on
+// reading and returns every one, a line each, each naming its flag or key.
 Result<CommandLine> parse_command_line(int argc, const char* const* argv);
 
 // Parses a YAML document (the --config file's text) into `base`.
@@ -172,7 +177,36 @@ Result<DnsSource> parse_dns_source(Role role, std::string_view text);
 // The --help text, one paragraph per flag.
 std::string help_text();
 
-// Checks cross-field rules (at least one decode, ports given, ...).
+// Checks cross-field rules (at least one decode, ports given, no instance
+// listed twice, ...). Every broken rule is reported, a line each.
 Result<Config> validate(Config c);
+
+// One option's effective value, as GET /admin/config shows it and a reload
+// compares it: the option's key (its long flag without dashes), its value
+// in the syntax the flag takes (secrets masked), and whether a change
+// needs a restart.
+struct ConfigEntry {
+  std::string key;
+  std::vector<std::string> values;  // one item unless the option takes a list
+  bool list = false;
+  bool restart = false;
+};
+// Every option a config file may set, in --help order.
+std::vector<ConfigEntry> effective_config(const Config& c);
+
+// What a reload from `before` to `after` changes: keys applied at run time
+// and keys that differ but need a restart (left as they were).
+struct ConfigDiff {
+  std::vector<std::string> applied;
+  std::vector<std::string> restart_needed;
+};
+ConfigDiff diff_config(const Config& before, const Config& after);
+
+// `c` with every restart-only setting taken from `running`: what a reload
+// applies.
+Config reloadable_part(const Config& running, Config c);
+
+// Masks the password of a redis://[user:]password@host URL.
+std::string mask_url_password(const std::string& url);
 
 }  // namespace pdgate

@@ -202,7 +202,7 @@ void add_to_lists(InstanceSet& set, const InstancePtr& inst, bool with_id = true
 Registry::Registry(const Config& cfg) {
   auto set = std::make_shared<InstanceSet>();
   auto add = [&](const UpstreamSpec& s, std::vector<InstancePtr>& list) {
-    auto inst = std::make_shared<Instance>(next_id_++, s);
+    auto inst = std::make_shared<Instance>(next_id_++, s, s.labels, s.weight);
     list.push_back(inst);
     set->by_id.push_back(inst);
     by_url_[s.url].push_back(std::move(inst));

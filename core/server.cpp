@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cluster_ops.hpp"
+#include "core/config_reload.hpp"
 #include "core/conversation.hpp"
 #include "core/errors.hpp"
 #include "core/health.hpp"
@@ -107,8 +108,9 @@ struct Gateway::Worker {
   ~Worker() { ioc.shutdown(); }
   Worker(Gateway& g, std::size_t index_)
       : index(index_),
-        ctx(g.cfg_, g.registry_, g.make_picker_(index_), ioc.get_executor(),
-            default_authorization(), g.active_requests_),
+        cfg(g.cfg_),
+        ctx(cfg, g.registry_, g.make_picker_(index_), ioc.get_executor(), default_authorization(),
+            g.active_requests_),
         sweep_timer(ioc) {
     ctx.conversations = g.conversations_->make_handle(ioc.get_executor());
     ctx.conversation_stores = g.conversations_.get();
@@ -122,6 +124,10 @@ struct Gateway::Worker {
   // the reactor needs no locks (handlers posted from other threads, such as
   // on_ejected's, still go through the scheduler's lock).
   WorkerIoContext ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  // This worker's copy of the settings its requests read (ctx.cfg refers
+  // to it). A reload replaces it on this thread, between two events, so
+  // it is never read while written and needs no lock or atomic.
+  Config cfg;
   WorkerContext ctx;
   std::optional<tcp::acceptor> acceptor;
   net::steady_timer sweep_timer;
@@ -378,6 +384,28 @@ std::string Gateway::metrics_text() const {
   return m.take();
 }
 
+void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> next,
+                           std::vector<std::string> restart_needed) {
+  for (const auto& line : reconcile_instances(registry_, before, *next).lines)
+    spdlog::info("SIGHUP: {}", line);
+  body_budget_.set_limit(next->body_memory_limit);
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    net::post(w.ioc, [&w, next] { w.cfg = *next; });
+  }
+  if (admin_)
+    net::post(admin_ioc_, [admin = admin_, next, keys = std::move(restart_needed)]() mutable {
+      admin->set_config(next, std::move(keys));
+    });
+}
+
+void Gateway::reload_refused(std::string why) {
+  if (admin_)
+    net::post(admin_ioc_, [admin = admin_, why = std::move(why)]() mutable {
+      admin->reload_refused(std::move(why));
+    });
+}
+
 void Gateway::start() {
   // An ejected instance's requests that have sent nothing to their client
   // yet are cut off on their worker and fail over (or fail) at once,
@@ -514,7 +542,7 @@ void Gateway::build_routes() {
   r.add(verb::get, "/health", [this](RouteCall& c) {
     const auto set = registry_.snapshot();
     auto [status, j] =
-        health_report(*set, RequiredRoles::from(cfg_), stopping_.load(), cfg_.verbose_errors);
+        health_report(*set, RequiredRoles::from(c.w.cfg), stopping_.load(), c.w.cfg.verbose_errors);
     // Redis being down degrades reuse, not serving: it does not make the
     // gateway unhealthy.
     if (c.w.conversation_stores)
@@ -523,7 +551,7 @@ void Gateway::build_routes() {
   });
   r.add(verb::get, "/readyz", [this](RouteCall& c) {
     const auto set = registry_.snapshot();
-    auto [status, j] = readiness(*set, RequiredRoles::from(cfg_), stopping_.load());
+    auto [status, j] = readiness(*set, RequiredRoles::from(c.w.cfg), stopping_.load());
     return respond(c, json_response(c.req, status, j));
   });
   r.add(verb::get, "/livez", [](RouteCall& c) {

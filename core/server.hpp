@@ -60,6 +60,18 @@ class Gateway {
   void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
   // Prometheus text for GET /metrics.
   std::string metrics_text() const;
+  // Applies a reloaded configuration (core/config_reload.hpp): the
+  // instance lists are reconciled with the registry at once, and each
+  // worker, and the admin API, swaps in `next` on its own thread before
+  // its next event, so a request reads its settings without a lock and
+  // never sees a half-written one. Settings that need a restart must
+  // already be `before`'s (reloadable_part). Call from one thread.
+  // `restart_needed`: keys the file changed that keep their running value,
+  // for GET /admin/config.
+  void apply_config(const Config& before, std::shared_ptr<const Config> next,
+                    std::vector<std::string> restart_needed);
+  // A reload was refused: GET /admin/config says why.
+  void reload_refused(std::string why);
   // Starts the workers and the admin thread; returns at once.
   void start();
   // Stops accepting (the listeners close); in-flight requests go on.
@@ -107,7 +119,7 @@ class Gateway {
   std::unique_ptr<ClientKeys> client_keys_;
   // Before workers_: their connections refer to them.
   RouteTable routes_;
-  const ClientSessionEnv session_env_{cfg_,     routes_,          body_budget_, loop_guard_,
+  const ClientSessionEnv session_env_{routes_,  body_budget_,     loop_guard_,
                                       metrics_, active_requests_, stopping_};
   std::vector<std::unique_ptr<Worker>> workers_;
 };

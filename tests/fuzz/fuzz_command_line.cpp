@@ -55,5 +55,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check(again.ok() && again->url == u.url, "normalized URL does not reparse to itself");
     }
   }
+  // What GET /admin/config shows and a reload compares: one value per
+  // single-valued option, and no change between a config and itself.
+  for (const auto& e : pdgate::effective_config(r->config))
+    check(e.list || e.values.size() == 1, "single-valued option without exactly one value");
+  const auto same = pdgate::diff_config(r->config, r->config);
+  check(same.applied.empty() && same.restart_needed.empty(), "a config differs from itself");
   return 0;
 }

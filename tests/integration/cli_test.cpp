@@ -200,6 +200,33 @@ TEST(Config, CheckConfig) {
   }
 }
 
+// --check-config reports every mistake of a config at once (file keys,
+// flags, cross-field rules, an instance listed twice, a bad labelled
+// entry), each named, and exits 1 without resolving or contacting anything.
+TEST(Config, CheckConfigReportsEveryError) {
+  const std::string dir = ::testing::TempDir() + "/pdgate-check-all-" + std::to_string(::getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/many.yaml") << "prefill: [localhost:8100]\n"
+                                       "decode:\n"
+                                       "  - localhost:8200\n"
+                                       "  - http://localhost:8200/\n"
+                                       "  - {url: 'no-such-host.invalid:8201', weight: 0}\n"
+                                       "connect-timeout: soon\n"
+                                       "colour: blue\n"
+                                       "max-header-size: 10\n";
+  const auto [code, out] =
+      run_pdgate("--check-config --config " + dir + "/many.yaml --retry-budget 3 --port 70000");
+  EXPECT_EQ(code, 1) << out;
+  for (const char* says : {"connect-timeout", "'colour'", "weight must be an integer",
+                           "listed twice", "--retry-budget", "--port", "--max-header-size"}) {
+    EXPECT_NE(out.find(says), std::string::npos) << says << " not in: " << out;
+  }
+  EXPECT_EQ(out.find("configuration OK"), std::string::npos) << out;
+  // One line per error, each marked as pdgate's.
+  EXPECT_NE(out.find("\npdgate: --port"), std::string::npos) << out;
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // --workers N runs N serving threads (reported by /status and visible as
 // threads of the process).
 TEST(Config, WorkersFlag) {

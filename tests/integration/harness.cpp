@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -487,6 +489,30 @@ std::uint16_t closed_port() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);  // bound but never listening, then released: connects are refused
   return ntohs(a.sin_port);
+}
+
+EditedFile::EditedFile(const std::string& name, const std::string& text) {
+  static std::atomic<int> n{0};
+  dir_ = (std::filesystem::temp_directory_path() /
+          ("pdgate_edited_" + std::to_string(::getpid()) + "_" + std::to_string(n++)))
+             .string();
+  std::filesystem::create_directories(dir_);
+  path_ = (std::filesystem::path(dir_) / name).string();
+  write(text);
+}
+
+EditedFile::~EditedFile() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+void EditedFile::write(const std::string& text) {
+  const std::string tmp = path_ + ".tmp";
+  { std::ofstream(tmp, std::ios::trunc) << text; }
+  std::filesystem::rename(tmp, path_);
+  std::error_code ec;
+  const auto t = std::filesystem::last_write_time(path_, ec);
+  std::filesystem::last_write_time(path_, t + std::chrono::seconds(++bumps_), ec);
 }
 
 }  // namespace pdgate::test

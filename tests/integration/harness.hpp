@@ -135,6 +135,26 @@ class Gateway {
   std::string admin_key_;
 };
 
+// A file an operator edits while pdgate runs (a config file, a policy
+// script), alone in a fresh directory removed with it. Each write() goes
+// to a temporary file renamed over it, as editors and config managers do,
+// so pdgate never reads half of it, and moves the modification time on a
+// second, so a poll that compares times sees every edit.
+class EditedFile {
+ public:
+  EditedFile(const std::string& name, const std::string& text);
+  ~EditedFile();
+  EditedFile(const EditedFile&) = delete;
+  EditedFile& operator=(const EditedFile&) = delete;
+  void write(const std::string& text);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string dir_;
+  std::string path_;
+  int bumps_ = 0;
+};
+
 // Polls `pred` until it holds or `timeout` passes.
 template <typename Pred>
 bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {

@@ -37,37 +37,9 @@ Json hello(int i) {
   return Json::array({{{"role", "user"}, {"content", "hello number " + std::to_string(i)}}});
 }
 
-// A policy file in a fresh directory, removed with it.
-class ScriptFile {
- public:
-  explicit ScriptFile(const std::string& text) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("pdgate_policy_it_" + std::to_string(::getpid()) + "_" + std::to_string(n_++));
-    std::filesystem::create_directories(dir_);
-    path_ = (dir_ / "mine.lua").string();
-    write(text);
-  }
-  ~ScriptFile() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  void write(const std::string& text) {
-    // Write then rename, as editors and config managers do, so the
-    // gateway never reads a half-written file.
-    const std::string tmp = path_ + ".tmp";
-    { std::ofstream(tmp, std::ios::trunc) << text; }
-    std::filesystem::rename(tmp, path_);
-    std::error_code ec;
-    const auto t = std::filesystem::last_write_time(path_, ec);
-    std::filesystem::last_write_time(path_, t + std::chrono::seconds(++bumps_), ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  static inline int n_ = 0;
-  std::filesystem::path dir_;
-  std::string path_;
-  int bumps_ = 0;
+// A policy script in a fresh directory, removed with it.
+struct ScriptFile : EditedFile {
+  explicit ScriptFile(const std::string& text) : EditedFile("mine.lua", text) {}
 };
 
 // Completion requests each sim has seen.

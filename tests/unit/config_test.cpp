@@ -3,10 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -594,6 +598,10 @@ TEST(ConfigYaml, ExampleFileIsValid) {
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   const auto r = parse({"--config", path.c_str()});
   ASSERT_TRUE(r.ok()) << r.error();
+  // Its labelled decode entry keeps labels and weight.
+  ASSERT_FALSE(r->config.decode.empty());
+  EXPECT_EQ(r->config.decode[0].labels.at("tier"), "gold");
+  EXPECT_EQ(r->config.decode[0].weight, 2u);
 }
 
 // --shared-kv-index is on by default, takes on|off, and refuses anything else by name.
@@ -845,6 +853,253 @@ TEST(ParseUpstream, KvPeerAfterAt) {
   EXPECT_EQ(u->url, "http://10.0.0.1:8100");
   EXPECT_EQ(u->kv_peer, "10.0.0.1:21001");
   EXPECT_FALSE(parse_upstream(Role::prefill, "http://10.0.0.1:8100@nohost"));
+}
+
+// --- Every error at once (--check-config) ---------------------------------------
+
+// A command line and a file with several mistakes: every one is reported,
+// a line each, each naming its flag or key.
+TEST(ConfigErrors, EveryMistakeReported) {
+  TempFile file(
+      "decode: [localhost:8200]\n"
+      "connect-timeout: soon\n"
+      "prot: 1\n"
+      "max_body_size: lots\n"
+      "prefill: [localhost:8100, nohost]\n");
+  const auto r = parse({"--config", file.path(), "--port", "70000", "--bogus", "x",
+                        "--retry-budget", "2", "--policy-budget-us"});
+  ASSERT_FALSE(r.ok());
+  expect_error(r, {"connect-timeout", "'prot'", "max_body_size", "prefill", "nohost", "--port",
+                   "70000", "--bogus", "--retry-budget", "--policy-budget-us"});
+  // One line per mistake, and the bogus flag's value is not a second one.
+  const auto lines = std::count(r.error().begin(), r.error().end(), '\n') + 1;
+  EXPECT_EQ(lines, 8) << r.error();
+  EXPECT_EQ(r.error().find("unexpected argument 'x'"), std::string::npos) << r.error();
+}
+
+// Cross-field rules are reported next to bad values: a bad duration and a
+// missing decode list, both named.
+TEST(ConfigErrors, RulesAndValuesTogether) {
+  TempFile file("prefill: [localhost:8100]\nfirst-byte-timeout: never\nlog-level: loud\n");
+  expect_error(parse({"--config", file.path()}),
+               {"first-byte-timeout", "never", "log-level", "no decode instances"});
+}
+
+// The same instance twice in a role's list is refused, naming it; the
+// same address in two roles is not a duplicate.
+TEST(ConfigErrors, DuplicateInstancesAsWritten) {
+  expect_error(parse({"--prefill", "localhost:8100", "--decode", "localhost:8200",
+                      "http://LOCALHOST:8200/"}),
+               {"decode instance", "listed twice", "localhost:8200"});
+  TempFile file("prefill: [localhost:8100]\ndecode-servers-urls: [h:1, 'http://h:1']\n");
+  expect_error(parse({"--config", file.path()}), {"listed twice", "http://h:1"});
+  EXPECT_TRUE(parse({"--prefill", "h:1", "--decode", "h:1"}).ok());
+}
+
+// --- Labels and weights in YAML instance lists ----------------------------------
+
+// An instance given as {url, labels, weight} carries them; plain strings in
+// the same list keep working with no labels and weight 1.
+TEST(ConfigYaml, InstanceLabelsAndWeight) {
+  const auto r = apply_yaml(Config{},
+                            "decode:\n"
+                            "  - url: http://d1:8200\n"
+                            "    labels: {tier: gold, zone: a}\n"
+                            "    weight: 2\n"
+                            "  - localhost:8201\n"
+                            "prefill-servers-urls:\n"
+                            "  - {url: 'http://p1:8100', labels: {tier: silver}}\n"
+                            "  - http://p2:8100\n");
+  ASSERT_TRUE(r.ok()) << r.error();
+  ASSERT_EQ(r->decode.size(), 2u);
+  EXPECT_EQ(r->decode[0].url, "http://d1:8200");
+  EXPECT_EQ(r->decode[0].labels,
+            (std::map<std::string, std::string>{{"tier", "gold"}, {"zone", "a"}}));
+  EXPECT_EQ(r->decode[0].weight, 2u);
+  EXPECT_TRUE(r->decode[1].labels.empty());
+  EXPECT_EQ(r->decode[1].weight, 1u);
+  ASSERT_EQ(r->prefill.size(), 2u);
+  EXPECT_EQ(r->prefill[0].labels.at("tier"), "silver");
+  EXPECT_EQ(r->prefill[1].url, "http://p2:8100");
+}
+
+// Malformed instance entries are refused with a message naming the key and
+// the fault; all of them are reported together.
+TEST(ConfigYaml, InstanceEntryErrors) {
+  const auto r = apply_yaml(Config{},
+                            "decode:\n"
+                            "  - {labels: {a: b}}\n"
+                            "  - {url: 'd:1', weight: 0}\n"
+                            "  - {url: 'd:2', labels: [a]}\n"
+                            "  - {url: 'd:3', color: red}\n"
+                            "  - {url: 'd:4', weight: 1001}\n"
+                            "port: [1]\n");
+  ASSERT_FALSE(r.ok());
+  for (const char* f : {"needs a url", "weight must be an integer from 1 to 1000",
+                        "labels must be a mapping", "unknown instance field 'color'", "'port'"}) {
+    EXPECT_NE(r.error().find(f), std::string::npos) << f << " not in: " << r.error();
+  }
+  EXPECT_NE(r.error().find("key 'decode'"), std::string::npos) << r.error();
+  // Labels only belong to instance lists.
+  EXPECT_FALSE(apply_yaml(Config{}, "allowed-upstreams: [{url: x}]\n").ok());
+}
+
+// --- The effective configuration and reloads -------------------------------------
+
+// Every option --help lists (but those only the command line takes)
+// appears in the effective configuration, with a value.
+TEST(ConfigEffective, EveryHelpOptionShown) {
+  std::set<std::string> shown;
+  for (const auto& e : effective_config(Config{})) {
+    shown.insert(e.key);
+    // An empty list is a value (no instances); a single value is never missing.
+    if (!e.list) {
+      ASSERT_EQ(e.values.size(), 1u) << e.key;
+    }
+    for (const auto& v : e.values)
+      EXPECT_NE(v, "(not shown)") << e.key;
+  }
+  std::istringstream help(help_text());
+  std::string line;
+  std::size_t options = 0;
+  while (std::getline(help, line)) {
+    if (!line.starts_with("  --"))
+      continue;
+    const std::string key = line.substr(4, line.find_first_of(" ,", 4) - 4);
+    if (key == "config" || key == "help" || key == "version" || key == "check-config")
+      continue;
+    ++options;
+    EXPECT_TRUE(shown.count(key)) << key << " missing from effective_config";
+  }
+  EXPECT_EQ(shown.size(), options);
+  EXPECT_GE(options, 55u);
+}
+
+// Values are shown in the syntax their flags take, and secrets are masked:
+// a Redis password never appears.
+TEST(ConfigEffective, ValuesAndMasking) {
+  const auto r = parse({"--prefill", "p:1", "--decode", "d:2", "--first-byte-timeout", "1500ms",
+                        "--max-body-size", "2MiB", "--redis", "redis://:hunter2@r:6379/0",
+                        "--health-interval", "off", "--retry-budget", "0.25"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  std::map<std::string, std::vector<std::string>> v;
+  for (const auto& e : effective_config(r->config))
+    v[e.key] = e.values;
+  EXPECT_EQ(v["first-byte-timeout"], std::vector<std::string>{"1500ms"});
+  EXPECT_EQ(v["connect-timeout"], std::vector<std::string>{"5s"});
+  EXPECT_EQ(v["max-body-size"], std::vector<std::string>{"2MiB"});
+  EXPECT_EQ(v["health-interval"], std::vector<std::string>{"off"});
+  EXPECT_EQ(v["retry-budget"], std::vector<std::string>{"0.25"});
+  EXPECT_EQ(v["redis"], std::vector<std::string>{"redis://:***@r:6379/0"});
+  EXPECT_EQ(v["decode"], std::vector<std::string>{"http://d:2"});
+  EXPECT_EQ(mask_url_password("redis://user:pw@h:1"), "redis://user:***@h:1");
+  EXPECT_EQ(mask_url_password("redis://h:1"), "redis://h:1");
+  EXPECT_EQ(mask_url_password("unix:///run/redis.sock"), "unix:///run/redis.sock");
+}
+
+// A reload's diff names what changes at run time and what needs a
+// restart, and reports an instance list once under its own key.
+TEST(ConfigReload, DiffNamesAppliedAndRestartKeys) {
+  const auto a = parse({"--prefill", "p:1", "--decode", "d:1", "d:2"});
+  const auto b = parse({"--prefill", "p:1", "--decode", "d:1", "d:3", "--first-byte-timeout", "2s",
+                        "--port", "9000", "--workers", "3", "--retry-budget", "0.5"});
+  ASSERT_TRUE(a.ok() && b.ok());
+  const auto d = diff_config(a->config, b->config);
+  EXPECT_EQ(d.applied, (std::vector<std::string>{"decode", "first-byte-timeout", "retry-budget"}));
+  EXPECT_EQ(d.restart_needed, (std::vector<std::string>{"port", "workers"}));
+  EXPECT_TRUE(diff_config(a->config, a->config).applied.empty());
+
+  // Prefill switched back on: a restart; its list is not applied before.
+  const auto off = parse({"--decode", "d:1", "d:2", "--prefill-servers-urls", "disable"});
+  ASSERT_TRUE(off.ok()) << off.error();
+  const auto on = diff_config(off->config, a->config);
+  EXPECT_TRUE(on.applied.empty()) << on.applied.front();
+  EXPECT_EQ(on.restart_needed, std::vector<std::string>{"prefill-servers-urls (disable)"});
+  // And switched off: the running prefill list stays until the restart.
+  const auto to_off = diff_config(a->config, off->config);
+  EXPECT_TRUE(to_off.applied.empty()) << to_off.applied.front();
+  EXPECT_EQ(urls(reloadable_part(a->config, off->config).prefill),
+            std::vector<std::string>{"http://p:1"});
+}
+
+// What a reload applies keeps every restart-only value of the running
+// config and takes every other one from the new file.
+TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
+  const auto a = parse({"--prefill", "p:1", "--decode", "d:1"});
+  const auto b = parse({"--prefill",
+                        "p:2",
+                        "--decode",
+                        "d:2",
+                        "--port",
+                        "1",
+                        "--host",
+                        "::",
+                        "--workers",
+                        "2",
+                        "--model",
+                        "m",
+                        "--kv-connector",
+                        "lmcache",
+                        "--body-memory-limit",
+                        "2GiB",
+                        "--upstream-idle-timeout",
+                        "1s",
+                        "--upstream-max-idle",
+                        "3",
+                        "--policy-poll-interval",
+                        "3s",
+                        "--metrics-interval",
+                        "off",
+                        "--redis",
+                        "redis://h:1",
+                        "--redis-key-prefix",
+                        "x",
+                        "--redis-timeout",
+                        "1s",
+                        "--conversation-cache-size",
+                        "5",
+                        "--profile-routes",
+                        "off",
+                        "--admin-port",
+                        "5",
+                        "--admin-host",
+                        "::1",
+                        "--admin-key-file",
+                        "/k",
+                        "--model-check-timeout",
+                        "1s",
+                        "--shutdown-timeout",
+                        "1s",
+                        "--allowed-upstreams",
+                        "10.0.0.0/8",
+                        "--health-interval",
+                        "1s",
+                        "--health-rise",
+                        "5",
+                        "--health-fall",
+                        "5",
+                        "--health-max-concurrency",
+                        "5",
+                        "--first-byte-timeout",
+                        "3s"});
+  ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.error() : a.error());
+  const Config merged = reloadable_part(a->config, b->config);
+  std::map<std::string, std::vector<std::string>> before, after, wanted;
+  for (const auto& e : effective_config(a->config))
+    before[e.key] = e.values;
+  for (const auto& e : effective_config(b->config))
+    wanted[e.key] = e.values;
+  std::size_t restart_keys = 0;
+  for (const auto& e : effective_config(merged)) {
+    if (e.restart) {
+      ++restart_keys;
+      EXPECT_EQ(e.values, before[e.key]) << e.key << " must keep its running value";
+      EXPECT_NE(wanted[e.key], before[e.key]) << e.key << ": the test should change it";
+    }
+  }
+  EXPECT_EQ(restart_keys, 24u);
+  EXPECT_EQ(urls(merged.decode), std::vector<std::string>{"http://d:2"});
+  EXPECT_EQ(merged.first_byte_timeout, std::chrono::seconds(3));
 }
 
 }  // namespace

@@ -1,0 +1,170 @@
+#include "core/config_reload.hpp"
+
+#include <set>
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/this_coro.hpp>
+
+#include "core/instance_address.hpp"
+
+namespace pdgate {
+
+namespace net = boost::asio;
+
+namespace {
+
+struct Listed {
+  Role role;
+  const std::vector<UpstreamSpec>* before;
+  const std::vector<UpstreamSpec>* after;
+};
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items)
+    out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+}  // namespace
+
+InstanceChanges reconcile_instances(Registry& registry, const Config& before, const Config& after) {
+  InstanceChanges out;
+  const Listed lists[] = {{Role::prefill, &before.prefill, &after.prefill},
+                          {Role::decode, &before.decode, &after.decode},
+                          {Role::encode, &before.encode, &after.encode}};
+  std::vector<NewInstance> added;
+  for (const auto& l : lists) {
+    std::set<std::string> wanted;
+    for (const auto& spec : *l.after) {
+      wanted.insert(spec.url);
+      if (auto inst = registry.find(l.role, spec.url)) {
+        const bool meta_changed = *inst->labels() != spec.labels || inst->weight() != spec.weight;
+        if (meta_changed) {
+          (void)registry.update(inst->id, spec.labels, spec.weight);
+          out.lines.push_back(std::string(to_string(l.role)) + " " + spec.url + " (id " +
+                              std::to_string(inst->id) + "): labels/weight updated");
+        }
+        // An instance the previous config removed and this one lists again
+        // while it still drains: back in service under its id.
+        if (inst->remove_when_idle.load() || inst->draining.load()) {
+          auto undrained = registry.undrain(inst->id);
+          if (undrained.error) {
+            // Being removed: a fresh instance takes its place once gone.
+            out.lines.push_back(std::string(to_string(l.role)) + " " + spec.url +
+                                " is still being removed; list it again in a later reload");
+          } else {
+            out.lines.push_back(std::string(to_string(l.role)) + " " + spec.url + " (id " +
+                                std::to_string(inst->id) + "): back in service");
+          }
+        }
+        continue;
+      }
+      added.push_back({spec, spec.labels, spec.weight});
+    }
+    for (const auto& spec : *l.before) {
+      if (wanted.count(spec.url) != 0)
+        continue;
+      if (auto inst = registry.find(l.role, spec.url)) {
+        (void)registry.drain(inst->id, true);
+        out.lines.push_back(std::string(to_string(l.role)) + " " + spec.url + " (id " +
+                            std::to_string(inst->id) +
+                            "): removed (draining its in-flight requests)");
+      }
+    }
+  }
+  const auto outcomes = registry.add(std::move(added));
+  for (const auto& o : outcomes) {
+    if (o.instance) {
+      out.lines.push_back(std::string(to_string(o.instance->spec.role)) + " " +
+                          o.instance->spec.url + " (id " + std::to_string(o.instance->id) +
+                          "): added");
+    } else {
+      out.lines.push_back("not added: " + o.error->message);
+    }
+  }
+  return out;
+}
+
+ConfigReloader::ConfigReloader(net::any_io_executor control, Config running, Hooks hooks)
+    : control_(std::move(control)),
+      running_(std::make_shared<const Config>(std::move(running))),
+      hooks_(std::move(hooks)) {}
+
+void ConfigReloader::reload() {
+  if (busy_) {
+    again_ = true;
+    return;
+  }
+  busy_ = true;
+  net::co_spawn(control_, run(), net::detached);
+}
+
+net::awaitable<void> ConfigReloader::run() {
+  do {
+    again_ = false;
+    auto r = co_await once();
+    if (r) {
+      ++applied_;
+    } else {
+      ++refused_;
+      spdlog::error("SIGHUP: configuration refused, nothing changed:\n{}", r.error());
+      if (hooks_.refused)
+        hooks_.refused(r.error());
+    }
+  } while (again_);
+  busy_ = false;
+}
+
+net::awaitable<Result<bool>> ConfigReloader::once() {
+  auto read = hooks_.read();
+  if (!read)
+    co_return fail(read.error());
+  const Config& before = *running_;
+  const ConfigDiff diff = diff_config(before, *read);
+  Config merged = reloadable_part(before, std::move(*read));
+  auto valid = validate(std::move(merged));
+  if (!valid)
+    co_return fail(valid.error());
+  auto next = std::make_shared<const Config>(std::move(*valid));
+  // Names resolve off every loop (Asio's resolver thread), bounded like an
+  // admin add's.
+  auto ex = co_await net::this_coro::executor;
+  auto dups = co_await resolved_duplicates(
+      ex, *next, std::chrono::steady_clock::now() + next->model_check_timeout);
+  if (!dups.empty()) {
+    std::string all;
+    for (const auto& d : dups)
+      all += (all.empty() ? "" : "\n") + d;
+    co_return fail(all);
+  }
+  if (hooks_.reload_policies) {
+    if (auto p = hooks_.reload_policies(*next); !p)
+      co_return fail("policies: " + p.error());
+  }
+  if (!next->log_level.empty() && next->log_level != before.log_level)
+    spdlog::set_level(spdlog::level::from_str(next->log_level));
+  auto previous = running_;
+  running_ = next;
+  if (hooks_.apply)
+    hooks_.apply(*previous, next, diff.restart_needed);
+  if (diff.applied.empty() && diff.restart_needed.empty())
+    spdlog::info("SIGHUP: configuration unchanged");
+  if (!diff.applied.empty())
+    spdlog::info("SIGHUP: applied {}", joined(diff.applied));
+  for (const auto& key : diff.restart_needed) {
+    spdlog::warn("SIGHUP: {} changed but needs a restart; still running with {}", key, [&] {
+      for (const auto& e : effective_config(*previous)) {
+        // "prefill-servers-urls (disable)" names its key first.
+        if (key == e.key || key.starts_with(e.key + " "))
+          return joined(e.values);
+      }
+      return std::string("its old value");
+    }());
+  }
+  co_return true;
+}
+
+}  // namespace pdgate
