@@ -1476,10 +1476,16 @@ std::string instance_text(const UpstreamSpec& u) {
   return out;
 }
 
-std::vector<std::string> instance_texts(const std::vector<UpstreamSpec>& list) {
+// A role's list as written: its instances, then its dns:// sources.
+std::vector<std::string> instance_texts(const std::vector<UpstreamSpec>& list,
+                                        const std::vector<DnsSource>& dns, Role role) {
   std::vector<std::string> out;
   for (const auto& u : list)
     out.push_back(instance_text(u));
+  for (const auto& d : dns) {
+    if (d.role == role)
+      out.push_back(d.text());
+  }
   return out;
 }
 
@@ -1510,8 +1516,8 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
       {"port", [&] { return std::vector{std::to_string(c.port)}; }},
       {"workers", [&] { return std::vector{std::to_string(c.workers)}; }},
       {"model", [&] { return std::vector{c.model}; }},
-      {"prefill", [&] { return instance_texts(c.prefill); }},
-      {"decode", [&] { return instance_texts(c.decode); }},
+      {"prefill", [&] { return instance_texts(c.prefill, c.dns_sources, Role::prefill); }},
+      {"decode", [&] { return instance_texts(c.decode, c.dns_sources, Role::decode); }},
       {"prefiller-host", [&] { return hosts(c.prefill); }},
       {"prefiller-port", [&] { return ports(c.prefill); }},
       {"decoder-host", [&] { return hosts(c.decode); }},
@@ -1546,6 +1552,13 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
       {"redis", [&] { return std::vector{mask_url_password(c.redis_url)}; }},
       {"redis-key-prefix", [&] { return std::vector{c.redis_key_prefix}; }},
       {"redis-timeout", [&] { return std::vector{duration_text(c.redis_timeout)}; }},
+      {"shared-kv-index", [&] { return std::vector{bool_text(c.shared_kv_index)}; }},
+      {"api-keys", [&] { return std::vector{c.api_keys_file}; }},
+      {"api-keys-from-redis", [&] { return std::vector{bool_text(c.api_keys_from_redis)}; }},
+      {"limits-on-redis-failure",
+       [&] { return std::vector{std::string(c.limits_fail_open ? "open" : "closed")}; }},
+      {"dns-interval", [&] { return std::vector{duration_text(c.dns_interval)}; }},
+      {"dns-server", [&] { return std::vector{c.dns_server}; }},
       {"conversation-ttl",
        [&] {
          return std::vector{duration_text(
@@ -1629,6 +1642,15 @@ ConfigDiff diff_config(const Config& before, const Config& after) {
       continue;
     (o.restart ? d.restart_needed : d.applied).emplace_back(o.key);
   }
+  // DNS sources are resolved by a discovery started once.
+  const auto dns_texts = [](const Config& c) {
+    std::vector<std::string> t;
+    for (const auto& d : c.dns_sources)
+      t.push_back(std::string(to_string(d.role)) + " " + d.text());
+    return t;
+  };
+  if (dns_texts(before) != dns_texts(after))
+    d.restart_needed.emplace_back("dns:// instance sources");
   // Whether prefill runs at all shapes each worker's pipeline.
   if (before.prefill_disabled != after.prefill_disabled)
     d.restart_needed.emplace_back("prefill-servers-urls (disable)");
@@ -1668,6 +1690,14 @@ Config reloadable_part(const Config& running, Config c) {
   c.health_fall = running.health_fall;
   c.health_max_concurrency = running.health_max_concurrency;
   c.config_file = running.config_file;
+  c.shared_kv_index = running.shared_kv_index;
+  c.api_keys_file = running.api_keys_file;
+  c.api_keys_from_redis = running.api_keys_from_redis;
+  c.limits_fail_open = running.limits_fail_open;
+  c.dns_interval = running.dns_interval;
+  c.dns_server = running.dns_server;
+  // DNS sources are resolved by a discovery started once.
+  c.dns_sources = running.dns_sources;
   return c;
 }
 
