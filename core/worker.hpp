@@ -1,6 +1,7 @@
 // Everything one worker thread's requests share. Each worker runs its own
 // io_context on one thread, so nothing here needs a lock; what is shared
-// across workers (config, registry, picker) is read-only or atomic.
+// across workers (registry, picker) is read-only or atomic, and `cfg` is
+// the worker's own copy, which a reload replaces on this thread.
 #pragma once
 
 #include <atomic>
@@ -31,6 +32,7 @@ struct WorkerContext {
         default_authorization(std::move(default_auth)),
         active_requests(active) {}
 
+  // Read at each use: a reload (SIGHUP) may change it between two events.
   const Config& cfg;
   Registry& registry;
   std::unique_ptr<InstancePicker> picker_owner;
