@@ -279,6 +279,32 @@ net::awaitable<bool> dispatch(const ClientSessionEnv& env, WorkerContext& w,
   co_return co_await write_response(stream, res) && req.keep_alive();
 }
 
+// The access log's record starts with what the request line and headers say.
+void start_record(RequestRecord& r, const http::request<http::string_body>& req,
+                  std::string_view path) {
+  r.wanted = true;
+  r.received_wall = std::chrono::system_clock::now();
+  r.method = std::string(req.method_string());
+  r.route = std::string(path);
+  if (const auto tp = req.find("traceparent"); tp != req.end())
+    r.trace_id = trace_id_of(tp->value());
+}
+
+// The request's single exit: counted, timed, and logged.
+void end_request(const ClientSessionEnv& env, std::string_view path, unsigned status,
+                 std::string_view stage, std::chrono::steady_clock::time_point received,
+                 RequestRecord& record) {
+  env.metrics.count_request(path, status, stage);
+  const auto total = std::chrono::steady_clock::now() - received;
+  env.metrics.request_seconds.observe(std::chrono::duration<double>(total).count());
+  if (!record.wanted || !env.access_log)
+    return;
+  record.status = status;
+  record.stage = std::string(stage);
+  record.total = std::chrono::duration_cast<std::chrono::microseconds>(total);
+  env.access_log->submit(std::move(record));
+}
+
 }  // namespace
 
 net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
@@ -307,8 +333,12 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
       // still counts under its route, decided by the gateway.
       if (refused != 0 && !req.target().empty()) {
         const std::string_view path = path_of(req.target());
-        if (env.routes.find(req.method(), path).counted)
-          env.metrics.count_request(path, refused, "gateway");
+        if (env.routes.find(req.method(), path).counted) {
+          RequestRecord record;
+          if (env.access_log)
+            start_record(record, req, path);
+          end_request(env, path, refused, "gateway", std::chrono::steady_clock::now(), record);
+        }
       }
       break;
     }
@@ -325,14 +355,16 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
       watch_client(stream.socket(), watched);
     const std::string_view path = path_of(req.target());
     const auto route = env.routes.find(req.method(), path);
+    if (route.counted && env.access_log)
+      start_record(scope.record, req, path);
     const bool keep_alive = co_await dispatch(env, w, stream, req, scope, path, route);
     watched->done = true;
     scope.watch_cancel().emit(net::cancellation_type::all);
     if (route.counted) {
       // 499 (as nginx logs it): the client left before an answer was written.
-      env.metrics.count_request(path, scope.status != 0 ? scope.status : 499, scope.stage);
-      env.metrics.request_seconds.observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - scope.received).count());
+      scope.record.client_left = scope.client_gone();
+      end_request(env, path, scope.status != 0 ? scope.status : 499, scope.stage, scope.received,
+                  scope.record);
     }
     env.active_requests.fetch_sub(1);
     if (!keep_alive || scope.client_gone())

@@ -99,6 +99,18 @@ std::optional<GatewayError> validate(RequestContext& rc) {
   return std::nullopt;
 }
 
+// What routing decided, for the access log.
+// (A routed request's view has moved to the relay: its id is passed.)
+void note_routing(RequestContext& rc, const std::string& request_id) {
+  RequestRecord& r = rc.scope.record;
+  r.retries = rc.failover.retries();
+  r.stream = rc.facts.stream;
+  if (!r.wanted)
+    return;
+  r.request_id = request_id;
+  r.model = rc.facts.model;
+}
+
 // Validate, encode, prefill, decode up to its first bytes: the routing
 // phases, in their own frame, gone before the relay starts.
 net::awaitable<Routed> route(RequestContext& rc) {
@@ -144,6 +156,7 @@ net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
   auto res = make_error_response(err, req.version(), req.keep_alive(), w.cfg.verbose_errors);
   if (!request_id.empty())
     res.set("X-Request-Id", request_id);
+  scope.record.bytes_sent += res.body().size();
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 
@@ -155,6 +168,7 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     auto rc = std::make_unique<RequestContext>(w, client, req, scope, is_chat);
     rc->view->request_id = request_id_for(w, req);
     Routed routed = co_await route(*rc);
+    note_routing(*rc, routed.relay ? routed.relay->view->request_id : rc->request_id());
     if (!routed.relay)
       co_return co_await finish(w, client, req, rc->request_id(), scope, routed.error);
     relay = std::move(routed.relay);

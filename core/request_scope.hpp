@@ -10,6 +10,8 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 
+#include "core/request_record.hpp"
+
 namespace pdgate {
 
 class RequestScope {
@@ -58,6 +60,8 @@ class RequestScope {
   unsigned status = 0;
   const char* stage = "gateway";
   std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+  // For the access log and the per-request metrics, read at the exit.
+  RequestRecord record;
 
  private:
   bool client_gone_ = false;
