@@ -17,6 +17,8 @@ PACKAGES=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev redis-server
   # The HA test and examples/ha (HAProxy in front of two replicas).
   haproxy
+  # The dashboard test: Prometheus scrapes a gateway.
+  prometheus
   # Demo and the Node SDK test.
   curl
 )
