@@ -80,7 +80,7 @@ void PrometheusText::sample(std::string_view name, Labels labels, std::int64_t v
 void PrometheusText::sample(std::string_view name, Labels labels, double value) {
   begin_sample(name, labels);
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.9g", value);
+  std::snprintf(buf, sizeof buf, "%.15g", value);
   out_ += buf;
   out_ += '\n';
 }

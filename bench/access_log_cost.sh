@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The access log's cost on the one-hop request path: user-space
+# instructions per request (callgrind, repeatable on a shared machine,
+# unlike timings), with --access-log off, then to a file as text and as
+# JSON. The gateway's counters are zeroed after a warm-up and dumped
+# after the measured requests, so start-up is not counted; every thread
+# (the log's writer included) is.
+#
+#   bench/access_log_cost.sh [BUILD_DIR]      (default: build)
+#
+# Environment: REQUESTS (2000), CONCURRENCY (4), MAX_TOKENS (4), STREAM
+# (1: streamed answers; 0: whole ones).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+requests=${REQUESTS:-2000}
+concurrency=${CONCURRENCY:-4}
+max_tokens=${MAX_TOKENS:-4}
+stream=${STREAM:-1}
+for b in "$build/pdgate" "$build/pdgate-sim" "$build/pdgate-loadgen"; do
+  [[ -x $b ]] || { echo "missing $b: build first" >&2; exit 1; }
+done
+command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# Prints the port a process announced ("listening on http://H:P") in $1.
+port_of() {
+  local f=$1
+  for _ in $(seq 600); do
+    if grep -q 'listening on http://' "$f" 2>/dev/null; then
+      sed -n 's|.*listening on http://[^:]*:\([0-9]*\).*|\1|p' "$f" | head -1
+      return
+    fi
+    sleep 0.1
+  done
+  echo "no listening line in $f" >&2
+  exit 1
+}
+
+"$build/pdgate-sim" --role both --port 0 --itl-ms 0 --prefill-base-ms 0 \
+  --prefill-us-per-token 0 --log-level warn >"$tmp/sim.out" 2>/dev/null &
+pids+=($!)
+sim_port=$(port_of "$tmp/sim.out")
+
+load=("$build/pdgate-loadgen" --concurrency "$concurrency" --max-tokens "$max_tokens")
+((stream)) && load+=(--stream)
+
+printf '| access log | instructions per request | vs off |\n| --- | --- | --- |\n'
+base=""
+for mode in off text json; do
+  args=(--port 0 --host 127.0.0.1 --workers 1 --decode "127.0.0.1:$sim_port"
+    --prefill-servers-urls disable --health-interval off --metrics-interval off --log-level warn)
+  [[ $mode != off ]] && args+=(--access-log "$tmp/access-$mode.log" --access-log-format "$mode")
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$mode" \
+    "$build/pdgate" "${args[@]}" >"$tmp/gw.$mode.out" 2>"$tmp/gw.$mode.err" &
+  gw=$!
+  pids+=("$gw")
+  port=$(port_of "$tmp/gw.$mode.out")
+  url="http://127.0.0.1:$port"
+  "${load[@]}" --url "$url" --requests 200 >/dev/null
+  callgrind_control -z "$gw" >/dev/null
+  "${load[@]}" --url "$url" --requests "$requests" >"$tmp/load.$mode.out"
+  # The writer takes queued lines every 200 ms: let it write the last ones.
+  sleep 2
+  callgrind_control -d "$gw" >/dev/null
+  kill "$gw"
+  wait "$gw" 2>/dev/null || true
+  dump=$(ls -t "$tmp"/cg."$mode"* | grep -v '\.out$' | head -1)
+  # The dump after the zeroing holds the measured requests only.
+  total=$(sed -n 's/^summary: *\([0-9]*\).*/\1/p;s/^totals: *\([0-9]*\).*/\1/p' "$dump" | head -1)
+  per=$((total / requests))
+  if [[ $mode == off ]]; then
+    base=$per
+    printf '| off | %d | |\n' "$per"
+  else
+    lines=$(wc -l <"$tmp/access-$mode.log")
+    printf '| %s (%d lines) | %d | %+d (%+.1f%%) |\n' "$mode" "$lines" "$per" "$((per - base))" \
+      "$(awk -v a="$per" -v b="$base" 'BEGIN { print (a - b) * 100 / b }')"
+  fi
+done
