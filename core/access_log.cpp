@@ -7,8 +7,6 @@
 #include <cstring>
 #include <ctime>
 
-#include <nlohmann/json.hpp>
-
 #include "core/instance.hpp"
 #include "core/json_body.hpp"
 
@@ -21,25 +19,25 @@ namespace {
 constexpr auto kFlushInterval = std::chrono::milliseconds(200);
 constexpr std::size_t kWakeAt = 256;
 
+// "2026-11-24T20:41:03.123Z", by calendar arithmetic (gmtime_r takes
+// the time zone lock and costs more than the rest of the line).
 std::string iso_time(std::chrono::system_clock::time_point t) {
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[96];  // room for any int the compiler can imagine
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<int>(ms % 1000));
+  using namespace std::chrono;
+  const auto ms = floor<milliseconds>(t);
+  const auto day = floor<days>(ms);
+  const year_month_day ymd{day};
+  const hh_mm_ss hms{ms - day};
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02u-%02uT%02d:%02d:%02d.%03dZ",
+                static_cast<int>(ymd.year()), static_cast<unsigned>(ymd.month()),
+                static_cast<unsigned>(ymd.day()), static_cast<int>(hms.hours().count()),
+                static_cast<int>(hms.minutes().count()), static_cast<int>(hms.seconds().count()),
+                static_cast<int>(hms.subseconds().count()));
   return buf;
 }
 
-double to_ms(std::chrono::microseconds d) {
-  return static_cast<double>(d.count()) / 1000.0;
-}
-
-std::string url_of(const std::shared_ptr<const Instance>& i) {
-  return i ? i->spec.url : "";
+std::string_view url_of(const std::shared_ptr<const Instance>& i) {
+  return i ? std::string_view(i->spec.url) : std::string_view();
 }
 
 std::string encode_urls(const RequestRecord& r) {
@@ -70,99 +68,183 @@ std::string policies_used(const RequestRecord& r, const StagePolicies& p) {
   return out;
 }
 
+// Whether `s` goes out as it is: printable ASCII without quotes,
+// backslashes or '=' (text), or without quotes and backslashes (JSON).
+bool plain(std::string_view s, bool json) {
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f || c == '"' || c == '\\' || (!json && (c == ' ' || c == '=')))
+      return false;
+  }
+  return true;
+}
+
 // A text field's value: as is when it is a plain token, "-" when empty,
 // else JSON-quoted, so that a client-chosen value (a model name with a
 // space or a newline) cannot forge a field or a line.
-std::string text_value(std::string_view s) {
+void append_text_value(std::string& line, std::string_view s) {
   if (s.empty())
-    return "-";
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f || c == '"' || c == '\\' || c == '=')
-      return json_quote(s);
+    line += '-';
+  else if (plain(s, false))
+    line += s;
+  else
+    line += json_quote(s);
+}
+
+// A JSON string; quoted by json_quote only when it needs escaping
+// (invalid UTF-8 from a client becomes U+FFFD there).
+void append_json_string(std::string& line, std::string_view s) {
+  if (plain(s, true)) {
+    line += '"';
+    line += s;
+    line += '"';
+  } else {
+    line += json_quote(s);
   }
-  return std::string(s);
+}
+
+// A field's value, typed: the text format writes each as a token, the
+// JSON one as its JSON type.
+struct Value {
+  enum Kind { null, text, number, boolean, raw } kind = null;
+  std::string_view ref;  // text the record holds
+  std::string own;       // text, digits or raw JSON made for the line
+  bool b = false;
+  std::string_view view() const { return own.empty() ? ref : std::string_view(own); }
+};
+
+Value text_of(std::string_view s) {
+  return s.empty() ? Value{} : Value{Value::text, s, {}};
+}
+Value text_of(std::string s) {
+  return s.empty() ? Value{} : Value{Value::text, {}, std::move(s)};
+}
+Value number_of(std::uint64_t n) {
+  return Value{Value::number, {}, std::to_string(n)};
+}
+// Milliseconds with 3 decimals, by integer arithmetic: snprintf's
+// floating-point path costs more than the rest of a line.
+Value ms_of(std::chrono::microseconds d) {
+  const auto us = std::max<std::int64_t>(0, d.count());
+  std::string out = std::to_string(us / 1000);
+  const auto frac = static_cast<int>(us % 1000);
+  out += '.';
+  out += static_cast<char>('0' + frac / 100);
+  out += static_cast<char>('0' + frac / 10 % 10);
+  out += static_cast<char>('0' + frac % 10);
+  return Value{Value::number, {}, std::move(out)};
+}
+Value bool_of(bool b) {
+  return Value{Value::boolean, {}, {}, b};
+}
+
+// Every field of a line, in order, to `emit(key, value)`: the one list
+// both formats write.
+template <class Emit>
+void fields(const RequestRecord& r, const StagePolicies& p, bool json, Emit&& emit) {
+  emit("request_id", text_of(std::string_view(r.request_id)));
+  emit("trace_id", text_of(std::string_view(r.trace_id)));
+  emit("method", text_of(std::string_view(r.method)));
+  emit("route", text_of(std::string_view(r.route)));
+  emit("status", number_of(r.status));
+  emit("stage", text_of(std::string_view(r.stage)));
+  emit("client_left", bool_of(r.client_left));
+  emit("stream", bool_of(r.stream));
+  emit("model", text_of(std::string_view(r.model)));
+  if (json) {
+    std::string list = "[";
+    for (const auto& i : r.encode) {
+      if (list.size() > 1)
+        list += ',';
+      list += json_quote(i->spec.url);
+    }
+    emit("encode", Value{Value::raw, {}, list + "]"});
+  } else {
+    emit("encode", text_of(encode_urls(r)));
+  }
+  emit("prefill", text_of(url_of(r.prefill)));
+  emit("decode", text_of(url_of(r.decode)));
+  emit("ttft_ms", r.ttft ? ms_of(*r.ttft) : Value{});
+  emit("total_ms", ms_of(r.total));
+  emit("bytes_sent", number_of(r.bytes_sent));
+  emit("prompt_tokens", r.usage ? number_of(r.usage->prompt_tokens) : Value{});
+  emit("completion_tokens", r.usage ? number_of(r.usage->completion_tokens) : Value{});
+  emit("retries", number_of(r.retries));
+  emit("conversation", text_of(std::string_view(r.conversation)));
+  if (json) {
+    std::string obj = "{";
+    auto add = [&obj](bool used, std::string_view stage, const std::string& name) {
+      if (!used)
+        return;
+      if (obj.size() > 1)
+        obj += ',';
+      obj += json_quote(stage);
+      obj += ':';
+      obj += json_quote(name);
+    };
+    add(!r.encode.empty(), "encode", p.encode);
+    add(r.prefill != nullptr, "prefill", p.prefill);
+    add(r.decode != nullptr, "decode", p.decode);
+    emit("policy", Value{Value::raw, {}, obj + "}"});
+  } else {
+    emit("policy", text_of(policies_used(r, p)));
+  }
 }
 
 std::string format_text(const RequestRecord& r, const StagePolicies& p) {
-  std::string line;
-  line.reserve(256);
-  char num[64];
-  auto field = [&line](std::string_view key, std::string_view value) {
+  std::string line = iso_time(r.received_wall);
+  line.reserve(384);
+  fields(r, p, false, [&line](std::string_view key, const Value& v) {
     line += ' ';
     line += key;
     line += '=';
-    line += value;
-  };
-  line += iso_time(r.received_wall);
-  field("request_id", text_value(r.request_id));
-  field("trace_id", text_value(r.trace_id));
-  field("method", text_value(r.method));
-  field("route", text_value(r.route));
-  field("status", std::to_string(r.status));
-  field("stage", text_value(r.stage));
-  field("client_left", r.client_left ? "true" : "false");
-  field("stream", r.stream ? "true" : "false");
-  field("model", text_value(r.model));
-  field("encode", text_value(encode_urls(r)));
-  field("prefill", text_value(url_of(r.prefill)));
-  field("decode", text_value(url_of(r.decode)));
-  if (r.ttft) {
-    std::snprintf(num, sizeof num, "%.3f", to_ms(*r.ttft));
-    field("ttft_ms", num);
-  } else {
-    field("ttft_ms", "-");
-  }
-  std::snprintf(num, sizeof num, "%.3f", to_ms(r.total));
-  field("total_ms", num);
-  field("bytes_sent", std::to_string(r.bytes_sent));
-  field("prompt_tokens", r.usage ? std::to_string(r.usage->prompt_tokens) : "-");
-  field("completion_tokens", r.usage ? std::to_string(r.usage->completion_tokens) : "-");
-  field("retries", std::to_string(r.retries));
-  field("conversation", text_value(r.conversation));
-  field("policy", text_value(policies_used(r, p)));
+    switch (v.kind) {
+      case Value::null:
+        line += '-';
+        break;
+      case Value::text:
+        append_text_value(line, v.view());
+        break;
+      case Value::boolean:
+        line += v.b ? "true" : "false";
+        break;
+      case Value::number:
+      case Value::raw:
+        line += v.view();
+        break;
+    }
+  });
   line += '\n';
   return line;
 }
 
+// Written directly: building an nlohmann object per line cost 5x the
+// text format's instructions (bench/README.md).
 std::string format_json(const RequestRecord& r, const StagePolicies& p) {
-  using nlohmann::json;
-  auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
-  json encode = json::array();
-  for (const auto& i : r.encode)
-    encode.push_back(i->spec.url);
-  json policy = json::object();
-  if (!r.encode.empty())
-    policy["encode"] = p.encode;
-  if (r.prefill)
-    policy["prefill"] = p.prefill;
-  if (r.decode)
-    policy["decode"] = p.decode;
-  json j = {
-      {"time", iso_time(r.received_wall)},
-      {"request_id", or_null(r.request_id)},
-      {"trace_id", or_null(r.trace_id)},
-      {"method", r.method},
-      {"route", r.route},
-      {"status", r.status},
-      {"stage", r.stage},
-      {"client_left", r.client_left},
-      {"stream", r.stream},
-      {"model", or_null(r.model)},
-      {"encode", std::move(encode)},
-      {"prefill", or_null(url_of(r.prefill))},
-      {"decode", or_null(url_of(r.decode))},
-      {"ttft_ms", r.ttft ? json(to_ms(*r.ttft)) : json(nullptr)},
-      {"total_ms", to_ms(r.total)},
-      {"bytes_sent", r.bytes_sent},
-      {"prompt_tokens", r.usage ? json(r.usage->prompt_tokens) : json(nullptr)},
-      {"completion_tokens", r.usage ? json(r.usage->completion_tokens) : json(nullptr)},
-      {"retries", r.retries},
-      {"conversation", or_null(r.conversation)},
-      {"policy", std::move(policy)},
-  };
-  // Invalid UTF-8 from a client (a model name) is replaced, never fatal.
-  return j.dump(-1, ' ', false, json::error_handler_t::replace) + '\n';
+  std::string line = "{\"time\":\"" + iso_time(r.received_wall) + '"';
+  line.reserve(512);
+  fields(r, p, true, [&line](std::string_view key, const Value& v) {
+    line += ",\"";
+    line += key;
+    line += "\":";
+    switch (v.kind) {
+      case Value::null:
+        line += "null";
+        break;
+      case Value::text:
+        append_json_string(line, v.view());
+        break;
+      case Value::boolean:
+        line += v.b ? "true" : "false";
+        break;
+      case Value::number:
+      case Value::raw:
+        line += v.view();
+        break;
+    }
+  });
+  line += "}\n";
+  return line;
 }
 
 }  // namespace

@@ -76,6 +76,13 @@ TEST(AccessLogFormat, JsonLine) {
   EXPECT_EQ(j["conversation"], "hit");
   EXPECT_EQ(j["policy"],
             (nlohmann::json{{"prefill", "least_load"}, {"decode", "conversation_decode"}}));
+  // A client's model name with quotes, a newline and invalid UTF-8 still
+  // gives one valid JSON line.
+  RequestRecord hostile = sample_record();
+  hostile.model = "a\"b\nc\xff";
+  const std::string h = format_access_line(hostile, AccessLogFormat::json, kPolicies);
+  ASSERT_EQ(h.find('\n'), h.size() - 1) << h;
+  EXPECT_EQ(nlohmann::json::parse(h)["model"], "a\"b\nc\xef\xbf\xbd");
   RequestRecord empty;
   empty.status = 503;
   const auto e = nlohmann::json::parse(format_access_line(empty, AccessLogFormat::json, kPolicies));
