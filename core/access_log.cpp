@@ -50,22 +50,23 @@ std::string encode_urls(const RequestRecord& r) {
   return out;
 }
 
-// The stages that chose an instance, with their policies: "prefill:x,decode:y".
-std::string policies_used(const RequestRecord& r, const StagePolicies& p) {
+// The stages that chose an instance, with their policies: as text
+// "prefill:x,decode:y", as JSON {"prefill":"x","decode":"y"}.
+std::string policies_used(const RequestRecord& r, const StagePolicies& p, bool json) {
   std::string out;
-  auto add = [&out](bool used, std::string_view stage, const std::string& name) {
+  auto add = [&](bool used, std::string_view stage, const std::string& name) {
     if (!used)
       return;
     if (!out.empty())
       out += ',';
-    out += stage;
+    out += json ? json_quote(stage) : std::string(stage);
     out += ':';
-    out += name;
+    out += json ? json_quote(name) : name;
   };
   add(!r.encode.empty(), "encode", p.encode);
   add(r.prefill != nullptr, "prefill", p.prefill);
   add(r.decode != nullptr, "decode", p.decode);
-  return out;
+  return json ? "{" + out + "}" : out;
 }
 
 // Whether `s` goes out as it is: printable ASCII without quotes,
@@ -171,23 +172,32 @@ void fields(const RequestRecord& r, const StagePolicies& p, bool json, Emit&& em
   emit("completion_tokens", r.usage ? number_of(r.usage->completion_tokens) : Value{});
   emit("retries", number_of(r.retries));
   emit("conversation", text_of(std::string_view(r.conversation)));
-  if (json) {
-    std::string obj = "{";
-    auto add = [&obj](bool used, std::string_view stage, const std::string& name) {
-      if (!used)
-        return;
-      if (obj.size() > 1)
-        obj += ',';
-      obj += json_quote(stage);
-      obj += ':';
-      obj += json_quote(name);
-    };
-    add(!r.encode.empty(), "encode", p.encode);
-    add(r.prefill != nullptr, "prefill", p.prefill);
-    add(r.decode != nullptr, "decode", p.decode);
-    emit("policy", Value{Value::raw, {}, obj + "}"});
-  } else {
-    emit("policy", text_of(policies_used(r, p)));
+  if (json)
+    emit("policy", Value{Value::raw, {}, policies_used(r, p, true)});
+  else
+    emit("policy", text_of(policies_used(r, p, false)));
+}
+
+// A value as the format writes it: "-" or null when absent, text as a
+// token or a JSON string.
+void append_value(std::string& line, const Value& v, bool json) {
+  switch (v.kind) {
+    case Value::null:
+      line += json ? "null" : "-";
+      break;
+    case Value::text:
+      if (json)
+        append_json_string(line, v.view());
+      else
+        append_text_value(line, v.view());
+      break;
+    case Value::boolean:
+      line += v.b ? "true" : "false";
+      break;
+    case Value::number:
+    case Value::raw:
+      line += v.view();
+      break;
   }
 }
 
@@ -198,21 +208,7 @@ std::string format_text(const RequestRecord& r, const StagePolicies& p) {
     line += ' ';
     line += key;
     line += '=';
-    switch (v.kind) {
-      case Value::null:
-        line += '-';
-        break;
-      case Value::text:
-        append_text_value(line, v.view());
-        break;
-      case Value::boolean:
-        line += v.b ? "true" : "false";
-        break;
-      case Value::number:
-      case Value::raw:
-        line += v.view();
-        break;
-    }
+    append_value(line, v, false);
   });
   line += '\n';
   return line;
@@ -227,21 +223,7 @@ std::string format_json(const RequestRecord& r, const StagePolicies& p) {
     line += ",\"";
     line += key;
     line += "\":";
-    switch (v.kind) {
-      case Value::null:
-        line += "null";
-        break;
-      case Value::text:
-        append_json_string(line, v.view());
-        break;
-      case Value::boolean:
-        line += v.b ? "true" : "false";
-        break;
-      case Value::number:
-      case Value::raw:
-        line += v.view();
-        break;
-    }
+    append_value(line, v, true);
   });
   line += "}\n";
   return line;
