@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
 
 namespace pdgate::test {
@@ -328,6 +329,33 @@ TEST(ObservabilityStart, UnopenableAccessLogIsAnError) {
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 1);
   EXPECT_NE(gw.log().find("/nonexistent-dir/access.log"), std::string::npos) << gw.log();
+}
+
+// Per-instance series live as long as the instance: an instance removed
+// through the admin API takes its TTFT, inter-token and token series
+// with it, so instances coming and going cannot grow /metrics forever;
+// the remaining instance keeps its own.
+TEST(ObservabilityMetrics, RemovedInstanceTakesItsSeries) {
+  Sim a("both", {"--itl-ms", "1"});
+  Sim b("both", {"--itl-ms", "1"});
+  AdminGateway g({"--decode", a.hostport(), b.hostport(), "--prefill-servers-urls", "disable"});
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(post_json(g.port(), "/v1/completions", completion(true, 3, true)).status, 200);
+  const std::string before = get(g.port(), "/metrics").body;
+  for (const Sim* s : {&a, &b}) {
+    EXPECT_GE(sample(before, "pdgate_decode_time_to_first_token_seconds_count",
+                     {url_label(*s), "stream=\"true\""}),
+              1)
+        << before;
+  }
+  const Json gone = g.instance_by_url(b.url());
+  ASSERT_FALSE(gone.is_null());
+  ASSERT_EQ(g.call("DELETE", "/admin/instances/" + gone["id"].dump()).status, 202);
+  ASSERT_TRUE(eventually([&] { return g.instance_by_url(b.url()).is_null(); }));
+  const std::string after = get(g.port(), "/metrics").body;
+  EXPECT_EQ(after.find(url_label(b)), std::string::npos) << after;
+  EXPECT_GE(sample(after, "pdgate_inter_token_latency_seconds_count", {url_label(a)}), 1) << after;
+  EXPECT_GE(sample(after, "pdgate_completion_tokens_total", {url_label(a)}), 3) << after;
 }
 
 // Build and process metrics, under Prometheus' standard names.
