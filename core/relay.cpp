@@ -116,9 +116,6 @@ void note_turn_without_params(WorkerContext& w, const DecodeRelay& r, bool captu
   }
 }
 
-// The rest of decode's stream after its first events went out with the
-// header. If decode breaks off now, the client gets an in-band error event
-// and the stream ends: never an invented finish_reason or [DONE].
 // The engine's token counts, wherever the relay ends: on the decode
 // instance's counters and in the request's record.
 void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage, RequestScope& scope) {
@@ -128,6 +125,9 @@ void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage, Re
   scope.record.usage = usage;
 }
 
+// The rest of decode's stream after its first events went out with the
+// header. If decode breaks off now, the client gets an in-band error event
+// and the stream ends: never an invented finish_reason or [DONE].
 net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
                                   const http::request<http::string_body>& req, DecodeRelay& r,
                                   RequestScope& scope) {
