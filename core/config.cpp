@@ -562,7 +562,8 @@ constexpr std::array kOptions = {
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
            "trace, debug, info, warn or error (default: info).", &set_log_level},
     Option{"access-log", "", 0, false, false, kGeneral, "PATH|stderr|off",
-           "One line per request (status, instances, TTFT, tokens, ...) appended to PATH, or "
+           "One line per completion request (status, instances, TTFT, tokens, ...) appended to "
+           "PATH, or "
            "written to stderr; written by a background thread, lines dropped and counted "
            "when it cannot keep up (default: off).",
            &set_access_log},
