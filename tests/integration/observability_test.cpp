@@ -300,6 +300,38 @@ TEST_F(Observability, AccessLogHasOneLinePerRequest) {
   EXPECT_EQ(sample(get(gw.port(), "/metrics").body, "pdgate_access_log_dropped_total"), 0);
 }
 
+// A conversation's first turn is a miss, its next turn (whose prefill
+// reads the first turn's decode blocks) a hit; a request naming no
+// conversation has neither.
+TEST_F(Observability, AccessLogConversationHitAndMiss) {
+  Sim p("prefill");
+  Sim d("decode", {"--issue-decode-kv", "--itl-ms", "1"});
+  Gateway gw({"--model", "sim-model", "--prefill", p.hostport(), "--decode", d.hostport(),
+              "--access-log", log_path_, "--access-log-format", "json"});
+  Json messages = {{{"role", "user"}, {"content", "first question"}}};
+  auto turn = [&] {
+    return post_json(gw.port(), "/v1/chat/completions",
+                     {{"model", "sim-model"},
+                      {"messages", messages},
+                      {"max_tokens", 3},
+                      {"conversation_id", "conv-log"}},
+                     // Reuse is scoped to the client's credential.
+                     {{"Authorization", "Bearer log-client"}});
+  };
+  auto first = turn();
+  ASSERT_EQ(first.status, 200) << first.body;
+  messages.push_back(
+      {{"role", "assistant"}, {"content", first.json()["choices"][0]["message"]["content"]}});
+  messages.push_back({{"role", "user"}, {"content", "second question"}});
+  ASSERT_EQ(turn().status, 200);
+  ASSERT_EQ(post_json(gw.port(), "/v1/completions", completion(false, 2)).status, 200);
+  const auto lines = wait_lines(log_path_, 3);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["conversation"], "miss");
+  EXPECT_EQ(lines[1]["conversation"], "hit");
+  EXPECT_TRUE(lines[2]["conversation"].is_null());
+}
+
 // The text format: one key=value line per request, on stderr when asked.
 TEST_F(Observability, TextAccessLogOnStderr) {
   Sim d("both", {"--itl-ms", "1"});
