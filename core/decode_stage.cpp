@@ -82,8 +82,8 @@ net::awaitable<Routed> decode_phase(RequestContext& rc) {
       rc.decode = w.picker.pick(untried(rc.set->decode, rc.tried_decode), rc.pick());
     if (!rc.decode)
       co_return Routed{nullptr, no_instance(Stage::decode)};
-    if (rc.scope.record.wanted)
-      rc.scope.record.decode = rc.decode;  // the last attempt's, failed or not
+    if (rc.scope.record)
+      rc.scope.record->decode = rc.decode;  // the last attempt's, failed or not
     const auto decode_started = std::chrono::steady_clock::now();
     if (w.metrics && rc.tried_decode.empty()) {
       w.metrics->overhead_seconds.observe(
@@ -97,8 +97,10 @@ net::awaitable<Routed> decode_phase(RequestContext& rc) {
       rc.failover.release();
       if (const auto at = a.relay->first_token_at) {
         const auto since_received = *at - rc.scope.received;
-        rc.scope.record.ttft =
-            std::chrono::duration_cast<std::chrono::microseconds>(since_received);
+        if (rc.scope.record) {
+          rc.scope.record->ttft =
+              std::chrono::duration_cast<std::chrono::microseconds>(since_received);
+        }
         if (w.metrics) {
           auto& h = rc.facts.stream ? w.metrics->first_token_stream : w.metrics->first_token_whole;
           h.observe(std::chrono::duration<double>(since_received).count());

@@ -196,11 +196,11 @@ net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
       co_return no_instance(Stage::encode);
     chosen.push_back(std::move(inst));
   }
-  if (scope.record.wanted) {
+  if (scope.record) {
+    auto& used = scope.record->encode;
     for (const auto& inst : chosen) {
-      if (std::find(scope.record.encode.begin(), scope.record.encode.end(), inst) ==
-          scope.record.encode.end())
-        scope.record.encode.push_back(inst);
+      if (std::find(used.begin(), used.end(), inst) == used.end())
+        used.push_back(inst);
     }
   }
 

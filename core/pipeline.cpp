@@ -102,13 +102,13 @@ std::optional<GatewayError> validate(RequestContext& rc) {
 // What routing decided, for the access log.
 // (A routed request's view has moved to the relay: its id is passed.)
 void note_routing(RequestContext& rc, const std::string& request_id) {
-  RequestRecord& r = rc.scope.record;
-  r.retries = rc.failover.retries();
-  r.stream = rc.facts.stream;
-  if (!r.wanted)
+  RequestRecord* r = rc.scope.record.get();
+  if (r == nullptr)
     return;
-  r.request_id = request_id;
-  r.model = rc.facts.model;
+  r->retries = rc.failover.retries();
+  r->stream = rc.facts.stream;
+  r->request_id = request_id;
+  r->model = rc.facts.model;
 }
 
 // Validate, encode, prefill, decode up to its first bytes: the routing
@@ -156,7 +156,7 @@ net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
   auto res = make_error_response(err, req.version(), req.keep_alive(), w.cfg.verbose_errors);
   if (!request_id.empty())
     res.set("X-Request-Id", request_id);
-  scope.record.bytes_sent += res.body().size();
+  scope.count_sent(res.body().size());
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 

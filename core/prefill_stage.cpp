@@ -134,8 +134,8 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
     // that follows is no retry).
     if (retrying)
       rc.failover.release();
-    if (a.instance && rc.scope.record.wanted)
-      rc.scope.record.prefill = a.instance;  // the last attempt's, failed or not
+    if (a.instance && rc.scope.record)
+      rc.scope.record->prefill = a.instance;  // the last attempt's, failed or not
     if (!a.error) {
       rc.prefill = a.instance;
       rc.stage_id = std::move(a.request_id);
@@ -176,8 +176,8 @@ net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc) {
         rc.body, &rc.index, rc.is_chat};
     params = co_await prefill_kv_params_for_turn(
         *rc.w.conversations, rc.w.conversation_stores->counters(), turn, rc.turn, rc.request_id());
-    if (turn.conversation_id)
-      rc.scope.record.conversation = params != kDefaultPrefillKvParams ? "hit" : "miss";
+    if (turn.conversation_id && rc.scope.record)
+      rc.scope.record->conversation = params != kDefaultPrefillKvParams ? "hit" : "miss";
   }
   if (rc.scope.client_gone())
     co_return upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"});

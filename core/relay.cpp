@@ -122,7 +122,8 @@ void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage, Re
   if (!usage)
     return;
   r.decode->latency.add_usage(*usage);
-  scope.record.usage = usage;
+  if (scope.record)
+    scope.record->usage = usage;
 }
 
 // The rest of decode's stream after its first events went out with the
@@ -145,7 +146,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
     scope.on_client_gone();
     co_return false;
   }
-  scope.record.bytes_sent += r.first.size();
+  scope.count_sent(r.first.size());
   if (ended) {
     note_turn_without_params(w, r, r.stream->captured_params());
     ex.finish();
@@ -171,7 +172,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
         scope.on_client_gone();
         co_return false;
       }
-      scope.record.bytes_sent += out.size();
+      scope.count_sent(out.size());
     }
     std::string().swap(out);
   }
@@ -183,7 +184,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
         sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));
     if (!co_await write_chunk(client, ev, w.cfg))
       co_return false;
-    scope.record.bytes_sent += ev.size();
+    scope.count_sent(ev.size());
   } else {
     note_turn_without_params(w, r, r.stream->captured_params());
     ex.finish();
@@ -211,7 +212,7 @@ net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
   const std::size_t size = r.first.size();
   const bool reuse =
       co_await write_whole_answer(client, req, *r.ex, std::move(r.first), r.view->request_id);
-  scope.record.bytes_sent += size;
+  scope.count_sent(size);
   co_return reuse;
 }
 

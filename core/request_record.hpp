@@ -18,10 +18,6 @@ namespace pdgate {
 struct Instance;
 
 struct RequestRecord {
-  // Whether anyone reads the record (the access log is on): what costs an
-  // allocation (the request id, instance handles) is kept only then.
-  bool wanted = false;
-
   std::chrono::system_clock::time_point received_wall{};
   std::string method;
   std::string route;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include <boost/asio/cancellation_signal.hpp>
@@ -60,8 +61,13 @@ class RequestScope {
   unsigned status = 0;
   const char* stage = "gateway";
   std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
-  // For the access log and the per-request metrics, read at the exit.
-  RequestRecord record;
+  // For the access log, read at the request's exit; null when the log is
+  // off, so that a held stream does not carry it.
+  std::unique_ptr<RequestRecord> record;
+  void count_sent(std::size_t bytes) {
+    if (record)
+      record->bytes_sent += bytes;
+  }
 
  private:
   bool client_gone_ = false;

@@ -28,7 +28,6 @@ std::shared_ptr<const Instance> instance(Role role, const std::string& url) {
 
 RequestRecord sample_record() {
   RequestRecord r;
-  r.wanted = true;
   r.received_wall = std::chrono::system_clock::time_point(std::chrono::milliseconds(1764016863123));
   r.method = "POST";
   r.route = "/v1/chat/completions";
