@@ -268,7 +268,7 @@ TEST_F(Observability, AccessLogHasOneLinePerRequest) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   auto left = wait_lines(log_path_ + ".slow", 1);
-  ASSERT_EQ(left.size(), 1u);
+  ASSERT_EQ(left.size(), 1u) << gw_slow.process().log();
   EXPECT_EQ(left[0]["status"], 499);
   EXPECT_EQ(left[0]["client_left"], true);
   EXPECT_EQ(left[0]["decode"], slow.url());
