@@ -278,6 +278,34 @@ net::awaitable<bool> dispatch(const ClientSessionEnv& env, WorkerContext& w,
   co_return co_await write_response(stream, res) && req.keep_alive();
 }
 
+// The access log's record starts with what the request line and headers say.
+std::unique_ptr<RequestRecord> start_record(const http::request<http::string_body>& req,
+                                            std::string_view path) {
+  auto record = std::make_unique<RequestRecord>();
+  RequestRecord& r = *record;
+  r.received_wall = std::chrono::system_clock::now();
+  r.method = std::string(req.method_string());
+  r.route = std::string(path);
+  if (const auto tp = req.find("traceparent"); tp != req.end())
+    r.trace_id = trace_id_of(tp->value());
+  return record;
+}
+
+// The request's single exit: counted, timed, and logged.
+void end_request(const ClientSessionEnv& env, std::string_view path, unsigned status,
+                 std::string_view stage, std::chrono::steady_clock::time_point received,
+                 std::unique_ptr<RequestRecord> record) {
+  env.metrics.count_request(path, status, stage);
+  const auto total = std::chrono::steady_clock::now() - received;
+  env.metrics.request_seconds.observe(std::chrono::duration<double>(total).count());
+  if (!record || !env.access_log)
+    return;
+  record->status = status;
+  record->stage = std::string(stage);
+  record->total = std::chrono::duration_cast<std::chrono::microseconds>(total);
+  env.access_log->submit(std::move(*record));
+}
+
 }  // namespace
 
 net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
@@ -308,8 +336,10 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
       // still counts under its route, decided by the gateway.
       if (refused != 0 && !req.target().empty()) {
         const std::string_view path = path_of(req.target());
-        if (env.routes.find(req.method(), path).counted)
-          env.metrics.count_request(path, refused, "gateway");
+        if (env.routes.find(req.method(), path).counted) {
+          end_request(env, path, refused, "gateway", std::chrono::steady_clock::now(),
+                      env.access_log ? start_record(req, path) : nullptr);
+        }
       }
       break;
     }
@@ -326,14 +356,17 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
       watch_client(stream.socket(), watched);
     const std::string_view path = path_of(req.target());
     const auto route = env.routes.find(req.method(), path);
+    if (route.counted && env.access_log)
+      scope.record = start_record(req, path);
     const bool keep_alive = co_await dispatch(env, w, stream, req, scope, path, route);
     watched->done = true;
     scope.watch_cancel().emit(net::cancellation_type::all);
     if (route.counted) {
       // 499 (as nginx logs it): the client left before an answer was written.
-      env.metrics.count_request(path, scope.status != 0 ? scope.status : 499, scope.stage);
-      env.metrics.request_seconds.observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - scope.received).count());
+      if (scope.record)
+        scope.record->client_left = scope.client_gone();
+      end_request(env, path, scope.status != 0 ? scope.status : 499, scope.stage, scope.received,
+                  std::move(scope.record));
     }
     env.active_requests.fetch_sub(1);
     if (!keep_alive || scope.client_gone())

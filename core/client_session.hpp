@@ -7,10 +7,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include "core/access_log.hpp"
 #include "core/body_budget.hpp"
 #include "core/config.hpp"
 #include "core/loop_guard.hpp"
@@ -30,6 +32,8 @@ struct ClientSessionEnv {
   GatewayMetrics& metrics;
   std::atomic<std::int64_t>& active_requests;
   const std::atomic<bool>& stopping;
+  // Null when --access-log is off.
+  const std::unique_ptr<AccessLog>& access_log;
 };
 
 // Serves the connection until it closes, idles out, or the gateway stops.

@@ -354,6 +354,22 @@ Result<bool> set_retry_budget(Config& c, std::string_view v) {
   return true;
 }
 
+Result<bool> set_access_log(Config& c, std::string_view v) {
+  const std::string path(trim(v));
+  if (path.empty())
+    return fail("expected a file path, stderr or off");
+  c.access_log = path;
+  return true;
+}
+
+Result<bool> set_access_log_format(Config& c, std::string_view v) {
+  const std::string f(trim(v));
+  if (f != "text" && f != "json")
+    return fail("expected text or json (got " + f + ")");
+  c.access_log_format = f;
+  return true;
+}
+
 Result<bool> set_log_level(Config& c, std::string_view v) {
   auto l = parse_log_level(v);
   if (!l)
@@ -588,6 +604,15 @@ constexpr std::array kOptions = {
            &set_retry_budget},
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
            "trace, debug, info, warn or error (default: info).", &set_log_level},
+    Option{"access-log", "", 0, false, false, kGeneral, "PATH|stderr|off",
+           "One line per completion request (status, instances, TTFT, tokens, ...) appended to "
+           "PATH, or "
+           "written to stderr; written by a background thread, lines dropped and counted "
+           "when it cannot keep up (default: off).",
+           &set_access_log},
+    Option{"access-log-format", "", 0, false, false, kGeneral, "text|json",
+           "Access log lines as key=value text or as one JSON object each (default: text).",
+           &set_access_log_format},
     Option{"config", "", 0, false, true, kGeneral, "FILE",
            "YAML file with any of these options (names without dashes); flags override it. "
            "SIGHUP re-reads it and applies what can change without a restart."},

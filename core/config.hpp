@@ -147,6 +147,10 @@ struct Config {
   double retry_budget = 0.2;
 
   std::string log_level = "info";
+  // One line per request (core/access_log.hpp): a file path, "stderr" or
+  // "off"; "text" or "json".
+  std::string access_log = "off";
+  std::string access_log_format = "text";
   std::string config_file;  // the --config path, if any
 };
 

@@ -33,7 +33,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
     blame(w, *decode, out.error);
     co_return out;
   }
-  r->report->first_byte(ex->status());
+  r->report->header(ex->status());
   if (ex->status() < 200 || ex->status() >= 300) {
     out.error = co_await engine_status_error(Stage::decode, *ex, *decode);
     blame(w, *decode, out.error);
@@ -41,13 +41,16 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   }
   UpstreamError rerr;
   if (stream) {
-    r->stream.emplace(w, *ex, *decode, rc.request_id(), r->conversation);
+    r->stream.emplace(w, *ex, *decode, rc.request_id(), r->conversation, rc.facts.include_usage);
     while (!rerr && r->first.empty() && !r->stream->done())
       rerr = co_await r->stream->read_into(r->first);
+    r->first_token_at = r->stream->first_event_at();
   } else {
     rerr = co_await ex->read_all(r->first, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
-    if (!rerr)
+    if (!rerr) {
       ex->finish();
+      r->first_token_at = std::chrono::steady_clock::now();
+    }
   }
   if (rerr) {
     out.error = upstream_failure(Stage::decode, rerr);
@@ -55,6 +58,11 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
     co_return out;
   }
   decode->note_request_success();
+  if (r->first_token_at) {
+    r->report->first_token(*r->first_token_at);
+    auto& ttft = stream ? decode->latency.ttft_stream : decode->latency.ttft_whole;
+    ttft.observe(std::chrono::duration<double>(*r->first_token_at - r->report->started()).count());
+  }
   // The decode stage counts as succeeded once its first bytes are in:
   // what happens while relaying is the stream's own business.
   r->report->succeeded();
@@ -74,6 +82,8 @@ net::awaitable<Routed> decode_phase(RequestContext& rc) {
       rc.decode = w.picker.pick(untried(rc.set->decode, rc.tried_decode), rc.pick());
     if (!rc.decode)
       co_return Routed{nullptr, no_instance(Stage::decode)};
+    if (rc.scope.record)
+      rc.scope.record->decode = rc.decode;  // the last attempt's, failed or not
     const auto decode_started = std::chrono::steady_clock::now();
     if (w.metrics && rc.tried_decode.empty()) {
       w.metrics->overhead_seconds.observe(
@@ -85,10 +95,16 @@ net::awaitable<Routed> decode_phase(RequestContext& rc) {
       // Nothing is retried once decode answered: a retry that got here is
       // over, and the stream that follows (minutes, maybe) holds no budget.
       rc.failover.release();
-      if (w.metrics) {
-        w.metrics->decode_ttft_seconds.observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_started)
-                .count());
+      if (const auto at = a.relay->first_token_at) {
+        const auto since_received = *at - rc.scope.received;
+        if (rc.scope.record) {
+          rc.scope.record->ttft =
+              std::chrono::duration_cast<std::chrono::microseconds>(since_received);
+        }
+        if (w.metrics) {
+          auto& h = rc.facts.stream ? w.metrics->first_token_stream : w.metrics->first_token_whole;
+          h.observe(std::chrono::duration<double>(since_received).count());
+        }
       }
       a.relay->view = std::move(rc.view);
       co_return a;

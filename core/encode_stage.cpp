@@ -1,5 +1,7 @@
 #include "core/encode_stage.hpp"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 #include <boost/asio/this_coro.hpp>
 #include <boost/uuid/uuid.hpp>
@@ -99,7 +101,7 @@ net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext 
     auto [err, ex] =
         co_await UpstreamExchange::start(w.pools.for_instance(inst), up, fan.scope, w.timeouts());
     if (ex)
-      report.first_byte(ex->status());
+      report.header(ex->status());
     if (err) {
       // Aborted: a sibling failed first, or the client left.
       if (err.kind != UpstreamFailure::aborted)
@@ -110,6 +112,7 @@ net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext 
       std::string answer;
       auto rerr = co_await ex->read_all(answer, kMaxEncoderResponse);
       if (!rerr) {
+        report.first_token();
         ex->finish();
         inst->note_request_success();
         report.succeeded();
@@ -192,6 +195,13 @@ net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
     if (!inst)
       co_return no_instance(Stage::encode);
     chosen.push_back(std::move(inst));
+  }
+  if (scope.record) {
+    auto& used = scope.record->encode;
+    for (const auto& inst : chosen) {
+      if (std::find(used.begin(), used.end(), inst) == used.end())
+        used.push_back(inst);
+    }
   }
 
   auto executor = co_await net::this_coro::executor;

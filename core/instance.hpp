@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/metrics.hpp"
 
 namespace pdgate {
 
@@ -72,6 +73,8 @@ struct Instance {
   mutable std::atomic<std::uint64_t> requests_total{0};
   mutable std::atomic<std::uint64_t> failures_total{0};
   mutable std::atomic<bool> healthy{true};
+  // Latency and token counts measured here, exported per instance.
+  mutable InstanceLatency latency;
 
   // Engine-side load, scraped from the instance's /metrics (see
   // policies/metrics.hpp), summed over its engine cores. metrics_at_ms is
@@ -301,7 +304,13 @@ struct PickOutcome {
   Stage stage = Stage::decode;
   bool ok = false;
   unsigned status = 0;  // HTTP status the engine answered, 0 if none
-  std::chrono::microseconds time_to_first_byte{0};
+  // To the engine's response header: for a stream, nothing about the
+  // engine's speed (vLLM answers the header before it schedules).
+  std::chrono::microseconds time_to_header{0};
+  // To the first token: a stream's first SSE data event; for a whole
+  // answer (prefill, encode, a non-streaming decode), the whole answer.
+  // 0 when none came.
+  std::chrono::microseconds time_to_first_token{0};
   std::chrono::microseconds total{0};
 };
 

@@ -1,25 +1,33 @@
 #include "core/metrics.hpp"
 
+#include <algorithm>
+#include <cassert>
+
 namespace pdgate {
 
-void Histogram::observe(double seconds) {
-  std::size_t i = 0;
-  while (i < kBounds.size() && seconds > kBounds[i])
-    ++i;
-  buckets_[i].fetch_add(1, std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
-  sum_us_.fetch_add(static_cast<std::uint64_t>(seconds * 1e6), std::memory_order_relaxed);
+Histogram::Histogram(std::span<const double> bounds) : bounds_(bounds) {
+  assert(bounds.size() <= kMaxBounds);
+}
+
+void Histogram::observe_n(double seconds, std::uint64_t n) {
+  // The first bound the value does not exceed (Prometheus' `le`).
+  const auto i = static_cast<std::size_t>(
+      std::lower_bound(bounds_.begin(), bounds_.end(), seconds) - bounds_.begin());
+  buckets_[i].fetch_add(n, std::memory_order_relaxed);
+  if (seconds > 0) {
+    sum_ns_.fetch_add(static_cast<std::uint64_t>(seconds * 1e9) * n, std::memory_order_relaxed);
+  }
 }
 
 Histogram::Snapshot Histogram::snapshot() const {
   Snapshot s;
   std::uint64_t cum = 0;
-  for (std::size_t i = 0; i < kBounds.size(); ++i) {
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
     cum += buckets_[i].load(std::memory_order_relaxed);
     s.cumulative[i] = cum;
   }
-  s.count = cum + buckets_[kBounds.size()].load(std::memory_order_relaxed);
-  s.sum_seconds = static_cast<double>(sum_us_.load(std::memory_order_relaxed)) / 1e6;
+  s.count = cum + buckets_[bounds_.size()].load(std::memory_order_relaxed);
+  s.sum_seconds = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9;
   return s;
 }
 

@@ -100,6 +100,18 @@ std::optional<GatewayError> validate(RequestContext& rc) {
   return std::nullopt;
 }
 
+// What routing decided, for the access log.
+// (A routed request's view has moved to the relay: its id is passed.)
+void note_routing(RequestContext& rc, const std::string& request_id) {
+  RequestRecord* r = rc.scope.record.get();
+  if (r == nullptr)
+    return;
+  r->retries = rc.failover.retries();
+  r->stream = rc.facts.stream;
+  r->request_id = request_id;
+  r->model = rc.facts.model;
+}
+
 // Validate, encode, prefill, decode up to its first bytes: the routing
 // phases, in their own frame, gone before the relay starts.
 net::awaitable<Routed> route(RequestContext& rc) {
@@ -145,6 +157,7 @@ net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
   auto res = make_error_response(err, req.version(), req.keep_alive(), w.cfg.verbose_errors);
   if (!request_id.empty())
     res.set("X-Request-Id", request_id);
+  scope.count_sent(res.body().size());
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 
@@ -160,6 +173,7 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     if (auto e = co_await admit_client(w, req, rc->request_id(), admission))
       co_return co_await finish(w, client, req, rc->request_id(), scope, *e);
     Routed routed = co_await route(*rc);
+    note_routing(*rc, routed.relay ? routed.relay->view->request_id : rc->request_id());
     if (!routed.relay)
       co_return co_await finish(w, client, req, rc->request_id(), scope, routed.error);
     relay = std::move(routed.relay);

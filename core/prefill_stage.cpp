@@ -81,7 +81,7 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
     blame(w, *r.instance, *r.error);
     co_return r;
   }
-  report.first_byte(ex->status());
+  report.header(ex->status());
   if (ex->status() < 200 || ex->status() >= 300) {
     r.error = co_await engine_status_error(Stage::prefill, *ex, *r.instance);
     blame(w, *r.instance, *r.error);
@@ -93,12 +93,11 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
     blame(w, *r.instance, *r.error);
     co_return r;
   }
+  report.first_token();
   ex->finish();
   r.instance->note_request_success();
-  if (w.metrics) {
-    w.metrics->prefill_seconds.observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  }
+  r.instance->latency.prefill.observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   if (!rc.connector.passes_params()) {
     report.succeeded();
     co_return r;
@@ -135,6 +134,8 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
     // that follows is no retry).
     if (retrying)
       rc.failover.release();
+    if (a.instance && rc.scope.record)
+      rc.scope.record->prefill = a.instance;  // the last attempt's, failed or not
     if (!a.error) {
       rc.prefill = a.instance;
       rc.stage_id = std::move(a.request_id);
@@ -175,6 +176,8 @@ net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc) {
         rc.body, &rc.index, rc.is_chat};
     params = co_await prefill_kv_params_for_turn(
         *rc.w.conversations, rc.w.conversation_stores->counters(), turn, rc.turn, rc.request_id());
+    if (turn.conversation_id && rc.scope.record)
+      rc.scope.record->conversation = params != kDefaultPrefillKvParams ? "hit" : "miss";
   }
   if (rc.scope.client_gone())
     co_return upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"});

@@ -42,12 +42,12 @@ void PrometheusText::family(std::string_view name, std::string_view type, std::s
   out_ += '\n';
 }
 
-void PrometheusText::begin_sample(std::string_view name, Labels labels) {
+void PrometheusText::begin_sample(std::string_view name, Labels labels, std::string_view le) {
   out_ += name;
-  if (labels.size() != 0) {
+  if (labels.size() != 0 || !le.empty()) {
     out_ += '{';
     bool first = true;
-    for (const auto& [k, v] : labels) {
+    auto label = [&](std::string_view k, std::string_view v) {
       if (!first)
         out_ += ',';
       first = false;
@@ -55,7 +55,11 @@ void PrometheusText::begin_sample(std::string_view name, Labels labels) {
       out_ += "=\"";
       out_ += prometheus_escape(v);
       out_ += '"';
-    }
+    };
+    for (const auto& [k, v] : labels)
+      label(k, v);
+    if (!le.empty())
+      label("le", le);
     out_ += '}';
   }
   out_ += ' ';
@@ -76,24 +80,33 @@ void PrometheusText::sample(std::string_view name, Labels labels, std::int64_t v
 void PrometheusText::sample(std::string_view name, Labels labels, double value) {
   begin_sample(name, labels);
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.9g", value);
+  std::snprintf(buf, sizeof buf, "%.15g", value);
   out_ += buf;
   out_ += '\n';
 }
 
 void PrometheusText::histogram(std::string_view name, std::string_view help, const Histogram& h) {
-  family(name, "histogram", help);
+  histogram_family(name, help);
+  histogram_series(name, {}, h);
+}
+
+void PrometheusText::histogram_series(std::string_view name, Labels labels, const Histogram& h) {
   const auto snap = h.snapshot();
   const std::string bucket = std::string(name) + "_bucket";
   char le[32];
-  for (std::size_t i = 0; i < Histogram::kBounds.size(); ++i) {
-    std::snprintf(le, sizeof le, "%g", Histogram::kBounds[i]);
-    sample(bucket, {{"le", le}}, snap.cumulative[i]);
+  const auto bounds = h.bounds();
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    std::snprintf(le, sizeof le, "%g", bounds[i]);
+    begin_sample(bucket, labels, le);
+    out_ += std::to_string(snap.cumulative[i]);
+    out_ += '\n';
   }
-  sample(bucket, {{"le", "+Inf"}}, snap.count);
-  sample(std::string(name) + "_sum", {}, snap.sum_seconds);
+  begin_sample(bucket, labels, "+Inf");
+  out_ += std::to_string(snap.count);
+  out_ += '\n';
+  sample(std::string(name) + "_sum", labels, snap.sum_seconds);
   // _count equals the +Inf bucket as read, so a scrape is coherent.
-  sample(std::string(name) + "_count", {}, snap.count);
+  sample(std::string(name) + "_count", labels, snap.count);
 }
 
 }  // namespace pdgate

@@ -30,13 +30,18 @@ class PrometheusText {
 
   // A whole histogram family: _bucket per bound and +Inf, _sum, _count.
   void histogram(std::string_view name, std::string_view help, const Histogram& h);
+  // A labelled histogram: the family once, then one series per label set.
+  void histogram_family(std::string_view name, std::string_view help) {
+    family(name, "histogram", help);
+  }
+  void histogram_series(std::string_view name, Labels labels, const Histogram& h);
 
   const std::string& text() const { return out_; }
   std::string take() { return std::move(out_); }
 
  private:
   void family(std::string_view name, std::string_view type, std::string_view help);
-  void begin_sample(std::string_view name, Labels labels);
+  void begin_sample(std::string_view name, Labels labels, std::string_view le = {});
 
   std::string out_;
 };

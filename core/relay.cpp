@@ -8,6 +8,7 @@
 
 #include "core/http_head.hpp"
 #include "core/response_writer.hpp"
+#include "core/usage.hpp"
 
 namespace pdgate {
 
@@ -115,6 +116,16 @@ void note_turn_without_params(WorkerContext& w, const DecodeRelay& r, bool captu
   }
 }
 
+// The engine's token counts, wherever the relay ends: on the decode
+// instance's counters and in the request's record.
+void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage, RequestScope& scope) {
+  if (!usage)
+    return;
+  r.decode->latency.add_usage(*usage);
+  if (scope.record)
+    scope.record->usage = usage;
+}
+
 // The rest of decode's stream after its first events went out with the
 // header. If decode breaks off now, the client gets an in-band error event
 // and the stream ends: never an invented finish_reason or [DONE].
@@ -122,6 +133,12 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
                                   const http::request<http::string_body>& req, DecodeRelay& r,
                                   RequestScope& scope) {
   UpstreamExchange& ex = *r.ex;
+  // Counted however the relay ends (the client may leave mid-stream).
+  struct CountUsage {
+    const DecodeRelay& r;
+    RequestScope& scope;
+    ~CountUsage() { note_usage(r, r.stream->usage(), scope); }
+  } count_usage{r, scope};
   // A short answer may have ended with its first read: then everything,
   // the last chunk included, leaves in that one write.
   const bool ended = r.stream->done();
@@ -129,6 +146,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
     scope.on_client_gone();
     co_return false;
   }
+  scope.count_sent(r.first.size());
   if (ended) {
     note_turn_without_params(w, r, r.stream->captured_params());
     ex.finish();
@@ -149,9 +167,12 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
       failure = std::move(err);
       break;
     }
-    if (!out.empty() && !co_await write_chunk(client, out, w.cfg)) {
-      scope.on_client_gone();
-      co_return false;
+    if (!out.empty()) {
+      if (!co_await write_chunk(client, out, w.cfg)) {
+        scope.on_client_gone();
+        co_return false;
+      }
+      scope.count_sent(out.size());
     }
     std::string().swap(out);
   }
@@ -163,6 +184,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
         sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));
     if (!co_await write_chunk(client, ev, w.cfg))
       co_return false;
+    scope.count_sent(ev.size());
   } else {
     note_turn_without_params(w, r, r.stream->captured_params());
     ex.finish();
@@ -175,30 +197,59 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
 // A whole decode answer, through the filter (its own frame, so the filter
 // takes no room in the caller's while a stream relays).
 net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
-                                 const http::request<http::string_body>& req, DecodeRelay& r) {
+                                 const http::request<http::string_body>& req, DecodeRelay& r,
+                                 RequestScope& scope) {
   r.ex->committed();
   DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params,
                             r.conversation ? &r.conversation->recorder : nullptr);
   filter.on_body(r.first);
+  note_usage(r, last_usage(r.first), scope);
   note_turn_without_params(w, r, filter.captured().has_value());
   if (filter.take_new_capture() && r.conversation && w.conversations) {
     co_await remember_turn(*w.conversations, *r.conversation, *filter.captured(),
                            w.cfg.conversation_ttl, r.view->request_id);
   }
-  co_return co_await write_whole_answer(client, req, *r.ex, std::move(r.first), r.view->request_id);
+  const std::size_t size = r.first.size();
+  const bool reuse =
+      co_await write_whole_answer(client, req, *r.ex, std::move(r.first), r.view->request_id);
+  scope.count_sent(size);
+  co_return reuse;
 }
 
 }  // namespace
 
 StreamRelay::StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
-                         const std::string& request_id, OptionalTurn& conversation)
+                         const std::string& request_id, OptionalTurn& conversation, bool want_usage)
     : w_(w),
       ex_(ex),
       decode_(decode),
       request_id_(request_id),
       conversation_(conversation),
       filter_(decode.spec.host, w.cfg.expose_kv_params,
-              conversation ? &conversation->recorder : nullptr) {}
+              conversation ? &conversation->recorder : nullptr),
+      want_usage_(want_usage) {}
+
+void StreamRelay::time_events(std::string_view ready, std::size_t events) {
+  // The closing [DONE] is no token.
+  for (std::string_view done : {"data: [DONE]\n\n", "data: [DONE]\r\n\r\n", "data:[DONE]\n\n"}) {
+    if (ready.ends_with(done)) {
+      --events;
+      break;
+    }
+  }
+  if (events == 0)
+    return;
+  const auto now = std::chrono::steady_clock::now();
+  auto& itl = decode_.latency.inter_token;
+  if (!first_event_at_) {
+    first_event_at_ = now;
+  } else {
+    itl.observe(std::chrono::duration<double>(now - last_event_at_).count());
+  }
+  if (events > 1)
+    itl.observe_n(0, events - 1);
+  last_event_at_ = now;
+}
 
 net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
   in_.clear();
@@ -214,6 +265,13 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
   // (an event that names kv_transfer_params). Then one by one; otherwise
   // all of them at once, without parsing each.
   const std::string_view ready = scanner_.ready_bytes();
+  if (const std::size_t events = scanner_.ready_count(); events > 0) {
+    time_events(ready, events);
+    if (want_usage_) {
+      if (auto u = last_usage(ready))
+        usage_ = u;
+    }
+  }
   if (!conversation_ && ready.find("kv_transfer_params") == std::string_view::npos) {
     out.append(ready);
     scanner_.drop_ready();
@@ -256,7 +314,7 @@ net::awaitable<bool> relay_answer(WorkerContext& w, beast::tcp_stream& client,
                                   RequestScope& scope) {
   if (r.stream)
     co_return co_await relay_stream(w, client, req, r, scope);
-  co_return co_await relay_whole(w, client, req, r);
+  co_return co_await relay_whole(w, client, req, r, scope);
 }
 
 }  // namespace pdgate

@@ -5,6 +5,7 @@
 // kv_transfer_params.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,8 +26,10 @@ namespace pdgate {
 // partial event for the next), through the output filter.
 class StreamRelay {
  public:
+  // `want_usage`: the client asked for usage (stream_options.include_usage),
+  // so the stream's last event carries it.
   StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
-              const std::string& request_id, OptionalTurn& conversation);
+              const std::string& request_id, OptionalTurn& conversation, bool want_usage);
 
   bool done() const { return ex_.done(); }
 
@@ -36,7 +39,20 @@ class StreamRelay {
   // Whether decode's kv_transfer_params for the next turn were seen.
   bool captured_params() const { return filter_.captured().has_value(); }
 
+  // When the first data event arrived (once one did).
+  std::optional<std::chrono::steady_clock::time_point> first_event_at() const {
+    return first_event_at_;
+  }
+  // The engine's token counts, once an event carried them.
+  const std::optional<TokenUsage>& usage() const { return usage_; }
+
  private:
+  // Times the data events a read completed: the first one is the time to
+  // first token, each later one the gap since the one before. Events that
+  // arrived in the same read came together: the first takes the gap, the
+  // others count as 0. One clock reading per read, not per event or byte.
+  void time_events(std::string_view ready, std::size_t events);
+
   WorkerContext& w_;
   UpstreamExchange& ex_;
   const Instance& decode_;
@@ -46,6 +62,10 @@ class StreamRelay {
   SseEvent event_;
   DecodeOutputFilter filter_;
   std::string in_;
+  const bool want_usage_;
+  std::optional<TokenUsage> usage_;
+  std::optional<std::chrono::steady_clock::time_point> first_event_at_;
+  std::chrono::steady_clock::time_point last_event_at_{};
 };
 
 // Decode answered 2xx and the client's first bytes are ready: a stream's
@@ -61,6 +81,9 @@ struct DecodeRelay {
   OptionalTurn conversation;          // the turn whose answer may be stored
   std::optional<StreamRelay> stream;  // empty: a whole answer
   std::string first;                  // the stream's first events, or the whole body
+  // When the first data event (a stream) or the whole answer arrived;
+  // empty for a stream that ended without one.
+  std::optional<std::chrono::steady_clock::time_point> first_token_at;
 };
 
 // Writes decode's answer to the client: the header with the first bytes,

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
+
+#include "core/request_record.hpp"
 
 namespace pdgate {
 
@@ -58,6 +61,13 @@ class RequestScope {
   unsigned status = 0;
   const char* stage = "gateway";
   std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+  // For the access log, read at the request's exit; null when the log is
+  // off, so that a held stream does not carry it.
+  std::unique_ptr<RequestRecord> record;
+  void count_sent(std::size_t bytes) {
+    if (record)
+      record->bytes_sent += bytes;
+  }
 
  private:
   bool client_gone_ = false;

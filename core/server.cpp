@@ -25,6 +25,7 @@
 #include "core/http_body.hpp"
 #include "core/http_head.hpp"
 #include "core/pipeline.hpp"
+#include "core/process_metrics.hpp"
 #include "core/prometheus.hpp"
 #include "core/request_framing.hpp"
 
@@ -217,6 +218,16 @@ Result<std::uint16_t> Gateway::bind() {
   if (!admin)
     return fail(admin.error());
   admin_ = *admin;
+  if (cfg_.access_log != "off") {
+    auto policy = [this](const std::string& stage) { return stage.empty() ? cfg_.policy : stage; };
+    auto log = AccessLog::open(
+        cfg_.access_log,
+        cfg_.access_log_format == "json" ? AccessLogFormat::json : AccessLogFormat::text,
+        {policy(cfg_.policy_encode), policy(cfg_.policy_prefill), policy(cfg_.policy_decode)});
+    if (!log)
+      return fail(log.error());
+    access_log_ = std::move(*log);
+  }
   if (cfg_.admin_enabled) {
     auto admin_address = net::ip::make_address(cfg_.admin_host, ec);
     if (ec)
@@ -275,13 +286,16 @@ std::string Gateway::metrics_text() const {
     m.sample("pdgate_requests_total",
              {{"route", route}, {"status", std::to_string(status)}, {"stage", stage}}, n);
   }
-  m.histogram("pdgate_request_duration_seconds", "Time from request read to response end.",
+  m.histogram("pdgate_request_duration_seconds",
+              "Time from a completion request read to its response's end.",
               metrics_.request_seconds);
-  m.histogram("pdgate_prefill_duration_seconds", "Time of successful prefill stages.",
-              metrics_.prefill_seconds);
-  m.histogram("pdgate_decode_time_to_first_byte_seconds",
-              "Time from sending decode its request to its answer's first bytes.",
-              metrics_.decode_ttft_seconds);
+  m.histogram_family("pdgate_time_to_first_token_seconds",
+                     "Time from a completion request read to decode's first token: its first SSE "
+                     "data event for a stream, its whole answer otherwise.");
+  m.histogram_series("pdgate_time_to_first_token_seconds", {{"stream", "true"}},
+                     metrics_.first_token_stream);
+  m.histogram_series("pdgate_time_to_first_token_seconds", {{"stream", "false"}},
+                     metrics_.first_token_whole);
   m.histogram("pdgate_gateway_overhead_seconds",
               "Time before decode not spent in prefill (parsing, routing, conversation store).",
               metrics_.overhead_seconds);
@@ -290,6 +304,9 @@ std::string Gateway::metrics_text() const {
   m.counter("pdgate_retries_total", "Failovers before the first byte, by stage.");
   m.sample("pdgate_retries_total", {{"stage", "prefill"}}, metrics_.retries_prefill.load());
   m.sample("pdgate_retries_total", {{"stage", "decode"}}, metrics_.retries_decode.load());
+  m.counter("pdgate_access_log_dropped_total",
+            "Access log lines dropped because the writer could not keep up.");
+  m.sample("pdgate_access_log_dropped_total", access_log_ ? access_log_->dropped() : 0);
   m.counter("pdgate_retries_refused_total", "Retries not made because the retry budget was spent.");
   m.sample("pdgate_retries_refused_total", metrics_.retries_refused.load());
   m.counter("pdgate_body_memory_refusals_total",
@@ -341,6 +358,62 @@ std::string Gateway::metrics_text() const {
   per_instance("pdgate_instance_failures_total",
                [](const Instance& i) { return std::uint64_t{i.failures_total.load()}; });
 
+  // Latency and tokens per instance, each family over the roles it
+  // describes (a prefill has no time to first token). Removed instances
+  // leave the registry, and their series with them.
+  auto decodes = [](const Instance& i) {
+    return i.spec.role == Role::decode || i.spec.role == Role::both;
+  };
+  m.histogram_family("pdgate_decode_time_to_first_token_seconds",
+                     "Time from sending a decode instance its request to its first token: its "
+                     "first SSE data event for a stream, its whole answer otherwise.");
+  for (const auto& [id, i] : each) {
+    if (!decodes(*i))
+      continue;
+    const std::string_view role = to_string(i->spec.role);
+    m.histogram_series("pdgate_decode_time_to_first_token_seconds",
+                       {{"id", id}, {"url", i->spec.url}, {"role", role}, {"stream", "true"}},
+                       i->latency.ttft_stream);
+    m.histogram_series("pdgate_decode_time_to_first_token_seconds",
+                       {{"id", id}, {"url", i->spec.url}, {"role", role}, {"stream", "false"}},
+                       i->latency.ttft_whole);
+  }
+  m.histogram_family("pdgate_inter_token_latency_seconds",
+                     "Time between successive SSE data events of a decode instance's streams "
+                     "(events that arrive together count as 0 after the first).");
+  for (const auto& [id, i] : each) {
+    if (decodes(*i)) {
+      m.histogram_series("pdgate_inter_token_latency_seconds",
+                         {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
+                         i->latency.inter_token);
+    }
+  }
+  m.histogram_family("pdgate_prefill_duration_seconds",
+                     "Time of successful prefill requests, sent to answered, per instance.");
+  for (const auto& [id, i] : each) {
+    if (i->spec.role == Role::prefill) {
+      m.histogram_series("pdgate_prefill_duration_seconds",
+                         {{"id", id}, {"url", i->spec.url}, {"role", "prefill"}},
+                         i->latency.prefill);
+    }
+  }
+  for (const auto& [name, help, prompt] :
+       {std::tuple{"pdgate_prompt_tokens_total",
+                   "Prompt tokens decode instances reported in their answers' usage.", true},
+        std::tuple{"pdgate_completion_tokens_total",
+                   "Completion tokens decode instances reported in their answers' usage.",
+                   false}}) {
+    m.counter(name, help);
+    for (const auto& [id, i] : each) {
+      if (decodes(*i)) {
+        const auto& l = i->latency;
+        m.sample(name, {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
+                 (prompt ? l.prompt_tokens : l.completion_tokens).load());
+      }
+    }
+  }
+  write_build_info(m);
+  write_process_metrics(m);
   if (conversations_) {
     const auto& c = conversations_->counters();
     m.counter("pdgate_conversation_cache_hits_total",

@@ -17,6 +17,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/access_log.hpp"
 #include "core/admin.hpp"
 #include "core/body_budget.hpp"
 #include "core/client_keys.hpp"
@@ -119,8 +120,11 @@ class Gateway {
   std::unique_ptr<ClientKeys> client_keys_;
   // Before workers_: their connections refer to them.
   RouteTable routes_;
-  const ClientSessionEnv session_env_{routes_,  body_budget_,     loop_guard_,
-                                      metrics_, active_requests_, stopping_};
+  // Opened by bind() when --access-log is on; outlives the workers (it
+  // drains its queue when destroyed).
+  std::unique_ptr<AccessLog> access_log_;
+  const ClientSessionEnv session_env_{routes_,          body_budget_, loop_guard_, metrics_,
+                                      active_requests_, stopping_,    access_log_};
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

@@ -43,6 +43,8 @@ class SseScanner {
   // copying or parsing each one.
   std::string_view ready_bytes() const;
   void drop_ready();
+  // Complete events not popped yet.
+  std::size_t ready_count() const { return ready_.size() - ready_head_; }
 
   // Frees the buffers when no byte is held (all events popped, no partial
   // event): for streams that idle between events.

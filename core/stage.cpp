@@ -267,6 +267,8 @@ bool Failover::may_retry(Stage stage, const GatewayError& e) {
   } else {
     ok = take_budget();
   }
+  if (ok)
+    ++retries_;
   if (ok && w_.metrics) {
     auto& counter =
         stage == Stage::prefill ? w_.metrics->retries_prefill : w_.metrics->retries_decode;

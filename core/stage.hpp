@@ -112,6 +112,8 @@ class Failover {
   // The retry that held a unit of the budget is over: the unit goes back
   // (the request still may not take another).
   void release();
+  // Retries this request made (for the access log).
+  unsigned retries() const { return retries_; }
 
  private:
   bool take_budget();
@@ -120,6 +122,7 @@ class Failover {
   int free_[3] = {kNeverSentRetries, kNeverSentRetries, kNeverSentRetries};
   bool taken_ = false;
   bool holding_ = false;
+  unsigned retries_ = 0;
 };
 
 // Reports a stage's outcome to the picker that chose its instance, when the
@@ -136,10 +139,17 @@ class StageReport {
     outcome_.total = since_start();
     picker_.on_complete(*inst_, ctx_, outcome_);
   }
-  void first_byte(unsigned status) {
+  void header(unsigned status) {
     outcome_.status = status;
-    outcome_.time_to_first_byte = since_start();
+    outcome_.time_to_header = since_start();
   }
+  // The stage's first token arrived at `at` (see PickOutcome).
+  void first_token(std::chrono::steady_clock::time_point at) {
+    outcome_.time_to_first_token =
+        std::chrono::duration_cast<std::chrono::microseconds>(at - start_);
+  }
+  void first_token() { first_token(std::chrono::steady_clock::now()); }
+  std::chrono::steady_clock::time_point started() const { return start_; }
   void succeeded() { outcome_.ok = true; }
 
  private:

@@ -1114,7 +1114,12 @@ std::optional<std::string> LuaVm::on_complete(const Instance& chosen, const Pick
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.outcome_ref);
   set_bool(L, "ok", outcome.ok);
   set_number(L, "status", outcome.status);
-  set_number(L, "ttfb_ms", static_cast<double>(outcome.time_to_first_byte.count()) / 1000.0);
+  const double ttft_ms = static_cast<double>(outcome.time_to_first_token.count()) / 1000.0;
+  set_number(L, "ttft_ms", ttft_ms);
+  set_number(L, "header_ms", static_cast<double>(outcome.time_to_header.count()) / 1000.0);
+  // The old name, documented as the time to first token: policies written
+  // against it now get what it promised.
+  set_number(L, "ttfb_ms", ttft_ms);
   set_number(L, "total_ms", static_cast<double>(outcome.total.count()) / 1000.0);
   lua_pushstring(L, pdgate::to_string(outcome.stage));
   lua_setfield(L, -2, "stage");

@@ -21,6 +21,8 @@ PACKAGES=(
   dnsmasq-base
   # The HA test and examples/ha (HAProxy in front of two replicas).
   haproxy
+  # The dashboard test: Prometheus scrapes a gateway.
+  prometheus
   # Demo and the Node SDK test.
   curl
 )

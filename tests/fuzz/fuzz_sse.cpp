@@ -1,5 +1,6 @@
 // Splitting a stream into pieces must never change the events it yields:
-// the first byte picks the piece size, the rest is the stream.
+// the first byte picks the piece size, the rest is the stream. The relay
+// also looks for the engine's token usage in the events it completes.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "core/sse.hpp"
+#include "core/usage.hpp"
 
 namespace {
 
@@ -71,6 +73,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check(other->is_done == whole.events[i].is_done, "is_done differs");
       check(other->comment_only == whole.events[i].comment_only, "comment_only differs");
     }
+  }
+  // Usage is searched from the end: what follows the last event cannot
+  // hide the counts in the complete events when it holds no "usage" key.
+  const auto usage = pdgate::last_usage(raw);
+  if (stream.substr(raw.size()).find("\"usage\"") == std::string_view::npos) {
+    const auto all = pdgate::last_usage(stream);
+    check(all.has_value() == usage.has_value(), "trailing bytes changed the usage found");
   }
   return 0;
 }

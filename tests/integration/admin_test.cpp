@@ -664,7 +664,10 @@ TEST(Metrics, ParsesAndCountsMatchTraffic) {
       value_of(m, "pdgate_requests_total", {{"route", "/v1/chat/completions"}, {"status", "400"}}),
       1);
   EXPECT_EQ(value_of(m, "pdgate_request_duration_seconds_count"), 9);
-  EXPECT_EQ(value_of(m, "pdgate_decode_time_to_first_byte_seconds_count"), 8);
+  // Summed over the decode instances and stream/whole series: each
+  // request that decode answered once.
+  EXPECT_EQ(value_of(m, "pdgate_decode_time_to_first_token_seconds_count"), 8);
+  EXPECT_EQ(value_of(m, "pdgate_time_to_first_token_seconds_count"), 8);
   // Every prefill p1 answered with 500 was retried on p2 (the bad request
   // got p1's own 400, which is never retried).
   double p1_500s = 0;

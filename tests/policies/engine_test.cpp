@@ -426,7 +426,9 @@ TEST(PolicyHooks, OnCompleteAndSharedStore) {
       on_complete = function(ctx, inst, outcome)
         if ctx.request_id == "self-check" then return end
         assert(outcome.ok == false and outcome.status == 503 and outcome.stage == "decode")
-        assert(math.abs(outcome.ttfb_ms - 1.5) < 1e-9 and outcome.total_ms == 4)
+        assert(math.abs(outcome.ttft_ms - 2.5) < 1e-9 and outcome.total_ms == 4)
+        assert(math.abs(outcome.header_ms - 1.5) < 1e-9)
+        assert(outcome.ttfb_ms == outcome.ttft_ms, "ttfb_ms: the old name of ttft_ms")
         seen = inst.index
         assert(pdgate.kv_set("last_status", outcome.status))
       end,
@@ -442,7 +444,8 @@ TEST(PolicyHooks, OnCompleteAndSharedStore) {
   PickOutcome o;
   o.stage = Stage::decode;
   o.status = 503;
-  o.time_to_first_byte = std::chrono::microseconds(1500);
+  o.time_to_header = std::chrono::microseconds(1500);
+  o.time_to_first_token = std::chrono::microseconds(2500);
   o.total = std::chrono::milliseconds(4);
   p0->on_complete(*inst[1], ctx, o);
   EXPECT_EQ(e->stats().on_complete_errors.load(), 0u);

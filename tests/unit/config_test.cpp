@@ -1116,3 +1116,31 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
 
 }  // namespace
 }  // namespace pdgate
+
+namespace pdgate {
+namespace {
+
+// The access log options: off by default, a path or stderr and a format
+// from the command line or YAML; any other format is refused by name.
+TEST(ConfigAccessLog, FlagsYamlAndRefusals) {
+  auto d = parse({"--decode", "d:1", "--prefill-servers-urls", "disable"});
+  ASSERT_TRUE(d) << d.error();
+  EXPECT_EQ(d->config.access_log, "off");
+  EXPECT_EQ(d->config.access_log_format, "text");
+  auto f = parse({"--decode", "d:1", "--prefill-servers-urls", "disable", "--access-log",
+                  "/var/log/pdgate/access.log", "--access-log-format", "json"});
+  ASSERT_TRUE(f) << f.error();
+  EXPECT_EQ(f->config.access_log, "/var/log/pdgate/access.log");
+  EXPECT_EQ(f->config.access_log_format, "json");
+  auto y = apply_yaml(Config{}, "access_log: stderr\naccess-log-format: json\n");
+  ASSERT_TRUE(y) << y.error();
+  EXPECT_EQ(y->access_log, "stderr");
+  EXPECT_EQ(y->access_log_format, "json");
+  auto bad = parse({"--decode", "d:1", "--access-log-format", "yaml"});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().find("--access-log-format"), std::string::npos) << bad.error();
+  EXPECT_FALSE(parse({"--decode", "d:1", "--access-log", " "}));
+}
+
+}  // namespace
+}  // namespace pdgate

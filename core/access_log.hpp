@@ -1,0 +1,79 @@
+// The access log: one line per client request, text or JSON, to a file or
+// stderr. Workers hand their request's record to a bounded queue and go
+// on; one writer thread formats and writes the lines. When the queue is
+// full (the disk or the pipe cannot keep up) records are dropped and
+// counted, never waited for: a worker's event loop never blocks on it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "core/request_record.hpp"
+#include "core/result.hpp"
+
+namespace pdgate {
+
+enum class AccessLogFormat { text, json };
+
+// Policy names per stage, as configured, for the lines' `policy` field.
+struct StagePolicies {
+  std::string encode;
+  std::string prefill;
+  std::string decode;
+};
+
+// One line (with its '\n') for a record. Pure: unit-tested, and the writer
+// thread's only formatting code.
+std::string format_access_line(const RequestRecord& r, AccessLogFormat format,
+                               const StagePolicies& policies);
+
+class AccessLog {
+ public:
+  // Records waiting at most; past it they are dropped.
+  static constexpr std::size_t kDefaultCapacity = 16384;
+
+  // `target` is a file path (opened for appending, created 0640) or
+  // "stderr". Fails with a message naming the file when it cannot be
+  // opened.
+  static Result<std::unique_ptr<AccessLog>> open(const std::string& target, AccessLogFormat format,
+                                                 StagePolicies policies,
+                                                 std::size_t capacity = kDefaultCapacity);
+  AccessLog(const AccessLog&) = delete;
+  AccessLog& operator=(const AccessLog&) = delete;
+  // Writes what is queued, then stops the writer.
+  ~AccessLog();
+
+  // Queues the record; drops (and counts) it when the queue is full.
+  void submit(RequestRecord&& r);
+
+  std::uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  std::uint64_t written() const { return written_.load(std::memory_order_relaxed); }
+
+ private:
+  AccessLog(std::FILE* out, bool owned, AccessLogFormat format, StagePolicies policies,
+            std::size_t capacity);
+  void run();
+
+  std::FILE* out_;
+  const bool owned_;
+  const AccessLogFormat format_;
+  const StagePolicies policies_;
+  const std::size_t capacity_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<RequestRecord> queue_;
+  bool stop_ = false;
+  std::atomic<std::uint64_t> dropped_{0};
+  std::atomic<std::uint64_t> written_{0};
+  std::thread writer_;
+};
+
+}  // namespace pdgate

@@ -1,0 +1,20 @@
+// The token counts an engine reports in its answer's `usage` member: the
+// last one in a stretch of SSE events (a stream asked with
+// stream_options.include_usage ends with an event carrying it), or in a
+// whole answer's body. Found by a search from the end, without parsing the
+// text around it: vLLM writes `usage` last.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "core/metrics.hpp"
+
+namespace pdgate {
+
+// The last `"usage": {...}` member in `text` with non-negative integer
+// prompt_tokens and completion_tokens; nullopt when there is none, or the
+// last one is null or malformed.
+std::optional<TokenUsage> last_usage(std::string_view text);
+
+}  // namespace pdgate

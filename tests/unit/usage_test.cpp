@@ -1,0 +1,59 @@
+// last_usage: the token counts an engine reports, found from the end.
+#include "core/usage.hpp"
+
+#include <gtest/gtest.h>
+
+namespace pdgate {
+namespace {
+
+// A whole answer's usage (vLLM writes it last) is read, whitespace or not.
+TEST(LastUsage, WholeAnswer) {
+  const auto u =
+      last_usage(R"({"id":"x","choices":[{"text":"hi"}],"usage" : {"prompt_tokens": 12, )"
+                 R"("total_tokens": 17, "completion_tokens": 5, "prompt_tokens_details": null}})");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 12u);
+  EXPECT_EQ(u->completion_tokens, 5u);
+}
+
+// In a stream asked with include_usage, the token events carry "usage":
+// null and the final event the counts: the last one wins.
+TEST(LastUsage, StreamTakesTheLastEvent) {
+  const std::string events =
+      "data: {\"choices\":[{\"text\":\"a\"}],\"usage\":null}\n\n"
+      "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,"
+      "\"total_tokens\":5}}\n\n"
+      "data: [DONE]\n\n";
+  const auto u = last_usage(events);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 3u);
+  EXPECT_EQ(u->completion_tokens, 2u);
+  // A stretch whose last usage is null reports none (the counts are still to come).
+  EXPECT_FALSE(
+      last_usage("data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n"
+                 "data: {\"usage\": null}\n\n"));
+}
+
+// Text that only mentions usage, a cut-off object, negative or
+// non-integer counts, and a key inside a string are no usage.
+TEST(LastUsage, RejectsWhatIsNotUsage) {
+  EXPECT_FALSE(last_usage(""));
+  EXPECT_FALSE(last_usage(R"({"text":"the \"usage\": {\"prompt_tokens\": 1}"})"));
+  EXPECT_FALSE(last_usage(R"({"usage": {"prompt_tokens": 1, "completion_tokens": 2)"));
+  EXPECT_FALSE(last_usage(R"({"usage": {"prompt_tokens": -1, "completion_tokens": 2}})"));
+  EXPECT_FALSE(last_usage(R"({"usage": {"prompt_tokens": 1.5, "completion_tokens": 2}})"));
+  EXPECT_FALSE(last_usage(R"({"usage": {"prompt_tokens": 1}})"));
+  EXPECT_FALSE(last_usage(R"({"object": "usage"})"));
+}
+
+// Braces inside strings of the usage object do not end it early.
+TEST(LastUsage, StringsInsideTheObject) {
+  const auto u = last_usage(
+      R"({"usage": {"note": "a } b { \" }", "prompt_tokens": 7, "completion_tokens": 0}})");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 7u);
+  EXPECT_EQ(u->completion_tokens, 0u);
+}
+
+}  // namespace
+}  // namespace pdgate
