@@ -176,6 +176,12 @@ void insert_by_id(std::vector<InstancePtr>& list, const InstancePtr& inst) {
   list.insert(at, inst);
 }
 
+bool host_is_name(const std::string& host) {
+  return host.find(':') == std::string::npos && !std::all_of(host.begin(), host.end(), [](char c) {
+           return (c >= '0' && c <= '9') || c == '.';
+         });
+}
+
 // `with_id`: also into by_id (a new instance; an undrained one is there).
 void add_to_lists(InstanceSet& set, const InstancePtr& inst, bool with_id = true) {
   switch (inst->spec.role) {
@@ -193,8 +199,11 @@ void add_to_lists(InstanceSet& set, const InstancePtr& inst, bool with_id = true
       insert_by_id(set.decode, inst);
       break;
   }
-  if (with_id)
+  if (with_id) {
     set.by_id.push_back(inst);
+    if (host_is_name(inst->spec.host))
+      set.named.push_back(inst);
+  }
 }
 
 }  // namespace
@@ -205,6 +214,8 @@ Registry::Registry(const Config& cfg) {
     auto inst = std::make_shared<Instance>(next_id_++, s, s.labels, s.weight);
     list.push_back(inst);
     set->by_id.push_back(inst);
+    if (host_is_name(s.host))
+      set->named.push_back(inst);
     by_url_[s.url].push_back(std::move(inst));
   };
   for (const auto& s : cfg.prefill)
@@ -393,6 +404,7 @@ std::size_t Registry::forget_idle() {
   auto next = std::make_shared<InstanceSet>(*set_);
   std::erase_if(next->draining, is_gone);
   std::erase_if(next->by_id, is_gone);
+  std::erase_if(next->named, is_gone);
   for (const auto& i : gone) {
     auto it = by_url_.find(i->spec.url);
     if (it == by_url_.end())

@@ -179,6 +179,9 @@ struct InstanceSet {
   // Draining instances: still listed (and counted) but never candidates.
   std::vector<InstancePtr> draining;
   std::vector<InstancePtr> by_id;
+  // Instances whose host is a name, not an address literal: the only ones
+  // an address literal can be a second spelling of (by_id order).
+  std::vector<InstancePtr> named;
 
   const std::vector<InstancePtr>& for_stage(Stage s) const;
   // Every instance once, by id.

@@ -117,9 +117,13 @@ net::awaitable<InstancePtr> same_address_instance(net::any_io_executor ex, const
   if (mine->empty())
     co_return nullptr;
   const bool mine_v4 = ipv4_text(spec.host);
-  // Cheap tests first: thousands of instances on one port are scanned
-  // without parsing or resolving any of them.
-  for (const auto& inst : set.by_id) {
+  // An address literal can only be another spelling of an instance named
+  // by a host name (the same literal is the same URL, refused before):
+  // only those are scanned, so thousands of instances given by address
+  // cost nothing here (a scan of all of them made each admin add O(n)).
+  // Cheap tests first: no instance is resolved unless its port and role
+  // match.
+  for (const auto& inst : mine_v4 ? set.named : set.by_id) {
     if (inst->spec.port != spec.port || !roles_overlap(inst->spec.role, spec.role))
       continue;
     if (mine_v4 && ipv4_text(inst->spec.host))

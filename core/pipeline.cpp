@@ -180,7 +180,10 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   }
   scope.status = relay->ex->status();
   scope.stage = "decode";
-  co_return co_await relay_answer(w, client, req, *relay, scope);
+  const bool keep = co_await relay_answer(w, client, req, *relay, scope);
+  // Counted against the key's tokens per minute when the admission ends.
+  admission.add_tokens(scope.tokens_used);
+  co_return keep;
 }
 
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,

@@ -122,6 +122,7 @@ void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage, Re
   if (!usage)
     return;
   r.decode->latency.add_usage(*usage);
+  scope.tokens_used = usage->prompt_tokens + usage->completion_tokens;
   if (scope.record)
     scope.record->usage = usage;
 }

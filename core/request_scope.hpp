@@ -64,6 +64,9 @@ class RequestScope {
   // For the access log, read at the request's exit; null when the log is
   // off, so that a held stream does not carry it.
   std::unique_ptr<RequestRecord> record;
+  // Prompt + completion tokens the engine reported (its `usage`), for the
+  // client key's tokens-per-minute limit.
+  std::uint64_t tokens_used = 0;
   void count_sent(std::size_t bytes) {
     if (record)
       record->bytes_sent += bytes;

@@ -173,6 +173,34 @@ TEST(ClientKeys, ConcurrencySharedAcrossReplicas) {
   EXPECT_TRUE(eventually([&] { return models(gw2.port(), "sk-1").status == 200; }, 5s));
 }
 
+// Tokens the engine reported (usage) count against the key's tokens per
+// minute, across replicas: once a minute's worth is used, the next request
+// is refused until the minute ends.
+TEST(ClientKeys, TokensPerMinuteCountEngineUsage) {
+  RedisServer redis;
+  Sim p("prefill");
+  Sim d("decode");
+  KeyFile keys(entry("tokens", "sk-t", "    tokens_per_minute: 10\n"));
+  Gateway gw1(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
+  Gateway gw2(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
+  ASSERT_TRUE(eventually([&] { return models(gw1.port(), "sk-t").status == 200; }, 10s));
+  auto first = chat(gw1.port(), bearer("sk-t"), false, 16);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const int used = first.json()["usage"]["total_tokens"].get<int>();
+  ASSERT_GE(used, 10) << first.body;
+  // The release is sent after the answer: give it a moment to land.
+  Response r;
+  EXPECT_TRUE(eventually(
+      [&] {
+        r = chat(gw2.port(), bearer("sk-t"));
+        return r.status == 429;
+      },
+      5s))
+      << r.status << " " << r.body;
+  EXPECT_NE(r.body.find("tokens per minute"), std::string::npos) << r.body;
+  EXPECT_FALSE(r.header("retry-after").empty());
+}
+
 // Redis gone: a gateway set to fail open lets keyed requests in (and
 // counts it); one set to fail closed answers 503 with Retry-After.
 TEST(ClientKeys, RedisDownFailsOpenOrClosed) {
