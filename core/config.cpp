@@ -609,10 +609,10 @@ constexpr std::array kOptions = {
            "PATH, or "
            "written to stderr; written by a background thread, lines dropped and counted "
            "when it cannot keep up (default: off).",
-           &set_access_log},
+           &set_access_log, kRestart},
     Option{"access-log-format", "", 0, false, false, kGeneral, "text|json",
            "Access log lines as key=value text or as one JSON object each (default: text).",
-           &set_access_log_format},
+           &set_access_log_format, kRestart},
     Option{"config", "", 0, false, true, kGeneral, "FILE",
            "YAML file with any of these options (names without dashes); flags override it. "
            "SIGHUP re-reads it and applies what can change without a restart."},
@@ -1618,6 +1618,8 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
          return std::vector{out.str()};
        }},
       {"log-level", [&] { return std::vector{c.log_level}; }},
+      {"access-log", [&] { return std::vector{c.access_log}; }},
+      {"access-log-format", [&] { return std::vector{c.access_log_format}; }},
   };
   const auto it = values.find(key);
   // Every option a file may set has its row (a unit test checks it).
@@ -1721,6 +1723,9 @@ Config reloadable_part(const Config& running, Config c) {
   c.limits_fail_open = running.limits_fail_open;
   c.dns_interval = running.dns_interval;
   c.dns_server = running.dns_server;
+  // The access log is opened once, at start.
+  c.access_log = running.access_log;
+  c.access_log_format = running.access_log_format;
   // DNS sources are resolved by a discovery started once.
   c.dns_sources = running.dns_sources;
   return c;

@@ -1080,6 +1080,10 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
                         "5",
                         "--health-max-concurrency",
                         "5",
+                        "--access-log",
+                        "/var/log/pdgate/access.log",
+                        "--access-log-format",
+                        "json",
                         "--first-byte-timeout",
                         "3s",
                         "--api-keys",
@@ -1109,7 +1113,7 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
       EXPECT_NE(wanted[e.key], before[e.key]) << e.key << ": the test should change it";
     }
   }
-  EXPECT_EQ(restart_keys, 30u);
+  EXPECT_EQ(restart_keys, 32u);
   EXPECT_EQ(urls(merged.decode), std::vector<std::string>{"http://d:2"});
   EXPECT_EQ(merged.first_byte_timeout, std::chrono::seconds(3));
 }
