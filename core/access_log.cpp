@@ -52,7 +52,8 @@ std::string encode_urls(const RequestRecord& r) {
 
 // The stages that chose an instance, with their policies: as text
 // "prefill:x,decode:y", as JSON {"prefill":"x","decode":"y"}.
-std::string policies_used(const RequestRecord& r, const StagePolicies& p, bool json) {
+std::string policies_used(const RequestRecord& r, bool json) {
+  const StagePolicies& p = r.policies;
   std::string out;
   auto add = [&](bool used, std::string_view stage, const std::string& name) {
     if (!used)
@@ -142,7 +143,7 @@ Value bool_of(bool b) {
 // Every field of a line, in order, to `emit(key, value)`: the one list
 // both formats write.
 template <class Emit>
-void fields(const RequestRecord& r, const StagePolicies& p, bool json, Emit&& emit) {
+void fields(const RequestRecord& r, bool json, Emit&& emit) {
   emit("request_id", text_of(std::string_view(r.request_id)));
   emit("trace_id", text_of(std::string_view(r.trace_id)));
   emit("method", text_of(std::string_view(r.method)));
@@ -173,9 +174,9 @@ void fields(const RequestRecord& r, const StagePolicies& p, bool json, Emit&& em
   emit("retries", number_of(r.retries));
   emit("conversation", text_of(std::string_view(r.conversation)));
   if (json)
-    emit("policy", Value{Value::raw, {}, policies_used(r, p, true)});
+    emit("policy", Value{Value::raw, {}, policies_used(r, true)});
   else
-    emit("policy", text_of(policies_used(r, p, false)));
+    emit("policy", text_of(policies_used(r, false)));
 }
 
 // A value as the format writes it: "-" or null when absent, text as a
@@ -201,10 +202,10 @@ void append_value(std::string& line, const Value& v, bool json) {
   }
 }
 
-std::string format_text(const RequestRecord& r, const StagePolicies& p) {
+std::string format_text(const RequestRecord& r) {
   std::string line = iso_time(r.received_wall);
   line.reserve(384);
-  fields(r, p, false, [&line](std::string_view key, const Value& v) {
+  fields(r, false, [&line](std::string_view key, const Value& v) {
     line += ' ';
     line += key;
     line += '=';
@@ -216,10 +217,10 @@ std::string format_text(const RequestRecord& r, const StagePolicies& p) {
 
 // Written directly: building an nlohmann object per line cost 5x the
 // text format's instructions (bench/README.md).
-std::string format_json(const RequestRecord& r, const StagePolicies& p) {
+std::string format_json(const RequestRecord& r) {
   std::string line = "{\"time\":\"" + iso_time(r.received_wall) + '"';
   line.reserve(512);
-  fields(r, p, true, [&line](std::string_view key, const Value& v) {
+  fields(r, true, [&line](std::string_view key, const Value& v) {
     line += ",\"";
     line += key;
     line += "\":";
@@ -250,14 +251,12 @@ std::string trace_id_of(std::string_view v) {
   return std::string(trace);
 }
 
-std::string format_access_line(const RequestRecord& r, AccessLogFormat format,
-                               const StagePolicies& policies) {
-  return format == AccessLogFormat::json ? format_json(r, policies) : format_text(r, policies);
+std::string format_access_line(const RequestRecord& r, AccessLogFormat format) {
+  return format == AccessLogFormat::json ? format_json(r) : format_text(r);
 }
 
 Result<std::unique_ptr<AccessLog>> AccessLog::open(const std::string& target,
-                                                   AccessLogFormat format, StagePolicies policies,
-                                                   std::size_t capacity) {
+                                                   AccessLogFormat format, std::size_t capacity) {
   std::FILE* out = stderr;
   bool owned = false;
   if (target != "stderr") {
@@ -271,17 +270,11 @@ Result<std::unique_ptr<AccessLog>> AccessLog::open(const std::string& target,
     }
     owned = true;
   }
-  return std::unique_ptr<AccessLog>(
-      new AccessLog(out, owned, format, std::move(policies), capacity));
+  return std::unique_ptr<AccessLog>(new AccessLog(out, owned, format, capacity));
 }
 
-AccessLog::AccessLog(std::FILE* out, bool owned, AccessLogFormat format, StagePolicies policies,
-                     std::size_t capacity)
-    : out_(out),
-      owned_(owned),
-      format_(format),
-      policies_(std::move(policies)),
-      capacity_(capacity) {
+AccessLog::AccessLog(std::FILE* out, bool owned, AccessLogFormat format, std::size_t capacity)
+    : out_(out), owned_(owned), format_(format), capacity_(capacity) {
   queue_.reserve(std::min(capacity_, kWakeAt));
   writer_ = std::thread([this] { run(); });
 }
@@ -330,7 +323,7 @@ void AccessLog::run() {
     if (!batch.empty()) {
       text.clear();
       for (const auto& r : batch)
-        text += format_access_line(r, format_, policies_);
+        text += format_access_line(r, format_);
       // A short write (disk full) loses these lines; the next batch tries
       // again.
       std::fwrite(text.data(), 1, text.size(), out_);

@@ -23,17 +23,9 @@ namespace pdgate {
 
 enum class AccessLogFormat { text, json };
 
-// Policy names per stage, as configured, for the lines' `policy` field.
-struct StagePolicies {
-  std::string encode;
-  std::string prefill;
-  std::string decode;
-};
-
 // One line (with its '\n') for a record. Pure: unit-tested, and the writer
 // thread's only formatting code.
-std::string format_access_line(const RequestRecord& r, AccessLogFormat format,
-                               const StagePolicies& policies);
+std::string format_access_line(const RequestRecord& r, AccessLogFormat format);
 
 class AccessLog {
  public:
@@ -44,7 +36,6 @@ class AccessLog {
   // "stderr". Fails with a message naming the file when it cannot be
   // opened.
   static Result<std::unique_ptr<AccessLog>> open(const std::string& target, AccessLogFormat format,
-                                                 StagePolicies policies,
                                                  std::size_t capacity = kDefaultCapacity);
   AccessLog(const AccessLog&) = delete;
   AccessLog& operator=(const AccessLog&) = delete;
@@ -58,14 +49,12 @@ class AccessLog {
   std::uint64_t written() const { return written_.load(std::memory_order_relaxed); }
 
  private:
-  AccessLog(std::FILE* out, bool owned, AccessLogFormat format, StagePolicies policies,
-            std::size_t capacity);
+  AccessLog(std::FILE* out, bool owned, AccessLogFormat format, std::size_t capacity);
   void run();
 
   std::FILE* out_;
   const bool owned_;
   const AccessLogFormat format_;
-  const StagePolicies policies_;
   const std::size_t capacity_;
   std::mutex mu_;
   std::condition_variable wake_;

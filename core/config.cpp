@@ -1584,8 +1584,6 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
        [&] { return std::vector{std::string(c.limits_fail_open ? "open" : "closed")}; }},
       {"dns-interval", [&] { return std::vector{duration_text(c.dns_interval)}; }},
       {"dns-server", [&] { return std::vector{c.dns_server}; }},
-      {"access-log", [&] { return std::vector{c.access_log}; }},
-      {"access-log-format", [&] { return std::vector{c.access_log_format}; }},
       {"conversation-ttl",
        [&] {
          return std::vector{duration_text(
@@ -1620,6 +1618,8 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
          return std::vector{out.str()};
        }},
       {"log-level", [&] { return std::vector{c.log_level}; }},
+      {"access-log", [&] { return std::vector{c.access_log}; }},
+      {"access-log-format", [&] { return std::vector{c.access_log_format}; }},
   };
   const auto it = values.find(key);
   // Every option a file may set has its row (a unit test checks it).

@@ -110,6 +110,10 @@ void note_routing(RequestContext& rc, const std::string& request_id) {
   r->stream = rc.facts.stream;
   r->request_id = request_id;
   r->model = rc.facts.model;
+  // From this worker's configuration: a reload may have changed them.
+  const Config& c = rc.w.cfg;
+  auto policy = [&c](const std::string& stage) { return stage.empty() ? c.policy : stage; };
+  r->policies = {policy(c.policy_encode), policy(c.policy_prefill), policy(c.policy_decode)};
 }
 
 // Validate, encode, prefill, decode up to its first bytes: the routing

@@ -17,6 +17,14 @@ namespace pdgate {
 
 struct Instance;
 
+// The policy of each stage, as the request's worker had them configured
+// (a reload may change them).
+struct StagePolicies {
+  std::string encode;
+  std::string prefill;
+  std::string decode;
+};
+
 struct RequestRecord {
   std::chrono::system_clock::time_point received_wall{};
   std::string method;
@@ -45,6 +53,7 @@ struct RequestRecord {
   // Multi-turn reuse: "hit", "miss", or empty when the request named no
   // conversation (or reuse is off).
   const char* conversation = "";
+  StagePolicies policies;  // named for the stages that chose an instance
 };
 
 // The trace id of a W3C `traceparent` header value

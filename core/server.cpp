@@ -219,11 +219,9 @@ Result<std::uint16_t> Gateway::bind() {
     return fail(admin.error());
   admin_ = *admin;
   if (cfg_.access_log != "off") {
-    auto policy = [this](const std::string& stage) { return stage.empty() ? cfg_.policy : stage; };
-    auto log = AccessLog::open(
-        cfg_.access_log,
-        cfg_.access_log_format == "json" ? AccessLogFormat::json : AccessLogFormat::text,
-        {policy(cfg_.policy_encode), policy(cfg_.policy_prefill), policy(cfg_.policy_decode)});
+    auto log =
+        AccessLog::open(cfg_.access_log, cfg_.access_log_format == "json" ? AccessLogFormat::json
+                                                                          : AccessLogFormat::text);
     if (!log)
       return fail(log.error());
     access_log_ = std::move(*log);

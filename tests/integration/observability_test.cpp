@@ -2,7 +2,9 @@
 // token and the gaps between tokens as the engines produced them, the
 // engines' token counts, and the access log's one line per request.
 #include <sys/wait.h>
+
 #include <unistd.h>
+#include <csignal>
 
 #include <filesystem>
 #include <fstream>
@@ -330,6 +332,36 @@ TEST_F(Observability, AccessLogConversationHitAndMiss) {
   EXPECT_EQ(lines[0]["conversation"], "miss");
   EXPECT_EQ(lines[1]["conversation"], "hit");
   EXPECT_TRUE(lines[2]["conversation"].is_null());
+}
+
+// A SIGHUP that changes the decode policy shows in the access lines of
+// the requests that follow (each line names the policy in force when its
+// request was routed), while the log itself, opened at start, stays.
+TEST_F(Observability, AccessLogNamesThePolicyInForce) {
+  Sim d("both", {"--itl-ms", "1"});
+  const std::string config = log_path_ + ".yaml";
+  auto write_config = [&](const std::string& policy) {
+    std::ofstream(config) << "decode: [" << d.hostport() << "]\nprefill_servers_urls: disable\n"
+                          << "policy_decode: " << policy << "\naccess_log: " << log_path_
+                          << "\naccess_log_format: json\n";
+  };
+  write_config("round_robin");
+  Gateway gw({"--config", config});
+  ASSERT_EQ(post_json(gw.port(), "/v1/completions", completion(false, 2)).status, 200);
+  write_config("least_load");
+  gw.process().signal(SIGHUP);
+  // Workers take the new configuration between two events: a bounded wait.
+  std::vector<Json> lines;
+  ASSERT_TRUE(eventually(
+      [&] {
+        post_json(gw.port(), "/v1/completions", completion(false, 2));
+        lines = read_json_lines(log_path_);
+        return !lines.empty() && lines.back()["policy"]["decode"] == "least_load";
+      },
+      std::chrono::seconds(10)))
+      << gw.process().log();
+  EXPECT_EQ(lines.front()["policy"]["decode"], "round_robin");
+  std::filesystem::remove(config);
 }
 
 // The text format: one key=value line per request, on stderr when asked.

@@ -45,15 +45,14 @@ RequestRecord sample_record() {
   r.usage = TokenUsage{12, 100};
   r.retries = 1;
   r.conversation = "hit";
+  r.policies = {"round_robin", "least_load", "conversation_decode"};
   return r;
 }
-
-const StagePolicies kPolicies{"round_robin", "least_load", "conversation_decode"};
 
 // JSON lines carry every field, typed, with the policies of the stages
 // that ran; unknown values are null.
 TEST(AccessLogFormat, JsonLine) {
-  const std::string line = format_access_line(sample_record(), AccessLogFormat::json, kPolicies);
+  const std::string line = format_access_line(sample_record(), AccessLogFormat::json);
   ASSERT_EQ(line.back(), '\n');
   ASSERT_EQ(line.find('\n'), line.size() - 1);
   const auto j = nlohmann::json::parse(line);
@@ -79,12 +78,12 @@ TEST(AccessLogFormat, JsonLine) {
   // gives one valid JSON line.
   RequestRecord hostile = sample_record();
   hostile.model = "a\"b\nc\xff";
-  const std::string h = format_access_line(hostile, AccessLogFormat::json, kPolicies);
+  const std::string h = format_access_line(hostile, AccessLogFormat::json);
   ASSERT_EQ(h.find('\n'), h.size() - 1) << h;
   EXPECT_EQ(nlohmann::json::parse(h)["model"], "a\"b\nc\xef\xbf\xbd");
   RequestRecord empty;
   empty.status = 503;
-  const auto e = nlohmann::json::parse(format_access_line(empty, AccessLogFormat::json, kPolicies));
+  const auto e = nlohmann::json::parse(format_access_line(empty, AccessLogFormat::json));
   EXPECT_TRUE(e["ttft_ms"].is_null());
   EXPECT_TRUE(e["prompt_tokens"].is_null());
   EXPECT_TRUE(e["decode"].is_null());
@@ -95,7 +94,7 @@ TEST(AccessLogFormat, JsonLine) {
 // newline is quoted, so it cannot forge a field or a second line.
 TEST(AccessLogFormat, TextLineQuotesHostileValues) {
   RequestRecord r = sample_record();
-  std::string line = format_access_line(r, AccessLogFormat::text, kPolicies);
+  std::string line = format_access_line(r, AccessLogFormat::text);
   EXPECT_EQ(line.rfind("2025-11-24T20:41:03.123Z request_id=req-1 ", 0), 0u) << line;
   for (const char* f :
        {" status=200 ", " decode=http://d:8200 ", " ttft_ms=412.345 ", " prompt_tokens=12 ",
@@ -104,7 +103,7 @@ TEST(AccessLogFormat, TextLineQuotesHostileValues) {
     EXPECT_NE(line.find(f), std::string::npos) << f << " in " << line;
   }
   r.model = "evil\nstatus=200 x";
-  line = format_access_line(r, AccessLogFormat::text, kPolicies);
+  line = format_access_line(r, AccessLogFormat::text);
   EXPECT_EQ(line.find('\n'), line.size() - 1) << line;
   EXPECT_NE(line.find(R"( model="evil\nstatus=200 x" )"), std::string::npos) << line;
 }
@@ -134,7 +133,7 @@ TEST(AccessLogWriter, OneLinePerRecord) {
   const std::string path = temp_path("pdgate-access-log-test");
   std::filesystem::remove(path);
   {
-    auto log = AccessLog::open(path, AccessLogFormat::json, kPolicies);
+    auto log = AccessLog::open(path, AccessLogFormat::json);
     ASSERT_TRUE(log) << log.error();
     for (int i = 0; i < 1000; ++i) {
       RequestRecord r = sample_record();
@@ -157,7 +156,7 @@ TEST(AccessLogWriter, StuckOutputDropsInsteadOfBlocking) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   const std::string target = "/proc/self/fd/" + std::to_string(fds[1]);
-  auto log = AccessLog::open(target, AccessLogFormat::text, kPolicies, 64);
+  auto log = AccessLog::open(target, AccessLogFormat::text, 64);
   ASSERT_TRUE(log) << log.error();
   ::close(fds[1]);
   const auto started = std::chrono::steady_clock::now();
@@ -179,7 +178,7 @@ TEST(AccessLogWriter, StuckOutputDropsInsteadOfBlocking) {
 
 // A file that cannot be opened is an error naming it.
 TEST(AccessLogWriter, UnopenableFileIsAnError) {
-  auto log = AccessLog::open("/nonexistent-dir/x.log", AccessLogFormat::text, kPolicies);
+  auto log = AccessLog::open("/nonexistent-dir/x.log", AccessLogFormat::text);
   ASSERT_FALSE(log);
   EXPECT_NE(log.error().find("/nonexistent-dir/x.log"), std::string::npos) << log.error();
 }

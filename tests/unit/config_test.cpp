@@ -1080,6 +1080,10 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
                         "5",
                         "--health-max-concurrency",
                         "5",
+                        "--access-log",
+                        "/var/log/pdgate/access.log",
+                        "--access-log-format",
+                        "json",
                         "--first-byte-timeout",
                         "3s",
                         "--api-keys",
@@ -1093,11 +1097,7 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
                         "--dns-server",
                         "10.0.0.53:53",
                         "--shared-kv-index",
-                        "off",
-                        "--access-log",
-                        "stderr",
-                        "--access-log-format",
-                        "json"});
+                        "off"});
   ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.error() : a.error());
   const Config merged = reloadable_part(a->config, b->config);
   std::map<std::string, std::vector<std::string>> before, after, wanted;
