@@ -18,6 +18,7 @@
 #include "core/server.hpp"
 #include "plugins/conversation_stores.hpp"
 #include "plugins/kv_connectors.hpp"
+#include "plugins/otlp_exporter.hpp"
 #include "plugins/shared_registry.hpp"
 #include "policies/engine.hpp"
 #include "policies/metrics.hpp"
@@ -113,8 +114,20 @@ int main(int argc, char** argv) {
         return nullptr;
       return std::make_unique<pdgate::SharedRegistry>(c, registry, loop_guard);
     };
+    // Spans are exported on the exporter's own thread; it outlives the
+    // workers that hand it spans (the gateway keeps a reference).
+    std::shared_ptr<pdgate::OtlpExporter> exporter;
+    if (!cfg.otlp_endpoint.empty()) {
+      auto options = pdgate::otlp_options(cfg, PDGATE_VERSION);
+      if (!options) {
+        spdlog::critical("{}", options.error());
+        return 2;
+      }
+      exporter = std::make_shared<pdgate::OtlpExporter>(std::move(*options));
+    }
     pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory(),
                             share_registry);
+    gateway.set_span_sink(exporter);
     // Engine load (running, waiting, KV-cache usage) for policies, scraped
     // off the workers' loops on the control thread.
     if (cfg.metrics_interval.count() > 0) {

@@ -61,6 +61,7 @@ struct DecodeRelay {
   OptionalTurn conversation;          // the turn whose answer may be stored
   std::optional<StreamRelay> stream;  // empty: a whole answer
   std::string first;                  // the stream's first events, or the whole body
+  StageSpan span;                     // the decode call's: ends with the relay
 };
 
 // Writes decode's answer to the client: the header with the first bytes,

@@ -27,6 +27,7 @@
 #include "core/prometheus.hpp"
 #include "core/registry_sync.hpp"
 #include "core/routes.hpp"
+#include "core/tracing.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -54,6 +55,9 @@ class Gateway {
   // counters), both from main(); set before run().
   void set_policy_hooks(std::function<Result<bool>()> reload,
                         std::function<void(PrometheusText&)> metrics);
+  // Where the workers hand finished spans (docs/tracing.md); set before
+  // start(). Without one, no spans are made.
+  void set_span_sink(std::shared_ptr<SpanSink> sink);
   // Prometheus text for GET /metrics.
   std::string metrics_text() const;
   // Starts the workers and the admin thread; returns at once.
@@ -90,6 +94,7 @@ class Gateway {
   const LoopGuard loop_guard_;
   std::function<Result<bool>()> reload_policy_;
   std::function<void(PrometheusText&)> policy_metrics_;
+  std::shared_ptr<SpanSink> span_sink_;
   std::shared_ptr<AdminApi> admin_;
   // The admin listener and the health checks run on their own thread, so
   // neither competes with client traffic on a worker's loop.
