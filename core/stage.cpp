@@ -145,8 +145,6 @@ http::request<http::string_body> upstream_request(http::verb method, const Insta
 }
 
 void trace_error(StageSpan& span, const GatewayError& e) {
-  if (e.engine_status != 0)
-    span.status(e.engine_status);
   span.error(to_string(e.kind), e.message);
 }
 

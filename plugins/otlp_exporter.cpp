@@ -22,6 +22,9 @@ namespace {
 constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 // A receiver's answer is a short status document.
 constexpr std::uint64_t kMaxAnswer = 1u << 20;
+// At shutdown, what is queued gets this long at most per export request,
+// so a receiver that hangs cannot hold the process up.
+constexpr std::chrono::milliseconds kFinalFlush{1000};
 
 std::int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -52,7 +55,13 @@ OtlpExporter::OtlpExporter(OtlpExporterOptions options) : options_(std::move(opt
 
 OtlpExporter::~OtlpExporter() {
   stopping_ = true;
-  net::post(ioc_, [this] { wake_.cancel(); });
+  net::post(ioc_, [this] {
+    wake_.cancel();
+    // An export in flight is cut short (its spans count as failed); the
+    // final flush below has its own, shorter deadline.
+    if (conn_)
+      conn_->close();
+  });
   thread_.join();
 }
 
@@ -117,21 +126,25 @@ net::awaitable<void> OtlpExporter::export_queued() {
   }
 }
 
+std::chrono::milliseconds OtlpExporter::deadline() const {
+  return stopping_ ? std::min(options_.timeout, kFinalFlush) : options_.timeout;
+}
+
 net::awaitable<bool> OtlpExporter::connect() {
   // The resolver has no deadline of its own: a timer cancels it.
   net::ip::tcp::resolver resolver(ioc_);
-  net::steady_timer deadline(ioc_, options_.timeout);
-  deadline.async_wait([&resolver](beast::error_code ec) {
+  net::steady_timer resolve_timer(ioc_, deadline());
+  resolve_timer.async_wait([&resolver](beast::error_code ec) {
     if (!ec)
       resolver.cancel();
   });
   auto [rerr, results] = co_await resolver.async_resolve(
       options_.endpoint.host, std::to_string(options_.endpoint.port), use_tuple);
-  deadline.cancel();
+  resolve_timer.cancel();
   if (rerr)
     co_return false;
   conn_.emplace(ioc_);
-  conn_->expires_after(options_.timeout);
+  conn_->expires_after(this->deadline());
   auto [cerr, ep] = co_await conn_->async_connect(results, use_tuple);
   (void)ep;
   if (cerr) {
@@ -163,7 +176,7 @@ net::awaitable<bool> OtlpExporter::post(std::string body) {
   req.body() = std::move(body);
   req.prepare_payload();
   // One deadline for the whole exchange.
-  conn_->expires_after(options_.timeout);
+  conn_->expires_after(deadline());
   auto [werr, written] = co_await http::async_write(*conn_, req, use_tuple);
   (void)written;
   if (werr)

@@ -59,6 +59,8 @@ class OtlpExporter final : public SpanSink {
   boost::asio::awaitable<void> export_queued();
   boost::asio::awaitable<bool> post(std::string body);
   boost::asio::awaitable<bool> connect();
+  // The time one export request may take: shorter once shutting down.
+  std::chrono::milliseconds deadline() const;
 
   const OtlpExporterOptions options_;
   mutable std::mutex mu_;
