@@ -4,6 +4,7 @@
 // what the receiver got, against each other.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <map>
 #include <regex>
@@ -323,6 +324,75 @@ TEST(TracingReceiver, DownOrStalledCostsTheRequestsNothing) {
   to_stalled.process().signal(SIGTERM);
   EXPECT_NE(to_stalled.process().wait(std::chrono::seconds(10)), -1);
   EXPECT_LT(Clock::now() - stopping, std::chrono::seconds(10));
+}
+
+// A prefill that fails and is retried elsewhere: two prefill spans in the
+// trace, the first with the engine's 500 and its error kind (retry 0), the
+// second successful with retry 1; a decode stream that breaks off
+// mid-relay ends its span as an error. (X-Sim-Fault reaches the decode
+// through --forward-headers.)
+TEST(TracingFailures, RetriesAndBrokenStreamsAreInTheSpans) {
+  OtlpReceiver receiver;
+  Sim bad("prefill", {"--error-rate", "1"});
+  Sim good("prefill");
+  Sim d("decode");
+  Gateway g({"--prefill", bad.hostport(), good.hostport(), "--decode", d.hostport(),
+             "--otlp-endpoint", receiver.url(), "--otlp-export-interval", "50ms",
+             "--forward-headers", "x-sim-fault", "--eject-after", "100"});
+  // Round-robin over two prefills: at least one of two requests starts on
+  // the bad one.
+  std::vector<std::string> traces;
+  for (int i = 0; i < 2; ++i) {
+    const std::string rid = "retry-" + std::to_string(i);
+    ASSERT_EQ(chat(g.port(), chat_body(false), {{"X-Request-Id", rid}}).status, 200);
+    traces.push_back(split(header_of(logged(d, rid).at(0), "traceparent")).trace);
+  }
+  int retried = 0;
+  for (const auto& t : traces) {
+    std::vector<Json> prefills;
+    ASSERT_TRUE(eventually([&] {
+      prefills.clear();
+      const auto spans = receiver.trace(t);
+      for (const auto& s : spans) {
+        if (s.at("name") == "prefill")
+          prefills.push_back(s);
+      }
+      return spans.size() >= 3 && spans.size() == prefills.size() + 2;
+    }));
+    if (prefills.size() == 1)
+      continue;
+    ++retried;
+    ASSERT_EQ(prefills.size(), 2u);
+    std::sort(prefills.begin(), prefills.end(), [](const Json& a, const Json& b) {
+      return attribute(a, "pdgate.retry") < attribute(b, "pdgate.retry");
+    });
+    EXPECT_EQ(attribute(prefills[0], "pdgate.retry"), "0");
+    EXPECT_EQ(attribute(prefills[0], "url.full"), bad.url());
+    EXPECT_EQ(attribute(prefills[0], "http.response.status_code"), "500");
+    EXPECT_EQ(attribute(prefills[0], "error.type"), "engine_failed");
+    EXPECT_EQ(prefills[0].at("status").at("code"), 2);
+    EXPECT_EQ(attribute(prefills[1], "pdgate.retry"), "1");
+    EXPECT_EQ(attribute(prefills[1], "url.full"), good.url());
+    EXPECT_FALSE(prefills[1].contains("status"));
+  }
+  EXPECT_GE(retried, 1);
+
+  // The stream breaks after 3 data events: the client got a 200 header.
+  const std::string rid = "broken-stream";
+  auto r = chat(g.port(), chat_body(false, true),
+                {{"X-Request-Id", rid}, {"X-Sim-Fault", "die-after=3"}});
+  ASSERT_EQ(r.status, 200);
+  const std::string trace = split(header_of(logged(d, rid).at(0), "traceparent")).trace;
+  Json decode;
+  ASSERT_TRUE(eventually([&] {
+    for (const auto& s : receiver.trace(trace)) {
+      if (s.at("name") == "decode")
+        decode = s;
+    }
+    return !decode.is_null();
+  }));
+  EXPECT_EQ(decode.at("status").at("code"), 2) << decode.dump();
+  EXPECT_EQ(attribute(decode, "error.type"), "connection_closed") << decode.dump();
 }
 
 // X-Forwarded-For is appended to the client's, Forwarded names the peer,
