@@ -39,7 +39,7 @@ start() {
   pids+=($!)
   last_pid=$!
   for _ in $(seq 1 200); do
-    port=$(grep -o 'listening on http://[^ ]*' "$tmp/$name.out" 2>/dev/null | head -1 | sed 's/.*://')
+    port=$(grep -o 'listening on http://[^ ]*' "$tmp/$name.out" 2>/dev/null | head -1 | sed 's/.*://' || true)
     [[ -n $port ]] && return 0
     sleep 0.05
   done
@@ -80,7 +80,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(b)
     def log_message(self, *a):
         pass
-s = http.server.HTTPServer(("127.0.0.1", 0), H)
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
 print(f"receiver listening on http://127.0.0.1:{s.server_port}", flush=True)
 s.serve_forever()
 PY
@@ -102,7 +102,7 @@ fi
 start off "$build/pdgate" "${gw[@]}"
 port_of[off]=$port pid_of[off]=$last_pid
 start on "$build/pdgate" "${gw[@]}" --otlp-endpoint "http://127.0.0.1:$receiver" \
-  --otlp-export-interval 200ms
+  --otlp-export-interval 200ms --otlp-queue-size 1000000
 port_of[on]=$port pid_of[on]=$last_pid
 targets+=(off on)
 
@@ -125,8 +125,9 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 sleep 1
-exported=$(curl -s "http://127.0.0.1:$receiver/")
-dropped=$(curl -s "http://127.0.0.1:${port_of[on]}/metrics" | grep '^pdgate_trace_spans_dropped_total' | awk '{s+=$2} END {print s+0}')
+exported=$(curl -s --max-time 5 "http://127.0.0.1:$receiver/" || echo "?")
+dropped=$(curl -s --max-time 5 "http://127.0.0.1:${port_of[on]}/metrics" |
+  awk '/^pdgate_trace_spans_dropped_total/ {s += $2} END {print s + 0}')
 
 python3 - "$raw" <<'PY'
 import sys, statistics
@@ -161,32 +162,36 @@ if command -v valgrind >/dev/null && ((cg_requests > 0)); then
   for t in off on; do
     for n in $((cg_requests / 2)) "$cg_requests"; do
       flags=()
-      [[ $t == on ]] && flags=(--otlp-endpoint "http://127.0.0.1:$receiver" --otlp-export-interval 200ms)
+      [[ $t == on ]] && flags=(--otlp-endpoint "http://127.0.0.1:$receiver" --otlp-export-interval 200ms
+        --otlp-queue-size 1000000)
       out=$tmp/cg-$t-$n
       valgrind --tool=callgrind --callgrind-out-file="$out.cg" "$build/pdgate" "${gw[@]}" \
         "${flags[@]}" >"$out.out" 2>"$out.err" &
       vpid=$!
       for _ in $(seq 1 600); do
-        p=$(grep -o 'listening on http://[^ ]*' "$out.out" 2>/dev/null | head -1 | sed 's/.*://')
+        p=$(grep -o 'listening on http://[^ ]*' "$out.out" 2>/dev/null | head -1 | sed 's/.*://' || true)
         [[ -n $p ]] && break
         sleep 0.1
       done
-      "$lg" --url "http://127.0.0.1:$p" --concurrency 4 --requests "$n" --max-tokens 4 --json >/dev/null
+      all=$("$lg" --url "http://127.0.0.1:$p" --concurrency 4 --requests "$n" --max-tokens 4 \
+        --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["all"])')
       sleep 0.5
       kill -TERM "$vpid"
       wait "$vpid" || true
-      ir=$(callgrind_annotate "$out.cg" 2>/dev/null | grep -m1 'PROGRAM TOTALS' | awk '{gsub(",","",$1); print $1}')
-      echo "$t $n $ir" >>"$tmp/cg.txt"
+      ir=$(callgrind_annotate "$out.cg" | awk '/PROGRAM TOTALS/ && !seen {gsub(",", "", $1); print $1; seen = 1}')
+      echo "$t $n $all $ir" >>"$tmp/cg.txt"
     done
   done
-  python3 - "$tmp/cg.txt" "$cg_requests" <<'PY'
+  python3 - "$tmp/cg.txt" <<'PY'
 import sys
 rows = {}
 for l in open(sys.argv[1]):
-    t, n, ir = l.split()
-    rows.setdefault(t, {})[int(n)] = int(ir)
-n = int(sys.argv[2])
-per = {t: (v[n] - v[n // 2]) / (n - n // 2) for t, v in rows.items()}
+    t, n, sent, ir = l.split()
+    rows.setdefault(t, []).append((int(sent), int(ir)))
+per = {}
+for t, v in rows.items():
+    (s1, i1), (s2, i2) = sorted(v)
+    per[t] = (i2 - i1) / (s2 - s1)
 print(f"callgrind instructions per request (whole answer, c=4): off {per['off']:.0f}, "
       f"on {per['on']:.0f}, on ÷ off {per['on'] / per['off']:.3f}×")
 PY

@@ -55,6 +55,7 @@ RequestTrace::RequestTrace(TraceIdSource& ids, SpanSink* sink, double sample_rat
   server_->parent_id = parent_id;
   server_->trace_state = tracestate_;
   server_->kind = SpanKind::server;
+  server_->attributes.reserve(6);
   server_->start_ns = unix_now_ns();
 }
 
@@ -70,14 +71,14 @@ void RequestTrace::name(std::string name) {
     server_->name = std::move(name);
 }
 
-void RequestTrace::attribute(std::string key, std::string value) {
+void RequestTrace::attribute(std::string_view key, std::string value) {
   if (server_)
-    server_->attributes.push_back({std::move(key), std::move(value)});
+    server_->attributes.push_back({key, std::move(value)});
 }
 
-void RequestTrace::attribute(std::string key, std::int64_t value) {
+void RequestTrace::attribute(std::string_view key, std::int64_t value) {
   if (server_)
-    server_->attributes.push_back({std::move(key), value});
+    server_->attributes.push_back({key, value});
 }
 
 void RequestTrace::finish(unsigned status, std::string_view stage) {
@@ -140,14 +141,14 @@ void StageSpan::error(std::string_view kind, std::string_view message) {
   attribute("error.type", std::string(kind));
 }
 
-void StageSpan::attribute(std::string key, std::string value) {
+void StageSpan::attribute(std::string_view key, std::string value) {
   if (span_)
-    span_->attributes.push_back({std::move(key), std::move(value)});
+    span_->attributes.push_back({key, std::move(value)});
 }
 
-void StageSpan::attribute(std::string key, std::int64_t value) {
+void StageSpan::attribute(std::string_view key, std::int64_t value) {
   if (span_)
-    span_->attributes.push_back({std::move(key), value});
+    span_->attributes.push_back({key, value});
 }
 
 void StageSpan::end() {

@@ -21,8 +21,10 @@ namespace pdgate {
 // OTLP's span kinds.
 enum class SpanKind : int { server = 2, client = 3 };
 
+// Keys are string literals (OpenTelemetry's attribute names): no
+// allocation per attribute for them.
 struct SpanAttribute {
-  std::string key;
+  std::string_view key;
   std::variant<std::string, std::int64_t> value;
 };
 
@@ -86,8 +88,8 @@ class RequestTrace {
 
   // The server span's name and attributes (ignored when not recording).
   void name(std::string name);
-  void attribute(std::string key, std::string value);
-  void attribute(std::string key, std::int64_t value);
+  void attribute(std::string_view key, std::string value);
+  void attribute(std::string_view key, std::int64_t value);
   // How the request ended: the client's status (0: it went away) and the
   // stage that decided it.
   void finish(unsigned status, std::string_view stage);
@@ -126,8 +128,8 @@ class StageSpan {
   void status(unsigned http_status);
   // The call failed: `kind` as core/errors.hpp names it.
   void error(std::string_view kind, std::string_view message);
-  void attribute(std::string key, std::string value);
-  void attribute(std::string key, std::int64_t value);
+  void attribute(std::string_view key, std::string value);
+  void attribute(std::string_view key, std::int64_t value);
   void end();
 
  private:
