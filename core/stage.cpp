@@ -148,13 +148,41 @@ void trace_error(StageSpan& span, const GatewayError& e) {
   span.error(to_string(e.kind), e.message);
 }
 
+namespace {
+
+// The raw `usage` object of an engine's JSON answer, found from the end
+// (engines write it last) without indexing the whole answer: the answer
+// can be long, and this runs on the request path. A quoted "usage"
+// followed by ':' can only be a key: inside a JSON string its quotes
+// would be escaped.
+std::optional<std::string_view> usage_object(std::string_view answer) {
+  const std::size_t key = answer.rfind("\"usage\"");
+  if (key == std::string_view::npos)
+    return std::nullopt;
+  std::size_t i = key + 7;
+  while (i < answer.size() && (answer[i] == ' ' || answer[i] == '\n' || answer[i] == '\r' ||
+                               answer[i] == '\t' || answer[i] == ':'))
+    ++i;
+  if (i >= answer.size() || answer[i] != '{')
+    return std::nullopt;
+  // Its members are numbers and objects of numbers (no strings).
+  int depth = 0;
+  for (std::size_t j = i; j < answer.size(); ++j) {
+    if (answer[j] == '{') {
+      ++depth;
+    } else if (answer[j] == '}' && --depth == 0) {
+      return answer.substr(i, j + 1 - i);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void trace_usage(StageSpan& span, std::string_view answer) {
   if (!span.recording())
     return;
-  const auto index = index_json_object(answer);
-  if (!index)
-    return;
-  const auto usage = raw_member(answer, *index, "usage");
+  const auto usage = usage_object(answer);
   if (!usage)
     return;
   const auto counts = index_json_object(*usage);

@@ -10,19 +10,36 @@ namespace {
 // field cost ~90k instructions per span, more than the request it traces
 // (bench/README.md, tracing overhead). Strings go through json_quote,
 // which escapes and replaces invalid UTF-8 (a client's path).
+// A string value: copied as is when nothing in it needs escaping (the
+// usual case: URLs, ids, stage names), else through json_quote.
+void append_quoted(std::string& out, std::string_view value) {
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x80 || c == '"' || c == '\\') {
+      out += json_quote(value);
+      return;
+    }
+  }
+  out += '"';
+  out += value;
+  out += '"';
+}
+
+// Keys are pdgate's own literals: no escaping needed.
 void append_string(std::string& out, std::string_view key, std::string_view value) {
   out += '"';
   out += key;
   out += "\":";
-  out += json_quote(value);
+  append_quoted(out, value);
 }
 
 void append_attribute(std::string& out, const SpanAttribute& a) {
-  out += "{\"key\":";
-  out += json_quote(a.key);
+  out += "{\"key\":\"";
+  out += a.key;
+  out += '"';
   if (const auto* s = std::get_if<std::string>(&a.value)) {
     out += ",\"value\":{\"stringValue\":";
-    out += json_quote(*s);
+    append_quoted(out, *s);
   } else {
     // int64 is a decimal string in the protobuf JSON mapping.
     out += ",\"value\":{\"intValue\":\"";
@@ -79,7 +96,7 @@ std::string otlp_json(const std::vector<Span>& spans, std::string_view service_n
   out.reserve(256 + spans.size() * 640);
   out += "{\"resourceSpans\":[{\"resource\":{\"attributes\":[{\"key\":\"service.name\",";
   out += "\"value\":{\"stringValue\":";
-  out += json_quote(service_name);
+  append_quoted(out, service_name);
   out += "}}]},\"scopeSpans\":[{\"scope\":{\"name\":\"pdgate\",";
   append_string(out, "version", service_version);
   out += "},\"spans\":[";

@@ -180,7 +180,10 @@ TEST_F(Tracing, EnginesGetTheClientsTraceWithTheirOwnParent) {
     EXPECT_GE(std::stoull(server.at("endTimeUnixNano").get<std::string>()),
               std::stoull(c.at("endTimeUnixNano").get<std::string>()));
   }
-  EXPECT_EQ(attribute(clients["prefill"], "gen_ai.usage.input_tokens").empty(), false);
+  // Token counts from the whole answers' usage (the decode's is whole here).
+  EXPECT_FALSE(attribute(clients["prefill"], "gen_ai.usage.input_tokens").empty());
+  EXPECT_EQ(attribute(clients["decode"], "gen_ai.usage.output_tokens"),
+            std::to_string(r.json()["usage"]["completion_tokens"].get<int>()));
 }
 
 // No traceparent from the client: a new trace, the same on every stage,

@@ -54,12 +54,16 @@ TEST(OtlpJson, StandardShape) {
 }
 
 // Invalid UTF-8 from a client (a span name from its path) is replaced,
-// not thrown on: the exporter thread must not die of it.
-TEST(OtlpJson, InvalidUtf8Replaced) {
+// and quotes, backslashes and control characters are escaped: the body
+// stays valid JSON and says what was sent.
+TEST(OtlpJson, StringsEscaped) {
   Span s = sample_span(true);
   s.name = "POST /v1/\xff\xfe";
+  s.attributes.push_back({"pdgate.request_id", std::string("a\"b\\c\nd")});
   const std::string body = otlp_json({s}, "pdgate", "");
-  EXPECT_TRUE(nlohmann::json::accept(body));
+  ASSERT_TRUE(nlohmann::json::accept(body)) << body;
+  const auto span = nlohmann::json::parse(body)["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+  EXPECT_EQ(span["attributes"][2]["value"]["stringValue"], "a\"b\\c\nd");
 }
 
 }  // namespace
