@@ -159,13 +159,17 @@ echo "spans exported to the receiver: $exported; dropped: $dropped"
 # Callgrind: instructions per request, from two runs of different lengths
 # (the difference cancels start-up and shutdown).
 if command -v valgrind >/dev/null && ((cg_requests > 0)); then
-  for t in off on; do
+  cg_targets=(off on)
+  [[ -n $base_build ]] && cg_targets=(base off on)
+  for t in "${cg_targets[@]}"; do
+    bin=$build/pdgate
+    [[ $t == base ]] && bin=$base_build/pdgate
     for n in $((cg_requests / 2)) "$cg_requests"; do
       flags=()
       [[ $t == on ]] && flags=(--otlp-endpoint "http://127.0.0.1:$receiver" --otlp-export-interval 200ms
         --otlp-queue-size 1000000)
       out=$tmp/cg-$t-$n
-      valgrind --tool=callgrind --callgrind-out-file="$out.cg" "$build/pdgate" "${gw[@]}" \
+      valgrind --tool=callgrind --callgrind-out-file="$out.cg" "$bin" "${gw[@]}" \
         "${flags[@]}" >"$out.out" 2>"$out.err" &
       vpid=$!
       for _ in $(seq 1 600); do
@@ -192,7 +196,11 @@ per = {}
 for t, v in rows.items():
     (s1, i1), (s2, i2) = sorted(v)
     per[t] = (i2 - i1) / (s2 - s1)
-print(f"callgrind instructions per request (whole answer, c=4): off {per['off']:.0f}, "
-      f"on {per['on']:.0f}, on ÷ off {per['on'] / per['off']:.3f}×")
+line = "callgrind instructions per request (whole answer, c=4): " + ", ".join(
+    f"{t} {per[t]:.0f}" for t in ("base", "off", "on") if t in per)
+line += f"; on ÷ off {per['on'] / per['off']:.3f}×"
+if "base" in per:
+    line += f", off ÷ base {per['off'] / per['base']:.3f}×"
+print(line)
 PY
 fi

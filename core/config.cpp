@@ -335,13 +335,14 @@ Result<bool> set_admin_port(Config& c, std::string_view v) {
   return true;
 }
 
-Result<bool> set_retry_budget(Config& c, std::string_view v) {
+template <auto Field>
+Result<bool> set_fraction(Config& c, std::string_view v) {
   const std::string t(trim(v));
   char* end = nullptr;
   const double f = std::strtod(t.c_str(), &end);
   if (t.empty() || end != t.c_str() + t.size() || !(f >= 0.0 && f <= 1.0))
     return fail("not a fraction from 0 to 1");
-  c.retry_budget = f;
+  c.*Field = f;
   return true;
 }
 
@@ -350,16 +351,6 @@ Result<bool> set_log_level(Config& c, std::string_view v) {
   if (!l)
     return fail(l.error());
   c.log_level = *l;
-  return true;
-}
-
-Result<bool> set_sample_ratio(Config& c, std::string_view v) {
-  const std::string t(trim(v));
-  char* end = nullptr;
-  const double f = std::strtod(t.c_str(), &end);
-  if (t.empty() || end != t.c_str() + t.size() || !(f >= 0.0 && f <= 1.0))
-    return fail("not a fraction from 0 to 1");
-  c.trace_sample_ratio = f;
   return true;
 }
 
@@ -625,7 +616,7 @@ constexpr std::array kOptions = {
            &set_count<&Config::eject_after>},
     Option{"retry-budget", "", 0, false, false, kGeneral, "FRACTION",
            "Retries in flight allowed, as a fraction of requests in flight (default: 0.2).",
-           &set_retry_budget},
+           &set_fraction<&Config::retry_budget>},
     Option{"otlp-endpoint", "", 0, false, false, kTracing, "URL",
            "Where spans are exported over OTLP/HTTP (JSON), e.g. http://collector:4318 "
            "(path default /v1/traces; http:// only) (default: none, no spans).",
@@ -633,7 +624,7 @@ constexpr std::array kOptions = {
     Option{"trace-sample-ratio", "", 0, false, false, kTracing, "FRACTION",
            "Fraction of the traces pdgate starts that are sampled; a client's traceparent "
            "decides its own (default: 1).",
-           &set_sample_ratio},
+           &set_fraction<&Config::trace_sample_ratio>},
     Option{"otlp-batch-size", "", 0, false, false, kTracing, "N",
            "Spans per export request at most (default: 512).",
            &set_uint<&Config::otlp_batch_size, 100000>},
