@@ -11,6 +11,13 @@ std::string_view header(const boost::beast::http::fields& f, std::string_view na
   return it == f.end() ? std::string_view() : std::string_view(it->value());
 }
 
+// A span that is not recorded (null) takes nothing.
+template <class Value>
+void add_attribute(Span* span, std::string_view key, Value value) {
+  if (span != nullptr)
+    span->attributes.push_back({key, std::move(value)});
+}
+
 }  // namespace
 
 std::uint64_t unix_now_ns() {
@@ -72,13 +79,11 @@ void RequestTrace::name(std::string name) {
 }
 
 void RequestTrace::attribute(std::string_view key, std::string value) {
-  if (server_)
-    server_->attributes.push_back({key, std::move(value)});
+  add_attribute(server_.get(), key, std::move(value));
 }
 
 void RequestTrace::attribute(std::string_view key, std::int64_t value) {
-  if (server_)
-    server_->attributes.push_back({key, value});
+  add_attribute(server_.get(), key, value);
 }
 
 void RequestTrace::finish(unsigned status, std::string_view stage) {
@@ -142,13 +147,11 @@ void StageSpan::error(std::string_view kind, std::string_view message) {
 }
 
 void StageSpan::attribute(std::string_view key, std::string value) {
-  if (span_)
-    span_->attributes.push_back({key, std::move(value)});
+  add_attribute(span_.get(), key, std::move(value));
 }
 
 void StageSpan::attribute(std::string_view key, std::int64_t value) {
-  if (span_)
-    span_->attributes.push_back({key, value});
+  add_attribute(span_.get(), key, value);
 }
 
 void StageSpan::end() {
