@@ -3,6 +3,8 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -19,8 +21,12 @@
 #include "plugins/conversation_stores.hpp"
 #include "plugins/kv_connectors.hpp"
 #include "plugins/otlp_exporter.hpp"
+#include "plugins/redis_client_keys.hpp"
+#include "plugins/redis_kv_index.hpp"
 #include "plugins/shared_registry.hpp"
 #include "policies/engine.hpp"
+#include "policies/kv_index_purge.hpp"
+#include "policies/local_kv_index.hpp"
 #include "policies/metrics.hpp"
 
 // glibc's defaults return a freed 1 MiB request body to the kernel at
@@ -73,13 +79,45 @@ int main(int argc, char** argv) {
     return parsed->check_only ? 1 : 2;
   }
 
+  // Where prompt prefixes and conversations were routed, for the policies:
+  // with --redis (unless --shared-kv-index off) shared by every replica.
+  auto local_index = std::make_shared<pdgate::policy::LocalKvIndex>();
+  std::shared_ptr<pdgate::KvLocationIndex> kv_index = local_index;
+  std::shared_ptr<pdgate::RedisKvIndex> shared_index;
+  if (!cfg.redis_url.empty() && cfg.shared_kv_index) {
+    pdgate::RedisKvIndexSettings s;
+    s.redis_url = cfg.redis_url;
+    s.stream_key = cfg.redis_key_prefix + "kv-index";
+    s.ttl_ms = local_index->prefix_ttl_ms();
+    shared_index = std::make_shared<pdgate::RedisKvIndex>(local_index, std::move(s));
+    kv_index = shared_index;
+  }
+
   // A broken policy at start-up is a configuration error, reported like one.
-  auto policies = pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg));
+  auto policies =
+      pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg), kv_index);
   if (!policies) {
     std::fprintf(stderr, "pdgate: %s\n", policies.error().c_str());
     return parsed->check_only ? 1 : 2;
   }
   const auto engine = *policies;
+
+  // API keys from a file: read once here, before anything serves; a bad
+  // file is a configuration error (and --check-config reports it).
+  pdgate::KeyTable file_keys;
+  if (!cfg.api_keys_file.empty()) {
+    std::ifstream in(cfg.api_keys_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto table = in ? pdgate::parse_key_file(text.str())
+                    : pdgate::Result<pdgate::KeyTable>(pdgate::fail("cannot read the file"));
+    if (!table) {
+      std::fprintf(stderr, "pdgate: --api-keys %s: %s\n", cfg.api_keys_file.c_str(),
+                   table.error().c_str());
+      return parsed->check_only ? 1 : 2;
+    }
+    file_keys = std::move(*table);
+  }
   const auto policy_of = [&cfg](const std::string& stage_policy) {
     return stage_policy.empty() ? cfg.policy : stage_policy;
   };
@@ -100,6 +138,12 @@ int main(int argc, char** argv) {
   // the engines' metrics scrapes.
   boost::asio::io_context control{1};
   pdgate::policy::start_policy_file_watch(control, engine, cfg.policy_poll_interval);
+  if (shared_index) {
+    // The URL was checked with the conversation store's; Redis being
+    // unreachable is not an error (the index retries in the background).
+    if (auto started = shared_index->start(); !started)
+      spdlog::error("shared kv index not started: {}", started.error());
+  }
 
   int rc = 0;
   {
@@ -128,14 +172,38 @@ int main(int argc, char** argv) {
     pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory(),
                             share_registry);
     gateway.set_span_sink(exporter);
+    if (!cfg.api_keys_file.empty() || cfg.api_keys_from_redis) {
+      // With --redis the limits hold across every replica; without, each
+      // replica enforces them on its own share.
+      std::unique_ptr<pdgate::ClientKeys> keys;
+      if (cfg.redis_url.empty()) {
+        keys = pdgate::make_local_client_keys(std::move(file_keys));
+      } else {
+        pdgate::RedisClientKeysOptions o;
+        o.redis_url = cfg.redis_url;
+        o.key_prefix = cfg.redis_key_prefix;
+        o.timeout = cfg.redis_timeout;
+        o.keys_from_redis = cfg.api_keys_from_redis;
+        o.fail_open = cfg.limits_fail_open;
+        auto made = pdgate::make_redis_client_keys(std::move(file_keys), std::move(o));
+        if (!made) {
+          std::fprintf(stderr, "pdgate: %s\n", made.error().c_str());
+          return 2;
+        }
+        keys = std::move(*made);
+      }
+      gateway.set_client_keys(std::move(keys), control.get_executor());
+    }
     // Engine load (running, waiting, KV-cache usage) for policies, scraped
     // off the workers' loops on the control thread.
     if (cfg.metrics_interval.count() > 0) {
       pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval,
                                             cfg.health_max_concurrency);
     }
+    pdgate::policy::start_kv_index_purge(control, gateway.registry(), kv_index,
+                                         std::chrono::seconds(1));
     gateway.set_policy_hooks([engine]() { return engine->reload(); },
-                             [engine](pdgate::PrometheusText& m) {
+                             [engine, shared_index](pdgate::PrometheusText& m) {
                                const auto& st = engine->stats();
                                const std::pair<const char*, std::uint64_t> rows[] = {
                                    {"error", st.errors.load()},
@@ -152,6 +220,8 @@ int main(int argc, char** argv) {
                                m.counter("pdgate_policy_picks_total", "Policy picks.");
                                m.sample("pdgate_policy_picks_total",
                                         std::uint64_t{st.picks.load()});
+                               if (shared_index)
+                                 pdgate::write_kv_index_metrics(m, shared_index->stats());
                              });
     // Signals are installed before the listener opens: the first
     // signal_set opens a pipe, which must not compete with accepted

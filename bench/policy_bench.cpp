@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "plugins/redis_kv_index.hpp"
 #include "policies/engine.hpp"
+#include "policies/local_kv_index.hpp"
 #include "policies/prefix_hash.hpp"
 
 namespace pdgate::policy {
@@ -43,14 +45,24 @@ std::string prompt(std::size_t bytes, int conversation) {
 // args: instance count, prompt bytes. One pick per iteration, a new
 // request each time (so prefix hashes are computed, not cached), while a
 // few instances' in-flight counts change as they would under load.
-void BM_Pick(benchmark::State& state, const char* policy) {
+// `shared`: the KV-location index replicas share through Redis
+// (plugins/redis_kv_index.hpp) instead of the in-process one. Its thread is
+// not started: what a pick pays is the local index plus encoding each
+// record and appending it to the publish queue, whose bound then drops the
+// oldest batches, as with Redis down (the most the pick path can pay).
+void BM_Pick(benchmark::State& state, const char* policy, bool shared = false) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const auto bytes = static_cast<std::size_t>(state.range(1));
-  auto engine = PolicyEngine::create([&] {
-    PolicySettings s;
-    s.specs = {policy, policy, policy};
-    return s;
-  }());
+  std::shared_ptr<KvLocationIndex> index = std::make_shared<LocalKvIndex>();
+  if (shared)
+    index = std::make_shared<RedisKvIndex>(index, RedisKvIndexSettings{});
+  auto engine = PolicyEngine::create(
+      [&] {
+        PolicySettings s;
+        s.specs = {policy, policy, policy};
+        return s;
+      }(),
+      index);
   if (!engine) {
     state.SkipWithError(engine.error().c_str());
     return;
@@ -95,6 +107,12 @@ BENCHMARK_CAPTURE(BM_Pick, prefix_affinity, "prefix_affinity")
     ->Args({256, 1024})
     ->Args({8, 32 * 1024})
     ->Args({256, 32 * 1024});
+// The same with the index shared by replicas (issue 15).
+BENCHMARK_CAPTURE(BM_Pick, prefix_affinity_shared, "prefix_affinity", true)
+    ->Args({256, 1024})
+    ->Args({256, 32 * 1024});
+BENCHMARK_CAPTURE(BM_Pick, conversation_decode_shared, "conversation_decode", true)
+    ->Args({256, 1024});
 
 // The C++ round-robin picker, for scale.
 void BM_PickNativeRoundRobin(benchmark::State& state) {

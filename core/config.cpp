@@ -241,6 +241,14 @@ Result<bool> set_interval(Config& c, std::string_view v) {
   return set_duration<Field>(c, v);
 }
 
+Result<bool> set_fail_mode(Config& c, std::string_view v) {
+  const std::string word = lower(trim(v));
+  if (word != "open" && word != "closed")
+    return fail("expected open or closed");
+  c.limits_fail_open = word == "open";
+  return true;
+}
+
 template <auto Field>
 Result<bool> set_switch(Config& c, std::string_view v) {
   auto b = parse_switch(v);
@@ -500,6 +508,18 @@ constexpr std::array kOptions = {
     Option{"client-idle-timeout", "", 0, false, false, kLimits, "DURATION",
            "Idle keep-alive client connections are closed after this (default: 75s).",
            &set_duration<&Config::client_idle_timeout>},
+    Option{"api-keys", "", 0, false, false, kLimits, "FILE",
+           "YAML file of client API keys (SHA-256 hashed) with optional limits; clients must "
+           "send 'Authorization: Bearer KEY' (default: none, no key asked).",
+           &set_trimmed<&Config::api_keys_file>},
+    Option{"api-keys-from-redis", "", 0, false, false, kLimits, "true|false",
+           "Also read API keys from the Redis hash PREFIXapi_keys (hex SHA-256 -> JSON), "
+           "refreshed every 5s; needs --redis (default: false).",
+           &set_switch<&Config::api_keys_from_redis>},
+    Option{"limits-on-redis-failure", "", 0, false, false, kLimits, "open|closed",
+           "When Redis cannot answer a limit check: let the request in (open) or answer 503 "
+           "(closed) (default: open).",
+           &set_fail_mode},
 
     Option{"connect-timeout", "", 0, false, false, kUpstream, "DURATION",
            "Time allowed to connect to an engine (default: 5s).",
@@ -550,13 +570,20 @@ constexpr std::array kOptions = {
 
     Option{"redis", "", 0, false, false, kGeneral, "URL",
            "Conversation store for multi-turn KV reuse shared by replicas: "
-           "redis://[:password@]host:port[/db] or unix:///path (default: in memory).",
+           "redis://[:password@]host:port[/db], "
+           "redis+sentinel://[:password@]host:port[,host:port...]/master[/db] "
+           "or unix:///path (default: in memory).",
            &set_trimmed<&Config::redis_url>},
     Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
            "Prefix of the Redis keys (default: pdgate:).", &set_text<&Config::redis_key_prefix>},
     Option{"redis-timeout", "", 0, false, false, kGeneral, "DURATION",
            "Longest wait for Redis before a turn proceeds as a cache miss (default: 50ms).",
            &set_duration<&Config::redis_timeout>},
+    Option{"shared-kv-index", "", 0, false, false, kGeneral, "on|off",
+           "With --redis, replicas share where they routed each prompt prefix and "
+           "conversation, so prefix and conversation policies see the whole cluster's "
+           "routing (default: on).",
+           &set_switch<&Config::shared_kv_index>},
     Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
            "How long a conversation's decode blocks stay reusable (default: 450s).",
            &set_duration<&Config::conversation_ttl>},
@@ -1298,6 +1325,8 @@ Result<Config> validate(Config c) {
   if (c.shutdown_timeout > std::chrono::hours(24)) {
     return fail("--shutdown-timeout must be at most 24h");
   }
+  if (c.api_keys_from_redis && c.redis_url.empty())
+    return fail("--api-keys-from-redis needs --redis");
   for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
     for (const auto& u : *list) {
       if (u.port == 0 || u.host.empty()) {

@@ -56,6 +56,12 @@ struct Config {
   std::size_t body_memory_limit = std::size_t{1} << 30;
   std::chrono::milliseconds header_timeout{10'000};
   std::chrono::milliseconds client_idle_timeout{75'000};
+  // API keys (core/client_keys.hpp): a YAML file of hashed keys, and/or
+  // keys shared through Redis; limits shared through Redis when --redis is
+  // set. What to do when Redis cannot answer a limit check.
+  std::string api_keys_file;
+  bool api_keys_from_redis = false;
+  bool limits_fail_open = true;
 
   // Upstream behaviour.
   std::chrono::milliseconds connect_timeout{5'000};
@@ -80,6 +86,9 @@ struct Config {
   std::string redis_url;  // empty: the in-memory store
   std::string redis_key_prefix = "pdgate:";
   std::chrono::milliseconds redis_timeout{50};
+  // With redis_url: replicas share their prefix and conversation routing
+  // records (core/kv_location_index.hpp).
+  bool shared_kv_index = true;
   std::chrono::seconds conversation_ttl{450};
   std::size_t conversation_cache_size = 100000;
   // Lowercase header naming the client for reuse (e.g. x-tenant-id); empty:

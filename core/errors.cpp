@@ -36,6 +36,12 @@ const char* to_string(ErrorKind k) {
       return "method_not_allowed";
     case ErrorKind::not_implemented:
       return "not_implemented";
+    case ErrorKind::unauthenticated:
+      return "unauthenticated";
+    case ErrorKind::rate_limited:
+      return "rate_limited";
+    case ErrorKind::limiter_unavailable:
+      return "limiter_unavailable";
     case ErrorKind::engine_rejected:
       return "engine_rejected";
     case ErrorKind::engine_failed:
@@ -88,6 +94,12 @@ unsigned status_of(const GatewayError& e) {
       return 405;
     case ErrorKind::not_implemented:
       return 501;
+    case ErrorKind::unauthenticated:
+      return 401;
+    case ErrorKind::rate_limited:
+      return 429;
+    case ErrorKind::limiter_unavailable:
+      return 503;
     case ErrorKind::engine_rejected:
       // The engine's own 4xx, as it answered.
       return e.engine_status >= 400 && e.engine_status < 500 ? e.engine_status : 400;
@@ -204,8 +216,12 @@ http::response<http::string_body> make_error_response(const GatewayError& err,
     res.set(http::field::content_type, "application/json");
     res.body() = error_json(status, client_message(err, verbose), err.param);
   }
-  if (err.kind == ErrorKind::overloaded)
+  if (err.retry_after_seconds > 0)
+    res.set(http::field::retry_after, std::to_string(err.retry_after_seconds));
+  else if (err.kind == ErrorKind::overloaded || err.kind == ErrorKind::limiter_unavailable)
     res.set(http::field::retry_after, "1");
+  if (err.kind == ErrorKind::unauthenticated)
+    res.set(http::field::www_authenticate, "Bearer");
   res.keep_alive(keep_alive);
   res.prepare_payload();
   return res;

@@ -26,6 +26,8 @@ enum class ErrorKind {
   not_found,               // 404
   method_not_allowed,      // 405
   not_implemented,         // 501: a transfer coding pdgate does not decode
+  unauthenticated,         // 401: no API key, or an unknown one (--api-keys)
+  rate_limited,            // 429: over a key's limit; Retry-After says when to come back
   // An engine.
   engine_rejected,     // it answered 4xx: relayed as it is
   engine_failed,       // it answered 5xx: 502
@@ -37,13 +39,14 @@ enum class ErrorKind {
   response_too_large,  // 502
   ejected,             // taken out of service while the request waited: 502
   // The gateway.
-  no_instance,       // 503: no usable instance for the stage
-  out_of_resources,  // 503: no file descriptor or memory to reach an engine
-  overloaded,        // 503: too many large bodies being received
-  misconfigured,     // 503: e.g. p2p-nccl without the peer's ZMQ address
-  loop,              // 508: the request came back round
-  internal,          // 500
-  client_gone,       // 499 (nothing is sent: the client left)
+  no_instance,          // 503: no usable instance for the stage
+  out_of_resources,     // 503: no file descriptor or memory to reach an engine
+  overloaded,           // 503: too many large bodies being received
+  misconfigured,        // 503: e.g. p2p-nccl without the peer's ZMQ address
+  limiter_unavailable,  // 503: the shared limiter did not answer (fail closed)
+  loop,                 // 508: the request came back round
+  internal,             // 500
+  client_gone,          // 499 (nothing is sent: the client left)
 };
 const char* to_string(ErrorKind k);
 
@@ -72,6 +75,8 @@ struct GatewayError {
   // needs to see.
   std::string passthrough_body;
   std::string passthrough_content_type;
+  // Seconds for a Retry-After header (0: none, unless the kind implies one).
+  unsigned retry_after_seconds = 0;
 };
 
 // The HTTP status the client gets for `e`.

@@ -4,6 +4,7 @@
 #include <boost/beast/core/string.hpp>
 #include <boost/uuid/uuid_io.hpp>
 
+#include "core/client_admission.hpp"
 #include "core/conversation.hpp"
 #include "core/decode_stage.hpp"
 #include "core/encode_stage.hpp"
@@ -165,6 +166,8 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
                                       bool is_chat) {
   // Before the relay: its decode span ends before the server span.
   RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
+  // Held until the answer is written: the key's concurrency slot.
+  ClientAdmission admission;
   std::unique_ptr<DecodeRelay> relay;
   bool keep = false;
   {
@@ -172,6 +175,11 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
     rc->view->request_id = request_id_for(w, req);
     if (trace.recording())
       name_server_span(trace, req, rc->request_id());
+    if (auto e = co_await admit_client(w, req, rc->request_id(), admission)) {
+      keep = co_await finish(w, client, req, rc->request_id(), scope, *e);
+      trace.finish(scope.status, scope.stage);
+      co_return keep;
+    }
     Routed routed = co_await route(*rc);
     if (!routed.relay) {
       keep = co_await finish(w, client, req, rc->request_id(), scope, routed.error);
@@ -193,6 +201,12 @@ net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
   RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
   if (trace.recording())
     name_server_span(trace, req, request_id);
+  ClientAdmission admission;
+  if (auto e = co_await admit_client(w, req, request_id, admission)) {
+    const bool keep = co_await finish(w, client, req, request_id, scope, *e);
+    trace.finish(scope.status, scope.stage);
+    co_return keep;
+  }
   const auto set = w.registry.snapshot();
   PickContext ctx;
   ctx.stage = Stage::decode;

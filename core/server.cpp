@@ -148,6 +148,15 @@ Gateway::Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
   build_routes();
 }
 
+void Gateway::set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control) {
+  client_keys_ = std::move(keys);
+  for (auto& w : workers_) {
+    w->ctx.client_keys = client_keys_.get();
+    w->ctx.client_limiter = client_keys_->make_limiter(w->ioc.get_executor());
+  }
+  client_keys_->start(std::move(control));
+}
+
 Gateway::~Gateway() {
   admin_ioc_.stop();
   if (admin_thread_.joinable())
@@ -361,6 +370,23 @@ std::string Gateway::metrics_text() const {
            spans.dropped_queue_full);
   m.sample("pdgate_trace_spans_dropped_total", {{"reason", "export_failed"}},
            spans.dropped_export_failed);
+  if (client_keys_) {
+    const auto& c = client_keys_->counters();
+    m.counter("pdgate_client_key_requests_total",
+              "Requests checked against API keys, by outcome (admitted, unauthenticated, "
+              "limited_rate, limited_concurrency, limited_tokens, limiter_unavailable).");
+    for (const auto& [outcome, n] :
+         {std::pair{"admitted", &c.admitted}, std::pair{"unauthenticated", &c.unauthenticated},
+          std::pair{"limited_rate", &c.limited_rate},
+          std::pair{"limited_concurrency", &c.limited_concurrency},
+          std::pair{"limited_tokens", &c.limited_tokens},
+          std::pair{"limiter_unavailable", &c.limiter_unavailable}}) {
+      m.sample("pdgate_client_key_requests_total", {{"outcome", outcome}},
+               std::uint64_t{n->load()});
+    }
+    m.gauge("pdgate_client_keys", "API keys known (file and Redis).");
+    m.sample("pdgate_client_keys", std::uint64_t{client_keys_->size()});
+  }
   if (policy_metrics_)
     policy_metrics_(m);
   return m.take();

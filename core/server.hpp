@@ -19,6 +19,7 @@
 
 #include "core/admin.hpp"
 #include "core/body_budget.hpp"
+#include "core/client_keys.hpp"
 #include "core/client_session.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
@@ -58,6 +59,9 @@ class Gateway {
   // Where the workers hand finished spans (docs/tracing.md); set before
   // start(). Without one, no spans are made.
   void set_span_sink(std::shared_ptr<SpanSink> sink);
+  // API keys and limits (--api-keys); their background work (keys
+  // refreshed from Redis) runs on `control`. Set before start().
+  void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
   // Prometheus text for GET /metrics.
   std::string metrics_text() const;
   // Starts the workers and the admin thread; returns at once.
@@ -104,6 +108,8 @@ class Gateway {
   std::thread admin_thread_;
   // With --redis: the instance set shared with the other replicas.
   std::unique_ptr<RegistrySync> shared_registry_;
+  // Before workers_: their limiters refer to it.
+  std::unique_ptr<ClientKeys> client_keys_;
   // Before workers_: their connections refer to them.
   RouteTable routes_;
   const ClientSessionEnv session_env_{cfg_,     routes_,          body_budget_, loop_guard_,

@@ -37,7 +37,10 @@ ForwardedHeaders forwarded_headers(const WorkerContext& w,
                                    const beast::tcp_stream& client, const RequestTrace& trace) {
   ForwardedHeaders f;
   auto it = req.find(http::field::authorization);
-  f.authorization = it != req.end() ? std::string(it->value()) : w.default_authorization;
+  // With gateway API keys the client's key is the gateway's to check, not
+  // the engines' to see: engines get OPENAI_API_KEY's (or nothing).
+  f.authorization = it != req.end() && w.client_keys == nullptr ? std::string(it->value())
+                                                                : w.default_authorization;
   const auto via = req.find(http::field::via);
   const std::string_view incoming =
       via != req.end() ? std::string_view(via->value()) : std::string_view();

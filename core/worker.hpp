@@ -8,6 +8,7 @@
 
 #include <boost/uuid/random_generator.hpp>
 
+#include "core/client_keys.hpp"
 #include "core/config.hpp"
 #include "core/conversation_store.hpp"
 #include "core/instance.hpp"
@@ -54,6 +55,9 @@ struct WorkerContext {
   const KvConnector* connector = nullptr;
   // Shared by all workers; null in tests that build a bare WorkerContext.
   GatewayMetrics* metrics = nullptr;
+  // API keys and their limits (--api-keys); null: no key is asked for.
+  ClientKeys* client_keys = nullptr;
+  std::unique_ptr<ClientLimiter> client_limiter;
   // This gateway's Via identity (null: no Via is sent).
   const LoopGuard* loop_guard = nullptr;
   // Where finished spans go (null: tracing off), and this worker's ids.

@@ -223,6 +223,8 @@ RedisConnection::RedisConnection(net::any_io_executor ex, RedisConnectionSetting
 
 RedisConnection::~RedisConnection() {
   stopped_ = true;
+  if (switch_watch_)
+    switch_watch_->cancel();
   if (ac_ != nullptr) {
     auto* ac = ac_;
     ac_ = nullptr;
@@ -259,6 +261,10 @@ void RedisConnection::set_ready(bool r) {
 }
 
 void RedisConnection::drop(const std::string& why) {
+  if (switch_watch_) {
+    switch_watch_->cancel();
+    switch_watch_.reset();
+  }
   if (ac_ == nullptr)
     return;
   redisAsyncContext* ac = ac_;
@@ -308,6 +314,13 @@ net::awaitable<RedisReply> RedisConnection::command(std::vector<std::string_view
   if (!ready_)
     co_return no_reply("redis is not connected");
   RedisReply r = co_await send(args, settings_.command_timeout);
+  if (is_readonly_error(r)) {
+    // The server we knew as the master is a replica now (a Sentinel
+    // failover, or an operator's REPLICAOF): reconnecting asks the
+    // sentinels where the master went.
+    drop("the redis server became a read-only replica");
+    co_return r;
+  }
   if (r.type == RedisReply::Type::none && ac_ != nullptr && !sent_.empty()) {
     // One slow reply is Redis being busy; nothing answered for many
     // timeouts in a row is a hung server or a half-open connection:
@@ -320,8 +333,39 @@ net::awaitable<RedisReply> RedisConnection::command(std::vector<std::string_view
   co_return r;
 }
 
+net::awaitable<bool> RedisConnection::find_master(std::string& host, std::uint16_t& port,
+                                                  std::string& why) {
+  auto master = co_await ask_sentinels_for_master(ex_, settings_.endpoint, sentinel_preferred_,
+                                                  settings_.connect_timeout);
+  if (!master) {
+    why = master.error();
+    co_return false;
+  }
+  host = master->host;
+  port = master->port;
+  co_return true;
+}
+
+void RedisConnection::watch_for_switch(const std::string& host, std::uint16_t port) {
+  std::weak_ptr<RedisConnection> weak = weak_from_this();
+  switch_watch_ = watch_master_switch(
+      ex_, settings_.endpoint, sentinel_preferred_, settings_.connect_timeout,
+      [weak, host, port](const SentinelAddress& to) {
+        auto self = weak.lock();
+        if (!self || self->stopped_ || (to.host == host && to.port == port))
+          return;
+        spdlog::info("redis {}: the sentinels moved the master to {}:{}; reconnecting",
+                     self->settings_.endpoint.display(), to.host, to.port);
+        self->drop("the master moved to " + to.host + ":" + std::to_string(to.port));
+      });
+}
+
 net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
   const RedisEndpoint& ep = settings_.endpoint;
+  std::string host = ep.host;
+  std::uint16_t port = ep.port;
+  if (ep.is_sentinel() && !co_await find_master(host, port, why))
+    co_return false;
   const auto deadline = Clock::now() + settings_.connect_timeout;
   redisAsyncContext* ac = nullptr;
   if (ep.is_unix) {
@@ -329,20 +373,19 @@ net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
   } else {
     // hiredis would call getaddrinfo on this thread: resolve names with
     // Asio (off the loop) and hand hiredis an address.
-    std::string address = ep.host;
+    std::string address = host;
     boost::system::error_code ec;
     net::ip::make_address(address, ec);
     if (ec) {
       net::ip::tcp::resolver resolver(ex_);
-      auto [rec, results] =
-          co_await resolver.async_resolve(ep.host, std::to_string(ep.port), use_tuple);
+      auto [rec, results] = co_await resolver.async_resolve(host, std::to_string(port), use_tuple);
       if (rec || results.empty()) {
-        why = "cannot resolve " + ep.host + ": " + rec.message();
+        why = "cannot resolve " + host + ": " + rec.message();
         co_return false;
       }
       address = results.begin()->endpoint().address().to_string();
     }
-    ac = redisAsyncConnect(address.c_str(), ep.port);
+    ac = redisAsyncConnect(address.c_str(), port);
   }
   if (ac == nullptr) {
     why = "out of memory";
@@ -398,6 +441,16 @@ net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
     std::vector<std::string_view> ping{std::string_view("PING")};
     ok = co_await step(std::move(ping), "PONG", "PING");
   }
+  if (ok && ep.is_sentinel()) {
+    // During a failover a sentinel may still name the old master after
+    // it came back as a replica: writing there would fail or be lost.
+    std::vector<std::string_view> role{std::string_view("ROLE")};
+    RedisReply r = co_await send(role, remaining());
+    if (!is_master_role(r)) {
+      why = host + ":" + std::to_string(port) + " is not a master (a failover is in progress?)";
+      ok = false;
+    }
+  }
   if (ok && !channel_.empty()) {
     // The callback stays registered for the channel: no per-call state.
     const char* argv[] = {"SUBSCRIBE", channel_.c_str()};
@@ -412,12 +465,20 @@ net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
     drop(why);
     co_return false;
   }
+  if (ep.is_sentinel())
+    watch_for_switch(host, port);
   set_ready(true);
   co_return true;
 }
 
 net::awaitable<void> RedisConnection::run(std::shared_ptr<RedisConnection> self) {
-  Backoff backoff(self->settings_.reconnect_min, self->settings_.reconnect_max);
+  // Behind Sentinel an outage ends with a promotion a few seconds after it
+  // began: retry often enough to follow it within a second.
+  const auto reconnect_max =
+      self->settings_.endpoint.is_sentinel()
+          ? std::min(self->settings_.reconnect_max, std::chrono::milliseconds(1000))
+          : self->settings_.reconnect_max;
+  Backoff backoff(self->settings_.reconnect_min, reconnect_max);
   const std::string where = self->settings_.endpoint.display();
   while (!self->stopped_) {
     std::string why;

@@ -25,6 +25,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "plugins/redis_protocol.hpp"
+#include "plugins/redis_sentinel.hpp"
 
 struct redisAsyncContext;
 
@@ -87,6 +88,10 @@ class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
                   RedisConnectionsShared& shared);
   static net::awaitable<void> run(std::shared_ptr<RedisConnection> self);
   net::awaitable<bool> connect_once(std::string& why);
+  // redis+sentinel://: where the master is now, from the sentinels; then
+  // a watch that drops the connection when the master moves.
+  net::awaitable<bool> find_master(std::string& host, std::uint16_t& port, std::string& why);
+  void watch_for_switch(const std::string& host, std::uint16_t port);
   net::awaitable<RedisReply> send(const std::vector<std::string_view>& args,
                                   std::chrono::milliseconds wait);
   void drop(const std::string& why);
@@ -108,6 +113,10 @@ class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
   std::deque<std::chrono::steady_clock::time_point> sent_;
   // Wakes the reconnect loop on connection state changes; also its sleep.
   net::steady_timer signal_;
+  // redis+sentinel://: the sentinel that answered last (asked first next
+  // time) and the watch on it while connected.
+  std::size_t sentinel_preferred_ = 0;
+  std::shared_ptr<SentinelWatch> switch_watch_;
   // Subscriber mode (empty channel: a command connection).
   std::string channel_;
   std::function<void(std::string_view)> on_message_;

@@ -64,6 +64,109 @@ Result<bool> parse_userinfo(std::string_view info, RedisEndpoint& ep) {
   return true;
 }
 
+// "host[:port]" or "[v6addr][:port]"; `port` keeps its default when none
+// is given.
+Result<bool> parse_host_port(std::string_view authority, std::string& host, std::uint16_t& port) {
+  std::string_view port_text;
+  if (!authority.empty() && authority.front() == '[') {
+    const auto close = authority.find(']');
+    if (close == std::string_view::npos)
+      return fail("unclosed '[' in the host");
+    host = std::string(authority.substr(1, close - 1));
+    std::string_view after = authority.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':')
+        return fail("junk after ']' in the host");
+      port_text = after.substr(1);
+    }
+  } else {
+    const auto colon = authority.rfind(':');
+    host = std::string(authority.substr(0, colon));
+    if (colon != std::string_view::npos)
+      port_text = authority.substr(colon + 1);
+  }
+  if (host.empty())
+    return fail("missing host");
+  if (!port_text.empty() && (!parse_int(port_text, port) || port == 0))
+    return fail("port must be a number in 1..65535");
+  return true;
+}
+
+// key=value&key=value, each value percent-decoded, handed to `item`
+// (which returns an error message, or an empty string when it took it).
+template <typename Item>
+Result<bool> parse_query(std::string_view query, Item&& item) {
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const std::string_view kv = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+    const auto eq = kv.find('=');
+    if (eq == std::string_view::npos)
+      return fail("query items are key=value");
+    auto decoded = percent_decode(kv.substr(eq + 1));
+    if (!decoded)
+      return fail("bad percent-escape in the query");
+    if (std::string why = item(kv.substr(0, eq), kv.substr(eq + 1), std::move(*decoded));
+        !why.empty())
+      return fail(why);
+  }
+  return true;
+}
+
+// redis+sentinel://[userinfo@]host[:port],host[:port].../master[/db][?query]
+Result<RedisEndpoint> parse_sentinel_url(std::string_view url) {
+  RedisEndpoint ep;
+  std::string_view rest = url.substr(std::string_view("redis+sentinel://").size());
+  const auto q = rest.find('?');
+  const std::string_view query =
+      q == std::string_view::npos ? std::string_view{} : rest.substr(q + 1);
+  rest = rest.substr(0, q);
+  const auto slash = rest.find('/');
+  if (slash == std::string_view::npos || slash + 1 >= rest.size())
+    return bad_url(
+        url, "redis+sentinel:// needs the master's name: redis+sentinel://host:26379/mymaster");
+  std::string_view authority = rest.substr(0, slash);
+  std::string_view path = rest.substr(slash + 1);
+  const auto db_slash = path.find('/');
+  ep.master_name = std::string(path.substr(0, db_slash));
+  if (db_slash != std::string_view::npos) {
+    std::string_view db = path.substr(db_slash + 1);
+    if (!db.empty() && (!parse_int(db, ep.db) || ep.db < 0))
+      return bad_url(url, "the database after the master's name must be a number >= 0");
+  }
+  if (ep.master_name.empty())
+    return bad_url(url, "redis+sentinel:// needs the master's name");
+  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
+    if (auto r = parse_userinfo(authority.substr(0, at), ep); !r)
+      return bad_url(url, r.error());
+    authority = authority.substr(at + 1);
+  }
+  while (true) {
+    const auto comma = authority.find(',');
+    SentinelAddress s;
+    if (auto r = parse_host_port(authority.substr(0, comma), s.host, s.port); !r)
+      return bad_url(url, "sentinel " + std::to_string(ep.sentinels.size() + 1) + ": " + r.error());
+    ep.sentinels.push_back(std::move(s));
+    if (comma == std::string_view::npos)
+      break;
+    authority = authority.substr(comma + 1);
+  }
+  if (ep.sentinels.size() > kMaxSentinels)
+    return bad_url(url, "at most " + std::to_string(kMaxSentinels) + " sentinels");
+  auto r = parse_query(query, [&](std::string_view k, std::string_view, std::string v) {
+    if (k == "sentinel_password") {
+      ep.sentinel_password = std::move(v);
+      return std::string();
+    }
+    return "unknown redis+sentinel:// query item '" + std::string(k) + "'";
+  });
+  if (!r)
+    return bad_url(url, r.error());
+  // Until a sentinel names the master, connections go nowhere.
+  ep.host.clear();
+  ep.port = 0;
+  return ep;
+}
 }  // namespace
 
 std::string RedisEndpoint::display() const {
@@ -74,11 +177,19 @@ std::string RedisEndpoint::display() const {
       s += "?db=" + std::to_string(db);
     return s;
   }
-  s = "redis://";
+  auto host_port = [](const std::string& h, std::uint16_t p) {
+    return (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(p);
+  };
+  s = is_sentinel() ? "redis+sentinel://" : "redis://";
   if (!username.empty() || !password.empty())
     s += username + (password.empty() ? "@" : ":***@");
-  s += host.find(':') != std::string::npos ? "[" + host + "]" : host;
-  s += ":" + std::to_string(port);
+  if (is_sentinel()) {
+    for (std::size_t i = 0; i < sentinels.size(); ++i)
+      s += (i ? "," : "") + host_port(sentinels[i].host, sentinels[i].port);
+    s += "/" + master_name;
+  } else {
+    s += host_port(host, port);
+  }
   if (db != 0)
     s += "/" + std::to_string(db);
   return s;
@@ -98,34 +209,31 @@ Result<RedisEndpoint> parse_redis_url(std::string_view url) {
       return bad_url(url, "unix:// needs an absolute socket path (unix:///path/to/redis.sock)");
     }
     if (q != std::string_view::npos) {
-      std::string_view query = rest.substr(q + 1);
-      while (!query.empty()) {
-        const auto amp = query.find('&');
-        const std::string_view kv = query.substr(0, amp);
-        query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
-        const auto eq = kv.find('=');
-        if (eq == std::string_view::npos)
-          return bad_url(url, "unix:// query items are key=value");
-        const std::string_view k = kv.substr(0, eq), v = kv.substr(eq + 1);
-        auto decoded = percent_decode(v);
-        if (!decoded)
-          return bad_url(url, "bad percent-escape in the query");
-        if (k == "db") {
-          if (!parse_int(v, ep.db) || ep.db < 0)
-            return bad_url(url, "db must be a number >= 0");
-        } else if (k == "password") {
-          ep.password = std::move(*decoded);
-        } else if (k == "user") {
-          ep.username = std::move(*decoded);
-        } else {
-          return bad_url(url, "unknown unix:// query item '" + std::string(k) + "'");
-        }
-      }
+      auto r = parse_query(rest.substr(q + 1),
+                           [&](std::string_view k, std::string_view raw, std::string v) {
+                             if (k == "db") {
+                               if (!parse_int(raw, ep.db) || ep.db < 0)
+                                 return std::string("db must be a number >= 0");
+                             } else if (k == "password") {
+                               ep.password = std::move(v);
+                             } else if (k == "user") {
+                               ep.username = std::move(v);
+                             } else {
+                               return "unknown unix:// query item '" + std::string(k) + "'";
+                             }
+                             return std::string();
+                           });
+      if (!r)
+        return bad_url(url, r.error());
     }
     return ep;
   }
+  if (url.rfind("redis+sentinel://", 0) == 0)
+    return parse_sentinel_url(url);
   if (url.rfind("redis://", 0) != 0) {
-    return bad_url(url, "expected redis://[:password@]host[:port][/db] or unix:///path");
+    return bad_url(url,
+                   "expected redis://[:password@]host[:port][/db], "
+                   "redis+sentinel://host:port[,host:port]/master or unix:///path");
   }
   std::string_view rest = url.substr(8);
   const auto slash = rest.find('/');
@@ -143,31 +251,8 @@ Result<RedisEndpoint> parse_redis_url(std::string_view url) {
       return bad_url(url, r.error());
     authority = authority.substr(at + 1);
   }
-  std::string_view port_text;
-  if (!authority.empty() && authority.front() == '[') {
-    const auto close = authority.find(']');
-    if (close == std::string_view::npos)
-      return bad_url(url, "unclosed '[' in the host");
-    ep.host = std::string(authority.substr(1, close - 1));
-    std::string_view after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':')
-        return bad_url(url, "junk after ']' in the host");
-      port_text = after.substr(1);
-    }
-  } else {
-    const auto colon = authority.rfind(':');
-    ep.host = std::string(authority.substr(0, colon));
-    if (colon != std::string_view::npos)
-      port_text = authority.substr(colon + 1);
-  }
-  if (ep.host.empty())
-    return bad_url(url, "missing host");
-  if (!port_text.empty()) {
-    if (!parse_int(port_text, ep.port) || ep.port == 0) {
-      return bad_url(url, "port must be a number in 1..65535");
-    }
-  }
+  if (auto r = parse_host_port(authority, ep.host, ep.port); !r)
+    return bad_url(url, r.error());
   return ep;
 }
 
@@ -245,6 +330,59 @@ bool interpret_put_reply(const RedisReply& reply) {
 
 bool is_unknown_command_error(const RedisReply& reply) {
   return reply.type == RedisReply::Type::error && reply.text.rfind("ERR unknown command", 0) == 0;
+}
+
+std::string resp_command(const std::vector<std::string_view>& args) {
+  std::string out = "*" + std::to_string(args.size()) + "\r\n";
+  for (auto a : args) {
+    out += "$" + std::to_string(a.size()) + "\r\n";
+    out.append(a);
+    out += "\r\n";
+  }
+  return out;
+}
+
+Result<SentinelAddress> interpret_master_address(const RedisReply& reply) {
+  if (reply.type == RedisReply::Type::nil)
+    return fail("the sentinel does not know this master");
+  if (reply.type == RedisReply::Type::error)
+    return fail("sentinel error: " + reply.text);
+  if (reply.type != RedisReply::Type::array || reply.elements.size() != 2 ||
+      reply.elements[0].type != RedisReply::Type::string ||
+      reply.elements[1].type != RedisReply::Type::string)
+    return fail("unexpected reply to SENTINEL get-master-addr-by-name");
+  SentinelAddress a;
+  a.host = reply.elements[0].text;
+  if (a.host.empty() || !parse_int(reply.elements[1].text, a.port) || a.port == 0)
+    return fail("the sentinel named a master without a usable address");
+  return a;
+}
+
+bool is_master_role(const RedisReply& reply) {
+  return reply.type == RedisReply::Type::array && !reply.elements.empty() &&
+         reply.elements[0].text == "master";
+}
+
+bool is_readonly_error(const RedisReply& reply) {
+  return reply.type == RedisReply::Type::error && reply.text.rfind("READONLY", 0) == 0;
+}
+
+std::optional<SentinelAddress> switch_master_target(std::string_view message,
+                                                    std::string_view master_name) {
+  std::vector<std::string_view> words;
+  while (!message.empty() && words.size() < 6) {
+    const auto sp = message.find(' ');
+    if (sp != 0)
+      words.push_back(message.substr(0, sp));
+    message = sp == std::string_view::npos ? std::string_view{} : message.substr(sp + 1);
+  }
+  if (words.size() != 5 || words[0] != master_name)
+    return std::nullopt;
+  SentinelAddress a;
+  a.host = std::string(words[3]);
+  if (!parse_int(words[4], a.port) || a.port == 0)
+    return std::nullopt;
+  return a;
 }
 
 std::string conversation_redis_key(std::string_view prefix, std::string_view conversation_id) {

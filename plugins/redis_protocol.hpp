@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,21 +21,40 @@ struct redisReader;
 
 namespace pdgate {
 
+// More sentinels than this in one URL is a mistake, not a deployment.
+inline constexpr std::size_t kMaxSentinels = 16;
+
+// A Redis Sentinel, asked where the master is (redis+sentinel:// URLs).
+struct SentinelAddress {
+  std::string host;  // a name or an address (IPv6 without brackets)
+  std::uint16_t port = 26379;
+};
+
 struct RedisEndpoint {
   bool is_unix = false;
   std::string host;  // TCP: a name or an address (IPv6 without brackets)
   std::uint16_t port = 6379;
-  std::string path;      // unix socket path
-  std::string username;  // Redis 6 ACL user; empty: AUTH with the password only
-  std::string password;  // empty: no AUTH
-  int db = 0;            // SELECT when not 0
+  // redis+sentinel://: the sentinels to ask, and the name of the master
+  // they watch. host/port are then learnt, at every (re)connect, from the
+  // first sentinel that knows the master.
+  std::vector<SentinelAddress> sentinels;
+  std::string master_name;
+  std::string sentinel_password;  // AUTH for the sentinels (?sentinel_password=)
+  std::string path;               // unix socket path
+  std::string username;           // Redis 6 ACL user; empty: AUTH with the password only
+  std::string password;           // empty: no AUTH
+  int db = 0;                     // SELECT when not 0
 
+  bool is_sentinel() const { return !sentinels.empty(); }
   // The URL without the password, for logs and /health.
   std::string display() const;
 };
 
 // redis://[[user]:password@]host[:port][/db]  (host may be [v6addr])
 // unix:///path/to/socket[?db=N][&password=P][&user=U]
+// redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db]
+//   [?sentinel_password=P]  (the password is the master's; sentinels listen
+//   on 26379 unless a port is given)
 // Percent-escapes in user and password are decoded. rediss:// (TLS) is
 // refused with a message rather than silently sent in clear text.
 Result<RedisEndpoint> parse_redis_url(std::string_view url);
@@ -80,6 +100,31 @@ bool interpret_put_reply(const RedisReply& reply);
 // True when the server does not know GETDEL (Redis < 6.2): the store then
 // falls back to an atomic GET+DEL script.
 bool is_unknown_command_error(const RedisReply& reply);
+
+// Redis Sentinel (redis+sentinel:// endpoints). The connection asks the
+// sentinels with plain RESP over a socket of its own; these are the pure
+// parts, unit-tested without servers.
+
+// A command as RESP bytes (an array of bulk strings).
+std::string resp_command(const std::vector<std::string_view>& args);
+
+// SENTINEL get-master-addr-by-name: [host, port], or nil when the sentinel
+// does not know that master.
+Result<SentinelAddress> interpret_master_address(const RedisReply& reply);
+
+// ROLE: true when the first element is "master". A client that reached a
+// replica (a failover in progress, a stale sentinel) must not write to it.
+bool is_master_role(const RedisReply& reply);
+
+// "READONLY You can't write against a read only replica.": the server this
+// connection knew as the master was turned into a replica.
+bool is_readonly_error(const RedisReply& reply);
+
+// A +switch-master message ("<name> <old-ip> <old-port> <new-ip>
+// <new-port>") for `master_name`: the new address; nullopt for another
+// master's or a malformed message.
+std::optional<SentinelAddress> switch_master_target(std::string_view message,
+                                                    std::string_view master_name);
 
 // `<prefix>conv:<id>`.
 std::string conversation_redis_key(std::string_view prefix, std::string_view conversation_id);

@@ -8,6 +8,8 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/steady_timer.hpp>
 
+#include "policies/local_kv_index.hpp"
+
 namespace pdgate::policy {
 namespace {
 
@@ -140,11 +142,11 @@ class LuaPicker final : public InstancePicker {
   void on_complete(const Instance& chosen, const PickContext& ctx,
                    const PickOutcome& outcome) override {
     if (ctx.stage == Stage::decode && outcome.ok && ctx.conversation_id) {
-      ConversationEntry e;
-      e.decode = chosen.id;
-      e.prefill = ctx.chosen_prefill != nullptr ? ctx.chosen_prefill->id : 0;
+      ConversationRoute e;
+      e.decode = instance_key(chosen.spec.url);
+      e.prefill = ctx.chosen_prefill != nullptr ? instance_key(ctx.chosen_prefill->spec.url) : 0;
       e.at_ms = steady_now_ms();
-      engine_->conversations().put(*ctx.conversation_id, e);
+      engine_->kv_index().record_conversation(*ctx.conversation_id, e);
     }
     std::shared_ptr<LuaVm> vm = vm_for(ctx);
     // The request is over for this version once its decode is reported,
@@ -217,18 +219,20 @@ class LuaPicker final : public InstancePicker {
 
 // --- PolicyEngine -------------------------------------------------------------
 
-PolicyEngine::PolicyEngine(PolicySettings settings) : settings_(std::move(settings)) {
+PolicyEngine::PolicyEngine(PolicySettings settings, std::shared_ptr<KvLocationIndex> kv_index)
+    : settings_(std::move(settings)),
+      kv_index_(kv_index ? std::move(kv_index) : std::make_shared<LocalKvIndex>()) {
   services_.budget = settings_.budget;
   services_.memory_limit = settings_.memory_limit;
   services_.prefix_block_bytes = settings_.prefix_block_bytes;
   services_.kv = &kv_;
-  services_.conversations = &conversations_;
-  services_.prefixes = &prefixes_;
+  services_.kv_index = kv_index_.get();
   services_.watchdog = &watchdog_;
 }
 
-Result<std::shared_ptr<PolicyEngine>> PolicyEngine::create(PolicySettings settings) {
-  std::shared_ptr<PolicyEngine> e(new PolicyEngine(settings));
+Result<std::shared_ptr<PolicyEngine>> PolicyEngine::create(
+    PolicySettings settings, std::shared_ptr<KvLocationIndex> kv_index) {
+  std::shared_ptr<PolicyEngine> e(new PolicyEngine(settings, std::move(kv_index)));
   auto b = e->build(settings);
   if (!b)
     return fail(b.error());

@@ -22,6 +22,7 @@
 
 #include "core/config.hpp"
 #include "core/instance.hpp"
+#include "core/kv_location_index.hpp"
 #include "core/result.hpp"
 #include "policies/lua_vm.hpp"
 #include "policies/lua_watchdog.hpp"
@@ -69,8 +70,11 @@ struct PolicyStats {
 class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
  public:
   // Loads and self-checks the configured scripts; fails if any is broken
-  // (at start-up a broken policy is a configuration error).
-  static Result<std::shared_ptr<PolicyEngine>> create(PolicySettings settings);
+  // (at start-up a broken policy is a configuration error). `kv_index`:
+  // where routes are recorded and looked up (the composition root passes
+  // a shared one); null: an in-process policy::LocalKvIndex.
+  static Result<std::shared_ptr<PolicyEngine>> create(
+      PolicySettings settings, std::shared_ptr<KvLocationIndex> kv_index = nullptr);
 
   // Re-reads the configured scripts (SIGHUP, admin API). On failure the
   // running version stays and the error says which script and why.
@@ -91,8 +95,7 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
 
   PolicyStats& stats() { return stats_; }
   KvStore& kv() { return kv_; }
-  ConversationTable& conversations() { return conversations_; }
-  PrefixIndex& prefixes() { return prefixes_; }
+  KvLocationIndex& kv_index() { return *kv_index_; }
   VmServices services() const;
   std::shared_ptr<RoundRobinPicker::Shared> round_robin_state() const { return rr_; }
 
@@ -101,7 +104,7 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   void log_limited(const std::string& kind, const std::string& message);
 
  private:
-  explicit PolicyEngine(PolicySettings settings);
+  PolicyEngine(PolicySettings settings, std::shared_ptr<KvLocationIndex> kv_index);
   Result<std::shared_ptr<const PolicyBundle>> build(const PolicySettings& s);
 
   struct FileStamp {
@@ -119,8 +122,7 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
 
   PolicyStats stats_;
   KvStore kv_;
-  ConversationTable conversations_;
-  PrefixIndex prefixes_;
+  std::shared_ptr<KvLocationIndex> kv_index_;
   // Stops policy calls that slow instructions keep from the count hook.
   PolicyWatchdog watchdog_;
   VmServices services_;

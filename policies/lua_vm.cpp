@@ -145,6 +145,8 @@ struct LuaVm::Impl {
   struct InstanceCache {
     std::vector<const Instance*> ptrs;
     std::vector<std::uint64_t> ids;
+    // What the KV-location index calls each instance (its URL's key).
+    std::vector<InstanceKey> keys;
     // Instance::meta_version() when its table was built: labels and weight
     // changed at run time rebuild the array.
     std::vector<std::uint64_t> versions;
@@ -166,6 +168,8 @@ struct LuaVm::Impl {
   const std::vector<InstancePtr>* cur_list = nullptr;  // during a pick only
   std::int64_t cur_now_ms = 0;
   bool prefix_used = false;
+  // During self_check(): its fake instances' routes are not recorded.
+  bool checking = false;
 
   ~Impl() {
     if (L != nullptr)
@@ -349,13 +353,14 @@ int l_prefix_matches(lua_State* L) {
   if (I.cur_list == nullptr)
     luaL_error(L, "pdgate.prefix_matches: only callable inside pick");
   const auto& h = I.hashes();
-  const auto& list = *I.cur_list;
-  const auto m =
-      I.svc.prefixes->matches(h, steady_ms(Clock::now()), std::max<std::size_t>(list.size(), 1));
+  // The stage cache lists this pick's candidates in order (push_instances).
+  const auto& keys = I.caches[static_cast<int>(I.cur_ctx->stage)].keys;
+  const auto m = I.svc.kv_index->prefix_matches(h, steady_ms(Clock::now()),
+                                                std::max<std::size_t>(keys.size(), 1));
   lua_createtable(L, 0, static_cast<int>(m.size()));
-  for (const auto& [id, blocks] : m) {
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      if (list[i]->id != id)
+  for (const auto& [key, blocks] : m) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] != key)
         continue;
       lua_pushnumber(L, static_cast<double>(blocks));
       lua_rawseti(L, -2, static_cast<int>(i + 1));
@@ -366,20 +371,35 @@ int l_prefix_matches(lua_State* L) {
   return 2;
 }
 
+std::optional<std::uint64_t> local_id(const Impl& I, Stage stage, InstanceKey key) {
+  if (key == 0)
+    return std::nullopt;
+  const auto& c = I.caches[static_cast<int>(stage)];
+  for (std::size_t i = 0; i < c.keys.size(); ++i) {
+    if (c.keys[i] == key)
+      return c.ids[i];
+  }
+  return std::nullopt;
+}
+
 int l_conversation(lua_State* L) {
   Impl& I = in_request(L, "conversation");
   if (!I.cur_ctx->conversation_id)
     return 0;
-  const auto e = I.svc.conversations->get(*I.cur_ctx->conversation_id);
+  const auto e = I.svc.kv_index->conversation(*I.cur_ctx->conversation_id);
   if (!e)
     return 0;
   lua_createtable(L, 0, 3);
-  if (e->decode != 0) {
-    lua_pushnumber(L, static_cast<double>(e->decode));
+  // The route names instances by key (the same on every replica); scripts
+  // compare this replica's ids, so each key is looked up among the
+  // instances the stage last offered. One not there (removed, or never
+  // offered to this worker) is left out, as if unknown.
+  if (const auto id = local_id(I, Stage::decode, e->decode)) {
+    lua_pushnumber(L, static_cast<double>(*id));
     lua_setfield(L, -2, "decode");
   }
-  if (e->prefill != 0) {
-    lua_pushnumber(L, static_cast<double>(e->prefill));
+  if (const auto id = local_id(I, Stage::prefill, e->prefill)) {
+    lua_pushnumber(L, static_cast<double>(*id));
     lua_setfield(L, -2, "prefill");
   }
   lua_pushnumber(L, static_cast<double>(steady_ms(Clock::now()) - e->at_ms));
@@ -677,6 +697,7 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
     luaL_unref(L, LUA_REGISTRYINDEX, c.array_ref);
     c.ptrs.clear();
     c.ids.clear();
+    c.keys.clear();
     c.versions.clear();
     c.shadow.assign(candidates.size(), Impl::Shadow{});
     lua_createtable(L, static_cast<int>(candidates.size()), 0);
@@ -684,6 +705,7 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
       const Instance& inst = *candidates[i];
       c.ptrs.push_back(&inst);
       c.ids.push_back(inst.id);
+      c.keys.push_back(instance_key(inst.spec.url));
       c.versions.push_back(inst.meta_version());
       lua_createtable(L, 0, 16);
       set_number(L, "id", static_cast<double>(inst.id));
@@ -1056,9 +1078,10 @@ PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickCon
               " (expected an instance, its position, or nil)";
   }
   lua_settop(L, base);
-  if (a.status == PickStatus::chosen && I.prefix_used) {
-    I.svc.prefixes->record(hashes.get(ctx, I.svc.prefix_block_bytes), candidates[a.index]->id,
-                           steady_ms(now));
+  if (a.status == PickStatus::chosen && I.prefix_used && !I.checking) {
+    I.svc.kv_index->record_prefix(hashes.get(ctx, I.svc.prefix_block_bytes),
+                                  I.caches[static_cast<int>(ctx.stage)].keys[a.index],
+                                  steady_ms(now));
   }
   return a;
 }
@@ -1109,6 +1132,11 @@ Result<bool> LuaVm::self_check() {
   constexpr std::uint64_t kFakeBase = std::uint64_t{1} << 50;
   const std::string prompt(1500, 'x');
   PrefixHashCache hashes;
+  impl_->checking = true;
+  struct Unset {
+    bool& flag;
+    ~Unset() { flag = false; }
+  } unset{impl_->checking};
   for (const Stage s : {Stage::encode, Stage::prefill, Stage::decode}) {
     std::vector<InstancePtr> fake;
     for (int i = 0; i < 3; ++i) {
@@ -1154,6 +1182,7 @@ Result<bool> LuaVm::self_check() {
     c.array_ref = LUA_NOREF;
     c.ptrs.clear();
     c.ids.clear();
+    c.keys.clear();
     c.versions.clear();
   }
   return true;

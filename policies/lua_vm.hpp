@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/instance.hpp"
+#include "core/kv_location_index.hpp"
 #include "core/result.hpp"
 #include "policies/shared_state.hpp"
 
@@ -42,8 +43,9 @@ struct VmServices {
   std::size_t memory_limit = 64u << 20;
   std::size_t prefix_block_bytes = 256;
   KvStore* kv = nullptr;
-  ConversationTable* conversations = nullptr;
-  PrefixIndex* prefixes = nullptr;
+  // Where prefixes and conversations were routed (this replica's view,
+  // fed by the others' when shared).
+  KvLocationIndex* kv_index = nullptr;
   // Interrupts calls stuck in slow instructions; optional (lua_watchdog.hpp).
   PolicyWatchdog* watchdog = nullptr;
 };

@@ -7,7 +7,8 @@
 # Usage: bash scripts/fuzz.sh [--seconds N] [--target NAME]... [--merge] [--no-deps]
 #   --seconds N   time per target (default 60)
 #   --target NAME only this target (repeatable): request, redis_reply,
-#                 json_body, sse, command_line, lua_sandbox, trace_context
+#                 json_body, sse, command_line, lua_sandbox, kv_index_record,
+#                 trace_context
 #   --merge       fold new coverage-increasing inputs back into the
 #                 checked-in corpora (never done otherwise)
 # A longer run, e.g. before a release: bash scripts/fuzz.sh --seconds 3600
@@ -30,7 +31,7 @@ while (($#)); do
   esac
   shift
 done
-((${#targets[@]})) || targets=(request redis_reply json_body sse command_line lua_sandbox trace_context)
+((${#targets[@]})) || targets=(request redis_reply json_body sse command_line lua_sandbox kv_index_record trace_context)
 
 # Target -> corpus folder under tests/fuzz/corpus.
 corpus_of() {

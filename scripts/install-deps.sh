@@ -15,6 +15,8 @@ PACKAGES=(
   libhiredis-dev libspdlog-dev libyaml-cpp-dev libssl-dev
   # Tests and benchmarks.
   googletest libgtest-dev libgmock-dev libbenchmark-dev redis-server
+  # The Sentinel failover test (Redis behind redis+sentinel://).
+  redis-sentinel
   # The HA test and examples/ha (HAProxy in front of two replicas).
   haproxy
   # Demo and the Node SDK test.

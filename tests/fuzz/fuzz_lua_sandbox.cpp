@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "policies/local_kv_index.hpp"
 #include "policies/lua_vm.hpp"
 #include "policies/lua_watchdog.hpp"
 
@@ -135,14 +136,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                  ? std::string(reinterpret_cast<const char*>(data + 1), size - 1)
                                  : grammar_script(choices);
   KvStore kv;
-  ConversationTable conversations(64);
-  PrefixIndex prefixes(1024);
+  LocalKvIndex kv_index(1024, 600'000, 64);
   VmServices svc;
   svc.budget = kPickBudget;
   svc.memory_limit = 32u << 20;
   svc.kv = &kv;
-  svc.conversations = &conversations;
-  svc.prefixes = &prefixes;
+  svc.kv_index = &kv_index;
   // One watchdog thread for the whole run, as one engine has.
   static PolicyWatchdog watchdog;
   svc.watchdog = &watchdog;

@@ -1,6 +1,7 @@
 // The Redis reply path as pdgate runs it: bytes from the server go through
 // hiredis's reply reader, are copied out (plugins/redis_protocol.cpp
-// copy_reply), judged (interpret_take_reply, interpret_put_reply), and a
+// copy_reply), judged (interpret_take_reply, interpret_put_reply, and the
+// Sentinel answers: master address, ROLE, +switch-master), and a
 // taken value is decoded as a stored turn (core/turn_history.cpp). The
 // first byte picks how the bytes are split across reads: split or whole,
 // the replies and the protocol error must be the same.
@@ -106,6 +107,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     (void)pdgate::interpret_put_reply(reply);
     (void)pdgate::is_unknown_command_error(reply);
+    // What a sentinel answers (redis+sentinel:// endpoints): a master's
+    // address is never empty, and a +switch-master message's target never
+    // has port 0.
+    if (auto master = pdgate::interpret_master_address(reply))
+      check(!master->host.empty() && master->port != 0, "a master without an address");
+    (void)pdgate::is_master_role(reply);
+    (void)pdgate::is_readonly_error(reply);
+    if (reply.type == pdgate::RedisReply::Type::array && reply.elements.size() == 3) {
+      if (auto to = pdgate::switch_master_target(reply.elements[2].text, reply.elements[1].text))
+        check(to->port != 0, "a switch to port 0");
+    }
   }
   return 0;
 }

@@ -175,6 +175,7 @@ TEST(Config, CheckConfig) {
   std::ofstream(dir + "/bad-duration.yaml") << "decode: [localhost:8200]\nconnect-timeout: soon\n";
   std::ofstream(dir + "/no-decode.yaml") << "prefill: [localhost:8100]\n";
   std::ofstream(dir + "/broken.lua") << "return { pick = function( end }\n";
+  std::ofstream(dir + "/keys.yaml") << "keys:\n  - name: a\n    sha256: nothex\n";
   struct Bad {
     std::string args;
     std::string says;
@@ -186,6 +187,10 @@ TEST(Config, CheckConfig) {
       {"--prefill localhost:8100 --decode localhost:8200 --policy " + dir + "/broken.lua",
        "broken.lua"},
       {"--config " + dir + "/missing.yaml", "missing.yaml"},
+      {"--prefill localhost:8100 --decode localhost:8200 --api-keys " + dir + "/keys.yaml",
+       "64 hex digits"},
+      {"--prefill localhost:8100 --decode localhost:8200 --api-keys-from-redis true",
+       "needs --redis"},
   };
   for (const auto& b : bad) {
     std::tie(code, out) = run_pdgate("--check-config " + b.args);

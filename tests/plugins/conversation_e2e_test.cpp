@@ -4,6 +4,7 @@
 // prefill received and whether its pull was the first use of them.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -366,6 +367,87 @@ TEST(ConversationReuse, ExposeKvParams) {
   ASSERT_EQ(t2.response.status, 200);
   EXPECT_TRUE(t2.response.json().contains("kv_transfer_params"));
   expect_reused(p, t2.request_id, t1.request_id);
+}
+
+// Redis behind Sentinel (redis+sentinel://, the first sentinel listed is
+// down): the gateway finds the master through the sentinel that answers;
+// when the master is killed under traffic, no client request fails (turns
+// are cache misses meanwhile), and once Sentinel has promoted the replica
+// conversations are stored and reused on the new master.
+TEST(ConversationReuse, FollowsSentinelFailover) {
+  if (!have_redis_sentinel())
+    GTEST_SKIP() << "redis-sentinel is not installed (apt-get install redis-sentinel)";
+  RedisServer master;
+  RedisServer replica({"--replicaof", "127.0.0.1", std::to_string(master.port())});
+  ASSERT_TRUE(eventually(
+      [&] {
+        return replica.cli("info replication").find("master_link_status:up") != std::string::npos;
+      },
+      10s));
+  RedisSentinel sentinel(master.port());
+  // Sentinel promotes only replicas it has learnt of (from the master's INFO).
+  ASSERT_TRUE(eventually(
+      [&] {
+        return sentinel.cli("sentinel replicas mymaster").find(std::to_string(replica.port())) !=
+               std::string::npos;
+      },
+      20s));
+  const std::string url = "redis+sentinel://127.0.0.1:" + std::to_string(closed_port()) +
+                          ",127.0.0.1:" + std::to_string(sentinel.port()) + "/mymaster";
+  Sim p("prefill");
+  Sim d("decode", decode_flags());
+  Gateway gw(gateway_args(p, d, {"--redis", url}));
+  ASSERT_TRUE(eventually([&] { return store_health(gw.port())["reachable"] == true; }, 10s))
+      << gw.process().log();
+
+  Conversation before{"conv-sentinel-before"};
+  auto b1 = send_turn(gw.port(), before, true);
+  ASSERT_EQ(b1.response.status, 200) << b1.response.body;
+  auto b2 = send_turn(gw.port(), before, false);
+  ASSERT_EQ(b2.response.status, 200) << b2.response.body;
+  expect_reused(p, b2.request_id, b1.request_id);
+  EXPECT_NE(master.cli("dbsize"), "0");
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0};
+  std::vector<std::string> failures;
+  std::thread traffic([&] {
+    for (int i = 0; !stop; ++i) {
+      Conversation c{"conv-sentinel-load-" + std::to_string(i)};
+      for (int t = 0; t < 2; ++t) {
+        auto r = send_turn(gw.port(), c, t == 0);
+        if (r.response.status == 200)
+          ++ok;
+        else
+          failures.push_back(std::to_string(r.response.status) + " " + r.response.body);
+      }
+    }
+  });
+  master.kill();
+  const bool promoted = eventually([&] { return sentinel.master_port() == replica.port(); }, 30s);
+  // Conversations resume on the promoted master: a fresh one reuses its
+  // first turn's blocks (the gateway's connections may take a moment to
+  // follow, hence a few tries).
+  bool resumed = false;
+  for (int i = 0; promoted && !resumed && i < 40; ++i) {
+    Conversation after{"conv-sentinel-after-" + std::to_string(i)};
+    auto a1 = send_turn(gw.port(), after, true);
+    auto a2 = send_turn(gw.port(), after, true);
+    ASSERT_EQ(a1.response.status, 200) << a1.response.body;
+    ASSERT_EQ(a2.response.status, 200) << a2.response.body;
+    resumed = prefill_record(p, a2.request_id)["kv_result"] == "valid";
+    if (!resumed)
+      std::this_thread::sleep_for(250ms);
+  }
+  stop = true;
+  traffic.join();
+  ASSERT_TRUE(promoted) << "sentinel never promoted the replica: "
+                        << sentinel.cli("sentinel master mymaster");
+  EXPECT_TRUE(resumed) << gw.process().log();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures.front();
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_NE(replica.cli("dbsize"), "0");
+  EXPECT_EQ(replica.cli("role").substr(0, 6), "master");
 }
 
 }  // namespace

@@ -86,6 +86,41 @@ TEST(RedisUrl, Rejects) {
   }
 }
 
+// redis+sentinel:// lists sentinels (26379 by default) and names the master;
+// the password is the master's and never shown.
+TEST(RedisUrl, Sentinel) {
+  auto ep = parse_redis_url(
+      "redis+sentinel://:secretpw@s1:26380,[::1],s3/mymaster/2?sentinel_password=sp%21");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_TRUE(ep->is_sentinel());
+  ASSERT_EQ(ep->sentinels.size(), 3u);
+  EXPECT_EQ(ep->sentinels[0].host, "s1");
+  EXPECT_EQ(ep->sentinels[0].port, 26380);
+  EXPECT_EQ(ep->sentinels[1].host, "::1");
+  EXPECT_EQ(ep->sentinels[1].port, 26379);
+  EXPECT_EQ(ep->sentinels[2].port, 26379);
+  EXPECT_EQ(ep->master_name, "mymaster");
+  EXPECT_EQ(ep->db, 2);
+  EXPECT_EQ(ep->password, "secretpw");
+  EXPECT_EQ(ep->sentinel_password, "sp!");
+  EXPECT_EQ(ep->display(), "redis+sentinel://:***@s1:26380,[::1]:26379,s3:26379/mymaster/2");
+}
+
+// A sentinel URL without a master name, with a bad sentinel address or an
+// unknown query item is refused, the password never echoed.
+TEST(RedisUrl, SentinelRejects) {
+  for (const char* bad :
+       {"redis+sentinel://s1:26379", "redis+sentinel://s1:26379/", "redis+sentinel://:26379/m",
+        "redis+sentinel://s1:0/m", "redis+sentinel://s1,,s2/m", "redis+sentinel://s1/m/x",
+        "redis+sentinel://:secretpw@s1/m?color=red", "redis+sentinel://s1/m?sentinel_password"}) {
+    auto ep = parse_redis_url(bad);
+    EXPECT_FALSE(ep) << bad;
+    if (!ep) {
+      EXPECT_EQ(ep.error().find("secretpw"), std::string::npos) << ep.error();
+    }
+  }
+}
+
 RedisReply reply(RedisReply::Type t, std::string text = {}) {
   RedisReply r;
   r.type = t;
@@ -218,6 +253,64 @@ TEST(WarnLimiter, OnePerInterval) {
   EXPECT_FALSE(w.allow(10'999, suppressed));
   EXPECT_TRUE(w.allow(11'000, suppressed));
   EXPECT_EQ(suppressed, 2u);
+}
+
+RedisReply array_of(std::vector<RedisReply> items) {
+  RedisReply r;
+  r.type = RedisReply::Type::array;
+  r.elements = std::move(items);
+  return r;
+}
+
+// A command is RESP: an array of bulk strings, binary-safe.
+TEST(Sentinel, RespCommand) {
+  EXPECT_EQ(resp_command({"SENTINEL", "get-master-addr-by-name", "m"}),
+            "*3\r\n$8\r\nSENTINEL\r\n$23\r\nget-master-addr-by-name\r\n$1\r\nm\r\n");
+  EXPECT_EQ(resp_command({std::string_view("a\r\nb", 4)}), "*1\r\n$4\r\na\r\nb\r\n");
+}
+
+// get-master-addr-by-name: [host, port] is the master; nil, errors and
+// malformed answers are errors saying so.
+TEST(Sentinel, MasterAddressReply) {
+  auto ok = interpret_master_address(array_of(
+      {reply(RedisReply::Type::string, "10.0.0.5"), reply(RedisReply::Type::string, "6380")}));
+  ASSERT_TRUE(ok) << ok.error();
+  EXPECT_EQ(ok->host, "10.0.0.5");
+  EXPECT_EQ(ok->port, 6380);
+  auto unknown = interpret_master_address(reply(RedisReply::Type::nil));
+  ASSERT_FALSE(unknown);
+  EXPECT_NE(unknown.error().find("does not know"), std::string::npos);
+  EXPECT_FALSE(interpret_master_address(reply(RedisReply::Type::error, "ERR no such")));
+  EXPECT_FALSE(interpret_master_address(array_of({reply(RedisReply::Type::string, "h")})));
+  EXPECT_FALSE(interpret_master_address(
+      array_of({reply(RedisReply::Type::string, "h"), reply(RedisReply::Type::string, "99999")})));
+  EXPECT_FALSE(interpret_master_address(
+      array_of({reply(RedisReply::Type::string, ""), reply(RedisReply::Type::string, "6379")})));
+}
+
+// ROLE's first element says whether a server is the master; READONLY
+// errors mean it was demoted.
+TEST(Sentinel, RoleAndReadonly) {
+  EXPECT_TRUE(is_master_role(array_of({reply(RedisReply::Type::string, "master")})));
+  EXPECT_FALSE(is_master_role(array_of({reply(RedisReply::Type::string, "slave")})));
+  EXPECT_FALSE(is_master_role(reply(RedisReply::Type::error, "ERR unknown command 'ROLE'")));
+  EXPECT_TRUE(is_readonly_error(
+      reply(RedisReply::Type::error, "READONLY You can't write against a read only replica.")));
+  EXPECT_FALSE(is_readonly_error(reply(RedisReply::Type::error, "ERR wrong number")));
+  EXPECT_FALSE(is_readonly_error(reply(RedisReply::Type::string, "READONLY")));
+}
+
+// +switch-master names the master, its old and its new address: only this
+// master's switches count.
+TEST(Sentinel, SwitchMasterMessage) {
+  auto to = switch_master_target("mymaster 127.0.0.1 6379 127.0.0.1 6380", "mymaster");
+  ASSERT_TRUE(to);
+  EXPECT_EQ(to->host, "127.0.0.1");
+  EXPECT_EQ(to->port, 6380);
+  EXPECT_FALSE(switch_master_target("other 127.0.0.1 6379 127.0.0.1 6380", "mymaster"));
+  EXPECT_FALSE(switch_master_target("mymaster 127.0.0.1 6379 127.0.0.1", "mymaster"));
+  EXPECT_FALSE(switch_master_target("mymaster 127.0.0.1 6379 127.0.0.1 x", "mymaster"));
+  EXPECT_FALSE(switch_master_target("mymaster a 1 b 2 c", "mymaster"));
 }
 
 }  // namespace

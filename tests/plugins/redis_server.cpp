@@ -7,6 +7,8 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -88,7 +90,11 @@ void RedisServer::thaw() {
 }
 
 std::string RedisServer::cli(const std::string& args) const {
-  const std::string cmd = "redis-cli -p " + std::to_string(port_) + " " + args + " 2>/dev/null";
+  return redis_cli(port_, args);
+}
+
+std::string redis_cli(std::uint16_t port, const std::string& args) {
+  const std::string cmd = "redis-cli -p " + std::to_string(port) + " " + args + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr)
     return {};
@@ -100,6 +106,59 @@ std::string RedisServer::cli(const std::string& args) const {
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r'))
     out.pop_back();
   return out;
+}
+
+bool have_redis_sentinel() {
+  return access("/usr/bin/redis-sentinel", X_OK) == 0;
+}
+
+RedisSentinel::RedisSentinel(std::uint16_t master_port, std::string master_name)
+    : master_name_(std::move(master_name)) {
+  char tmpl[] = "/tmp/pdgate-sentinel.XXXXXX";
+  if (mkdtemp(tmpl) == nullptr)
+    throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  port_ = closed_port();
+  const std::string conf = dir_ + "/sentinel.conf";
+  {
+    std::ofstream f(conf);
+    f << "port " << port_ << "\nbind 127.0.0.1\ndir " << dir_ << "\nloglevel warning\n"
+      << "sentinel monitor " << master_name_ << " 127.0.0.1 " << master_port << " 1\n"
+      << "sentinel down-after-milliseconds " << master_name_ << " 1000\n"
+      << "sentinel failover-timeout " << master_name_ << " 10000\n"
+      << "sentinel parallel-syncs " << master_name_ << " 1\n";
+  }
+  proc_ = std::make_unique<Process>("redis-sentinel",
+                                    std::vector<std::string>{"/usr/bin/redis-sentinel", conf});
+  if (!eventually([&] { return answers_ping(port_); }, std::chrono::seconds(10))) {
+    throw std::runtime_error("redis-sentinel did not start on port " + std::to_string(port_) +
+                             ": " + proc_->log());
+  }
+}
+
+RedisSentinel::~RedisSentinel() {
+  if (proc_) {
+    proc_->signal(SIGKILL);
+    proc_->wait();
+  }
+  std::filesystem::remove_all(dir_);
+}
+
+std::string RedisSentinel::cli(const std::string& args) const {
+  return redis_cli(port_, args);
+}
+
+std::uint16_t RedisSentinel::master_port() const {
+  // Two lines: the host, then the port.
+  const std::string out = cli("sentinel get-master-addr-by-name " + master_name_);
+  const auto nl = out.find('\n');
+  if (nl == std::string::npos)
+    return 0;
+  try {
+    return static_cast<std::uint16_t>(std::stoi(out.substr(nl + 1)));
+  } catch (...) {
+    return 0;
+  }
 }
 
 }  // namespace pdgate::test

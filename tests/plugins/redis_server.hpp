@@ -41,4 +41,32 @@ class RedisServer {
   std::unique_ptr<Process> proc_;
 };
 
+// redis-cli against a server or sentinel on 127.0.0.1:`port`, trimmed stdout.
+std::string redis_cli(std::uint16_t port, const std::string& args);
+
+// A real Redis Sentinel (Debian's redis-sentinel) on a free port of
+// 127.0.0.1, watching one master under the name `master_name`, quick to
+// call it down (1 s) so failover tests stay short. Its config lives in a
+// temporary directory (Sentinel rewrites it as it learns).
+class RedisSentinel {
+ public:
+  RedisSentinel(std::uint16_t master_port, std::string master_name = "mymaster");
+  ~RedisSentinel();
+
+  std::uint16_t port() const { return port_; }
+  // Runs redis-cli against this sentinel and returns its trimmed stdout.
+  std::string cli(const std::string& args) const;
+  // The port of the master as this sentinel sees it (0 if unknown).
+  std::uint16_t master_port() const;
+
+ private:
+  std::string dir_;
+  std::string master_name_;
+  std::uint16_t port_ = 0;
+  std::unique_ptr<Process> proc_;
+};
+
+// Whether Debian's redis-sentinel is installed (tests skip without it).
+bool have_redis_sentinel();
+
 }  // namespace pdgate::test

@@ -470,29 +470,6 @@ TEST(SharedState, KvStoreCap) {
   EXPECT_FALSE(kv.get("t", 111).has_value());  // expired
 }
 
-// The prefix index reports each instance's longest routed prefix and forgets old routes.
-TEST(SharedState, PrefixIndexMatches) {
-  PrefixIndex idx(1 << 12, 1000);
-  const std::vector<std::uint64_t> a{1, 2, 3, 4};
-  const std::vector<std::uint64_t> a2{1, 2, 9};
-  idx.record(a, 7, 0);
-  idx.record(a2, 8, 0);
-  auto m = idx.matches({1, 2, 3, 5}, 10, 8);
-  std::map<std::uint64_t, std::size_t> got(m.begin(), m.end());
-  EXPECT_EQ(got[7], 3u);
-  EXPECT_EQ(got[8], 2u);
-  EXPECT_TRUE(idx.matches({1, 2, 3}, 2000, 8).empty());  // past the TTL
-}
-
-// The conversation table stays within its capacity.
-TEST(SharedState, ConversationTableBounded) {
-  ConversationTable t(100);
-  for (int i = 0; i < 1000; ++i)
-    t.put("c" + std::to_string(i), ConversationEntry{1, 2, 3});
-  EXPECT_TRUE(t.get("c999").has_value());
-  EXPECT_FALSE(t.get("c0").has_value());
-}
-
 // --- Reload ---------------------------------------------------------------
 
 // A good reload switches every worker before its next pick.

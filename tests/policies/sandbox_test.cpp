@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "policies/engine.hpp"
+#include "policies/local_kv_index.hpp"
 #include "policies/lua_vm.hpp"
 #include "policies/lua_watchdog.hpp"
 #include "tests/policies/policy_test_util.hpp"
@@ -66,8 +67,7 @@ class Sandbox {
     svc_.budget = budget;
     svc_.memory_limit = memory_limit;
     svc_.kv = &kv_;
-    svc_.conversations = &conversations_;
-    svc_.prefixes = &prefixes_;
+    svc_.kv_index = &kv_index_;
     svc_.watchdog = &watchdog_;
   }
 
@@ -132,8 +132,7 @@ class Sandbox {
 
  private:
   KvStore kv_;
-  ConversationTable conversations_;
-  PrefixIndex prefixes_;
+  LocalKvIndex kv_index_;
   PolicyWatchdog watchdog_;
   VmServices svc_;
   std::unique_ptr<LuaVm> vm_;

@@ -2,9 +2,11 @@
 // never picks an unhealthy instance while a healthy one exists.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
+#include "policies/local_kv_index.hpp"
 #include "policies/metrics.hpp"
 #include "tests/policies/policy_test_util.hpp"
 
@@ -13,6 +15,7 @@ namespace {
 
 using test::engine_for;
 using test::fake_instances;
+using test::settings_for;
 
 PickContext ctx_for(Stage stage) {
   PickContext c;
@@ -323,7 +326,49 @@ TEST(ConversationDecode, FailedTurnNotRecorded) {
   PickOutcome failed;
   failed.stage = Stage::decode;
   p->on_complete(*inst[1], ctx, failed);
-  EXPECT_FALSE(e->conversations().get("chat-3").has_value());
+  EXPECT_FALSE(e->kv_index().conversation("chat-3").has_value());
+}
+
+// Two replicas sharing one KV-location index, each numbering the same engines differently
+// (B lists them in reverse, with other ids): what one routed, the other finds, for
+// prefix_affinity and for conversation_decode.
+TEST(SharedIndex, ReplicasWithDifferentIdsAgree) {
+  auto index = std::make_shared<LocalKvIndex>();
+  auto a = *PolicyEngine::create(settings_for("prefix_affinity"), index);
+  auto b = *PolicyEngine::create(settings_for("prefix_affinity"), index);
+  auto pa = a->make_picker(0);
+  auto pb = b->make_picker(0);
+  auto on_a = fake_instances(4, Role::decode, 1);
+  auto on_b = fake_instances(4, Role::decode, 100);
+  std::reverse(on_b.begin(), on_b.end());
+  for (int c = 0; c < 4; ++c) {
+    const std::string prompt(3000, static_cast<char>('a' + c));
+    auto chosen_a = pa->pick(on_a, prompt_ctx(prompt, "a" + std::to_string(c)));
+    auto chosen_b = pb->pick(on_b, prompt_ctx(prompt, "b" + std::to_string(c)));
+    ASSERT_NE(chosen_a, nullptr);
+    ASSERT_NE(chosen_b, nullptr);
+    EXPECT_EQ(chosen_b->spec.url, chosen_a->spec.url) << c;
+  }
+
+  auto ca = *PolicyEngine::create(settings_for("conversation_decode"), index);
+  auto cb = *PolicyEngine::create(settings_for("conversation_decode"), index);
+  auto qa = ca->make_picker(0);
+  auto qb = cb->make_picker(0);
+  PickContext ctx = ctx_for(Stage::decode);
+  ctx.conversation_id = "chat-x";
+  PickOutcome ok;
+  ok.ok = true;
+  ok.stage = Stage::decode;
+  auto first = qa->pick(on_a, ctx);
+  qa->on_complete(*first, ctx, ok);
+  // B's own rotation would start elsewhere: move it on a little too.
+  PickContext other = ctx_for(Stage::decode);
+  qb->pick(on_b, other);
+  for (int i = 0; i < 3; ++i) {
+    auto next = qb->pick(on_b, ctx);
+    ASSERT_NE(next, nullptr);
+    EXPECT_EQ(next->spec.url, first->spec.url) << i;
+  }
 }
 
 }  // namespace

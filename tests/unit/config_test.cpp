@@ -570,6 +570,17 @@ TEST(ConfigYaml, ExampleFileIsValid) {
   ASSERT_TRUE(r.ok()) << r.error();
 }
 
+// --shared-kv-index is on by default, takes on|off, and refuses anything else by name.
+TEST(ConfigRedis, SharedKvIndexSwitch) {
+  auto r = parse({"--decode", "d:1", "--kv-connector", "none"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_TRUE(r->config.shared_kv_index);
+  r = parse({"--decode", "d:1", "--kv-connector", "none", "--shared-kv-index", "off"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_FALSE(r->config.shared_kv_index);
+  expect_error(parse({"--decode", "d:1", "--shared-kv-index", "maybe"}), {"shared-kv-index"});
+}
+
 // --- Policies --------------------------------------------------------------------------
 
 // Without policy flags every stage runs round_robin with the documented limits.

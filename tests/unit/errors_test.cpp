@@ -35,6 +35,9 @@ TEST(ErrorStatus, EveryKindHasItsStatusAndType) {
       {ErrorKind::not_found, 404, "NotFoundError"},
       {ErrorKind::method_not_allowed, 405, "MethodNotAllowedError"},
       {ErrorKind::not_implemented, 501, "NotImplementedError"},
+      {ErrorKind::unauthenticated, 401, "AuthenticationError"},
+      {ErrorKind::rate_limited, 429, "RateLimitError"},
+      {ErrorKind::limiter_unavailable, 503, "ServiceUnavailableError"},
       {ErrorKind::engine_failed, 502, "BadGatewayError"},
       {ErrorKind::connect_failed, 502, "BadGatewayError"},
       {ErrorKind::connect_timed_out, 502, "BadGatewayError"},
@@ -67,6 +70,19 @@ TEST(ErrorStatus, EveryKindHasItsStatusAndType) {
     EXPECT_TRUE(body["error"]["param"].is_null());
     EXPECT_EQ(res[boost::beast::http::field::content_type], "application/json");
   }
+}
+
+// A limited request says when to come back (Retry-After, whole seconds);
+// an unauthenticated one says which scheme is expected.
+TEST(ErrorStatus, RateLimitAndAuthHeaders) {
+  auto limited = of(ErrorKind::rate_limited);
+  limited.retry_after_seconds = 3;
+  EXPECT_EQ(make_error_response(limited, 11, true)[boost::beast::http::field::retry_after], "3");
+  const auto unauth = make_error_response(of(ErrorKind::unauthenticated), 11, true);
+  EXPECT_EQ(unauth[boost::beast::http::field::www_authenticate], "Bearer");
+  EXPECT_EQ(make_error_response(of(ErrorKind::limiter_unavailable), 11,
+                                true)[boost::beast::http::field::retry_after],
+            "1");
 }
 
 // An engine's own 4xx keeps its status; anything else the engine

@@ -1,0 +1,80 @@
+#include "core/client_admission.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace pdgate {
+
+namespace http = boost::beast::http;
+
+namespace {
+
+void count(std::atomic<std::uint64_t>& c) {
+  c.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+ClientAdmission::~ClientAdmission() {
+  if (limiter_ != nullptr && key_)
+    limiter_->release(*key_, slot_, tokens_);
+}
+
+boost::asio::awaitable<std::optional<GatewayError>> admit_client(
+    WorkerContext& w, const http::request<http::string_body>& req, std::string_view request_id,
+    ClientAdmission& out) {
+  if (w.client_keys == nullptr)
+    co_return std::nullopt;
+  ClientKeys& keys = *w.client_keys;
+  auto& c = keys.counters();
+  const auto auth = req.find(http::field::authorization);
+  const std::string_view presented =
+      auth == req.end() ? std::string_view{} : bearer_token(auth->value());
+  out.key_ = keys.find(presented);
+  if (!out.key_) {
+    count(c.unauthenticated);
+    GatewayError e = client_error(ErrorKind::unauthenticated,
+                                  presented.empty() ? "You didn't provide an API key: send it as "
+                                                      "'Authorization: Bearer YOUR_KEY'"
+                                                    : "Incorrect API key provided");
+    co_return e;
+  }
+  if (!out.key_->limits.any() || !w.client_limiter) {
+    count(c.admitted);
+    co_return std::nullopt;
+  }
+  Admission a = co_await w.client_limiter->admit(*out.key_, request_id);
+  switch (a.verdict) {
+    case Admission::Verdict::admitted:
+      count(c.admitted);
+      out.limiter_ = w.client_limiter.get();
+      out.slot_ = std::move(a.slot);
+      co_return std::nullopt;
+    case Admission::Verdict::limited: {
+      count(a.reason == "rate"          ? c.limited_rate
+            : a.reason == "concurrency" ? c.limited_concurrency
+                                        : c.limited_tokens);
+      const char* what = a.reason == "rate"          ? "requests per second"
+                         : a.reason == "concurrency" ? "concurrent requests"
+                                                     : "tokens per minute";
+      GatewayError e =
+          client_error(ErrorKind::rate_limited,
+                       "Rate limit reached for API key '" + out.key_->name + "' (" + what + ")");
+      // Whole seconds, rounded up: coming back early only earns another 429.
+      e.retry_after_seconds =
+          static_cast<unsigned>(std::max<std::int64_t>(1, (a.retry_after.count() + 999) / 1000));
+      co_return e;
+    }
+    case Admission::Verdict::unavailable:
+      count(c.limiter_unavailable);
+      if (keys.fail_open()) {
+        spdlog::debug("request {}: limiter unavailable ({}); admitted (fail open)", request_id,
+                      a.reason);
+        co_return std::nullopt;
+      }
+      co_return gateway_error(ErrorKind::limiter_unavailable,
+                              "rate limiter unavailable; try again shortly", a.reason);
+  }
+  co_return std::nullopt;
+}
+
+}  // namespace pdgate

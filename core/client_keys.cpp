@@ -1,0 +1,290 @@
+#include "core/client_keys.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
+
+#include "core/sha256.hpp"
+#include "core/text.hpp"
+
+namespace pdgate {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double steady_ms() {
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
+}
+
+bool is_hex64(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// The fields one key may have, from YAML or JSON alike: `get(name)` yields
+// the field's text (nullopt when absent), `labels()` the label map.
+template <typename Get, typename Labels>
+Result<ClientKey> read_key(Get get, Labels labels) {
+  ClientKey k;
+  auto name = get("name");
+  if (!name || trim(*name).empty())
+    return fail("needs a name");
+  k.name = std::string(trim(*name));
+  auto number = [&](const char* field, double max) -> Result<double> {
+    auto v = get(field);
+    if (!v)
+      return 0.0;
+    char* end = nullptr;
+    const std::string text(trim(*v));
+    const double d = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !std::isfinite(d) || d < 0 || d > max)
+      return fail(std::string(field) + " must be a number from 0 to " +
+                  std::to_string(static_cast<long long>(max)));
+    return d;
+  };
+  auto rps = number("requests_per_second", 1e6);
+  auto burst = number("burst", 1e6);
+  auto conc = number("concurrent", 1e6);
+  auto tpm = number("tokens_per_minute", 1e15);
+  for (auto* r : {&rps, &burst, &conc, &tpm}) {
+    if (!*r)
+      return fail(r->error());
+  }
+  k.limits.requests_per_second = *rps;
+  k.limits.burst = *burst;
+  k.limits.concurrent = static_cast<std::uint32_t>(*conc);
+  k.limits.tokens_per_minute = static_cast<std::uint64_t>(*tpm);
+  auto l = labels();
+  if (!l)
+    return fail(l.error());
+  k.labels = std::move(*l);
+  return k;
+}
+
+}  // namespace
+
+double KeyLimits::bucket() const {
+  if (burst > 0)
+    return burst;
+  return std::max(1.0, requests_per_second);
+}
+
+Result<KeyTable> parse_key_file(std::string_view yaml_text) {
+  KeyTable table;
+  try {
+    const YAML::Node root = YAML::Load(std::string(yaml_text));
+    const YAML::Node keys = root.IsMap() ? root["keys"] : YAML::Node();
+    if (!keys || !keys.IsSequence())
+      return fail("the key file needs a 'keys' list");
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const YAML::Node& n = keys[i];
+      const std::string where = "key " + std::to_string(i + 1);
+      if (!n.IsMap())
+        return fail(where + ": expected a map (name, sha256, limits)");
+      for (const auto& kv : n) {
+        static const char* known[] = {
+            "name",  "sha256",     "labels",           "requests_per_second",
+            "burst", "concurrent", "tokens_per_minute"};
+        const auto field = kv.first.as<std::string>();
+        if (std::find(std::begin(known), std::end(known), field) == std::end(known))
+          return fail(where + ": unknown field '" + field + "'");
+      }
+      auto get = [&](const char* field) -> std::optional<std::string> {
+        const YAML::Node v = n[field];
+        if (!v || !v.IsScalar())
+          return std::nullopt;
+        return v.as<std::string>();
+      };
+      auto labels = [&]() -> Result<std::map<std::string, std::string>> {
+        std::map<std::string, std::string> out;
+        const YAML::Node v = n["labels"];
+        if (!v)
+          return out;
+        if (!v.IsMap())
+          return fail("labels must be a map");
+        for (const auto& kv : v)
+          out[kv.first.as<std::string>()] = kv.second.as<std::string>();
+        return out;
+      };
+      auto key = read_key(get, labels);
+      if (!key)
+        return fail(where + ": " + key.error());
+      auto hash = get("sha256");
+      const std::string hex = hash ? lower(trim(*hash)) : std::string();
+      if (!is_hex64(hex))
+        return fail(where + " (" + key->name +
+                    "): sha256 must be 64 hex digits, the SHA-256 of "
+                    "the key (printf %s KEY | sha256sum)");
+      if (table.count(hex))
+        return fail(where + " (" + key->name + "): the same key is listed twice");
+      table.emplace(hex, std::make_shared<const ClientKey>(std::move(*key)));
+    }
+  } catch (const YAML::Exception& e) {
+    return fail(std::string("the key file is not valid YAML: ") + e.what());
+  }
+  return table;
+}
+
+Result<ClientKeyPtr> parse_key_json(std::string_view json_text) {
+  const auto j = nlohmann::json::parse(json_text, nullptr, false);
+  if (!j.is_object())
+    return fail("not a JSON object");
+  auto get = [&](const char* field) -> std::optional<std::string> {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null())
+      return std::nullopt;
+    return it->is_string() ? it->get<std::string>() : it->dump();
+  };
+  auto labels = [&]() -> Result<std::map<std::string, std::string>> {
+    std::map<std::string, std::string> out;
+    auto it = j.find("labels");
+    if (it == j.end())
+      return out;
+    if (!it->is_object())
+      return fail("labels must be an object");
+    for (const auto& [k, v] : it->items()) {
+      if (!v.is_string())
+        return fail("label values must be strings");
+      out[k] = v.get<std::string>();
+    }
+    return out;
+  };
+  auto key = read_key(get, labels);
+  if (!key)
+    return fail(key.error());
+  return std::make_shared<const ClientKey>(std::move(*key));
+}
+
+std::string_view bearer_token(std::string_view authorization) {
+  authorization = trim(authorization);
+  if (authorization.size() < 7 || lower(authorization.substr(0, 7)) != "bearer ")
+    return {};
+  return trim(authorization.substr(7));
+}
+
+RateStep gcra_step(double tat_ms, double now_ms, double per_second, double bucket) {
+  const double interval = 1000.0 / per_second;
+  const double tat = std::max(tat_ms, now_ms);
+  const double next = tat + interval;
+  // Room for `bucket` requests: the next one may start once the backlog
+  // (next - now) is at most bucket intervals.
+  const double allow_at = next - bucket * interval;
+  if (allow_at > now_ms)
+    return {false, tat_ms, static_cast<std::int64_t>(std::ceil(allow_at - now_ms))};
+  return {true, next, 0};
+}
+
+ClientKeys::ClientKeys(KeyTable file_keys, bool fail_open)
+    : file_keys_(std::move(file_keys)),
+      shared_keys_(std::make_shared<const KeyTable>()),
+      fail_open_(fail_open) {}
+
+ClientKeyPtr ClientKeys::find(std::string_view presented) const {
+  if (presented.empty())
+    return nullptr;
+  const auto hex = sha256_hex(presented);
+  if (!hex)
+    return nullptr;
+  if (auto it = file_keys_.find(*hex); it != file_keys_.end())
+    return it->second;
+  std::shared_ptr<const KeyTable> shared;
+  {
+    std::lock_guard lock(mu_);
+    shared = shared_keys_;
+  }
+  auto it = shared->find(*hex);
+  return it == shared->end() ? nullptr : it->second;
+}
+
+void ClientKeys::set_shared_keys(KeyTable shared) {
+  auto next = std::make_shared<const KeyTable>(std::move(shared));
+  std::lock_guard lock(mu_);
+  shared_keys_ = std::move(next);
+}
+
+std::size_t ClientKeys::size() const {
+  std::lock_guard lock(mu_);
+  std::size_t n = file_keys_.size();
+  for (const auto& [hex, k] : *shared_keys_)
+    n += file_keys_.count(hex) ? 0 : 1;
+  return n;
+}
+
+Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id*/, double now_ms) {
+  const KeyLimits& l = key.limits;
+  std::lock_guard lock(mu_);
+  State& s = by_key_[key.name];
+  const std::int64_t minute = static_cast<std::int64_t>(now_ms / 60000.0);
+  if (s.minute != minute) {
+    s.minute = minute;
+    s.tokens = 0;
+  }
+  if (l.tokens_per_minute > 0 && s.tokens >= l.tokens_per_minute) {
+    const auto left = static_cast<std::int64_t>(60000.0 - std::fmod(now_ms, 60000.0));
+    return {Admission::Verdict::limited, std::chrono::milliseconds(left), "tokens", {}};
+  }
+  RateStep step{true, s.tat_ms, 0};
+  if (l.requests_per_second > 0) {
+    step = gcra_step(s.tat_ms, now_ms, l.requests_per_second, l.bucket());
+    if (!step.allowed)
+      return {
+          Admission::Verdict::limited, std::chrono::milliseconds(step.retry_after_ms), "rate", {}};
+  }
+  if (l.concurrent > 0 && s.in_flight >= l.concurrent)
+    return {Admission::Verdict::limited, std::chrono::milliseconds(1000), "concurrency", {}};
+  s.tat_ms = step.tat_ms;
+  ++s.in_flight;
+  return {};
+}
+
+void LocalLimits::release(const ClientKey& key, std::uint64_t tokens, double now_ms) {
+  std::lock_guard lock(mu_);
+  State& s = by_key_[key.name];
+  if (s.in_flight > 0)
+    --s.in_flight;
+  const std::int64_t minute = static_cast<std::int64_t>(now_ms / 60000.0);
+  if (s.minute != minute) {
+    s.minute = minute;
+    s.tokens = 0;
+  }
+  s.tokens += tokens;
+}
+
+namespace {
+
+class LocalLimiter final : public ClientLimiter {
+ public:
+  explicit LocalLimiter(LocalLimits& limits) : limits_(limits) {}
+  net::awaitable<Admission> admit(const ClientKey& key, std::string_view request_id) override {
+    co_return limits_.admit(key, request_id, steady_ms());
+  }
+  void release(const ClientKey& key, const std::string&, std::uint64_t tokens) override {
+    limits_.release(key, tokens, steady_ms());
+  }
+
+ private:
+  LocalLimits& limits_;
+};
+
+class LocalClientKeys final : public ClientKeys {
+ public:
+  explicit LocalClientKeys(KeyTable keys) : ClientKeys(std::move(keys), true) {}
+  std::unique_ptr<ClientLimiter> make_limiter(net::any_io_executor) override {
+    return std::make_unique<LocalLimiter>(limits_);
+  }
+
+ private:
+  LocalLimits limits_;
+};
+
+}  // namespace
+
+std::unique_ptr<ClientKeys> make_local_client_keys(KeyTable keys) {
+  return std::make_unique<LocalClientKeys>(std::move(keys));
+}
+
+}  // namespace pdgate

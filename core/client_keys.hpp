@@ -1,0 +1,173 @@
+// Client API keys and their limits (--api-keys FILE, --api-keys-from-redis).
+// With keys configured, every /v1/ request must carry
+// `Authorization: Bearer <key>` for a known key; each key may carry limits
+// (requests per second, concurrent requests, prompt+completion tokens per
+// minute) that hold across every replica sharing the same Redis.
+//
+// Keys are stored hashed (SHA-256, hex): the gateway never needs, nor
+// keeps, a key in clear. A lookup is local (a hash table refreshed in the
+// background), so a key without limits costs no round trip; a key with
+// limits costs one limiter call per request (one Redis script call when
+// shared), and its release at the end of the request is sent without
+// waiting.
+//
+// Interfaces here; the shared (Redis) limiter and key source live in
+// plugins/, chosen by the composition root.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include "core/result.hpp"
+
+namespace pdgate {
+
+namespace net = boost::asio;
+
+struct KeyLimits {
+  double requests_per_second = 0;  // 0: no rate limit
+  // Requests that may arrive at once above the rate (the bucket's size);
+  // 0 means one second's worth (at least 1).
+  double burst = 0;
+  std::uint32_t concurrent = 0;         // 0: no limit
+  std::uint64_t tokens_per_minute = 0;  // prompt + completion; 0: no limit
+  bool any() const { return requests_per_second > 0 || concurrent > 0 || tokens_per_minute > 0; }
+  double bucket() const;  // the burst actually used
+};
+
+struct ClientKey {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  KeyLimits limits;
+};
+using ClientKeyPtr = std::shared_ptr<const ClientKey>;
+
+// The table of keys by the hex SHA-256 of the key.
+using KeyTable = std::unordered_map<std::string, ClientKeyPtr>;
+
+// Parses a key file (YAML):
+//   keys:
+//     - name: team-a
+//       sha256: 9f86d0...   # hex SHA-256 of the key (`printf %s KEY | sha256sum`)
+//       labels: {tier: gold}
+//       requests_per_second: 5
+//       burst: 10
+//       concurrent: 4
+//       tokens_per_minute: 100000
+// Every error names the entry; the whole file is refused on any error.
+Result<KeyTable> parse_key_file(std::string_view yaml_text);
+// One key's fields from JSON (how keys are stored in Redis: a hash from the
+// hex SHA-256 to this JSON).
+Result<ClientKeyPtr> parse_key_json(std::string_view json_text);
+
+// The key of `Authorization: Bearer <key>`; empty when the header is
+// missing or not a bearer token.
+std::string_view bearer_token(std::string_view authorization);
+
+// GCRA (the generic cell rate algorithm, a token bucket kept as one
+// number): `tat` is the theoretical arrival time of the next request in
+// ms. Admits when the bucket has room and advances tat; else says when to
+// come back. The Redis script (plugins/redis_client_limits.cpp) does the
+// same arithmetic on Redis's clock.
+struct RateStep {
+  bool allowed = false;
+  double tat_ms = 0;  // the new tat (unchanged when refused)
+  std::int64_t retry_after_ms = 0;
+};
+RateStep gcra_step(double tat_ms, double now_ms, double per_second, double bucket);
+
+struct Admission {
+  enum class Verdict { admitted, limited, unavailable };
+  Verdict verdict = Verdict::admitted;
+  std::chrono::milliseconds retry_after{0};
+  std::string reason;  // "rate", "concurrency", "tokens"; or why unavailable
+  // Admitted: the request's concurrency slot, handed back to release().
+  std::string slot;
+};
+
+// One worker's limiter handle; called on that worker's executor only.
+class ClientLimiter {
+ public:
+  virtual ~ClientLimiter() = default;
+  // Counts the request against the key's limits, or says which one it is
+  // over. `request_id` goes into the concurrency slot's name (for an
+  // operator reading Redis); the slot itself is unique.
+  virtual net::awaitable<Admission> admit(const ClientKey& key, std::string_view request_id) = 0;
+  // The admitted request (its slot) ended, having used `tokens` (0 when
+  // unknown). Returns at once: the shared limiter sends it without waiting.
+  virtual void release(const ClientKey& key, const std::string& slot, std::uint64_t tokens) = 0;
+};
+
+struct ClientKeyCounters {
+  std::atomic<std::uint64_t> admitted{0};
+  std::atomic<std::uint64_t> unauthenticated{0};  // missing or unknown key: 401
+  std::atomic<std::uint64_t> limited_rate{0};
+  std::atomic<std::uint64_t> limited_concurrency{0};
+  std::atomic<std::uint64_t> limited_tokens{0};
+  // The shared limiter could not answer: admitted anyway (fail open) or
+  // refused with 503 (fail closed).
+  std::atomic<std::uint64_t> limiter_unavailable{0};
+};
+
+// The process-wide part: the key table, the per-worker limiters, counters.
+class ClientKeys {
+ public:
+  virtual ~ClientKeys() = default;
+  // The key presented, looked up by its hash; nullptr when unknown.
+  ClientKeyPtr find(std::string_view presented) const;
+  virtual std::unique_ptr<ClientLimiter> make_limiter(net::any_io_executor worker) = 0;
+  // Starts background work (refreshing keys from Redis) on `ex`.
+  virtual void start(net::any_io_executor /*ex*/) {}
+  // When the shared limiter cannot answer: admit (true) or refuse (503).
+  bool fail_open() const { return fail_open_; }
+  ClientKeyCounters& counters() { return counters_; }
+  const ClientKeyCounters& counters() const { return counters_; }
+  std::size_t size() const;
+
+ protected:
+  ClientKeys(KeyTable file_keys, bool fail_open);
+  // Replaces the keys learnt from a shared source (file keys stay; a file
+  // key wins over a shared key with the same hash).
+  void set_shared_keys(KeyTable shared);
+
+ private:
+  const KeyTable file_keys_;
+  mutable std::mutex mu_;  // a lookup is a hash and one map probe
+  std::shared_ptr<const KeyTable> shared_keys_;
+  const bool fail_open_;
+  ClientKeyCounters counters_;
+};
+
+// Keys from a file, limits kept in this process (no Redis): each replica
+// enforces them on its own share of the traffic.
+std::unique_ptr<ClientKeys> make_local_client_keys(KeyTable keys);
+
+// The in-process limiter state, shared by a process's workers; `now_ms`
+// is injected so the arithmetic is unit-tested without a clock.
+class LocalLimits {
+ public:
+  Admission admit(const ClientKey& key, std::string_view request_id, double now_ms);
+  void release(const ClientKey& key, std::uint64_t tokens, double now_ms);
+
+ private:
+  struct State {
+    double tat_ms = 0;
+    std::uint32_t in_flight = 0;
+    std::int64_t minute = -1;
+    std::uint64_t tokens = 0;
+  };
+  std::mutex mu_;
+  std::unordered_map<std::string, State> by_key_;  // bounded by the key table
+};
+
+}  // namespace pdgate

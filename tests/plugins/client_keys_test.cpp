@@ -1,0 +1,213 @@
+// API keys and limits end to end (issue 17): real pdgate replicas,
+// pdgate-sim engines and, for the shared limits, a real redis-server.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "core/sha256.hpp"
+#include "tests/integration/harness.hpp"
+#include "tests/plugins/redis_server.hpp"
+
+namespace pdgate::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// A key file in a temporary directory, removed with it.
+class KeyFile {
+ public:
+  explicit KeyFile(const std::string& entries) {
+    path_ = std::filesystem::temp_directory_path() /
+            ("pdgate-keys-" + std::to_string(::getpid()) + "-" + std::to_string(++n_) + ".yaml");
+    std::ofstream(path_) << "keys:\n" << entries;
+  }
+  ~KeyFile() { std::filesystem::remove(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  static inline int n_ = 0;
+  std::filesystem::path path_;
+};
+
+// One key's YAML entry: its hash, not the key.
+std::string entry(const std::string& name, const std::string& key, const std::string& limits = "") {
+  return "  - name: " + name + "\n    sha256: " + *sha256_hex(key) + "\n" + limits;
+}
+
+Headers bearer(const std::string& key) {
+  return {{"Authorization", "Bearer " + key}};
+}
+
+Response chat(std::uint16_t port, const Headers& h, bool stream = false, int max_tokens = 2) {
+  Json body = {{"model", "sim-model"},
+               {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+               {"max_tokens", max_tokens},
+               {"stream", stream}};
+  return post_json(port, "/v1/chat/completions", body, h);
+}
+
+Response models(std::uint16_t port, const std::string& key) {
+  return http_request(port, "GET", "/v1/models", "", bearer(key));
+}
+
+// The sample `series` (name and labels, as printed) of the gateway's
+// /metrics, or -1.
+double sample(std::uint16_t port, const std::string& series) {
+  const std::string body = get(port, "/metrics").body;
+  const auto at = body.find("\n" + series + " ");
+  return at == std::string::npos ? -1 : std::stod(body.substr(at + series.size() + 2));
+}
+
+std::vector<std::string> engines(const Sim& p, const Sim& d, std::vector<std::string> extra) {
+  std::vector<std::string> a = {"--model",    "sim-model", "--prefill",
+                                p.hostport(), "--decode",  d.hostport()};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// Without a key, or with one the file does not list, a request is refused
+// with 401 in OpenAI's shape and never reaches an engine; a listed key is
+// served; both are counted.
+TEST(ClientKeys, RefusedAndAccepted) {
+  Sim p("prefill");
+  Sim d("decode");
+  KeyFile keys(entry("team-a", "sk-good"));
+  Gateway gw(engines(p, d, {"--api-keys", keys.path()}));
+  for (const Headers& h : {Headers{}, bearer("sk-bad"), Headers{{"Authorization", "Basic x"}}}) {
+    auto r = chat(gw.port(), h);
+    EXPECT_EQ(r.status, 401) << r.body;
+    EXPECT_EQ(r.json()["error"]["type"], "AuthenticationError");
+    EXPECT_EQ(r.header("www-authenticate"), "Bearer");
+  }
+  EXPECT_TRUE(d.requests().empty());
+  auto ok = chat(gw.port(), bearer("sk-good"));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(models(gw.port(), "sk-good").status, 200);
+  EXPECT_EQ(models(gw.port(), "sk-bad").status, 401);
+  EXPECT_EQ(sample(gw.port(), "pdgate_client_key_requests_total{outcome=\"unauthenticated\"}"), 4);
+  EXPECT_EQ(sample(gw.port(), "pdgate_client_key_requests_total{outcome=\"admitted\"}"), 2);
+}
+
+// A key's rate limit holds across two replicas sharing Redis: hammered
+// through both, the key gets its configured rate (within 5%), the rest
+// 429 with Retry-After.
+TEST(ClientKeys, RateLimitSharedByTwoReplicas) {
+  RedisServer redis;
+  Sim p("prefill");
+  Sim d("decode");
+  KeyFile keys(entry("metered", "sk-m", "    requests_per_second: 25\n    burst: 1\n"));
+  Gateway gw1(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
+  Gateway gw2(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
+  // Both replicas' limiter connections are up before the clock starts.
+  ASSERT_TRUE(eventually([&] { return models(gw1.port(), "sk-m").status == 200; }, 10s));
+  ASSERT_TRUE(eventually([&] { return models(gw2.port(), "sk-m").status == 200; }, 10s));
+  std::this_thread::sleep_for(1s);  // the bucket refills
+
+  std::atomic<int> ok1{0}, ok2{0}, limited{0}, other{0}, no_retry_after{0};
+  const auto start = Clock::now();
+  const auto end = start + 4s;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; Clock::now() < end; ++i) {
+        const bool first = (i + c) % 2 == 0;
+        auto r = models(first ? gw1.port() : gw2.port(), "sk-m");
+        if (Clock::now() > end)
+          break;  // answered after the window: not counted either way
+        if (r.status == 200)
+          ++(first ? ok1 : ok2);
+        else if (r.status == 429) {
+          ++limited;
+          if (r.header("retry-after").empty())
+            ++no_retry_after;
+        } else
+          ++other;
+      }
+    });
+  }
+  for (auto& t : clients)
+    t.join();
+  const double seconds = std::chrono::duration<double>(end - start).count();
+  const double expected = 25 * seconds + 1;
+  const int admitted = ok1 + ok2;
+  EXPECT_NEAR(admitted, expected, 0.05 * expected)
+      << "gw1 " << ok1 << ", gw2 " << ok2 << ", 429: " << limited;
+  EXPECT_GT(ok1.load(), admitted / 4);
+  EXPECT_GT(ok2.load(), admitted / 4);
+  EXPECT_GT(limited.load(), admitted);  // the clients asked far more often
+  EXPECT_EQ(no_retry_after.load(), 0);
+  EXPECT_EQ(other.load(), 0);
+}
+
+// A key allowed one request at a time: while a stream holds its slot on
+// one replica, the other replica refuses the key's next request (429);
+// once the stream ends the slot is free again.
+TEST(ClientKeys, ConcurrencySharedAcrossReplicas) {
+  RedisServer redis;
+  Sim p("prefill");
+  Sim d("decode", {"--itl-ms", "100"});
+  KeyFile keys(entry("single", "sk-1", "    concurrent: 1\n"));
+  Gateway gw1(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
+  Gateway gw2(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
+  ASSERT_TRUE(eventually([&] { return models(gw1.port(), "sk-1").status == 200; }, 10s));
+  ASSERT_TRUE(eventually([&] { return models(gw2.port(), "sk-1").status == 200; }, 10s));
+
+  Connection stream(gw1.port());
+  Json body = {{"model", "sim-model"},
+               {"messages", {{{"role", "user"}, {"content", "long"}}}},
+               {"max_tokens", 20},
+               {"stream", true}};
+  stream.send_request("POST", "/v1/chat/completions", body.dump(),
+                      {{"Authorization", "Bearer sk-1"}, {"Content-Type", "application/json"}});
+  ASSERT_EQ(stream.read_head().status, 200);
+  auto refused = models(gw2.port(), "sk-1");
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_EQ(refused.json()["error"]["type"], "RateLimitError");
+  EXPECT_FALSE(refused.header("retry-after").empty());
+  while (!stream.read_body_some().empty()) {
+  }
+  EXPECT_TRUE(eventually([&] { return models(gw2.port(), "sk-1").status == 200; }, 5s));
+}
+
+// Redis gone: a gateway set to fail open lets keyed requests in (and
+// counts it); one set to fail closed answers 503 with Retry-After.
+TEST(ClientKeys, RedisDownFailsOpenOrClosed) {
+  RedisServer redis;
+  Sim p("prefill");
+  Sim d("decode");
+  KeyFile keys(entry("k", "sk-k", "    requests_per_second: 1000\n"));
+  Gateway open(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
+  Gateway closed(engines(
+      p, d,
+      {"--api-keys", keys.path(), "--redis", redis.url(), "--limits-on-redis-failure", "closed"}));
+  ASSERT_TRUE(eventually([&] { return models(closed.port(), "sk-k").status == 200; }, 10s));
+  redis.kill();
+  EXPECT_EQ(models(open.port(), "sk-k").status, 200);
+  auto r = models(closed.port(), "sk-k");
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.header("retry-after"), "1");
+  EXPECT_GE(
+      sample(open.port(), "pdgate_client_key_requests_total{outcome=\"limiter_unavailable\"}"), 1);
+  // Back: limits apply again.
+  redis.restart();
+  EXPECT_TRUE(eventually([&] { return models(closed.port(), "sk-k").status == 200; }, 10s));
+}
+
+// Keys kept in Redis (hashed, with their JSON) are accepted without a key
+// file; unknown ones are not.
+TEST(ClientKeys, KeysFromRedis) {
+  RedisServer redis;
+  redis.cli("hset pdgate:api_keys " + *sha256_hex("sk-redis") + " '{\"name\":\"from-redis\"}'");
+  Sim p("prefill");
+  Sim d("decode");
+  Gateway gw(engines(p, d, {"--redis", redis.url(), "--api-keys-from-redis", "true"}));
+  EXPECT_TRUE(eventually([&] { return models(gw.port(), "sk-redis").status == 200; }, 10s));
+  EXPECT_EQ(models(gw.port(), "sk-other").status, 401);
+}
+
+}  // namespace
+}  // namespace pdgate::test
