@@ -27,6 +27,7 @@
 #include "plugins/conversation_stores.hpp"
 #include "plugins/dns_discovery.hpp"
 #include "plugins/kv_connectors.hpp"
+#include "plugins/otlp_exporter.hpp"
 #include "plugins/redis_client_keys.hpp"
 #include "plugins/redis_kv_index.hpp"
 #include "plugins/shared_registry.hpp"
@@ -204,8 +205,20 @@ int main(int argc, char** argv) {
         return nullptr;
       return std::make_unique<pdgate::SharedRegistry>(c, registry, loop_guard);
     };
+    // Spans are exported on the exporter's own thread; it outlives the
+    // workers that hand it spans (the gateway keeps a reference).
+    std::shared_ptr<pdgate::OtlpExporter> exporter;
+    if (!cfg.otlp_endpoint.empty()) {
+      auto options = pdgate::otlp_options(cfg, PDGATE_VERSION);
+      if (!options) {
+        spdlog::critical("{}", options.error());
+        return 2;
+      }
+      exporter = std::make_shared<pdgate::OtlpExporter>(std::move(*options));
+    }
     pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory(),
                             share_registry);
+    gateway.set_span_sink(exporter);
     if (!cfg.api_keys_file.empty() || cfg.api_keys_from_redis) {
       // With --redis the limits hold across every replica; without, each
       // replica enforces them on its own share.

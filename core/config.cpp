@@ -344,13 +344,14 @@ Result<bool> set_admin_port(Config& c, std::string_view v) {
   return true;
 }
 
-Result<bool> set_retry_budget(Config& c, std::string_view v) {
+template <auto Field>
+Result<bool> set_fraction(Config& c, std::string_view v) {
   const std::string t(trim(v));
   char* end = nullptr;
   const double f = std::strtod(t.c_str(), &end);
   if (t.empty() || end != t.c_str() + t.size() || !(f >= 0.0 && f <= 1.0))
     return fail("not a fraction from 0 to 1");
-  c.retry_budget = f;
+  c.*Field = f;
   return true;
 }
 
@@ -378,6 +379,77 @@ Result<bool> set_log_level(Config& c, std::string_view v) {
   return true;
 }
 
+Result<bool> set_otlp_endpoint(Config& c, std::string_view v) {
+  const std::string_view t = trim(v);
+  if (!t.empty()) {
+    if (auto e = parse_http_endpoint(t, "/v1/traces"); !e)
+      return fail(e.error());
+  }
+  c.otlp_endpoint = std::string(t);
+  return true;
+}
+
+bool is_token_char(char ch) {
+  return std::isalnum(static_cast<unsigned char>(ch)) != 0 ||
+         std::string_view("!#$%&'*+-.^_`|~").find(ch) != std::string_view::npos;
+}
+
+// A header name an engine request may carry from --forward-headers or
+// --set-header, lower-cased; hop-by-hop and framing headers, and those
+// pdgate writes itself, are refused (a second copy would be ambiguous or
+// corrupt the request).
+Result<std::string> extra_header_name(std::string_view text) {
+  const std::string name = lower(trim(text));
+  if (name.empty() || !std::all_of(name.begin(), name.end(), is_token_char))
+    return fail("'" + std::string(text) + "' is not a header name");
+  static constexpr std::string_view kHopByHop[] = {"connection",
+                                                   "keep-alive",
+                                                   "proxy-connection",
+                                                   "te",
+                                                   "trailer",
+                                                   "transfer-encoding",
+                                                   "upgrade",
+                                                   "proxy-authenticate",
+                                                   "proxy-authorization"};
+  static constexpr std::string_view kFraming[] = {"content-length", "content-type", "host",
+                                                  "expect"};
+  static constexpr std::string_view kOwn[] = {"x-request-id", "user-agent",      "authorization",
+                                              "via",          "traceparent",     "tracestate",
+                                              "baggage",      "x-forwarded-for", "forwarded"};
+  for (std::string_view n : kHopByHop) {
+    if (name == n)
+      return fail("'" + name + "' is a hop-by-hop header and cannot be passed to engines");
+  }
+  for (std::string_view n : kFraming) {
+    if (name == n)
+      return fail("'" + name + "' frames the request; pdgate writes it itself");
+  }
+  for (std::string_view n : kOwn) {
+    if (name == n)
+      return fail("'" + name + "' is written by pdgate itself (see docs/tracing.md)");
+  }
+  return name;
+}
+
+// "Name: value" for --set-header.
+Result<std::pair<std::string, std::string>> parse_set_header(std::string_view text) {
+  const std::size_t colon = text.find(':');
+  if (colon == std::string_view::npos)
+    return fail("'" + std::string(text) + "' is not 'Name: value'");
+  auto name = extra_header_name(text.substr(0, colon));
+  if (!name)
+    return fail(name.error());
+  const std::string_view value = trim(text.substr(colon + 1));
+  if (value.empty())
+    return fail("the value of header '" + *name + "' is empty");
+  for (char ch : value) {
+    const auto u = static_cast<unsigned char>(ch);
+    if ((u < 0x20 && ch != '\t') || u == 0x7f)
+      return fail("the value of header '" + *name + "' holds a control character (CR, LF, ...)");
+  }
+  return std::pair{*name, std::string(value)};
+}
+
 // Every option, once: the command-line parser, the YAML loader and the help
 // text all read this table, so a flag cannot exist in one and not the others.
 struct Option {
@@ -393,6 +465,7 @@ struct Option {
   // Read once at start (a listener, a thread count, a connection pool's
   // shape): a reload names a change but leaves the running value.
   bool restart = false;
+  bool repeatable = false;  // given again on the command line, adds values (no replacing)
 };
 
 constexpr bool kRestart = true;
@@ -403,6 +476,7 @@ constexpr std::string_view kLimits = "Client limits";
 constexpr std::string_view kUpstream = "Upstream";
 constexpr std::string_view kPolicies = "Policies";
 constexpr std::string_view kGeneral = "General";
+constexpr std::string_view kTracing = "Tracing and forwarded headers";
 
 constexpr std::array kOptions = {
     Option{"host", "", 0, false, false, kListener, "HOST",
@@ -601,7 +675,34 @@ constexpr std::array kOptions = {
            &set_count<&Config::eject_after>},
     Option{"retry-budget", "", 0, false, false, kGeneral, "FRACTION",
            "Retries in flight allowed, as a fraction of requests in flight (default: 0.2).",
-           &set_retry_budget},
+           &set_fraction<&Config::retry_budget>},
+    Option{"otlp-endpoint", "", 0, false, false, kTracing, "URL",
+           "Where spans are exported over OTLP/HTTP (JSON), e.g. http://collector:4318 "
+           "(path default /v1/traces; http:// only) (default: none, no spans).",
+           &set_otlp_endpoint, kRestart},
+    Option{"trace-sample-ratio", "", 0, false, false, kTracing, "FRACTION",
+           "Fraction of the traces pdgate starts that are sampled; a client's traceparent "
+           "decides its own (default: 1).",
+           &set_fraction<&Config::trace_sample_ratio>},
+    Option{"otlp-batch-size", "", 0, false, false, kTracing, "N",
+           "Spans per export request at most (default: 512).",
+           &set_uint<&Config::otlp_batch_size, 100000>, kRestart},
+    Option{"otlp-export-interval", "", 0, false, false, kTracing, "DURATION",
+           "Longest time a finished span waits before it is exported (default: 1s).",
+           &set_duration<&Config::otlp_export_interval>, kRestart},
+    Option{"otlp-queue-size", "", 0, false, false, kTracing, "N",
+           "Finished spans waiting for export at most; more are dropped and counted in "
+           "pdgate_trace_spans_dropped_total (default: 8192).",
+           &set_uint<&Config::otlp_queue_size, (1u << 24)>, kRestart},
+    Option{"otlp-timeout", "", 0, false, false, kTracing, "DURATION",
+           "Time one export request may take, connecting included (default: 5s).",
+           &set_duration<&Config::otlp_timeout>, kRestart},
+    Option{"forward-headers", "", 0, true, false, kTracing, "NAME,NAME",
+           "Client request headers passed on to the engines when present, e.g. "
+           "x-tenant-id,x-priority (default: none)."},
+    Option{"set-header", "", 0, true, false, kTracing, "'NAME: VALUE'",
+           "A header every engine request carries; repeat the flag for more (default: none).",
+           nullptr, false, true},
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
            "trace, debug, info, warn or error (default: info).", &set_log_level},
     Option{"access-log", "", 0, false, false, kGeneral, "PATH|stderr|off",
@@ -867,6 +968,28 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
       }
       if (auto r = o.apply(c, v->values.front()); !r)
         err(*v, r.error());
+    }
+  }
+  if (const auto* v = get("forward-headers")) {
+    c.forward_headers.clear();
+    for (const auto& item : v->values) {
+      for (auto& h : split_urls(item)) {
+        auto name = extra_header_name(h);
+        if (!name)
+          return err(*v, name.error());
+        if (std::find(c.forward_headers.begin(), c.forward_headers.end(), *name) ==
+            c.forward_headers.end())
+          c.forward_headers.push_back(std::move(*name));
+      }
+    }
+  }
+  if (const auto* v = get("set-header")) {
+    c.set_headers.clear();
+    for (const auto& item : v->values) {
+      auto h = parse_set_header(item);
+      if (!h)
+        return err(*v, h.error());
+      c.set_headers.push_back(std::move(*h));
     }
   }
   if (const auto* v = get("allowed-upstreams")) {
@@ -1191,6 +1314,38 @@ Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
   return u;
 }
 
+Result<HttpEndpoint> parse_http_endpoint(std::string_view url, std::string_view default_target) {
+  const std::string_view t = trim(url);
+  const auto bad = [&](const std::string& why) {
+    return fail("invalid URL '" + std::string(t) + "': " + why);
+  };
+  const std::size_t sep = t.find("://");
+  if (sep == std::string_view::npos)
+    return bad("expected http://host[:port][/path]");
+  if (lower(t.substr(0, sep)) != "http")
+    return bad("only http:// is supported");
+  const std::string_view rest = t.substr(sep + 3);
+  const std::size_t slash = rest.find('/');
+  std::string authority(rest.substr(0, slash));
+  const std::string_view path = slash == std::string_view::npos ? "" : rest.substr(slash);
+  if (path.find_first_of("?# ") != std::string_view::npos)
+    return bad("queries, fragments and spaces are not supported");
+  if (authority.empty())
+    return bad("missing host");
+  const std::size_t close = authority.rfind(']');
+  const std::size_t colon = authority.rfind(':');
+  if (colon == std::string::npos || (close != std::string::npos && colon < close))
+    authority += ":80";
+  auto spec = parse_upstream(Role::decode, "http://" + authority);
+  if (!spec)
+    return bad(spec.error());
+  HttpEndpoint e;
+  e.host = spec->host;
+  e.port = spec->port;
+  e.target = path.empty() || path == "/" ? std::string(default_target) : std::string(path);
+  return e;
+}
+
 Result<Config> apply_yaml(Config base, const std::string& yaml_text) {
   Errors errors;
   auto raw = yaml_to_raw(yaml_text, "config", errors);
@@ -1280,8 +1435,15 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
       config_given = true;
       continue;
     }
-    // Repeating an option replaces its earlier values, as with argparse.
-    flags[std::string(o->key)] = std::move(v);
+    // Repeating an option replaces its earlier values, as with argparse,
+    // but for the repeatable ones (--set-header A --set-header B).
+    auto& slot = flags[std::string(o->key)];
+    if (o->repeatable && !slot.values.empty()) {
+      for (auto& value : v.values)
+        slot.values.push_back(std::move(value));
+    } else {
+      slot = std::move(v);
+    }
   }
 
   RawMap merged;
@@ -1422,8 +1584,8 @@ std::string help_text() {
       "--decoder-port) and disagg_epd_proxy.py (--*-servers-urls). Instances are host:port\n"
       "or http://host:port. Every option can also be set in the --config YAML file under\n"
       "its name without dashes ('-' or '_'); flags override the file.\n";
-  constexpr std::string_view groups[] = {kListener, kEngines,  kLimits,
-                                         kUpstream, kPolicies, kGeneral};
+  constexpr std::string_view groups[] = {kListener, kEngines, kLimits, kUpstream,
+                                         kPolicies, kTracing, kGeneral};
   for (const auto group : groups) {
     out += "\n";
     out += group;
@@ -1584,6 +1746,26 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
        [&] { return std::vector{std::string(c.limits_fail_open ? "open" : "closed")}; }},
       {"dns-interval", [&] { return std::vector{duration_text(c.dns_interval)}; }},
       {"dns-server", [&] { return std::vector{c.dns_server}; }},
+      {"otlp-endpoint", [&] { return std::vector{c.otlp_endpoint}; }},
+      {"trace-sample-ratio",
+       [&] {
+         std::ostringstream out;
+         out << c.trace_sample_ratio;
+         return std::vector{out.str()};
+       }},
+      {"otlp-batch-size", [&] { return std::vector{std::to_string(c.otlp_batch_size)}; }},
+      {"otlp-export-interval", [&] { return std::vector{duration_text(c.otlp_export_interval)}; }},
+      {"otlp-queue-size", [&] { return std::vector{std::to_string(c.otlp_queue_size)}; }},
+      {"otlp-timeout", [&] { return std::vector{duration_text(c.otlp_timeout)}; }},
+      {"forward-headers", [&] { return c.forward_headers; }},
+      // Values may be credentials: names only.
+      {"set-header",
+       [&] {
+         std::vector<std::string> out;
+         for (const auto& [name, value] : c.set_headers)
+           out.push_back(name + ": ***");
+         return out;
+       }},
       {"conversation-ttl",
        [&] {
          return std::vector{duration_text(
@@ -1724,6 +1906,12 @@ Config reloadable_part(const Config& running, Config c) {
   c.dns_interval = running.dns_interval;
   c.dns_server = running.dns_server;
   // The access log is opened once, when the listener binds.
+  // The span exporter is started once.
+  c.otlp_endpoint = running.otlp_endpoint;
+  c.otlp_batch_size = running.otlp_batch_size;
+  c.otlp_export_interval = running.otlp_export_interval;
+  c.otlp_queue_size = running.otlp_queue_size;
+  c.otlp_timeout = running.otlp_timeout;
   c.access_log = running.access_log;
   c.access_log_format = running.access_log_format;
   // DNS sources are resolved by a discovery started once.

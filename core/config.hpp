@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/result.hpp"
@@ -146,6 +147,21 @@ struct Config {
   // (at least one), so an outage cannot turn into a retry storm.
   double retry_budget = 0.2;
 
+  // Tracing (docs/tracing.md). Spans go to otlp_endpoint over OTLP/HTTP
+  // (empty: no spans, and engines get the client's traceparent as sent).
+  std::string otlp_endpoint;
+  // Of the traces pdgate starts; a client's traceparent decides its own.
+  double trace_sample_ratio = 1.0;
+  std::size_t otlp_batch_size = 512;
+  std::chrono::milliseconds otlp_export_interval{1000};
+  std::size_t otlp_queue_size = 8192;  // spans waiting for export; more are dropped
+  std::chrono::milliseconds otlp_timeout{5000};
+  // Engine requests also carry these client headers (lowercase names),
+  // when the client sent them, and these fixed ones (validated: no
+  // hop-by-hop, framing or pdgate-set names, no CR/LF).
+  std::vector<std::string> forward_headers;
+  std::vector<std::pair<std::string, std::string>> set_headers;
+
   std::string log_level = "info";
   // One line per request (core/access_log.hpp): a file path, "stderr" or
   // "off"; "text" or "json".
@@ -153,6 +169,15 @@ struct Config {
   std::string access_log_format = "text";
   std::string config_file;  // the --config path, if any
 };
+
+// An http:// URL split for a client: host, port (80 when not given) and
+// the request target (`default_target` when the URL has no path).
+struct HttpEndpoint {
+  std::string host;
+  std::uint16_t port = 80;
+  std::string target;
+};
+Result<HttpEndpoint> parse_http_endpoint(std::string_view url, std::string_view default_target);
 
 // What the command line asked for: run with a config, or print help.
 struct CommandLine {

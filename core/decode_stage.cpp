@@ -18,12 +18,14 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   r->guard = InFlightGuard(decode);
   r->report.emplace(w.picker, decode, rc.pick());
   r->decode = decode;
+  r->span =
+      rc.trace.stage("decode", decode->spec.url, static_cast<unsigned>(rc.tried_decode.size()));
   // A fresh copy per attempt: the recorder follows this decode's answer.
   if (rc.turn)
     r->conversation = rc.turn->fork();
   const bool stream = rc.facts.stream;
   const auto head = upstream_head(http::verb::post, *decode, rc.req.target(), rc.decode_body.size(),
-                                  rc.stage_id, rc.fwd);
+                                  rc.stage_id, rc.fwd, r->span.traceparent());
   const auto buffers = body_buffers(rc.decode_body);
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers, rc.scope,
@@ -31,12 +33,15 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   if (err) {
     out.error = upstream_failure(Stage::decode, err);
     blame(w, *decode, out.error);
+    trace_error(r->span, out.error);
     co_return out;
   }
   r->report->header(ex->status());
+  r->span.status(ex->status());
   if (ex->status() < 200 || ex->status() >= 300) {
     out.error = co_await engine_status_error(Stage::decode, *ex, *decode);
     blame(w, *decode, out.error);
+    trace_error(r->span, out.error);
     co_return out;
   }
   UpstreamError rerr;
@@ -50,11 +55,13 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
     if (!rerr) {
       ex->finish();
       r->first_token_at = std::chrono::steady_clock::now();
+      trace_usage(r->span, r->first);
     }
   }
   if (rerr) {
     out.error = upstream_failure(Stage::decode, rerr);
     blame(w, *decode, out.error);
+    trace_error(r->span, out.error);
     co_return out;
   }
   decode->note_request_success();

@@ -93,15 +93,17 @@ struct FanOut {
 // One encoder request. On failure it records the first error and aborts
 // its siblings.
 net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext ctx,
-                                http::request<http::string_body> up, FanOut& fan) {
+                                http::request<http::string_body> up, StageSpan span, FanOut& fan) {
   std::optional<GatewayError> error;
   {
     InFlightGuard guard(inst);
     StageReport report(w.picker, inst, ctx);
     auto [err, ex] =
         co_await UpstreamExchange::start(w.pools.for_instance(inst), up, fan.scope, w.timeouts());
-    if (ex)
+    if (ex) {
       report.header(ex->status());
+      span.status(ex->status());
+    }
     if (err) {
       // Aborted: a sibling failed first, or the client left.
       if (err.kind != UpstreamFailure::aborted)
@@ -111,6 +113,9 @@ net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext 
     } else {
       std::string answer;
       auto rerr = co_await ex->read_all(answer, kMaxEncoderResponse);
+      if (rerr.kind == UpstreamFailure::aborted)
+        span.error(to_string(ErrorKind::client_gone),
+                   "aborted: a sibling failed or the client left");
       if (!rerr) {
         report.first_token();
         ex->finish();
@@ -120,8 +125,12 @@ net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext 
         error = upstream_failure(Stage::encode, rerr);
       }
     }
-    if (error)
+    if (error) {
       blame(w, *inst, *error);
+      trace_error(span, *error);
+    } else if (err) {
+      span.error(to_string(ErrorKind::client_gone), "aborted: a sibling failed or the client left");
+    }
   }
   if (error && !fan.first_error) {
     spdlog::warn("encoder request {} failed: {}", std::string(up["x-request-id"]), error->message);
@@ -210,9 +219,12 @@ net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
   ChildGroup children(executor, [&fan] { fan.scope.on_client_gone(); });
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::string child_id = request_id + ":" + std::to_string(i) + ":" + short_hex(w.uuids);
+    StageSpan span = rc.trace.stage("encode", chosen[i]->spec.url, 0);
+    span.attribute("pdgate.encode.item", static_cast<std::int64_t>(i));
     auto up = upstream_request(http::verb::post, *chosen[i], "/v1/chat/completions",
-                               make_encoder_body(model_raw, items[i]), child_id, rc.fwd);
-    children.spawn(encode_one(w, chosen[i], ctx, std::move(up), fan));
+                               make_encoder_body(model_raw, items[i]), child_id, rc.fwd,
+                               span.traceparent());
+    children.spawn(encode_one(w, chosen[i], ctx, std::move(up), std::move(span), fan));
   }
   // Waits for every child, failures included (they end fast: a failure
   // aborts the rest), so none outlives `fan`.

@@ -60,6 +60,19 @@ void policy_headers(const void* source, void* user, PickContext::HeaderEmit emit
   }
 }
 
+// The server span's name and the attributes known when the request
+// arrives (OpenTelemetry's HTTP server conventions, plus pdgate's id).
+void name_server_span(RequestTrace& trace, const http::request<http::string_body>& req,
+                      const std::string& request_id) {
+  const std::string_view target = req.target();
+  const std::string_view path = target.substr(0, target.find('?'));
+  const std::string method(req.method_string());
+  trace.name(method + " " + std::string(path));
+  trace.attribute("http.request.method", method);
+  trace.attribute("url.path", std::string(path));
+  trace.attribute("pdgate.request_id", request_id);
+}
+
 // Phase 1: the request is one pdgate can route. Reads what the later
 // phases and the policies need.
 std::optional<GatewayError> validate(RequestContext& rc) {
@@ -78,7 +91,7 @@ std::optional<GatewayError> validate(RequestContext& rc) {
     return client_error(ErrorKind::bad_request, facts.error());
   rc.facts = std::move(*facts);
 
-  rc.fwd = forwarded_headers(rc.w, rc.req);
+  rc.fwd = forwarded_headers(rc.w, rc.req, rc.client, rc.trace);
   rc.set = rc.w.registry.snapshot();
   rc.one_hop = rc.w.cfg.prefill_disabled || !rc.connector.has_prefill();
   PickContext& ctx = rc.pick();
@@ -168,23 +181,35 @@ net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
 net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
                                       http::request<http::string_body>& req, RequestScope& scope,
                                       bool is_chat) {
+  // Before the relay: its decode span ends before the server span.
+  RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
   // Held until the answer is written: the key's concurrency slot.
   ClientAdmission admission;
   std::unique_ptr<DecodeRelay> relay;
+  bool keep = false;
   {
-    auto rc = std::make_unique<RequestContext>(w, client, req, scope, is_chat);
+    auto rc = std::make_unique<RequestContext>(w, client, req, scope, trace, is_chat);
     rc->view->request_id = request_id_for(w, req);
-    if (auto e = co_await admit_client(w, req, rc->request_id(), admission))
-      co_return co_await finish(w, client, req, rc->request_id(), scope, *e);
+    if (trace.recording())
+      name_server_span(trace, req, rc->request_id());
+    if (auto e = co_await admit_client(w, req, rc->request_id(), admission)) {
+      keep = co_await finish(w, client, req, rc->request_id(), scope, *e);
+      trace.finish(scope.status, scope.stage);
+      co_return keep;
+    }
     Routed routed = co_await route(*rc);
     note_routing(*rc, routed.relay ? routed.relay->view->request_id : rc->request_id());
-    if (!routed.relay)
-      co_return co_await finish(w, client, req, rc->request_id(), scope, routed.error);
+    if (!routed.relay) {
+      keep = co_await finish(w, client, req, rc->request_id(), scope, routed.error);
+      trace.finish(scope.status, scope.stage);
+      co_return keep;
+    }
     relay = std::move(routed.relay);
   }
   scope.status = relay->ex->status();
   scope.stage = "decode";
-  const bool keep = co_await relay_answer(w, client, req, *relay, scope);
+  keep = co_await relay_answer(w, client, req, *relay, scope);
+  trace.finish(scope.client_gone() ? 0 : scope.status, scope.stage);
   // Counted against the key's tokens per minute when the admission ends.
   admission.add_tokens(scope.tokens_used);
   co_return keep;
@@ -193,29 +218,50 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
 net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
                                   http::request<http::string_body>& req, RequestScope& scope) {
   const std::string request_id = request_id_for(w, req);
+  RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
+  if (trace.recording())
+    name_server_span(trace, req, request_id);
   ClientAdmission admission;
-  if (auto e = co_await admit_client(w, req, request_id, admission))
-    co_return co_await finish(w, client, req, request_id, scope, *e);
+  if (auto e = co_await admit_client(w, req, request_id, admission)) {
+    const bool keep = co_await finish(w, client, req, request_id, scope, *e);
+    trace.finish(scope.status, scope.stage);
+    co_return keep;
+  }
   const auto set = w.registry.snapshot();
   PickContext ctx;
   ctx.stage = Stage::decode;
   InstancePtr decode = w.picker.pick(set->decode, ctx);
-  if (!decode)
-    co_return co_await finish(w, client, req, request_id, scope, no_instance(Stage::decode));
+  if (!decode) {
+    const bool keep =
+        co_await finish(w, client, req, request_id, scope, no_instance(Stage::decode));
+    trace.finish(scope.status, scope.stage);
+    co_return keep;
+  }
+  StageSpan span = trace.stage("models", decode->spec.url, 0);
   auto up = upstream_request(http::verb::get, *decode, "/v1/models", {}, request_id,
-                             forwarded_headers(w, req));
+                             forwarded_headers(w, req, client, trace), span.traceparent());
   auto [err, ex] =
       co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
   std::string answer;
   UpstreamError rerr = err;
-  if (!err)
+  if (!err) {
+    span.status(ex->status());
     rerr = co_await ex->read_all(answer, kMaxErrorBody);
-  if (rerr) {
-    co_return co_await finish(w, client, req, request_id, scope,
-                              upstream_failure(Stage::decode, rerr));
   }
+  if (rerr) {
+    const GatewayError e = upstream_failure(Stage::decode, rerr);
+    span.error(to_string(e.kind), e.message);
+    span.end();
+    const bool keep = co_await finish(w, client, req, request_id, scope, e);
+    trace.finish(scope.status, scope.stage);
+    co_return keep;
+  }
+  span.end();
   ex->finish();
-  co_return co_await write_whole_answer(client, req, *ex, std::move(answer), request_id);
+  const unsigned status = ex->status();
+  const bool keep = co_await write_whole_answer(client, req, *ex, std::move(answer), request_id);
+  trace.finish(scope.client_gone() ? 0 : status, "decode");
+  co_return keep;
 }
 
 }  // namespace pdgate

@@ -65,6 +65,13 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   }
   InFlightGuard guard(r.instance);
   StageReport report(w.picker, r.instance, ctx);
+  StageSpan span = rc.trace.stage("prefill", r.instance->spec.url,
+                                  static_cast<unsigned>(rc.tried_prefill.size()));
+  if (params != kDefaultPrefillKvParams) {
+    span.attribute("pdgate.conversation.cache", "hit");
+  } else if (rc.reuse && rc.pick().conversation_id) {
+    span.attribute("pdgate.conversation.cache", "miss");
+  }
   const UpstreamSpec* decode_spec = rc.decode ? &rc.decode->spec : nullptr;
   r.request_id =
       rc.connector.stage_request_id(rc.request_id(), &r.instance->spec, decode_spec, uuid_hex(w));
@@ -72,29 +79,34 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   // written from where it was received, never copied.
   const SplicedText body = rc.connector.prefill_body(rc.body, rc.index, params);
   const auto head = upstream_head(http::verb::post, *r.instance, rc.req.target(), body.size(),
-                                  r.request_id, rc.fwd);
+                                  r.request_id, rc.fwd, span.traceparent());
   const auto buffers = body_buffers(body);
   auto& pool = w.pools.for_instance(r.instance);
   auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, rc.scope, w.timeouts());
   if (err) {
     r.error = upstream_failure(Stage::prefill, err);
     blame(w, *r.instance, *r.error);
+    trace_error(span, *r.error);
     co_return r;
   }
   report.header(ex->status());
+  span.status(ex->status());
   if (ex->status() < 200 || ex->status() >= 300) {
     r.error = co_await engine_status_error(Stage::prefill, *ex, *r.instance);
     blame(w, *r.instance, *r.error);
+    trace_error(span, *r.error);
     co_return r;
   }
   std::string answer;
   if (auto rerr = co_await ex->read_all(answer, kMaxPrefillResponse); rerr) {
     r.error = upstream_failure(Stage::prefill, rerr);
     blame(w, *r.instance, *r.error);
+    trace_error(span, *r.error);
     co_return r;
   }
   report.first_token();
   ex->finish();
+  trace_usage(span, answer);
   r.instance->note_request_success();
   r.instance->latency.prefill.observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
@@ -112,6 +124,7 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
     g.message = "prefill stage failed: the engine answered with invalid JSON";
     g.detail = "prefill stage failed: " + r.instance->spec.url +
                " answered with invalid JSON: " + kv.error();
+    trace_error(span, g);
     r.error = std::move(g);
     co_return r;
   }

@@ -180,6 +180,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
   if (failure) {
     spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure.detail);
     note_failure(w, *r.decode, failure.detail);
+    trace_error(r.span, upstream_failure(Stage::decode, failure));
     const std::string why = w.cfg.verbose_errors ? failure.detail : public_reason(failure.kind);
     const std::string ev =
         sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));

@@ -84,6 +84,7 @@ struct DecodeRelay {
   // When the first data event (a stream) or the whole answer arrived;
   // empty for a stream that ended without one.
   std::optional<std::chrono::steady_clock::time_point> first_token_at;
+  StageSpan span;  // the decode call's: ends with the relay
 };
 
 // Writes decode's answer to the client: the header with the first bytes,

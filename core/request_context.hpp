@@ -23,6 +23,7 @@
 #include "core/request_facts.hpp"
 #include "core/request_scope.hpp"
 #include "core/stage.hpp"
+#include "core/tracing.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -39,11 +40,13 @@ struct RequestView {
 
 struct RequestContext {
   RequestContext(WorkerContext& w_, beast::tcp_stream& client_,
-                 http::request<http::string_body>& req_, RequestScope& scope_, bool is_chat_)
+                 http::request<http::string_body>& req_, RequestScope& scope_, RequestTrace& trace_,
+                 bool is_chat_)
       : w(w_),
         client(client_),
         req(req_),
         scope(scope_),
+        trace(trace_),
         is_chat(is_chat_),
         view(std::make_unique<RequestView>()),
         failover(w_),
@@ -53,6 +56,7 @@ struct RequestContext {
   beast::tcp_stream& client;
   http::request<http::string_body>& req;
   RequestScope& scope;
+  RequestTrace& trace;  // outlives the relay too
   const bool is_chat;
 
   // Validated request (the validate phase).

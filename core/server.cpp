@@ -82,8 +82,11 @@ net::awaitable<bool> serve_profile(WorkerContext& w, beast::tcp_stream& stream,
                                    std::string path) {
   std::string body = req.body().empty() ? std::string("{}") : req.body();
   const auto set = w.registry.snapshot();
+  RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
+  trace.name("POST " + path);
   auto [status, j] = co_await profile_fan_out(w, *set, std::move(path), std::move(body),
-                                              forwarded_headers(w, req), scope);
+                                              forwarded_headers(w, req, stream, trace), scope);
+  trace.finish(scope.client_gone() ? 0 : static_cast<unsigned>(status), "gateway");
   if (scope.client_gone())
     co_return false;
   auto res = json_response(req, status, j);
@@ -433,6 +436,17 @@ std::string Gateway::metrics_text() const {
     m.counter("pdgate_conversation_cache_errors_total", "Conversation store failures.");
     m.sample("pdgate_conversation_cache_errors_total", std::uint64_t{c.errors.load()});
   }
+  // Zero without --otlp-endpoint, so dashboards need no special case.
+  const SpanStats spans = span_sink_ ? span_sink_->stats() : SpanStats{};
+  m.counter("pdgate_trace_spans_exported_total",
+            "Spans the OTLP receiver accepted (--otlp-endpoint).");
+  m.sample("pdgate_trace_spans_exported_total", spans.exported);
+  m.counter("pdgate_trace_spans_dropped_total",
+            "Spans lost: the export queue was full, or the receiver failed or timed out.");
+  m.sample("pdgate_trace_spans_dropped_total", {{"reason", "queue_full"}},
+           spans.dropped_queue_full);
+  m.sample("pdgate_trace_spans_dropped_total", {{"reason", "export_failed"}},
+           spans.dropped_export_failed);
   if (client_keys_) {
     const auto& c = client_keys_->counters();
     m.counter("pdgate_client_key_requests_total",
@@ -475,6 +489,12 @@ void Gateway::reload_refused(std::string why) {
     net::post(admin_ioc_, [admin = admin_, why = std::move(why)]() mutable {
       admin->reload_refused(std::move(why));
     });
+}
+
+void Gateway::set_span_sink(std::shared_ptr<SpanSink> sink) {
+  span_sink_ = std::move(sink);
+  for (auto& worker : workers_)
+    worker->ctx.spans = span_sink_.get();
 }
 
 void Gateway::start() {

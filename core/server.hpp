@@ -29,6 +29,7 @@
 #include "core/prometheus.hpp"
 #include "core/registry_sync.hpp"
 #include "core/routes.hpp"
+#include "core/tracing.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -56,6 +57,9 @@ class Gateway {
   // counters), both from main(); set before run().
   void set_policy_hooks(std::function<Result<bool>()> reload,
                         std::function<void(PrometheusText&)> metrics);
+  // Where the workers hand finished spans (docs/tracing.md); set before
+  // start(). Without one, no spans are made.
+  void set_span_sink(std::shared_ptr<SpanSink> sink);
   // API keys and limits (--api-keys); their background work (keys
   // refreshed from Redis) runs on `control`. Set before start().
   void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
@@ -107,6 +111,7 @@ class Gateway {
   const LoopGuard loop_guard_;
   std::function<Result<bool>()> reload_policy_;
   std::function<void(PrometheusText&)> policy_metrics_;
+  std::shared_ptr<SpanSink> span_sink_;
   std::shared_ptr<AdminApi> admin_;
   // The admin listener and the health checks run on their own thread, so
   // neither competes with client traffic on a worker's loop.

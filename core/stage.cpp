@@ -1,13 +1,40 @@
 #include "core/stage.hpp"
 
 #include <algorithm>
+#include <charconv>
 
 #include <spdlog/spdlog.h>
 
 namespace pdgate {
 
+namespace {
+
+// Every value of a header the client may have sent on several lines, as
+// one comma-separated list (RFC 9110 5.3).
+std::string joined_values(const http::request<http::string_body>& req, std::string_view name) {
+  std::string out;
+  const auto [first, last] = req.equal_range(name);
+  for (auto it = first; it != last; ++it) {
+    if (!out.empty())
+      out += ", ";
+    out += it->value();
+  }
+  return out;
+}
+
+// "a" + ", " + "b", or "b" when there is no "a".
+std::string appended(std::string list, std::string_view item) {
+  if (!list.empty())
+    list += ", ";
+  list += item;
+  return list;
+}
+
+}  // namespace
+
 ForwardedHeaders forwarded_headers(const WorkerContext& w,
-                                   const http::request<http::string_body>& req) {
+                                   const http::request<http::string_body>& req,
+                                   const beast::tcp_stream& client, const RequestTrace& trace) {
   ForwardedHeaders f;
   auto it = req.find(http::field::authorization);
   // With gateway API keys the client's key is the gateway's to check, not
@@ -19,6 +46,28 @@ ForwardedHeaders forwarded_headers(const WorkerContext& w,
       via != req.end() ? std::string_view(via->value()) : std::string_view();
   if (w.loop_guard != nullptr)
     f.via = w.loop_guard->via_for_upstream(incoming);
+  f.traceparent = trace.traceparent();
+  f.tracestate = trace.tracestate();
+  f.baggage = trace.baggage();
+  beast::error_code ec;
+  auto peer = client.socket().remote_endpoint(ec);
+  if (!ec) {
+    auto addr = peer.address();
+    if (addr.is_v6() && addr.to_v6().is_v4_mapped())
+      addr = net::ip::make_address_v4(net::ip::v4_mapped, addr.to_v6());
+    const std::string ip = addr.to_string();
+    f.x_forwarded_for = appended(joined_values(req, "x-forwarded-for"), ip);
+    // RFC 7239: an IPv6 node is quoted and bracketed.
+    f.forwarded =
+        appended(joined_values(req, "forwarded"),
+                 addr.is_v6() ? "for=\"[" + ip + "]\";proto=http" : "for=" + ip + ";proto=http");
+  }
+  for (const auto& name : w.cfg.forward_headers) {
+    if (req.find(name) != req.end())
+      f.extra.emplace_back(name, joined_values(req, name));
+  }
+  for (const auto& [name, value] : w.cfg.set_headers)
+    f.extra.emplace_back(name, value);
   return f;
 }
 
@@ -28,7 +77,7 @@ namespace {
 // write them.
 template <class Sink>
 void upstream_fields(Sink&& add, const Instance& inst, const std::string& request_id,
-                     const ForwardedHeaders& fwd) {
+                     const ForwardedHeaders& fwd, std::string_view traceparent) {
   add("Host", inst.host_port);
   add("User-Agent", "pdgate");
   add("X-Request-Id", request_id);
@@ -36,15 +85,31 @@ void upstream_fields(Sink&& add, const Instance& inst, const std::string& reques
     add("Authorization", fwd.authorization);
   if (!fwd.via.empty())
     add("Via", fwd.via);
+  if (traceparent.empty())
+    traceparent = fwd.traceparent;
+  if (!traceparent.empty())
+    add("traceparent", traceparent);
+  if (!fwd.tracestate.empty())
+    add("tracestate", fwd.tracestate);
+  if (!fwd.baggage.empty())
+    add("baggage", fwd.baggage);
+  if (!fwd.x_forwarded_for.empty())
+    add("X-Forwarded-For", fwd.x_forwarded_for);
+  if (!fwd.forwarded.empty())
+    add("Forwarded", fwd.forwarded);
+  for (const auto& [name, value] : fwd.extra)
+    add(name, value);
 }
 
 }  // namespace
 
 std::string upstream_head(http::verb method, const Instance& inst, std::string_view target,
                           std::size_t body_size, const std::string& request_id,
-                          const ForwardedHeaders& fwd) {
+                          const ForwardedHeaders& fwd, std::string_view traceparent) {
   std::string h;
-  h.reserve(160 + target.size() + request_id.size() + fwd.authorization.size() + fwd.via.size());
+  h.reserve(256 + target.size() + request_id.size() + fwd.authorization.size() + fwd.via.size() +
+            fwd.tracestate.size() + fwd.baggage.size() + fwd.x_forwarded_for.size() +
+            fwd.forwarded.size());
   h += http::to_string(method);
   h += ' ';
   h += target;
@@ -56,7 +121,7 @@ std::string upstream_head(http::verb method, const Instance& inst, std::string_v
         h += value;
         h += "\r\n";
       },
-      inst, request_id, fwd);
+      inst, request_id, fwd, traceparent);
   if (method == http::verb::post) {
     h += "Content-Type: application/json\r\nContent-Length: ";
     h += std::to_string(body_size);
@@ -69,16 +134,72 @@ std::string upstream_head(http::verb method, const Instance& inst, std::string_v
 http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
                                                   std::string_view target, std::string body,
                                                   const std::string& request_id,
-                                                  const ForwardedHeaders& fwd) {
+                                                  const ForwardedHeaders& fwd,
+                                                  std::string_view traceparent) {
   http::request<http::string_body> r{method, target, 11};
-  upstream_fields([&r](std::string_view name, std::string_view value) { r.set(name, value); }, inst,
-                  request_id, fwd);
+  upstream_fields([&r](std::string_view name, std::string_view value) { r.insert(name, value); },
+                  inst, request_id, fwd, traceparent);
   if (method == http::verb::post)
     r.set(http::field::content_type, "application/json");
   r.keep_alive(true);
   r.body() = std::move(body);
   r.prepare_payload();
   return r;
+}
+
+void trace_error(StageSpan& span, const GatewayError& e) {
+  span.error(to_string(e.kind), e.message);
+}
+
+namespace {
+
+// The raw `usage` object of an engine's JSON answer, found from the end
+// (engines write it last) without indexing the whole answer: the answer
+// can be long, and this runs on the request path. A quoted "usage"
+// followed by ':' can only be a key: inside a JSON string its quotes
+// would be escaped.
+std::optional<std::string_view> usage_object(std::string_view answer) {
+  const std::size_t key = answer.rfind("\"usage\"");
+  if (key == std::string_view::npos)
+    return std::nullopt;
+  std::size_t i = key + 7;
+  while (i < answer.size() && (answer[i] == ' ' || answer[i] == '\n' || answer[i] == '\r' ||
+                               answer[i] == '\t' || answer[i] == ':'))
+    ++i;
+  if (i >= answer.size() || answer[i] != '{')
+    return std::nullopt;
+  // Its members are numbers and objects of numbers (no strings).
+  int depth = 0;
+  for (std::size_t j = i; j < answer.size(); ++j) {
+    if (answer[j] == '{') {
+      ++depth;
+    } else if (answer[j] == '}' && --depth == 0) {
+      return answer.substr(i, j + 1 - i);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void trace_usage(StageSpan& span, std::string_view answer) {
+  if (!span.recording())
+    return;
+  const auto usage = usage_object(answer);
+  if (!usage)
+    return;
+  const auto counts = index_json_object(*usage);
+  if (!counts)
+    return;
+  const std::pair<std::string_view, const char*> names[] = {
+      {"prompt_tokens", "gen_ai.usage.input_tokens"},
+      {"completion_tokens", "gen_ai.usage.output_tokens"}};
+  for (const auto& [member, attribute] : names) {
+    const auto raw = raw_member(*usage, *counts, member);
+    std::int64_t n = 0;
+    if (raw && std::from_chars(raw->data(), raw->data() + raw->size(), n).ec == std::errc())
+      span.attribute(attribute, n);
+  }
 }
 
 std::vector<net::const_buffer> body_buffers(const SplicedText& body) {

@@ -8,14 +8,17 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
 #include "core/errors.hpp"
 #include "core/instance.hpp"
 #include "core/json_body.hpp"
+#include "core/tracing.hpp"
 #include "core/upstream.hpp"
 #include "core/worker.hpp"
 
@@ -25,21 +28,35 @@ namespace pdgate {
 inline constexpr std::size_t kMaxErrorBody = 1u << 20;
 
 // What every upstream request made for one client request carries from
-// it: the credentials, and the Via chain that lets gateways detect loops
-// (core/loop_guard.hpp).
+// it: the credentials, the Via chain that lets gateways detect loops
+// (core/loop_guard.hpp), the trace context (core/tracing.hpp), who the
+// client is (X-Forwarded-For, Forwarded) and the extra headers the
+// configuration names (--forward-headers, --set-header).
 struct ForwardedHeaders {
   std::string authorization;  // the client's, else the OPENAI_API_KEY default
   std::string via;
+  std::string traceparent;  // of engine calls without a span of their own
+  std::string tracestate;
+  std::string baggage;
+  std::string x_forwarded_for;
+  std::string forwarded;
+  // Names from the Config (which outlives every request), values copied.
+  std::vector<std::pair<std::string_view, std::string>> extra;
 };
 
-// Computed once per client request.
+// Computed once per client request; `client` is its connection (the
+// peer's address goes into X-Forwarded-For and Forwarded).
 ForwardedHeaders forwarded_headers(const WorkerContext& w,
-                                   const http::request<http::string_body>& req);
+                                   const http::request<http::string_body>& req,
+                                   const beast::tcp_stream& client, const RequestTrace& trace);
 
+// `traceparent`, when given, is the engine call's own (its span's); else
+// fwd.traceparent is sent.
 http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,
                                                   std::string_view target, std::string body,
                                                   const std::string& request_id,
-                                                  const ForwardedHeaders& fwd);
+                                                  const ForwardedHeaders& fwd,
+                                                  std::string_view traceparent = {});
 
 // The same request's head alone, rendered (request line, fields, empty
 // line), for a body of `body_size` bytes sent as a buffer sequence
@@ -47,7 +64,13 @@ http::request<http::string_body> upstream_request(http::verb method, const Insta
 // container allocates per field, and this runs twice per request.
 std::string upstream_head(http::verb method, const Instance& inst, std::string_view target,
                           std::size_t body_size, const std::string& request_id,
-                          const ForwardedHeaders& fwd);
+                          const ForwardedHeaders& fwd, std::string_view traceparent = {});
+
+// The engine call failed with `e`: its span says how.
+void trace_error(StageSpan& span, const GatewayError& e);
+// The token counts of an engine's whole JSON answer (its `usage`), on the
+// call's span; nothing when the span is not recorded or has none.
+void trace_usage(StageSpan& span, std::string_view answer);
 
 // The pieces of a spliced body as buffers for a gathering write.
 std::vector<net::const_buffer> body_buffers(const SplicedText& body);

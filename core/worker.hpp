@@ -16,9 +16,12 @@
 #include "core/kv_connector.hpp"
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
+#include "core/trace_context.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {
+
+class SpanSink;
 
 struct WorkerContext {
   WorkerContext(const Config& c, Registry& r, std::unique_ptr<InstancePicker> p,
@@ -59,6 +62,9 @@ struct WorkerContext {
   std::unique_ptr<ClientLimiter> client_limiter;
   // This gateway's Via identity (null: no Via is sent).
   const LoopGuard* loop_guard = nullptr;
+  // Where finished spans go (null: tracing off), and this worker's ids.
+  SpanSink* spans = nullptr;
+  TraceIdSource trace_ids;
 
   UpstreamTimeouts timeouts() const { return {cfg.connect_timeout, cfg.first_byte_timeout}; }
 };

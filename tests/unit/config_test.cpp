@@ -1097,7 +1097,17 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
                         "--dns-server",
                         "10.0.0.53:53",
                         "--shared-kv-index",
-                        "off"});
+                        "off",
+                        "--otlp-endpoint",
+                        "http://collector:4318",
+                        "--otlp-batch-size",
+                        "7",
+                        "--otlp-export-interval",
+                        "2s",
+                        "--otlp-queue-size",
+                        "9",
+                        "--otlp-timeout",
+                        "2s"});
   ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.error() : a.error());
   const Config merged = reloadable_part(a->config, b->config);
   std::map<std::string, std::vector<std::string>> before, after, wanted;
@@ -1113,7 +1123,7 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
       EXPECT_NE(wanted[e.key], before[e.key]) << e.key << ": the test should change it";
     }
   }
-  EXPECT_EQ(restart_keys, 32u);
+  EXPECT_EQ(restart_keys, 37u);
   EXPECT_EQ(urls(merged.decode), std::vector<std::string>{"http://d:2"});
   EXPECT_EQ(merged.first_byte_timeout, std::chrono::seconds(3));
 }
@@ -1144,6 +1154,102 @@ TEST(ConfigAccessLog, FlagsYamlAndRefusals) {
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().find("--access-log-format"), std::string::npos) << bad.error();
   EXPECT_FALSE(parse({"--decode", "d:1", "--access-log", " "}));
+}
+
+}  // namespace
+}  // namespace pdgate
+
+namespace pdgate {
+namespace {
+
+// Tracing options: endpoint, ratio and batching are read; defaults are off.
+TEST(TracingOptions, ParsedAndDefaulted) {
+  auto off = parse({"--prefill", "p:1", "--decode", "d:1"});
+  ASSERT_TRUE(off) << off.error();
+  EXPECT_TRUE(off->config.otlp_endpoint.empty());
+  EXPECT_EQ(off->config.trace_sample_ratio, 1.0);
+  auto r =
+      parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "http://collector:4318",
+             "--trace-sample-ratio", "0.25", "--otlp-batch-size", "64", "--otlp-export-interval",
+             "200ms", "--otlp-queue-size", "1000", "--otlp-timeout", "2s"});
+  ASSERT_TRUE(r) << r.error();
+  EXPECT_EQ(r->config.otlp_endpoint, "http://collector:4318");
+  EXPECT_EQ(r->config.trace_sample_ratio, 0.25);
+  EXPECT_EQ(r->config.otlp_batch_size, 64u);
+  EXPECT_EQ(r->config.otlp_export_interval, std::chrono::milliseconds(200));
+  EXPECT_EQ(r->config.otlp_queue_size, 1000u);
+  EXPECT_EQ(r->config.otlp_timeout, std::chrono::seconds(2));
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--trace-sample-ratio", "1.5"}),
+               {"--trace-sample-ratio", "fraction"});
+  expect_error(
+      parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "https://collector:4318"}),
+      {"--otlp-endpoint", "only http://"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "collector:4318"}),
+               {"--otlp-endpoint", "http://"});
+}
+
+// The OTLP URL: port 80 and /v1/traces unless given; IPv6 in brackets.
+TEST(TracingOptions, HttpEndpoint) {
+  auto e = parse_http_endpoint("http://collector", "/v1/traces");
+  ASSERT_TRUE(e) << e.error();
+  EXPECT_EQ(e->host, "collector");
+  EXPECT_EQ(e->port, 80);
+  EXPECT_EQ(e->target, "/v1/traces");
+  e = parse_http_endpoint("http://[::1]:4318/otlp/v1/traces", "/v1/traces");
+  ASSERT_TRUE(e) << e.error();
+  EXPECT_EQ(e->host, "::1");
+  EXPECT_EQ(e->port, 4318);
+  EXPECT_EQ(e->target, "/otlp/v1/traces");
+  EXPECT_FALSE(parse_http_endpoint("http://c:4318/v1/traces?x=1", "/"));
+  EXPECT_FALSE(parse_http_endpoint("http:///v1/traces", "/"));
+}
+
+// --forward-headers and --set-header (repeatable, and a YAML list): names
+// lower-cased, values trimmed.
+TEST(ForwardedHeaderOptions, Parsed) {
+  auto r =
+      parse({"--prefill", "p:1", "--decode", "d:1", "--forward-headers", "X-Tenant-Id, x-priority",
+             "--set-header", "X-Cluster: eu-1", "--set-header", "x-team:  infra "});
+  ASSERT_TRUE(r) << r.error();
+  EXPECT_EQ(r->config.forward_headers, (std::vector<std::string>{"x-tenant-id", "x-priority"}));
+  ASSERT_EQ(r->config.set_headers.size(), 2u);
+  EXPECT_EQ(r->config.set_headers[0], (std::pair<std::string, std::string>{"x-cluster", "eu-1"}));
+  EXPECT_EQ(r->config.set_headers[1], (std::pair<std::string, std::string>{"x-team", "infra"}));
+  auto y = apply_yaml(Config{}, "set_header:\n  - 'X-A: 1'\n  - 'X-B: 2'\nforward_headers: x-c\n");
+  ASSERT_TRUE(y) << y.error();
+  EXPECT_EQ(y->set_headers.size(), 2u);
+  EXPECT_EQ(y->forward_headers, std::vector<std::string>{"x-c"});
+}
+
+// Hop-by-hop, framing and pdgate's own headers, bad names and CR/LF in a
+// value are refused at config time, naming the header.
+TEST(ForwardedHeaderOptions, ForbiddenRefused) {
+  expect_error(
+      parse({"--prefill", "p:1", "--decode", "d:1", "--forward-headers", "x-a,Connection"}),
+      {"--forward-headers", "connection", "hop-by-hop"});
+  expect_error(
+      parse({"--prefill", "p:1", "--decode", "d:1", "--forward-headers", "transfer-encoding"}),
+      {"hop-by-hop"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--set-header", "Content-Length: 5"}),
+               {"--set-header", "content-length"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--set-header", "Host: x"}), {"host"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--set-header", "traceparent: x"}),
+               {"traceparent"});
+  expect_error(
+      parse({"--prefill", "p:1", "--decode", "d:1", "--set-header", "X-Forwarded-For: 1.2.3.4"}),
+      {"x-forwarded-for"});
+  expect_error(
+      parse({"--prefill", "p:1", "--decode", "d:1", "--set-header", "x-a: b\r\nx-evil: 1"}),
+      {"control character"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--set-header", "no colon"}),
+               {"Name: value"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--set-header", "bad name: v"}),
+               {"not a header name"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--set-header", "x-empty:"}),
+               {"empty"});
+  auto y = apply_yaml(Config{}, "forward_headers: [upgrade]\n");
+  ASSERT_FALSE(y);
+  EXPECT_NE(y.error().find("hop-by-hop"), std::string::npos) << y.error();
 }
 
 }  // namespace
