@@ -975,8 +975,10 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
     for (const auto& item : v->values) {
       for (auto& h : split_urls(item)) {
         auto name = extra_header_name(h);
-        if (!name)
-          return err(*v, name.error());
+        if (!name) {
+          err(*v, name.error());
+          continue;
+        }
         if (std::find(c.forward_headers.begin(), c.forward_headers.end(), *name) ==
             c.forward_headers.end())
           c.forward_headers.push_back(std::move(*name));
@@ -987,8 +989,10 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
     c.set_headers.clear();
     for (const auto& item : v->values) {
       auto h = parse_set_header(item);
-      if (!h)
-        return err(*v, h.error());
+      if (!h) {
+        err(*v, h.error());
+        continue;
+      }
       c.set_headers.push_back(std::move(*h));
     }
   }
