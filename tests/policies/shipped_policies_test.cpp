@@ -273,6 +273,131 @@ TEST(PrefixAffinity, ShortPromptLeastLoaded) {
   EXPECT_EQ(p->pick(inst, prompt_ctx("hi", "a")), inst[1]);
 }
 
+// A prompt of `blocks` full 256-byte prefix blocks: `head` bytes shared by
+// every prompt built with that head, the rest unique to `tail`.
+std::string prompt_of(char head, std::size_t head_blocks, const std::string& tail,
+                      std::size_t blocks) {
+  std::string s(head_blocks * 256, head);
+  while (s.size() < blocks * 256)
+    s += tail;
+  s.resize(blocks * 256);
+  return s;
+}
+
+PickOutcome done_in(double ttfb_ms) {
+  PickOutcome o;
+  o.ok = true;
+  o.stage = Stage::prefill;
+  o.time_to_first_byte = std::chrono::microseconds(static_cast<std::int64_t>(ttfb_ms * 1000));
+  o.total = o.time_to_first_byte;
+  return o;
+}
+
+PickContext prefill_ctx(const std::string& prompt, const std::string& id) {
+  PickContext c = prompt_ctx(prompt, id);
+  c.stage = Stage::prefill;
+  return c;
+}
+
+// cache_aware leaves the instance caching the prompt when the cold work queued there (2
+// requests, each about the prompt's size) outweighs computing the whole prompt on an idle one;
+// prefix_affinity's fixed guard (8 requests) keeps it there.
+TEST(CacheAware, QueuedColdWorkOutweighsTheCache) {
+  for (const char* policy : {"cache_aware", "prefix_affinity"}) {
+    auto e = engine_for(policy);
+    auto p = e->make_picker(0);
+    auto inst = fake_instances(2, Role::prefill);
+    const std::string prompt = prompt_of('a', 40, "", 40);
+    auto home = p->pick(inst, prefill_ctx(prompt, "first"));
+    home->in_flight = 2;
+    auto next = p->pick(inst, prefill_ctx(prompt, "second"));
+    if (std::string(policy) == "cache_aware")
+      EXPECT_NE(next, home) << policy;
+    else
+      EXPECT_EQ(next, home) << policy;
+  }
+}
+
+// cache_aware keeps a long cached prefix where it is when the queue there is made of cache
+// hits (little work each), even past the 8-request guard that makes prefix_affinity leave.
+TEST(CacheAware, QueueOfHitsIsWorthWaitingFor) {
+  for (const char* policy : {"cache_aware", "prefix_affinity"}) {
+    auto e = engine_for(policy);
+    auto p = e->make_picker(0);
+    auto inst = fake_instances(3, Role::prefill);
+    const std::string prompt = prompt_of('b', 40, "", 40);
+    auto home = p->pick(inst, prefill_ctx(prompt, "r0"));
+    // 60 hits on home teach cache_aware that a request queued there is about one block.
+    for (int i = 1; i <= 60; ++i) {
+      const std::string id = "r" + std::to_string(i);
+      ASSERT_EQ(p->pick(inst, prefill_ctx(prompt, id)), home) << policy << " " << i;
+    }
+    home->in_flight = 10;
+    auto next = p->pick(inst, prefill_ctx(prompt, "last"));
+    if (std::string(policy) == "cache_aware")
+      EXPECT_EQ(next, home) << policy;
+    else
+      EXPECT_NE(next, home) << policy;
+  }
+}
+
+// cache_aware learns each instance's cost per block from on_complete: of two instances holding
+// the same prefix with equal loads, the one whose prefills took 10x longer is no longer chosen.
+TEST(CacheAware, LearnsPerInstanceCost) {
+  auto e = engine_for("cache_aware");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2, Role::prefill);
+  // The same 30-block prefix recorded on both instances, then unique 10-block tails.
+  const std::string head = prompt_of('c', 30, "", 30);
+  auto first = p->pick(inst, prefill_ctx(head, "h0"));
+  first->healthy = false;
+  auto second = p->pick(inst, prefill_ctx(head, "h1"));
+  first->healthy = true;
+  ASSERT_NE(first, second);
+  InstancePtr slow = inst[0], fast = inst[1];
+  int n = 0;
+  auto run = [&](bool learn) {
+    std::map<InstancePtr, int> count;
+    for (int i = 0; i < 40; ++i) {
+      const std::string id = "t" + std::to_string(n++);
+      const std::string prompt = prompt_of('c', 30, id + "-", 40);
+      PickContext ctx = prefill_ctx(prompt, id);
+      auto c = p->pick(inst, ctx);
+      ++count[c];
+      if (learn)
+        p->on_complete(*c, ctx, done_in(c == slow ? 100.0 : 10.0));
+    }
+    return count;
+  };
+  const auto before = run(false);  // nothing learned: ties rotate
+  EXPECT_GT(before.at(slow), 10);
+  run(true);
+  const auto after = run(false);
+  EXPECT_EQ(after.count(slow), 0u);
+  EXPECT_EQ(after.at(fast), 40);
+}
+
+// cache_aware routes a decode that follows a prefill to the least loaded decode: the KV comes
+// from the prefill, so a prompt the decode saw before is no reason to wait there.
+TEST(CacheAware, DecodeAfterPrefillLeastLoaded) {
+  auto e = engine_for("cache_aware");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3, Role::decode);
+  auto prefill = fake_instances(1, Role::prefill, 50);
+  const std::string prompt = prompt_of('d', 20, "", 20);
+  InstancePtr last;
+  for (int i = 0; i < 10; ++i) {
+    const std::string id = "d" + std::to_string(i);
+    PickContext ctx = prompt_ctx(prompt, id);
+    ctx.chosen_prefill = prefill[0].get();
+    last = p->pick(inst, ctx);
+  }
+  last->in_flight = 1;
+  PickContext ctx = prompt_ctx(prompt, "after");
+  ctx.chosen_prefill = prefill[0].get();
+  EXPECT_NE(p->pick(inst, ctx), last);
+}
+
 // conversation_decode returns a conversation to its previous decode.
 TEST(ConversationDecode, FollowsPreviousDecode) {
   auto e = engine_for("conversation_decode");
