@@ -89,11 +89,17 @@ trap 'stop_all; [[ $OUT == "$WORK" ]] || rm -rf "$WORK"' EXIT
 # Starts a process that prints "listening on http://H:P"; echoes its port.
 start() {
   local name=$1; shift
-  "$@" > "$WORK/$name.out" 2>> "$WORK/$name.log" &
+  # A fresh file: the redirection below happens in the background, so the
+  # previous row's file could otherwise still be read here.
+  local out
+  out=$(mktemp "$WORK/$name.XXXXXX.out")
+  "$@" > "$out" 2>> "$WORK/$name.log" &
   echo "$!" >> "$PIDS"
+  local port
   for _ in $(seq 100); do
-    if grep -q "listening on" "$WORK/$name.out" 2>/dev/null; then
-      head -1 "$WORK/$name.out" | sed 's/.*://'
+    port=$(grep -m1 "listening on http://" "$out" 2>/dev/null | sed 's/.*://')
+    if [[ $port =~ ^[0-9]+$ ]]; then
+      echo "$port"
       return
     fi
     sleep 0.1
