@@ -11,14 +11,16 @@
 #   bench/routing.sh [--trace FILE | --kind mix] [--replicas "1 2 4"]
 #                    [--policies "round_robin least_load prefix_affinity cache_aware"]
 #                    [--engines 4] [--speed 1] [--limit N] [--kv-tokens 32768]
-#                    [--prefill-us-per-token 40] [--itl-ms 5] [--max-tokens 16]
-#                    [--decode-policy least_load] [--gateway-arg ARG]... [--build build]
-#                    [--out DIR]
+#                    [--prefill-us-per-token 70] [--itl-ms 5] [--max-tokens 16]
+#                    [--decode-policy least_load] [--gateway-arg ARG]... [--redis]
+#                    [--build build] [--out DIR]
 #
 # --trace replays a file as it is (e.g. a public Mooncake trace, if one is
 # on disk); without it a synthetic trace is generated (bench/trace_gen.py
 # --kind, 60 s at 8 requests/s, seed 1). --gateway-arg passes a flag to
-# every gateway (repeatable, e.g. for a shared-state backend). Results: a
+# every gateway (repeatable). --redis starts a fresh redis-server (unix
+# socket, no persistence) for each row and gives every gateway `--redis`,
+# so the replicas share what pdgate shares through it. Results: a
 # markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
 # Not run by CI (minutes per run; see bench/README.md, "Routing quality").
 set -euo pipefail
@@ -31,11 +33,12 @@ engines=4
 speed=1
 limit=0
 kv_tokens=32768
-us_per_token=40
+us_per_token=70
 itl_ms=5
 max_tokens=16
 decode_policy=least_load
 gateway_args=()
+redis=0
 BUILD=build
 OUT=""
 while (($#)); do
@@ -53,9 +56,10 @@ while (($#)); do
     --max-tokens) max_tokens=$2; shift ;;
     --decode-policy) decode_policy=$2; shift ;;
     --gateway-arg) gateway_args+=("$2"); shift ;;
+    --redis) redis=1 ;;
     --build) BUILD=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "routing.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -142,11 +146,21 @@ for n in $replicas; do
         --max-num-seqs 64 --itl-ms "$itl_ms")
       dec+=("127.0.0.1:$port")
     done
+    row_args=("${gateway_args[@]}")
+    if ((redis)); then
+      sock=$(mktemp -u "$WORK/redis.XXXXXX.sock")
+      redis-server --port 0 --unixsocket "$sock" --save "" --appendonly no \
+        > "$WORK/redis.log" 2>&1 &
+      echo "$!" >> "$PIDS"
+      for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+      [[ -S $sock ]] || { echo "routing.sh: redis-server did not start" >&2; exit 1; }
+      row_args+=(--redis "unix://$sock")
+    fi
     urls=()
     for r in $(seq "$n"); do
       port=$(start "g$r" "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 1 --log-level warn \
         --model sim-model --policy-prefill "$policy" --policy-decode "$decode_policy" \
-        "${gateway_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
+        "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
       urls+=(--url "http://127.0.0.1:$port")
     done
     replay=$(python3 "$ROOT/bench/trace_replay.py" --trace "$trace" "${urls[@]}" --speed "$speed" \

@@ -268,6 +268,30 @@ TEST(MetricsScraper, ScrapesSims) {
 
 // --- Evidence that policies matter -------------------------------------------------
 
+// Starts three combined engines whose prefill cost grows with the uncached
+// prompt (100 us per token, one prefill at a time each) into `sims`; returns
+// the arguments of a one-hop gateway over them running `policy`.
+std::vector<std::string> costly_engines(const std::string& policy, const char* workers,
+                                        std::vector<std::unique_ptr<Sim>>& sims) {
+  std::vector<std::string> args = {"--model", "sim-model", "--workers", workers,   "--kv-connector",
+                                   "none",    "--policy",  policy,      "--decode"};
+  for (int i = 0; i < 3; ++i) {
+    sims.push_back(std::make_unique<Sim>(
+        "both", std::vector<std::string>{"--itl-ms", "1", "--prefill-us-per-token", "100",
+                                         "--prefill-base-ms", "1", "--prefill-lanes", "1"}));
+    args.push_back(sims.back()->hostport());
+  }
+  return args;
+}
+
+// A system prompt of at least `bytes` bytes, the same every time.
+std::string system_prompt(std::size_t bytes) {
+  std::string s;
+  while (s.size() < bytes)
+    s += "You are a careful assistant for disaggregated serving. ";
+  return s;
+}
+
 struct WorkloadResult {
   double hit_rate = 0;  // engine-side prefix cache hits / queries (tokens)
   double mean_ms = 0;   // mean latency of a max_tokens=1 request: its time to first token
@@ -277,18 +301,8 @@ struct WorkloadResult {
 // combined engines whose prefill cost grows with the uncached prompt.
 WorkloadResult run_multiturn(const std::string& policy) {
   std::vector<std::unique_ptr<Sim>> sims;
-  std::vector<std::string> args = {"--model", "sim-model", "--workers", "1",       "--kv-connector",
-                                   "none",    "--policy",  policy,      "--decode"};
-  for (int i = 0; i < 3; ++i) {
-    sims.push_back(std::make_unique<Sim>(
-        "both", std::vector<std::string>{"--itl-ms", "1", "--prefill-us-per-token", "100",
-                                         "--prefill-base-ms", "1"}));
-    args.push_back(sims.back()->hostport());
-  }
-  Gateway gw(args);
-  std::string system;
-  while (system.size() < 2000)
-    system += "You are a careful assistant for disaggregated serving. ";
+  Gateway gw(costly_engines(policy, "1", sims));
+  const std::string system = system_prompt(2000);
   constexpr int kConversations = 8;
   constexpr int kTurns = 5;
   std::vector<Json> history(kConversations);
@@ -352,18 +366,8 @@ struct HotPrefixResult {
 // the system prompt is.
 HotPrefixResult run_hot_prefix(const std::string& policy) {
   std::vector<std::unique_ptr<Sim>> sims;
-  std::vector<std::string> args = {"--model", "sim-model", "--workers", "2",       "--kv-connector",
-                                   "none",    "--policy",  policy,      "--decode"};
-  for (int i = 0; i < 3; ++i) {
-    sims.push_back(std::make_unique<Sim>(
-        "both", std::vector<std::string>{"--itl-ms", "1", "--prefill-us-per-token", "100",
-                                         "--prefill-base-ms", "1", "--prefill-lanes", "1"}));
-    args.push_back(sims.back()->hostport());
-  }
-  Gateway gw(args);
-  std::string system;
-  while (system.size() < 4000)
-    system += "You are a careful assistant for disaggregated serving. ";
+  Gateway gw(costly_engines(policy, "2", sims));
+  const std::string system = system_prompt(4000);
   // One request first, so the system prompt has one home before the clients race.
   Json warm = Json::array(
       {{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", "warm up"}}});

@@ -299,46 +299,36 @@ PickContext prefill_ctx(const std::string& prompt, const std::string& id) {
   return c;
 }
 
+// Routes a 40-block prompt to an instance (its home), `warm` more times after that, puts
+// `load` requests on the home, and says whether the prompt's next pick stays there.
+bool stays_home_under_load(const char* policy, std::size_t instances, int warm, int load) {
+  auto e = engine_for(policy);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(instances, Role::prefill);
+  const std::string prompt = prompt_of('a', 40, "", 40);
+  auto home = p->pick(inst, prefill_ctx(prompt, "r0"));
+  for (int i = 1; i <= warm; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    EXPECT_EQ(p->pick(inst, prefill_ctx(prompt, id)), home) << policy << " " << i;
+  }
+  home->in_flight = load;
+  return p->pick(inst, prefill_ctx(prompt, "last")) == home;
+}
+
 // cache_aware leaves the instance caching the prompt when the cold work queued there (2
 // requests, each about the prompt's size) outweighs computing the whole prompt on an idle one;
 // prefix_affinity's fixed guard (8 requests) keeps it there.
 TEST(CacheAware, QueuedColdWorkOutweighsTheCache) {
-  for (const char* policy : {"cache_aware", "prefix_affinity"}) {
-    auto e = engine_for(policy);
-    auto p = e->make_picker(0);
-    auto inst = fake_instances(2, Role::prefill);
-    const std::string prompt = prompt_of('a', 40, "", 40);
-    auto home = p->pick(inst, prefill_ctx(prompt, "first"));
-    home->in_flight = 2;
-    auto next = p->pick(inst, prefill_ctx(prompt, "second"));
-    if (std::string(policy) == "cache_aware")
-      EXPECT_NE(next, home) << policy;
-    else
-      EXPECT_EQ(next, home) << policy;
-  }
+  EXPECT_FALSE(stays_home_under_load("cache_aware", 2, 0, 2));
+  EXPECT_TRUE(stays_home_under_load("prefix_affinity", 2, 0, 2));
 }
 
 // cache_aware keeps a long cached prefix where it is when the queue there is made of cache
-// hits (little work each), even past the 8-request guard that makes prefix_affinity leave.
+// hits (60 of them taught it that a request queued there is about one block of work), even
+// past the 8-request guard that makes prefix_affinity leave.
 TEST(CacheAware, QueueOfHitsIsWorthWaitingFor) {
-  for (const char* policy : {"cache_aware", "prefix_affinity"}) {
-    auto e = engine_for(policy);
-    auto p = e->make_picker(0);
-    auto inst = fake_instances(3, Role::prefill);
-    const std::string prompt = prompt_of('b', 40, "", 40);
-    auto home = p->pick(inst, prefill_ctx(prompt, "r0"));
-    // 60 hits on home teach cache_aware that a request queued there is about one block.
-    for (int i = 1; i <= 60; ++i) {
-      const std::string id = "r" + std::to_string(i);
-      ASSERT_EQ(p->pick(inst, prefill_ctx(prompt, id)), home) << policy << " " << i;
-    }
-    home->in_flight = 10;
-    auto next = p->pick(inst, prefill_ctx(prompt, "last"));
-    if (std::string(policy) == "cache_aware")
-      EXPECT_EQ(next, home) << policy;
-    else
-      EXPECT_NE(next, home) << policy;
-  }
+  EXPECT_TRUE(stays_home_under_load("cache_aware", 3, 60, 10));
+  EXPECT_FALSE(stays_home_under_load("prefix_affinity", 3, 60, 10));
 }
 
 // cache_aware learns each instance's cost per block from on_complete: of two instances holding
