@@ -9,8 +9,13 @@
 -- own_i:  the blocks the prompt would compute there (its blocks minus the
 --         leading blocks pdgate.prefix_matches() says were routed there),
 --         plus one for the fixed cost every request has;
--- load_i: requests queued or running there (pdgate.load: this gateway's
---         in-flight plus, from fresh engine metrics, other gateways');
+-- load_i: requests this gateway has queued or running there (in_flight:
+--         exact and live). Other gateways' requests, known only from the
+--         engine's metrics scraped up to a second ago, are left out here:
+--         prefill queues turn over in a fraction of that, so a scraped burst
+--         that had long drained kept moving prompts off the engine caching
+--         them (with 4 replicas sharing the KV-location index that cost
+--         0.07-0.11 of the hit rate and 10-25% of TTFT; bench/README.md);
 -- work_i: the mean `own` of the requests sent there (an EWMA), i.e. the
 --         prefill work one queued request stands for;
 -- cost_i: milliseconds per block on that instance, learned in on_complete
@@ -24,8 +29,9 @@
 -- and a queue of cache hits costs less than one of cold prompts.
 --
 -- Candidates with no match all have the same `own`, so only the least
--- loaded of them is weighed (pdgate.least_loaded, in C++): the Lua loop
--- visits the matching instances only, as prefix_affinity's does.
+-- loaded of them is weighed (pdgate.least_loaded, in C++, which does count
+-- other gateways' load): the Lua loop visits the matching instances only,
+-- as prefix_affinity's does.
 --
 -- Decode after a prefill (ctx.prefill set) pulls the KV from the prefill,
 -- so the prefix cache does not matter there: least loaded. One-hop decode
@@ -48,7 +54,9 @@ local fleet = { cost = nil, work = nil }
 -- generations: a request whose on_complete never comes ages out.
 local pending, old_pending, npending = {}, {}, 0
 
-local load_of = pdgate.load
+local function load_of(inst)
+  return inst.in_flight
+end
 
 local function stat(id)
   local s = stats[id]

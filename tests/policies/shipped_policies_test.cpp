@@ -331,6 +331,22 @@ TEST(CacheAware, QueueOfHitsIsWorthWaitingFor) {
   EXPECT_FALSE(stays_home_under_load("prefix_affinity", 3, 60, 10));
 }
 
+// cache_aware keeps a prompt on the instance caching it when only the engine's scraped metrics
+// (other gateways' requests, up to a second old) say that instance is busy; prefix_affinity,
+// counting them, leaves.
+TEST(CacheAware, ScrapedLoadDoesNotMoveACachedPrompt) {
+  for (const char* policy : {"cache_aware", "prefix_affinity"}) {
+    auto e = engine_for(policy);
+    auto p = e->make_picker(0);
+    auto inst = fake_instances(3, Role::prefill);
+    const std::string prompt = prompt_of('e', 40, "", 40);
+    auto home = p->pick(inst, prefill_ctx(prompt, "s0"));
+    store_metrics(*home, EngineMetrics{4.0, 8.0, 0.5}, steady_now_ms());
+    const bool stayed = p->pick(inst, prefill_ctx(prompt, "s1")) == home;
+    EXPECT_EQ(stayed, std::string(policy) == "cache_aware") << policy;
+  }
+}
+
 // cache_aware learns each instance's cost per block from on_complete: of two instances holding
 // the same prefix with equal loads, the one whose prefills took 10x longer is no longer chosen.
 TEST(CacheAware, LearnsPerInstanceCost) {
