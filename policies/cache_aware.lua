@@ -19,8 +19,9 @@
 -- work_i: the mean `own` of the requests sent there (an EWMA), i.e. the
 --         prefill work one queued request stands for;
 -- cost_i: milliseconds per block on that instance, learned in on_complete
---         from each prefill's time to first byte divided by the work it
---         waited for (its own plus what was queued ahead when it was picked).
+--         from each prefill's ttft_ms (its answer's arrival) divided by the
+--         work it waited for (its own plus what was queued ahead when it
+--         was picked).
 --
 -- Queued prefills are counted one after another: an engine's prefill
 -- throughput is bound by tokens, so work queued ahead delays a prompt by
@@ -135,7 +136,7 @@ return {
       old_pending[rid] = nil
     end
     if not outcome.ok or p.id ~= instance.id then return end
-    local sample = math.max(outcome.ttfb_ms / p.work, MIN_COST)
+    local sample = math.max(outcome.ttft_ms / p.work, MIN_COST)
     local s = stat(instance.id)
     s.cost = ewma(s.cost, sample)
     fleet.cost = ewma(fleet.cost, sample)

@@ -284,12 +284,12 @@ std::string prompt_of(char head, std::size_t head_blocks, const std::string& tai
   return s;
 }
 
-PickOutcome done_in(double ttfb_ms) {
+PickOutcome done_in(double ttft_ms) {
   PickOutcome o;
   o.ok = true;
   o.stage = Stage::prefill;
-  o.time_to_first_byte = std::chrono::microseconds(static_cast<std::int64_t>(ttfb_ms * 1000));
-  o.total = o.time_to_first_byte;
+  o.time_to_first_token = std::chrono::microseconds(static_cast<std::int64_t>(ttft_ms * 1000));
+  o.total = o.time_to_first_token;
   return o;
 }
 
