@@ -114,6 +114,12 @@ BENCHMARK_CAPTURE(BM_Pick, prefix_affinity_shared, "prefix_affinity", true)
 BENCHMARK_CAPTURE(BM_Pick, conversation_decode_shared, "conversation_decode", true)
     ->Args({256, 1024});
 
+BENCHMARK_CAPTURE(BM_Pick, cache_aware, "cache_aware")
+    ->Args({8, 1024})
+    ->Args({256, 1024})
+    ->Args({8, 32 * 1024})
+    ->Args({256, 32 * 1024});
+
 // The C++ round-robin picker, for scale.
 void BM_PickNativeRoundRobin(benchmark::State& state) {
   auto picker = RoundRobinPicker::factory()(0);

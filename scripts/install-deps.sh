@@ -25,6 +25,8 @@ PACKAGES=(
   prometheus
   # Demo and the Node SDK test.
   curl
+  # The routing benchmark's trace tools and their test (tests/bench).
+  python3
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

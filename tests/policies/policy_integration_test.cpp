@@ -55,7 +55,7 @@ TEST(PolicyGateway, EachShippedPolicyRoutes) {
   Sim p1("prefill"), p2("prefill"), d1("decode", {"--itl-ms", "1"}),
       d2("decode", {"--itl-ms", "1"});
   for (const char* policy : {"round_robin", "least_load", "power_of_two", "session_affinity",
-                             "prefix_affinity", "conversation_decode"}) {
+                             "prefix_affinity", "conversation_decode", "cache_aware"}) {
     for (auto* s : {&p1, &p2, &d1, &d2})
       s->clear();
     Gateway gw({"--model", "sim-model", "--workers", "1", "--policy", policy, "--prefill",
@@ -268,6 +268,30 @@ TEST(MetricsScraper, ScrapesSims) {
 
 // --- Evidence that policies matter -------------------------------------------------
 
+// Starts three combined engines whose prefill cost grows with the uncached
+// prompt (100 us per token, one prefill at a time each) into `sims`; returns
+// the arguments of a one-hop gateway over them running `policy`.
+std::vector<std::string> costly_engines(const std::string& policy, const char* workers,
+                                        std::vector<std::unique_ptr<Sim>>& sims) {
+  std::vector<std::string> args = {"--model", "sim-model", "--workers", workers,   "--kv-connector",
+                                   "none",    "--policy",  policy,      "--decode"};
+  for (int i = 0; i < 3; ++i) {
+    sims.push_back(std::make_unique<Sim>(
+        "both", std::vector<std::string>{"--itl-ms", "1", "--prefill-us-per-token", "100",
+                                         "--prefill-base-ms", "1", "--prefill-lanes", "1"}));
+    args.push_back(sims.back()->hostport());
+  }
+  return args;
+}
+
+// A system prompt of at least `bytes` bytes, the same every time.
+std::string system_prompt(std::size_t bytes) {
+  std::string s;
+  while (s.size() < bytes)
+    s += "You are a careful assistant for disaggregated serving. ";
+  return s;
+}
+
 struct WorkloadResult {
   double hit_rate = 0;  // engine-side prefix cache hits / queries (tokens)
   double mean_ms = 0;   // mean latency of a max_tokens=1 request: its time to first token
@@ -277,18 +301,8 @@ struct WorkloadResult {
 // combined engines whose prefill cost grows with the uncached prompt.
 WorkloadResult run_multiturn(const std::string& policy) {
   std::vector<std::unique_ptr<Sim>> sims;
-  std::vector<std::string> args = {"--model", "sim-model", "--workers", "1",       "--kv-connector",
-                                   "none",    "--policy",  policy,      "--decode"};
-  for (int i = 0; i < 3; ++i) {
-    sims.push_back(std::make_unique<Sim>(
-        "both", std::vector<std::string>{"--itl-ms", "1", "--prefill-us-per-token", "100",
-                                         "--prefill-base-ms", "1"}));
-    args.push_back(sims.back()->hostport());
-  }
-  Gateway gw(args);
-  std::string system;
-  while (system.size() < 2000)
-    system += "You are a careful assistant for disaggregated serving. ";
+  Gateway gw(costly_engines(policy, "1", sims));
+  const std::string system = system_prompt(2000);
   constexpr int kConversations = 8;
   constexpr int kTurns = 5;
   std::vector<Json> history(kConversations);
@@ -337,6 +351,88 @@ TEST(PolicyEvidence, PrefixAffinityBeatsRoundRobin) {
   std::printf("prefix_affinity: hit rate %.3f, mean TTFT %.1f ms\n", pa.hit_rate, pa.mean_ms);
   EXPECT_GT(pa.hit_rate, rr.hit_rate + 0.15);
   EXPECT_LT(pa.mean_ms, rr.mean_ms * 0.85);
+}
+
+struct HotPrefixResult {
+  double hit_rate = 0;
+  double mean_ms = 0;        // mean latency of a max_tokens=1 request: its TTFT
+  double busiest_share = 0;  // share of the requests the busiest engine computed
+  std::size_t failures = 0;
+};
+
+// Six clients at once, every prompt a long shared system prompt followed by
+// a long question of its own, against three combined engines that compute
+// one prefill at a time: the cache saves half of each prompt, but only where
+// the system prompt is.
+HotPrefixResult run_hot_prefix(const std::string& policy) {
+  std::vector<std::unique_ptr<Sim>> sims;
+  Gateway gw(costly_engines(policy, "2", sims));
+  const std::string system = system_prompt(4000);
+  // One request first, so the system prompt has one home before the clients race.
+  Json warm = Json::array(
+      {{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", "warm up"}}});
+  EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", chat(warm, 1)).status, 200);
+  constexpr int kClients = 6;
+  constexpr int kEach = 6;
+  std::vector<double> total_ms(kClients, 0);
+  std::atomic<std::size_t> failures{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < kClients; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        std::string user = "Client " + std::to_string(t) + ", question " + std::to_string(i) + ": ";
+        while (user.size() < 4000)
+          user += "how should a router weigh cached prefixes against queues? " +
+                  std::to_string(t * 100 + i);
+        Json m = Json::array(
+            {{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", user}}});
+        const auto t0 = Clock::now();
+        auto r = post_json(gw.port(), "/v1/chat/completions", chat(m, 1));
+        total_ms[t] += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        if (r.status != 200)
+          ++failures;
+      }
+    });
+  }
+  for (auto& c : clients)
+    c.join();
+  HotPrefixResult out;
+  double hits = 0, queries = 0, busiest = 0, all = 0;
+  for (auto& s : sims) {
+    const Json st = s->stats();
+    hits += st.value("prefix_cache_hits_total", 0.0);
+    queries += st.value("prefix_cache_queries_total", 0.0);
+    const double n = static_cast<double>(seen(*s));
+    busiest = std::max(busiest, n);
+    all += n;
+  }
+  out.hit_rate = queries > 0 ? hits / queries : 0;
+  double sum = 0;
+  for (double v : total_ms)
+    sum += v;
+  out.mean_ms = sum / (kClients * kEach);
+  out.busiest_share = all > 0 ? busiest / all : 0;
+  out.failures = failures.load();
+  return out;
+}
+
+// A hot shared prefix under concurrent load: prefix_affinity queues every
+// request on the engine holding the prefix (6 in flight never trips its
+// 8-request guard), cache_aware spreads them once the queued work outweighs
+// the prefix: a clearly lower mean TTFT, no engine computing most requests,
+// and the system prompt still served from cache.
+TEST(PolicyEvidence, CacheAwareSpreadsAHotPrefix) {
+  const auto pa = run_hot_prefix("prefix_affinity");
+  const auto ca = run_hot_prefix("cache_aware");
+  std::printf("prefix_affinity: hit rate %.3f, mean TTFT %.1f ms, busiest engine %.2f\n",
+              pa.hit_rate, pa.mean_ms, pa.busiest_share);
+  std::printf("cache_aware:     hit rate %.3f, mean TTFT %.1f ms, busiest engine %.2f\n",
+              ca.hit_rate, ca.mean_ms, ca.busiest_share);
+  EXPECT_EQ(pa.failures + ca.failures, 0u);
+  EXPECT_GT(pa.busiest_share, 0.9);
+  EXPECT_LT(ca.busiest_share, 0.6);
+  EXPECT_LT(ca.mean_ms, pa.mean_ms * 0.7);
+  EXPECT_GT(ca.hit_rate, 0.35);
 }
 
 // With one engine ten times slower, least_load keeps the in-flight spread

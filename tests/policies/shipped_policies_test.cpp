@@ -273,6 +273,137 @@ TEST(PrefixAffinity, ShortPromptLeastLoaded) {
   EXPECT_EQ(p->pick(inst, prompt_ctx("hi", "a")), inst[1]);
 }
 
+// A prompt of `blocks` full 256-byte prefix blocks: `head` bytes shared by
+// every prompt built with that head, the rest unique to `tail`.
+std::string prompt_of(char head, std::size_t head_blocks, const std::string& tail,
+                      std::size_t blocks) {
+  std::string s(head_blocks * 256, head);
+  while (s.size() < blocks * 256)
+    s += tail;
+  s.resize(blocks * 256);
+  return s;
+}
+
+PickOutcome done_in(double ttft_ms) {
+  PickOutcome o;
+  o.ok = true;
+  o.stage = Stage::prefill;
+  o.time_to_first_token = std::chrono::microseconds(static_cast<std::int64_t>(ttft_ms * 1000));
+  o.total = o.time_to_first_token;
+  return o;
+}
+
+PickContext prefill_ctx(const std::string& prompt, const std::string& id) {
+  PickContext c = prompt_ctx(prompt, id);
+  c.stage = Stage::prefill;
+  return c;
+}
+
+// Routes a 40-block prompt to an instance (its home), `warm` more times after that, puts
+// `load` requests on the home, and says whether the prompt's next pick stays there.
+bool stays_home_under_load(const char* policy, std::size_t instances, int warm, int load) {
+  auto e = engine_for(policy);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(instances, Role::prefill);
+  const std::string prompt = prompt_of('a', 40, "", 40);
+  auto home = p->pick(inst, prefill_ctx(prompt, "r0"));
+  for (int i = 1; i <= warm; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    EXPECT_EQ(p->pick(inst, prefill_ctx(prompt, id)), home) << policy << " " << i;
+  }
+  home->in_flight = load;
+  return p->pick(inst, prefill_ctx(prompt, "last")) == home;
+}
+
+// cache_aware leaves the instance caching the prompt when the cold work queued there (2
+// requests, each about the prompt's size) outweighs computing the whole prompt on an idle one;
+// prefix_affinity's fixed guard (8 requests) keeps it there.
+TEST(CacheAware, QueuedColdWorkOutweighsTheCache) {
+  EXPECT_FALSE(stays_home_under_load("cache_aware", 2, 0, 2));
+  EXPECT_TRUE(stays_home_under_load("prefix_affinity", 2, 0, 2));
+}
+
+// cache_aware keeps a long cached prefix where it is when the queue there is made of cache
+// hits (60 of them taught it that a request queued there is about one block of work), even
+// past the 8-request guard that makes prefix_affinity leave.
+TEST(CacheAware, QueueOfHitsIsWorthWaitingFor) {
+  EXPECT_TRUE(stays_home_under_load("cache_aware", 3, 60, 10));
+  EXPECT_FALSE(stays_home_under_load("prefix_affinity", 3, 60, 10));
+}
+
+// cache_aware keeps a prompt on the instance caching it when only the engine's scraped metrics
+// (other gateways' requests, up to a second old) say that instance is busy; prefix_affinity,
+// counting them, leaves.
+TEST(CacheAware, ScrapedLoadDoesNotMoveACachedPrompt) {
+  for (const char* policy : {"cache_aware", "prefix_affinity"}) {
+    auto e = engine_for(policy);
+    auto p = e->make_picker(0);
+    auto inst = fake_instances(3, Role::prefill);
+    const std::string prompt = prompt_of('e', 40, "", 40);
+    auto home = p->pick(inst, prefill_ctx(prompt, "s0"));
+    store_metrics(*home, EngineMetrics{4.0, 8.0, 0.5}, steady_now_ms());
+    const bool stayed = p->pick(inst, prefill_ctx(prompt, "s1")) == home;
+    EXPECT_EQ(stayed, std::string(policy) == "cache_aware") << policy;
+  }
+}
+
+// cache_aware learns each instance's cost per block from on_complete: of two instances holding
+// the same prefix with equal loads, the one whose prefills took 10x longer is no longer chosen.
+TEST(CacheAware, LearnsPerInstanceCost) {
+  auto e = engine_for("cache_aware");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2, Role::prefill);
+  // The same 30-block prefix recorded on both instances, then unique 10-block tails.
+  const std::string head = prompt_of('c', 30, "", 30);
+  auto first = p->pick(inst, prefill_ctx(head, "h0"));
+  first->healthy = false;
+  auto second = p->pick(inst, prefill_ctx(head, "h1"));
+  first->healthy = true;
+  ASSERT_NE(first, second);
+  InstancePtr slow = inst[0], fast = inst[1];
+  int n = 0;
+  auto run = [&](bool learn) {
+    std::map<InstancePtr, int> count;
+    for (int i = 0; i < 40; ++i) {
+      const std::string id = "t" + std::to_string(n++);
+      const std::string prompt = prompt_of('c', 30, id + "-", 40);
+      PickContext ctx = prefill_ctx(prompt, id);
+      auto c = p->pick(inst, ctx);
+      ++count[c];
+      if (learn)
+        p->on_complete(*c, ctx, done_in(c == slow ? 100.0 : 10.0));
+    }
+    return count;
+  };
+  const auto before = run(false);  // nothing learned: ties rotate
+  EXPECT_GT(before.at(slow), 10);
+  run(true);
+  const auto after = run(false);
+  EXPECT_EQ(after.count(slow), 0u);
+  EXPECT_EQ(after.at(fast), 40);
+}
+
+// cache_aware routes a decode that follows a prefill to the least loaded decode: the KV comes
+// from the prefill, so a prompt the decode saw before is no reason to wait there.
+TEST(CacheAware, DecodeAfterPrefillLeastLoaded) {
+  auto e = engine_for("cache_aware");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3, Role::decode);
+  auto prefill = fake_instances(1, Role::prefill, 50);
+  const std::string prompt = prompt_of('d', 20, "", 20);
+  InstancePtr last;
+  for (int i = 0; i < 10; ++i) {
+    const std::string id = "d" + std::to_string(i);
+    PickContext ctx = prompt_ctx(prompt, id);
+    ctx.chosen_prefill = prefill[0].get();
+    last = p->pick(inst, ctx);
+  }
+  last->in_flight = 1;
+  PickContext ctx = prompt_ctx(prompt, "after");
+  ctx.chosen_prefill = prefill[0].get();
+  EXPECT_NE(p->pick(inst, ctx), last);
+}
+
 // conversation_decode returns a conversation to its previous decode.
 TEST(ConversationDecode, FollowsPreviousDecode) {
   auto e = engine_for("conversation_decode");

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Routing quality: replays a request trace (Mooncake JSONL: timestamp,
+# input_length, output_length, hash_ids of 512-token blocks) through N
+# gateway replicas -- requests alternate between them, as behind a load
+# balancer -- over K prefill + K decode pdgate-sim engines, once per
+# (replica count, prefill policy), with fresh engines (empty caches) each
+# time. Reports per row the prefill engines' prefix-cache hit rate (their
+# /metrics: hits / queries, in tokens), TTFT p50/p90/p99 and failures, and
+# once the two ceilings computed from the trace (bench/trace_ceilings.py).
+#
+#   bench/routing.sh [--trace FILE | --kind mix] [--replicas "1 2 4"]
+#                    [--policies "round_robin least_load prefix_affinity cache_aware"]
+#                    [--engines 4] [--speed 1] [--limit N] [--kv-tokens 32768]
+#                    [--prefill-us-per-token 70] [--itl-ms 5] [--max-tokens 16]
+#                    [--decode-policy least_load] [--gateway-arg ARG]... [--redis]
+#                    [--build build] [--out DIR]
+#
+# --trace replays a file as it is (e.g. a public Mooncake trace, if one is
+# on disk); without it a synthetic trace is generated (bench/trace_gen.py
+# --kind, 60 s at 8 requests/s, seed 1). --gateway-arg passes a flag to
+# every gateway (repeatable). --redis starts a fresh redis-server (unix
+# socket, no persistence) for each row and gives every gateway `--redis`,
+# so the replicas share what pdgate shares through it. Results: a
+# markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
+# Not run by CI (minutes per run; see bench/README.md, "Routing quality").
+set -euo pipefail
+
+trace=""
+kind=mix
+replicas="1 2 4"
+policies="round_robin least_load prefix_affinity cache_aware"
+engines=4
+speed=1
+limit=0
+kv_tokens=32768
+us_per_token=70
+itl_ms=5
+max_tokens=16
+decode_policy=least_load
+gateway_args=()
+redis=0
+BUILD=build
+OUT=""
+while (($#)); do
+  case "$1" in
+    --trace) trace=$2; shift ;;
+    --kind) kind=$2; shift ;;
+    --replicas) replicas=$2; shift ;;
+    --policies) policies=$2; shift ;;
+    --engines) engines=$2; shift ;;
+    --speed) speed=$2; shift ;;
+    --limit) limit=$2; shift ;;
+    --kv-tokens) kv_tokens=$2; shift ;;
+    --prefill-us-per-token) us_per_token=$2; shift ;;
+    --itl-ms) itl_ms=$2; shift ;;
+    --max-tokens) max_tokens=$2; shift ;;
+    --decode-policy) decode_policy=$2; shift ;;
+    --gateway-arg) gateway_args+=("$2"); shift ;;
+    --redis) redis=1 ;;
+    --build) BUILD=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    -h | --help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "routing.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=$(cd "$BUILD" && pwd)
+for bin in pdgate pdgate-sim; do
+  [[ -x $BUILD/$bin ]] || { echo "routing.sh: $BUILD/$bin missing (build it first)" >&2; exit 2; }
+done
+# The sims count 16-token KV blocks.
+(( kv_tokens >= 16 )) || { echo "routing.sh: --kv-tokens must be at least 16" >&2; exit 2; }
+kv_blocks=$((kv_tokens / 16))
+
+WORK=$(mktemp -d)
+[[ -n $OUT ]] || OUT=$WORK
+mkdir -p "$OUT"
+: > "$OUT/rows.jsonl"
+PIDS="$WORK/pids"
+: > "$PIDS"
+stop_all() {
+  # Only the processes this script started, each by its pid.
+  while read -r p; do kill "$p" 2>/dev/null || true; done < "$PIDS"
+  while read -r p; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done < "$PIDS"
+  : > "$PIDS"
+}
+trap 'stop_all; [[ $OUT == "$WORK" ]] || rm -rf "$WORK"' EXIT
+
+# Starts a process that prints "listening on http://H:P"; echoes its port.
+start() {
+  local name=$1; shift
+  # A fresh file: the redirection below happens in the background, so the
+  # previous row's file could otherwise still be read here.
+  local out
+  out=$(mktemp "$WORK/$name.XXXXXX.out")
+  "$@" > "$out" 2>> "$WORK/$name.log" &
+  echo "$!" >> "$PIDS"
+  local port
+  for _ in $(seq 100); do
+    port=$(grep -m1 "listening on http://" "$out" 2>/dev/null | sed 's/.*://')
+    if [[ $port =~ ^[0-9]+$ ]]; then
+      echo "$port"
+      return
+    fi
+    sleep 0.1
+  done
+  echo "routing.sh: $name did not start: $(tail -3 "$WORK/$name.log")" >&2
+  exit 1
+}
+
+if [[ -z $trace ]]; then
+  trace=$WORK/trace-$kind.jsonl
+  python3 "$ROOT/bench/trace_gen.py" --kind "$kind" --duration-s 60 --rate 8 --seed 1 > "$trace"
+fi
+ceil=$(python3 "$ROOT/bench/trace_ceilings.py" "$trace" --limit "$limit" \
+  --capacity-tokens $((kv_blocks * 16 * engines)))
+echo "trace $trace: $(python3 -c 'import sys; print(sum(1 for l in open(sys.argv[1]) if l.strip()))' "$trace") records, ceilings $ceil" >&2
+
+metric_sum() {  # metric_sum NAME PORT...: the series summed over the engines
+  python3 - "$@" <<'PY'
+import sys, urllib.request
+name, total = sys.argv[1], 0.0
+for port in sys.argv[2:]:
+    text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.split("{")[0].split(" ")[0] == name:
+            total += float(line.rsplit(" ", 1)[1])
+print("%.0f" % total)
+PY
+}
+
+for n in $replicas; do
+  for policy in $policies; do
+    pre=() dec=() pports=()
+    for k in $(seq "$engines"); do
+      port=$(start "p$k" "$BUILD/pdgate-sim" --role prefill --log-level warn --kv-blocks "$kv_blocks" \
+        --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
+        --max-num-seqs 64 --itl-ms "$itl_ms")
+      pre+=("127.0.0.1:$port") pports+=("$port")
+      port=$(start "d$k" "$BUILD/pdgate-sim" --role decode --log-level warn --kv-blocks "$kv_blocks" \
+        --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
+        --max-num-seqs 64 --itl-ms "$itl_ms")
+      dec+=("127.0.0.1:$port")
+    done
+    row_args=("${gateway_args[@]}")
+    if ((redis)); then
+      sock=$(mktemp -u "$WORK/redis.XXXXXX.sock")
+      redis-server --port 0 --unixsocket "$sock" --save "" --appendonly no \
+        > "$WORK/redis.log" 2>&1 &
+      echo "$!" >> "$PIDS"
+      for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+      [[ -S $sock ]] || { echo "routing.sh: redis-server did not start" >&2; exit 1; }
+      row_args+=(--redis "unix://$sock")
+    fi
+    urls=()
+    for r in $(seq "$n"); do
+      port=$(start "g$r" "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 1 --log-level warn \
+        --model sim-model --policy-prefill "$policy" --policy-decode "$decode_policy" \
+        "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
+      urls+=(--url "http://127.0.0.1:$port")
+    done
+    replay=$(python3 "$ROOT/bench/trace_replay.py" --trace "$trace" "${urls[@]}" --speed "$speed" \
+      --limit "$limit" --max-tokens "$max_tokens")
+    hits=$(metric_sum 'vllm:prefix_cache_hits_total' "${pports[@]}")
+    queries=$(metric_sum 'vllm:prefix_cache_queries_total' "${pports[@]}")
+    stop_all
+    python3 - "$n" "$policy" "$hits" "$queries" "$replay" "$ceil" >> "$OUT/rows.jsonl" <<'PY'
+import json, sys
+n, policy, hits, queries, replay, ceil = sys.argv[1:]
+row = {"replicas": int(n), "policy": policy, "hits": int(hits), "queries": int(queries),
+       "hit_rate": round(int(hits) / int(queries), 4) if int(queries) else 0.0,
+       "ceilings": json.loads(ceil)}
+row.update(json.loads(replay))
+print(json.dumps(row))
+PY
+    tail -1 "$OUT/rows.jsonl" >&2
+  done
+done
+
+python3 - "$OUT/rows.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+if not rows:
+    sys.exit(0)
+c = rows[0]["ceilings"]
+print("| replicas | prefill policy | hit rate | TTFT p50 | p90 | p99 | failures |")
+print("|---|---|---|---|---|---|---|")
+for r in rows:
+    t = r["ttft_ms"]
+    ms = lambda v: "-" if v is None else "%.0f ms" % v
+    print("| %d | %s | %.3f | %s | %s | %s | %d / %d |" % (
+        r["replicas"], r["policy"], r["hit_rate"], ms(t["p50"]), ms(t["p90"]), ms(t["p99"]),
+        r["failures"], r["requests"]))
+print()
+print("Ceilings from the trace: one infinite cache %.3f; one LRU cache of the engines' "
+      "total capacity %.3f." % (c["infinite"], c["lru"]))
+PY

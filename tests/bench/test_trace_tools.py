@@ -1,0 +1,133 @@
+"""The routing benchmark's trace tools (bench/trace_*.py): traces are well
+formed, prompts rebuilt from hash ids share bytes exactly as the ids say,
+the ceilings count as pdgate-sim does, and, end to end, one engine with
+room for everything reaches exactly the infinite-cache ceiling."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import trace_ceilings  # noqa: E402
+import trace_gen  # noqa: E402
+import trace_replay  # noqa: E402
+
+
+def rec(ts, n, ids, out=4):
+    return {"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": ids}
+
+
+class TraceGen(unittest.TestCase):
+    # Every kind yields records sorted by time, one hash id per started 512-token block.
+    def test_records_well_formed(self):
+        for kind in trace_gen.KINDS:
+            rs = trace_gen.generate(kind, 4.0, 20.0, 3)
+            self.assertGreater(len(rs), 20, kind)
+            self.assertEqual([r["timestamp"] for r in rs], sorted(r["timestamp"] for r in rs))
+            for r in rs:
+                self.assertEqual(len(r["hash_ids"]), (r["input_length"] + 511) // 512, kind)
+                self.assertGreater(r["output_length"], 0)
+
+    # The same seed gives the same trace; another seed another one.
+    def test_deterministic(self):
+        self.assertEqual(trace_gen.generate("mix", 4.0, 10.0, 7), trace_gen.generate("mix", 4.0, 10.0, 7))
+        self.assertNotEqual(trace_gen.generate("mix", 4.0, 10.0, 7), trace_gen.generate("mix", 4.0, 10.0, 8))
+
+    # A conversation's next turn keeps the previous prompt's full blocks and replaces its
+    # partial last block (new text was appended to it).
+    def test_extend_keeps_full_blocks(self):
+        ids = trace_gen.Ids()
+        first = ids.fresh(3)  # 1100 tokens: blocks 1, 2 full, 3 partial
+        nxt = trace_gen.extend(ids, first, 1100, 500)  # 1600 tokens: 4 blocks
+        self.assertEqual(nxt[:2], first[:2])
+        self.assertNotIn(first[2], nxt)
+        self.assertEqual(len(nxt), 4)
+
+    # Each kind reuses prefixes: its infinite-cache ceiling is well above zero.
+    def test_kinds_reuse_prefixes(self):
+        for kind in trace_gen.KINDS:
+            inf, _ = trace_ceilings.ceilings(trace_gen.generate(kind, 4.0, 30.0, 1), 10 ** 9)
+            self.assertGreater(inf, 0.3, kind)
+
+
+class Prompts(unittest.TestCase):
+    # A prompt is 4 bytes per token; equal leading ids give equal leading bytes, and two
+    # different ids differ in every 64-byte (16-token) engine block.
+    def test_ids_map_to_bytes(self):
+        a = trace_replay.prompt_for(rec(0, 1200, [5, 6, 7]))
+        b = trace_replay.prompt_for(rec(0, 1100, [5, 6, 9]))
+        self.assertEqual(len(a), 4800)
+        self.assertEqual(len(b), 4400)
+        self.assertEqual(a[:4096], b[:4096])
+        for off in range(4096, 4400, 64):
+            self.assertNotEqual(a[off:off + 64], b[off:off + 64], off)
+
+    # Nearest-rank percentiles.
+    def test_percentile(self):
+        v = list(range(1, 101))
+        self.assertEqual(trace_replay.percentile(v, 50), 50)
+        self.assertEqual(trace_replay.percentile(v, 99), 99)
+        self.assertEqual(trace_replay.percentile([7], 90), 7)
+        self.assertIsNone(trace_replay.percentile([], 50))
+
+
+class Ceilings(unittest.TestCase):
+    # A prompt extending an earlier one hits the earlier one's blocks in an infinite cache.
+    def test_infinite(self):
+        inf, _ = trace_ceilings.ceilings([rec(0, 1024, [1, 2]), rec(1, 1536, [1, 2, 3])], 10 ** 9)
+        self.assertAlmostEqual(inf, 1024 / 2560)
+
+    # An LRU of 512 tokens keeps only the first prompt's head block (a chain's tail is
+    # evicted first), so the second prompt hits 512 tokens.
+    def test_lru_keeps_head(self):
+        _, lru = trace_ceilings.ceilings([rec(0, 1024, [1, 2]), rec(1, 1536, [1, 2, 3])], 512)
+        self.assertAlmostEqual(lru, 512 / 2560)
+
+    # The last prompt token is always computed: a repeated prompt hits all but its last
+    # 16-token block when its length is a multiple of 16.
+    def test_last_token_computed(self):
+        inf, _ = trace_ceilings.ceilings([rec(0, 512, [4]), rec(1, 512, [4])], 10 ** 9)
+        self.assertAlmostEqual(inf, 496 / 1024)
+
+    # An id reused after a different prefix is not a match (ids are chained).
+    def test_only_real_prefixes(self):
+        inf, _ = trace_ceilings.ceilings([rec(0, 1024, [1, 2]), rec(1, 1024, [3, 2])], 10 ** 9)
+        self.assertEqual(inf, 0)
+
+
+@unittest.skipUnless(os.environ.get("PDGATE_BUILD_DIR"), "needs PDGATE_BUILD_DIR (built pdgate, pdgate-sim)")
+class RoutingScript(unittest.TestCase):
+    # bench/routing.sh over one engine with room for the whole trace, requests spaced so each
+    # prompt is cached before the next: the engine's measured hit rate is the trace's
+    # infinite-cache ceiling, no request fails, and the table is printed.
+    def test_one_engine_reaches_the_ceiling(self):
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "t.jsonl")
+            rs = trace_gen.generate("mix", 4.0, 30.0, 5)[:40]
+            with open(trace, "w") as f:
+                for i, r in enumerate(rs):
+                    r["timestamp"] = i * 150
+                    f.write(json.dumps(r) + "\n")
+            out = os.path.join(d, "out")
+            p = subprocess.run(
+                ["bash", os.path.join(ROOT, "bench", "routing.sh"), "--trace", trace, "--replicas", "1",
+                 "--policies", "round_robin", "--engines", "1", "--kv-tokens", str(1 << 22),
+                 "--prefill-us-per-token", "1", "--itl-ms", "1", "--max-tokens", "2",
+                 "--build", os.environ["PDGATE_BUILD_DIR"], "--out", out],
+                capture_output=True, text=True, timeout=240)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("| 1 | round_robin |", p.stdout)
+            row = json.loads(open(os.path.join(out, "rows.jsonl")).readline())
+            self.assertEqual(row["failures"], 0, row)
+            self.assertEqual(row["requests"], 40)
+            inf, _ = trace_ceilings.ceilings(rs, 1 << 22)
+            self.assertGreater(inf, 0.3)
+            self.assertAlmostEqual(row["hit_rate"], inf, places=3)
+
+
+if __name__ == "__main__":
+    unittest.main()
