@@ -92,19 +92,35 @@ TEST(ClientKeys, RefusedAndAccepted) {
   EXPECT_EQ(sample(gw.port(), "pdgate_client_key_requests_total{outcome=\"admitted\"}"), 2);
 }
 
+// Two replicas sharing one Redis, one key (`limits` in YAML) known to
+// both, engines behind them; ready once each replica admits the key.
+struct TwoReplicas {
+  TwoReplicas(const std::string& key, const std::string& limits,
+              std::vector<std::string> decode_flags = {})
+      : d("decode", std::move(decode_flags)),
+        keys(entry("k", key, limits)),
+        gw1(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()})),
+        gw2(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()})) {
+    ready = eventually([&] { return models(gw1.port(), key).status == 200; }, 10s) &&
+            eventually([&] { return models(gw2.port(), key).status == 200; }, 10s);
+  }
+  RedisServer redis;
+  Sim p{"prefill"};
+  Sim d;
+  KeyFile keys;
+  Gateway gw1, gw2;
+  bool ready = false;
+};
+
 // A key's rate limit holds across two replicas sharing Redis: hammered
 // through both, the key gets its configured rate (within 5%), the rest
 // 429 with Retry-After.
 TEST(ClientKeys, RateLimitSharedByTwoReplicas) {
-  RedisServer redis;
-  Sim p("prefill");
-  Sim d("decode");
-  KeyFile keys(entry("metered", "sk-m", "    requests_per_second: 25\n    burst: 1\n"));
-  Gateway gw1(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
-  Gateway gw2(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
   // Both replicas' limiter connections are up before the clock starts.
-  ASSERT_TRUE(eventually([&] { return models(gw1.port(), "sk-m").status == 200; }, 10s));
-  ASSERT_TRUE(eventually([&] { return models(gw2.port(), "sk-m").status == 200; }, 10s));
+  TwoReplicas r("sk-m", "    requests_per_second: 25\n    burst: 1\n");
+  ASSERT_TRUE(r.ready);
+  auto& gw1 = r.gw1;
+  auto& gw2 = r.gw2;
   std::this_thread::sleep_for(1s);  // the bucket refills
 
   std::atomic<int> ok1{0}, ok2{0}, limited{0}, other{0}, no_retry_after{0};
@@ -147,14 +163,10 @@ TEST(ClientKeys, RateLimitSharedByTwoReplicas) {
 // one replica, the other replica refuses the key's next request (429);
 // once the stream ends the slot is free again.
 TEST(ClientKeys, ConcurrencySharedAcrossReplicas) {
-  RedisServer redis;
-  Sim p("prefill");
-  Sim d("decode", {"--itl-ms", "100"});
-  KeyFile keys(entry("single", "sk-1", "    concurrent: 1\n"));
-  Gateway gw1(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
-  Gateway gw2(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
-  ASSERT_TRUE(eventually([&] { return models(gw1.port(), "sk-1").status == 200; }, 10s));
-  ASSERT_TRUE(eventually([&] { return models(gw2.port(), "sk-1").status == 200; }, 10s));
+  TwoReplicas r("sk-1", "    concurrent: 1\n", {"--itl-ms", "100"});
+  ASSERT_TRUE(r.ready);
+  auto& gw1 = r.gw1;
+  auto& gw2 = r.gw2;
 
   Connection stream(gw1.port());
   Json body = {{"model", "sim-model"},
@@ -177,13 +189,10 @@ TEST(ClientKeys, ConcurrencySharedAcrossReplicas) {
 // minute, across replicas: once a minute's worth is used, the next request
 // is refused until the minute ends.
 TEST(ClientKeys, TokensPerMinuteCountEngineUsage) {
-  RedisServer redis;
-  Sim p("prefill");
-  Sim d("decode");
-  KeyFile keys(entry("tokens", "sk-t", "    tokens_per_minute: 10\n"));
-  Gateway gw1(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
-  Gateway gw2(engines(p, d, {"--api-keys", keys.path(), "--redis", redis.url()}));
-  ASSERT_TRUE(eventually([&] { return models(gw1.port(), "sk-t").status == 200; }, 10s));
+  TwoReplicas replicas("sk-t", "    tokens_per_minute: 10\n");
+  ASSERT_TRUE(replicas.ready);
+  auto& gw1 = replicas.gw1;
+  auto& gw2 = replicas.gw2;
   auto first = chat(gw1.port(), bearer("sk-t"), false, 16);
   ASSERT_EQ(first.status, 200) << first.body;
   const int used = first.json()["usage"]["total_tokens"].get<int>();
