@@ -5,10 +5,6 @@
 
 namespace pdgate {
 
-Histogram::Histogram(std::span<const double> bounds) : bounds_(bounds) {
-  assert(bounds.size() <= kMaxBounds);
-}
-
 void Histogram::observe_n(double seconds, std::uint64_t n) {
   // The first bound the value does not exceed (Prometheus' `le`).
   const auto i = static_cast<std::size_t>(

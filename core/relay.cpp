@@ -270,7 +270,7 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
   if (const std::size_t events = scanner_.ready_count(); events > 0) {
     time_events(ready, events);
     if (want_usage_) {
-      if (auto u = last_usage(ready))
+      if (auto u = last_usage(ready, true))
         usage_ = u;
     }
   }

@@ -18,12 +18,14 @@ std::size_t skip_blanks(std::string_view s, std::size_t i) {
 
 // The end (one past the closing brace) of the object starting at `open`,
 // strings skipped; npos when it is cut off or too long.
-std::size_t object_end(std::string_view s, std::size_t open) {
+std::size_t object_end(std::string_view s, std::size_t open, bool in_events) {
   int depth = 0;
   bool in_string = false;
   const std::size_t limit = std::min(s.size(), open + kMaxUsageBytes);
   for (std::size_t i = open; i < limit; ++i) {
     const char c = s[i];
+    if (in_events && (c == '\n' || c == '\r'))
+      return std::string_view::npos;
     if (in_string) {
       if (c == '\\')
         ++i;
@@ -49,7 +51,7 @@ std::optional<std::uint64_t> count(const nlohmann::json& j, const char* key) {
 
 }  // namespace
 
-std::optional<TokenUsage> last_usage(std::string_view text) {
+std::optional<TokenUsage> last_usage(std::string_view text, bool in_events) {
   const std::size_t key = text.rfind(kKey);
   if (key == std::string_view::npos)
     return std::nullopt;
@@ -59,7 +61,7 @@ std::optional<TokenUsage> last_usage(std::string_view text) {
   i = skip_blanks(text, i + 1);
   if (i >= text.size() || text[i] != '{')
     return std::nullopt;
-  const std::size_t end = object_end(text, i);
+  const std::size_t end = object_end(text, i, in_events);
   if (end == std::string_view::npos)
     return std::nullopt;
   const auto j = nlohmann::json::parse(text.substr(i, end - i), nullptr, false);

@@ -15,6 +15,9 @@ namespace pdgate {
 // The last `"usage": {...}` member in `text` with non-negative integer
 // prompt_tokens and completion_tokens; nullopt when there is none, or the
 // last one is null or malformed.
-std::optional<TokenUsage> last_usage(std::string_view text);
+// `in_events`: `text` is SSE events, where a data line never holds a line
+// break, so an object broken by one is cut off (it must not be completed
+// by whatever follows the complete events).
+std::optional<TokenUsage> last_usage(std::string_view text, bool in_events = false);
 
 }  // namespace pdgate

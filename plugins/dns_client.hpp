@@ -3,8 +3,8 @@
 // getaddrinfo would block a thread per lookup and cannot be pointed at a
 // given server; a headless Kubernetes Service is one UDP exchange.
 //
-// The message format is pure functions (unit-tested and fuzzed); the
-// exchange is one datagram out, one back, with a deadline.
+// The message format is plugins/dns_message.hpp; the exchange is one
+// datagram out, one back, with a deadline.
 #pragma once
 
 #include <chrono>
@@ -17,31 +17,9 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "core/result.hpp"
+#include "plugins/dns_message.hpp"
 
 namespace pdgate {
-
-enum class DnsType : std::uint16_t { a = 1, aaaa = 28 };
-
-// A query for `name` (no trailing dot needed) with recursion desired.
-// Fails for a name that is not a valid DNS name (label > 63, name > 253).
-Result<std::string> dns_query(std::uint16_t id, std::string_view name, DnsType type);
-
-struct DnsAnswer {
-  // NXDOMAIN: the name does not exist (an empty set of instances), as
-  // opposed to a failure (the set is not known).
-  bool no_such_name = false;
-  std::vector<std::string> addresses;  // text form, e.g. "10.0.0.5", "fd00::1"
-};
-
-// Parses a response to query `id` for `type`: the addresses of the
-// answer section's records of that type (CNAMEs are followed as the server
-// already did: every record of the type counts). Fails on a malformed
-// message, another id, a truncated answer, or an error code other than
-// NXDOMAIN.
-Result<DnsAnswer> dns_parse_response(std::string_view message, std::uint16_t id, DnsType type);
-
-// "nameserver ADDR" lines of resolv.conf: the first one, or empty.
-std::string first_nameserver(std::string_view resolv_conf);
 
 // One lookup: the query to `server` (an address) on `port` over UDP, its
 // answer within `timeout`.

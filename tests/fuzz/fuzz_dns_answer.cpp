@@ -1,4 +1,4 @@
-// DNS answers as the discovery client parses them (plugins/dns_client.cpp):
+// DNS answers as the discovery client parses them (plugins/dns_message.cpp):
 // whatever a server (or anyone who can reach the client's port) sends,
 // parsing never reads past the message, and every address it yields is
 // one Asio reads back as the same address.
@@ -10,7 +10,7 @@
 
 #include <boost/asio/ip/address.hpp>
 
-#include "plugins/dns_client.hpp"
+#include "plugins/dns_message.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 2)

@@ -38,6 +38,13 @@ TEST(LastUsage, StreamTakesTheLastEvent) {
 // non-integer counts, and a key inside a string are no usage.
 TEST(LastUsage, RejectsWhatIsNotUsage) {
   EXPECT_FALSE(last_usage(""));
+  // In events a usage object broken by a line break is cut off (found by
+  // fuzz_sse: bytes after the complete events completed it); a whole JSON
+  // answer may break lines anywhere.
+  const std::string broken =
+      "data: {\"usage\": {\"prompt_tokens\":\r\r 4, \"completion_tokens\": 1}}";
+  EXPECT_FALSE(last_usage(broken, true));
+  EXPECT_TRUE(last_usage(broken));
   EXPECT_FALSE(last_usage(R"({"text":"the \"usage\": {\"prompt_tokens\": 1}"})"));
   EXPECT_FALSE(last_usage(R"({"usage": {"prompt_tokens": 1, "completion_tokens": 2)"));
   EXPECT_FALSE(last_usage(R"({"usage": {"prompt_tokens": -1, "completion_tokens": 2}})"));
