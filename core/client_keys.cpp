@@ -214,15 +214,21 @@ std::size_t ClientKeys::size() const {
   return n;
 }
 
-Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id*/, double now_ms) {
-  const KeyLimits& l = key.limits;
-  std::lock_guard lock(mu_);
+LocalLimits::State& LocalLimits::state_at(const ClientKey& key, double now_ms) {
   State& s = by_key_[key.name];
-  const std::int64_t minute = static_cast<std::int64_t>(now_ms / 60000.0);
+  // Tokens are counted per minute: a new minute starts from zero.
+  const auto minute = static_cast<std::int64_t>(now_ms / 60000.0);
   if (s.minute != minute) {
     s.minute = minute;
     s.tokens = 0;
   }
+  return s;
+}
+
+Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id*/, double now_ms) {
+  const KeyLimits& l = key.limits;
+  std::lock_guard lock(mu_);
+  State& s = state_at(key, now_ms);
   if (l.tokens_per_minute > 0 && s.tokens >= l.tokens_per_minute) {
     const auto left = static_cast<std::int64_t>(60000.0 - std::fmod(now_ms, 60000.0));
     return {Admission::Verdict::limited, std::chrono::milliseconds(left), "tokens", {}};
@@ -243,14 +249,9 @@ Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id
 
 void LocalLimits::release(const ClientKey& key, std::uint64_t tokens, double now_ms) {
   std::lock_guard lock(mu_);
-  State& s = by_key_[key.name];
+  State& s = state_at(key, now_ms);
   if (s.in_flight > 0)
     --s.in_flight;
-  const std::int64_t minute = static_cast<std::int64_t>(now_ms / 60000.0);
-  if (s.minute != minute) {
-    s.minute = minute;
-    s.tokens = 0;
-  }
   s.tokens += tokens;
 }
 

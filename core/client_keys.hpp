@@ -166,6 +166,9 @@ class LocalLimits {
     std::int64_t minute = -1;
     std::uint64_t tokens = 0;
   };
+  // The key's state with its token window moved to `now_ms`'s minute
+  // (under mu_).
+  State& state_at(const ClientKey& key, double now_ms);
   std::mutex mu_;
   std::unordered_map<std::string, State> by_key_;  // bounded by the key table
 };
