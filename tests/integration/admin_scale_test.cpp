@@ -275,8 +275,12 @@ TEST(AdminScale, TenThousandAddsComplete) {
   const double first = sum(took, 0, 1000), last = sum(took, 9000, 10000);
   std::cout << "[ measured ] 10,000 adds: " << total << " s; first 1,000: " << first
             << " s, last 1,000: " << last << " s\n";
-  // The bounds are the issue's, for the normal build; ASan+UBSan make
-  // every add several times slower, the no-slowdown ratio is what holds.
+  // The bounds are the issue's, for the normal build. An add still costs
+  // O(n), though little: it publishes a copy of the instance lists (readers
+  // keep the old snapshot), measured 0.15 s for the first thousand and 0.5 s
+  // for the last. ASan+UBSan make that copy (one atomic increment per
+  // instance) relatively dearer: 0.42 s and 2.1 s, so every bound, the
+  // ratio included, is looser there.
 #ifdef PDGATE_SANITIZED
   constexpr double kSlower = 3.0;
 #else
@@ -284,7 +288,7 @@ TEST(AdminScale, TenThousandAddsComplete) {
 #endif
   EXPECT_LT(total, 60.0 * kSlower);
   EXPECT_LT(last, 5.0 * kSlower);
-  EXPECT_LT(last, 3 * first + 1.0) << "adds slow down as instances accumulate";
+  EXPECT_LT(last, kSlower * 3 * first + 1.0) << "adds slow down as instances accumulate";
   const auto t1 = Clock::now();
   const auto listed = g.call("GET", "/admin/instances");
   std::cout << "[ measured ] GET /admin/instances with 10,002: " << seconds_since(t1) * 1000
