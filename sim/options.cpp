@@ -108,6 +108,13 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
   --kv-pull-timeout-ms N    timeout of the whole pull HTTP exchange (2000)
   --kv-expiry-s N           issued kv params expire after N seconds (480)
   --prefill-lanes N         prefills computed concurrently, 0 = unlimited (1)
+  --kv-events-config JSON   vLLM's KV cache events: {"enable_kv_cache_events": true,
+                            "publisher": "zmq", "endpoint": "tcp://*:5557",
+                            "replay_endpoint": "tcp://*:5558", "buffer_steps": 10000,
+                            "hwm": 100000, "max_queue_size": 100000, "topic": ""};
+                            a port of * binds an ephemeral port (printed at startup)
+  --kv-events-hash H        int|bytes: block hashes as integers or 32-byte values (int)
+  --kv-events-format F      array|map: msgpack layout of batches and events (array)
   --help                    print this text
 
 Flags take `--flag value` or `--flag=value`; boolean flags also accept
@@ -231,6 +238,36 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
       {"--kv-pull-timeout-ms", size_flag(o.kv_pull_timeout_ms, 1)},
       {"--kv-expiry-s", size_flag(o.kv_expiry_s, 1)},
       {"--prefill-lanes", size_flag(o.prefill_lanes, 0)},
+      {"--kv-events-config",
+       [&](const std::string& v) -> std::string {
+         KvEventsConfigParse p = parse_kv_events_config(v);
+         if (!p.config)
+           return p.error;
+         o.kv_events = std::move(*p.config);
+         return {};
+       }},
+      {"--kv-events-hash",
+       [&](const std::string& v) -> std::string {
+         if (v == "int") {
+           o.kv_events_hash = HashKind::integer;
+         } else if (v == "bytes") {
+           o.kv_events_hash = HashKind::bytes;
+         } else {
+           return "expects int|bytes";
+         }
+         return {};
+       }},
+      {"--kv-events-format",
+       [&](const std::string& v) -> std::string {
+         if (v == "array") {
+           o.kv_events_format = EventLayout::array;
+         } else if (v == "map") {
+           o.kv_events_format = EventLayout::map;
+         } else {
+           return "expects array|map";
+         }
+         return {};
+       }},
   };
   const std::map<std::string, bool*> booleans = {
       {"--hang", &o.hang},
