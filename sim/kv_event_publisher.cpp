@@ -39,6 +39,7 @@ KvEventPublisher::KvEventPublisher(const KvEventsConfig& config)
 std::unique_ptr<KvEventPublisher> KvEventPublisher::open(const KvEventsConfig& config,
                                                          std::string& error) {
   std::unique_ptr<KvEventPublisher> p(new KvEventPublisher(config));
+  const std::string* opening = &config.endpoint;
   try {
     p->pub_.set(zmq::sockopt::sndhwm, config.hwm);
     // Unsent batches are not worth delaying the sim's exit for.
@@ -50,12 +51,13 @@ std::unique_ptr<KvEventPublisher> KvEventPublisher::open(const KvEventsConfig& c
       p->replay_ = zmq::socket_t(p->context_, zmq::socket_type::router);
       p->replay_.set(zmq::sockopt::linger, 0);
       p->replay_.set(zmq::sockopt::maxmsgsize, kMaxReplayFrameBytes);
+      opening = &config.replay_endpoint;
       // vLLM always binds the replay socket.
       p->replay_.bind(config.replay_endpoint);
       p->replay_endpoint_ = p->replay_.get(zmq::sockopt::last_endpoint);
     }
   } catch (const zmq::error_t& e) {
-    error = std::string("cannot open the KV event sockets: ") + e.what();
+    error = "cannot open the KV event socket " + *opening + ": " + e.what();
     return nullptr;
   }
   p->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
