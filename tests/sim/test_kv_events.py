@@ -310,6 +310,36 @@ class KvEventsTest(unittest.TestCase):
         self.assertEqual(got, live[1:])
         self.assertEqual(sim.stats()["kv_events"]["replays"], 1)
 
+        # vLLM's example client uses REQ: it receives the first reply only.
+        req = sim.ctx.socket(zmq.REQ)
+        self.addCleanup(req.close, 0)
+        req.connect(sim.replay_endpoint)
+        req.send(start.to_bytes(8, "big"))
+        self.assertTrue(req.poll(int(WAIT_S * 1000)))
+        seq, payload = req.recv_multipart()
+        self.assertEqual((int.from_bytes(seq, "big"), payload), live[1])
+
+    # The replay buffer keeps the last buffer_steps batches: a replay from an older seq
+    # starts at the oldest kept one, so the consumer sees what it cannot recover.
+    def test_replay_buffer_is_bounded(self):
+        sim = self.start(replay=True, config={"buffer_steps": 2})
+        seqs = []
+        for c in "abcd":
+            sim.complete(blocks(c))
+            seqs.append(sim.recv()[1])
+        dealer = sim.ctx.socket(zmq.DEALER)
+        self.addCleanup(dealer.close, 0)
+        dealer.connect(sim.replay_endpoint)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        got = []
+        while True:
+            self.assertTrue(dealer.poll(int(WAIT_S * 1000)), "replay did not end")
+            _, seq, _ = dealer.recv_multipart()
+            if seq == END_SEQ:
+                break
+            got.append(int.from_bytes(seq, "big"))
+        self.assertEqual(got, seqs[-2:])
+
     # A decode that pulled a prefill's KV stores the same blocks (same hashes, same token ids)
     # as the prefill did, and a decode serving a request in one hop stores what it prefilled.
     def test_decode_stores_pulled_and_one_hop_blocks(self):
