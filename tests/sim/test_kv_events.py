@@ -47,7 +47,10 @@ def blocks(*letters):
 class Sim:
     """A pdgate-sim with KV events on ephemeral ports, and a subscriber."""
 
-    def __init__(self, role="both", extra=(), replay=False, topic="kv-test", config=None):
+    def __init__(self, role="both", extra=(), replay=False, topic="kv-test", config=None,
+                 sub=None):
+        """`sub`: a SUB socket that already bound the endpoint (the sim
+        connects to it); by default the test's SUB connects to the sim."""
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
                "endpoint": "tcp://127.0.0.1:*", "topic": topic}
         if replay:
@@ -77,9 +80,11 @@ class Sim:
             self.close()
             raise RuntimeError("pdgate-sim did not start")
         self.ctx = zmq.Context()
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        self.sub.connect(self.endpoint)
+        if sub is None:
+            sub = self.ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+            sub.connect(self.endpoint)
+        self.sub = sub
         self.baseline = self.sync()
 
     def sync(self):
@@ -381,6 +386,21 @@ class KvEventsTest(unittest.TestCase):
             status, body = sim.post("/tokenize", None, raw=raw)
             self.assertEqual(status, code, raw)
             self.assertEqual(json.loads(body)["error"]["code"], code, raw)
+
+    # An endpoint without a wildcard is connected, as vLLM does: the sim's PUB socket reaches
+    # a subscriber that bound the address, and its events arrive there.
+    def test_concrete_endpoint_connects_to_a_binding_subscriber(self):
+        ctx = zmq.Context()
+        self.addCleanup(ctx.destroy, 0)
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.bind("tcp://127.0.0.1:*")
+        endpoint = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        sim = self.start(config={"endpoint": endpoint}, sub=sub)
+        self.assertEqual(sim.endpoint, endpoint)
+        sim.complete(blocks("a"))
+        _, _, batch, _ = sim.recv()
+        self.assertEqual(batch[1][0][0], "BlockStored")
 
     # A malformed --kv-events-config stops the sim at startup with a message naming it.
     def test_bad_config_is_refused(self):
