@@ -7,6 +7,9 @@ find_package(yaml-cpp REQUIRED)
 # libcrypto's SHA-256 for conversation keys and history fingerprints.
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(PkgConfig REQUIRED)
+# ZeroMQ for pdgate-sim's KV events (vLLM's publisher protocol); cppzmq is
+# its header-only C++ binding, its config finds libzmq through pkg-config.
+find_package(cppzmq REQUIRED)
 pkg_check_modules(LUAJIT REQUIRED IMPORTED_TARGET luajit)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 
