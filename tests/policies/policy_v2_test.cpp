@@ -412,5 +412,33 @@ TEST(PolicyV2, ConditionalPdFollowsTheDecodeCache) {
   EXPECT_GT(dec[1]["cached_tokens"].get<int>(), dec[1]["prompt_tokens"].get<int>() / 2);
 }
 
+// A decode engine given a request one hop prefills it itself, as vLLM
+// does: the prefill's time shows before its first token, and the same
+// prompt again is served from its prefix cache, faster.
+TEST(PolicyV2, OneHopDecodePrefillsLocally) {
+  Sim p("prefill"), d("decode", {"--itl-ms", "0", "--prefill-us-per-token", "2000"});
+  Gateway gw({"--model", "sim-model", "--workers", "1", "--policy", "conditional_pd", "--prefill",
+              p.hostport(), "--decode", d.hostport()});
+  // Under conditional_pd's 256 estimated tokens: one hop.
+  std::string prompt;
+  for (int i = 0; prompt.size() < 900; ++i)
+    prompt += "word" + std::to_string(i) + " ";
+  const auto ttft_ms = [&](std::size_t i) {
+    const Json r = d.requests()[i];
+    return r["ended_at_ms"].get<std::int64_t>() - r["received_at_ms"].get<std::int64_t>();
+  };
+  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", chat(prompt, 1)).status, 200);
+  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", chat(prompt, 1)).status, 200);
+  EXPECT_EQ(p.requests().size(), 0u);
+  const Json first = d.requests()[0], second = d.requests()[1];
+  const auto tokens = first["prompt_tokens"].get<std::int64_t>();
+  ASSERT_GT(tokens, 100);
+  EXPECT_EQ(first["cached_tokens"], 0);
+  // 2 ms per uncached token (one output token: the whole answer is the prefill).
+  EXPECT_GE(ttft_ms(0), tokens * 2);
+  EXPECT_GT(second["cached_tokens"].get<std::int64_t>(), tokens / 2);
+  EXPECT_LT(ttft_ms(1), ttft_ms(0));
+}
+
 }  // namespace
 }  // namespace pdgate::test
