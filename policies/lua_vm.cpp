@@ -730,7 +730,7 @@ void push_json_scalar(lua_State* L, std::string_view raw) {
 int body_index(lua_State* L) {
   Impl& I = in_hook(L, "body");
   std::size_t n = 0;
-  const char* key = lua_tolstring(L, 2, &n);
+  const char* key = lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : nullptr;
   if (key == nullptr)
     return 0;
   const auto raw = raw_member(I.cur_hook->body, *I.cur_hook->index, {key, n});
@@ -844,10 +844,10 @@ void add_hook_header(void* L_, std::string_view name, std::string_view value) {
 // __index of req: fields computed when first read (then kept in the
 // table for the rest of the call), and the methods.
 int req_index(lua_State* L) {
-  Impl& I = in_hook(L, "?");
-  const RequestHookInput& in = *I.cur_hook;
   std::size_t n = 0;
-  const char* key_c = lua_tolstring(L, 2, &n);
+  const char* key_c = lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : nullptr;
+  Impl& I = in_hook(L, key_c != nullptr ? key_c : "?");
+  const RequestHookInput& in = *I.cur_hook;
   if (key_c == nullptr)
     return 0;
   const std::string_view k(key_c, n);
