@@ -1,20 +1,11 @@
 #include "core/request_hook_phase.hpp"
 
-#include <algorithm>
-#include <cctype>
-
 #include <spdlog/spdlog.h>
+#include <boost/beast/core/string.hpp>
 
 namespace pdgate {
 
 namespace {
-
-bool same_name(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
 
 // The path the request takes: the hook's choice where the connector
 // allows it. p2p-nccl engines find their peer from the request id, and a
@@ -33,8 +24,8 @@ void apply_header_edits(ForwardedHeaders& fwd, const std::vector<HeaderEdit>& ed
   for (const HeaderEdit& e : edits) {
     if (header_edit_error(e.name, e.value ? &*e.value : nullptr))
       continue;
-    std::erase_if(fwd.extra, [&](const auto& h) { return same_name(h.first, e.name); });
-    std::erase_if(fwd.policy_set, [&](const auto& h) { return same_name(h.first, e.name); });
+    std::erase_if(fwd.extra, [&](const auto& h) { return beast::iequals(h.first, e.name); });
+    std::erase_if(fwd.policy_set, [&](const auto& h) { return beast::iequals(h.first, e.name); });
     if (e.value)
       fwd.policy_set.emplace_back(e.name, *e.value);
   }
