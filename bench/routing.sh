@@ -109,7 +109,7 @@ start() {
   echo "$!" >> "$PIDS"
   local port
   for _ in $(seq 100); do
-    port=$(grep -m1 "listening on http://" "$out" 2>/dev/null | sed 's/.*://')
+    port=$(grep -m1 "listening on http://" "$out" 2>/dev/null | sed 's/.*://' || true)
     if [[ $port =~ ^[0-9]+$ ]]; then
       echo "$port"
       return
