@@ -17,7 +17,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
-#include "core/client_keys.hpp"
+#include "core/client_key.hpp"
 #include "core/conversation.hpp"
 #include "core/json_body.hpp"
 #include "core/kv_connector.hpp"

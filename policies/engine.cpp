@@ -162,7 +162,7 @@ class LuaPicker final : public InstancePicker {
     refresh();
     if (!current_ || !current_->has_on_request())
       return false;
-    const HookAnswer a = current_->on_request(in, out);
+    const HookAnswer a = current_->on_request(in, out, hashes_);
     PolicyCounters& counters = current_->counters(kRequestHook);
     switch (a.status) {
       case HookStatus::accepted:

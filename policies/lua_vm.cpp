@@ -15,7 +15,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/client_keys.hpp"
+#include "core/client_key.hpp"
 
 #include "policies/lua_bounded_lib.hpp"
 #include "policies/lua_budget.hpp"
@@ -1544,7 +1544,8 @@ PolicyCounters& LuaVm::counters(int where) {
   return *impl_->stages[static_cast<std::size_t>(stage)].counters;
 }
 
-HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out) {
+HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out,
+                             PrefixHashCache& hashes) {
   Impl& I = *impl_;
   HookAnswer a;
   if (I.request_ref == LUA_NOREF)
@@ -1563,7 +1564,6 @@ HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out) {
   ctx.for_each_header = in.for_each_header;
   ctx.header_source = in.header_source;
   ctx.key = in.key;
-  PrefixHashCache hashes;
   RequestScope scope(I, ctx, hashes, 0);
   I.cur_where = kRequestHook;
   I.cur_hook = &in;
@@ -1679,7 +1679,7 @@ Result<bool> LuaVm::self_check() {
     in.prompt_bytes = 44;
     in.key = &key;
     RequestDecision d;
-    const HookAnswer a = on_request(in, d);
+    const HookAnswer a = on_request(in, d, hashes);
     if (a.status != HookStatus::accepted && a.status != HookStatus::rejected) {
       return fail("policy " + impl_->stages[static_cast<int>(Stage::decode)].origin +
                   " failed its self-check (on_request): " + to_string(a.status) + ": " + a.error);

@@ -114,7 +114,9 @@ class LuaVm {
   // The decode script's on_request (docs/policies.md), if it has one.
   // Fills `out` as the script decided; on a failure `out` may hold part of
   // the decision (the caller discards it).
-  HookAnswer on_request(const RequestHookInput& in, RequestDecision& out);
+  // `hashes`: the worker's cache, so the picks that follow reuse the
+  // prompt's hashes if the hook computed them.
+  HookAnswer on_request(const RequestHookInput& in, RequestDecision& out, PrefixHashCache& hashes);
   bool has_on_request() const;
   // The stage's script declared `fail_closed = true`: a failure answers
   // 503 instead of falling back to round-robin.

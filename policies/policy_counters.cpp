@@ -35,8 +35,6 @@ bool valid_counter_name(std::string_view n) {
   });
 }
 
-constexpr const char* kWhere[] = {"encode", "prefill", "decode", "request"};
-
 }  // namespace
 
 std::optional<std::string> PolicyCounters::name_error(std::string_view name) {
@@ -82,21 +80,6 @@ std::uint64_t PolicyCounters::log_dropped() const {
   return log_dropped_;
 }
 
-void PolicyCounters::write(PrometheusText& m) const {
-  for (int w = 0; w < 4; ++w) {
-    const bool hook = w == kRequestHook;
-    for (const CallOutcome o : {CallOutcome::picked, CallOutcome::declined, CallOutcome::accepted,
-                                CallOutcome::rejected, CallOutcome::error, CallOutcome::budget}) {
-      const bool pick_only = o == CallOutcome::picked || o == CallOutcome::declined;
-      const bool hook_only = o == CallOutcome::accepted || o == CallOutcome::rejected;
-      if ((hook && pick_only) || (!hook && hook_only))
-        continue;
-      m.sample("pdgate_policy_calls_total",
-               {{"policy", name_}, {"stage", kWhere[w]}, {"outcome", to_string(o)}}, calls(w, o));
-    }
-  }
-}
-
 PolicyCounters& PolicyMetrics::for_policy(std::string_view name) {
   std::lock_guard lock(mu_);
   auto it = by_name_.find(name);
@@ -107,31 +90,6 @@ PolicyCounters& PolicyMetrics::for_policy(std::string_view name) {
   if (!slot)
     slot = std::make_unique<PolicyCounters>(key);
   return *slot;
-}
-
-void PolicyMetrics::write(PrometheusText& m) const {
-  std::lock_guard lock(mu_);
-  m.counter("pdgate_policy_calls_total",
-            "Policy hook calls by policy, stage (encode, prefill, decode picks; request: "
-            "on_request) and outcome.");
-  for (const auto& [name, c] : by_name_)
-    c->write(m);
-  m.counter("pdgate_policy_custom_total", "Counters kept by policies with pdgate.count().");
-  for (const auto& [name, c] : by_name_) {
-    std::lock_guard inner(c->mu_);
-    for (const auto& [counter, n] : c->custom_)
-      m.sample("pdgate_policy_custom_total", {{"policy", name}, {"name", counter}}, n);
-  }
-  m.counter("pdgate_policy_log_dropped_total",
-            "pdgate.log() lines dropped by the per-policy rate limit (10/s, bursts of 20), and "
-            "pdgate.count() calls refused for a new name over the limit (kind).");
-  for (const auto& [name, c] : by_name_) {
-    std::lock_guard inner(c->mu_);
-    m.sample("pdgate_policy_log_dropped_total", {{"policy", name}, {"kind", "log"}},
-             c->log_dropped_);
-    m.sample("pdgate_policy_log_dropped_total", {{"policy", name}, {"kind", "counter"}},
-             c->custom_refused_);
-  }
 }
 
 std::string policy_label(std::string_view spec) {

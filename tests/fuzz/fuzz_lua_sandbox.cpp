@@ -211,7 +211,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int round = 0; round < 2; ++round) {
     RequestDecision d;
     t0 = Clock::now();
-    const HookAnswer a = (*vm)->on_request(in, d);
+    const HookAnswer a = (*vm)->on_request(in, d, hashes);
     if (Clock::now() - t0 > kPickBudget + kSlack)
       overran("on_request", Clock::now() - t0);
     if (a.status == HookStatus::rejected && (d.reject_status < 400 || d.reject_status > 599))
