@@ -275,7 +275,10 @@ net::awaitable<AdminApi::Response> AdminApi::handle_demo_add(Request& req) {
     co_return error(req, 400, "type must be prefill or decode");
   }
   const Role role = type == "prefill" ? Role::prefill : Role::decode;
-  co_return co_await add(req, role, j["instance"].get<std::string>(), {}, 1, {});
+  // A named value, not `{}`: GCC 12 frees a braced aggregate temporary
+  // passed to a coroutine twice (the add crashed with an invalid free).
+  KvEventsEndpoint no_events;
+  co_return co_await add(req, role, j["instance"].get<std::string>(), {}, 1, std::move(no_events));
 }
 
 net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
