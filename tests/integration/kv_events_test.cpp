@@ -225,6 +225,18 @@ return {
 }
 )";
 
+// Subscriptions join shortly after they connect: the sim resets its cache (publishing
+// AllBlocksCleared) until the gateway has heard from it, so no later event is lost to that.
+bool heard_from(std::uint16_t gateway, Sim& sim) {
+  const std::string instance = "instance=\"" + sim.url() + "\"";
+  return eventually(
+      [&] {
+        http_request(sim.port(), "POST", "/reset_prefix_cache");
+        return metric(gateway, "pdgate_kv_events_batches_total", instance) >= 1;
+      },
+      kWait);
+}
+
 std::size_t completions_on(Sim& sim) {
   return sim.requests().size();
 }
@@ -240,14 +252,7 @@ TEST(KvEventsSim, PromptCachedByAnotherClientIsRoutedToItsEngine) {
               "--kv-events", events_flag(*p1), "--kv-events", events_flag(*p2), "--tokenizer",
               "sim", "--policy-prefill", policy.path()});
   const std::string instance = "instance=\"" + p2->url() + "\"";
-  // Subscriptions join shortly after start; a reset publishes (AllBlocksCleared) until pdgate
-  // has heard from the engine, so the prompt's events below cannot be lost to that.
-  ASSERT_TRUE(eventually(
-      [&] {
-        http_request(p2->port(), "POST", "/reset_prefix_cache");
-        return metric(gw.port(), "pdgate_kv_events_batches_total", instance) >= 1;
-      },
-      kWait));
+  ASSERT_TRUE(heard_from(gw.port(), *p2));
   std::string prompt;
   for (int i = 0; i < 40; ++i)
     prompt += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ". ";
@@ -282,12 +287,7 @@ TEST(KvEventsSim, AdminAddedInstancesAreSubscribed) {
   ASSERT_EQ(r.status, 201) << r.body;
   EXPECT_EQ(r.json()["kv_events"]["endpoint"], ev["endpoint"]);
   const std::string instance = "instance=\"" + added->url() + "\"";
-  EXPECT_TRUE(eventually(
-      [&] {
-        http_request(added->port(), "POST", "/reset_prefix_cache");
-        return metric(gw.port(), "pdgate_kv_events_batches_total", instance) >= 1;
-      },
-      kWait));
+  EXPECT_TRUE(heard_from(gw.port(), *added));
   const auto bad = gw.call("POST", "/admin/instances",
                            {{"role", "prefill"},
                             {"url", "http://127.0.0.1:1"},
