@@ -12,6 +12,8 @@ HTTP control port a test drives:
                    but not published (a gap).
                    {"raw": "hex"} publishes those bytes as the payload.
   POST /replay     {"enabled": bool}: whether the replay socket answers.
+  POST /restart    sequence numbers start again at 0 and the replay buffer
+                   empties, as when the engine restarts.
 Events are JSON objects as vLLM's would be in map form: {"type":
 "BlockStored", "block_hashes": [int], "parent_block_hash": int|null,
 "token_ids": [int], "block_size": int}, {"type": "BlockRemoved",
@@ -110,6 +112,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/restart":
+            with lock:
+                state["seq"] = 0
+                buffer.clear()
+            self.reply({"seq": 0})
+            return
         if self.path == "/replay":
             with lock:
                 state["replay"] = bool(req["enabled"])

@@ -170,6 +170,20 @@ TEST_F(KvEvents, GapWithoutReplayFallsBack) {
   EXPECT_EQ(gw_metric("pdgate_kv_index_blocks"), 1);
 }
 
+// An engine that restarts numbers its batches from 0 again with an empty cache: the blocks
+// stored before are forgotten, the new ones kept, and the feed stays exact.
+TEST_F(KvEvents, EngineRestartForgetsItsBlocks) {
+  start_gateway(true);
+  publish({{"events", {stored({1, 2}, {}, 0, 4)}}});
+  ASSERT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 2; }, kWait));
+  ASSERT_EQ(post_json(control_, "/restart", Json::object()).status, 200);
+  publish({{"events", {stored({7}, {}, 100, 4)}}});
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 1; }, kWait))
+      << gw_metric("pdgate_kv_index_blocks");
+  EXPECT_TRUE(state_is("exact"));
+  EXPECT_EQ(gw_metric("pdgate_kv_events_gaps_total"), gaps_);
+}
+
 // An instance configured without a replay endpoint falls back on its first gap.
 TEST_F(KvEvents, GapWithoutReplayEndpointFallsBack) {
   start_gateway(false);
