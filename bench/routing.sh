@@ -13,14 +13,17 @@
 #                    [--engines 4] [--speed 1] [--limit N] [--kv-tokens 32768]
 #                    [--prefill-us-per-token 70] [--itl-ms 5] [--max-tokens 16]
 #                    [--decode-policy least_load] [--gateway-arg ARG]... [--redis]
-#                    [--build build] [--out DIR]
+#                    [--kv-events] [--build build] [--out DIR]
 #
 # --trace replays a file as it is (e.g. a public Mooncake trace, if one is
 # on disk); without it a synthetic trace is generated (bench/trace_gen.py
 # --kind, 60 s at 8 requests/s, seed 1). --gateway-arg passes a flag to
 # every gateway (repeatable). --redis starts a fresh redis-server (unix
 # socket, no persistence) for each row and gives every gateway `--redis`,
-# so the replicas share what pdgate shares through it. Results: a
+# so the replicas share what pdgate shares through it. --kv-events makes
+# the prefill engines publish their KV cache events and every gateway
+# subscribe to all of them, with --tokenizer sim (docs/kv-events.md;
+# bench/exact_affinity.lua is a policy that uses them). Results: a
 # markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
 # Not run by CI (minutes per run; see bench/README.md, "Routing quality").
 set -euo pipefail
@@ -39,6 +42,7 @@ max_tokens=16
 decode_policy=least_load
 gateway_args=()
 redis=0
+kv_events=0
 BUILD=build
 OUT=""
 while (($#)); do
@@ -57,9 +61,10 @@ while (($#)); do
     --decode-policy) decode_policy=$2; shift ;;
     --gateway-arg) gateway_args+=("$2"); shift ;;
     --redis) redis=1 ;;
+    --kv-events) kv_events=1 ;;
     --build) BUILD=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "routing.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -135,12 +140,26 @@ PY
 
 for n in $replicas; do
   for policy in $policies; do
-    pre=() dec=() pports=()
+    pre=() dec=() pports=() kv_args=() events=()
+    if ((kv_events)); then
+      events=(--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+        "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}')
+      kv_args=(--tokenizer sim)
+    fi
     for k in $(seq "$engines"); do
       port=$(start "p$k" "$BUILD/pdgate-sim" --role prefill --log-level warn --kv-blocks "$kv_blocks" \
         --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
-        --max-num-seqs 64 --itl-ms "$itl_ms")
+        --max-num-seqs 64 --itl-ms "$itl_ms" "${events[@]}")
       pre+=("127.0.0.1:$port") pports+=("$port")
+      if ((kv_events)); then
+        kv_args+=(--kv-events "$(python3 - "$port" <<'PY'
+import json, sys, urllib.request
+port = sys.argv[1]
+ev = json.load(urllib.request.urlopen("http://127.0.0.1:%s/sim/stats" % port, timeout=10))["kv_events"]
+print("127.0.0.1:%s=%s,replay=%s" % (port, ev["endpoint"], ev["replay_endpoint"]))
+PY
+)")
+      fi
       port=$(start "d$k" "$BUILD/pdgate-sim" --role decode --log-level warn --kv-blocks "$kv_blocks" \
         --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
         --max-num-seqs 64 --itl-ms "$itl_ms")
@@ -160,7 +179,7 @@ for n in $replicas; do
     for r in $(seq "$n"); do
       port=$(start "g$r" "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 1 --log-level warn \
         --model sim-model --policy-prefill "$policy" --policy-decode "$decode_policy" \
-        "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
+        "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}" "${kv_args[@]}")
       urls+=(--url "http://127.0.0.1:$port")
     done
     replay=$(python3 "$ROOT/bench/trace_replay.py" --trace "$trace" "${urls[@]}" --speed "$speed" \

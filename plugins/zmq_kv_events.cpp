@@ -272,9 +272,9 @@ void ZmqKvEvents::receive(Feed& f) {
     if (frames.size() != 3 || frames[1].size() != 8) {
       ++f.stats.decode_errors;
       fall_back(f, "a message was not [topic, seq, payload]");
-      continue;
+    } else {
+      on_message(f, seq_of(bytes_of(frames[1])), bytes_of(frames[2]));
     }
-    on_message(f, seq_of(bytes_of(frames[1])), bytes_of(frames[2]));
     publish(f);
   }
 }
