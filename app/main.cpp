@@ -292,6 +292,7 @@ int main(int argc, char** argv) {
                                m.counter("pdgate_policy_picks_total", "Policy picks.");
                                m.sample("pdgate_policy_picks_total",
                                         std::uint64_t{st.picks.load()});
+                               engine->policy_metrics().write(m);
                                if (shared_index)
                                  pdgate::write_kv_index_metrics(m, shared_index->stats());
                                events->write_metrics(m);

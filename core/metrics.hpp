@@ -104,6 +104,10 @@ struct GatewayMetrics {
   std::atomic<std::uint64_t> retries_refused{0};  // over budget
   std::atomic<std::int64_t> retries_in_flight{0};
   std::atomic<std::uint64_t> ejections{0};
+  // Routed requests by path: prefill then decode, or one hop to decode
+  // (which prefills locally), as the request hook or configuration chose.
+  std::atomic<std::uint64_t> path_pd{0};
+  std::atomic<std::uint64_t> path_one_hop{0};
 
  private:
   mutable std::mutex mu_;

@@ -94,6 +94,8 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   PickerFactory factory();
 
   PolicyStats& stats() { return stats_; }
+  // Calls by policy, stage and outcome; pdgate.count's counters.
+  PolicyMetrics& policy_metrics() { return policy_metrics_; }
   KvStore& kv() { return kv_; }
   KvLocationIndex& kv_index() { return *kv_index_; }
   VmServices services() const;
@@ -125,6 +127,7 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   std::atomic<std::uint64_t> generation_{0};
 
   PolicyStats stats_;
+  PolicyMetrics policy_metrics_;
   KvStore kv_;
   std::shared_ptr<KvLocationIndex> kv_index_;
   std::shared_ptr<const KvBlockIndex> block_index_;

@@ -89,12 +89,21 @@ void field(MsgpackWriter& w, EventLayout layout, std::string_view name) {
     w.str(name);
 }
 
+void open_struct(MsgpackWriter& w, EventLayout layout, std::uint32_t fields) {
+  layout == EventLayout::map ? w.map(fields) : w.array(fields);
+}
+
+// An event's container and its type tag: positional element 0, or the
+// "type" key. `fields` counts the tag.
+void open_event(MsgpackWriter& w, EventLayout layout, std::uint32_t fields, std::string_view type) {
+  open_struct(w, layout, fields);
+  field(w, layout, "type");
+  w.str(type);
+}
+
 void write_event(MsgpackWriter& w, const KvEvent& e, EventLayout layout, HashKind kind) {
-  // Field counts include the type tag: positional element 0, or the "type" key.
   if (const auto* s = std::get_if<BlockStored>(&e)) {
-    layout == EventLayout::map ? w.map(8) : w.array(8);
-    field(w, layout, "type");
-    w.str("BlockStored");
+    open_event(w, layout, 8, "BlockStored");
     field(w, layout, "block_hashes");
     write_hashes(w, s->block_hashes, kind);
     field(w, layout, "parent_block_hash");
@@ -116,17 +125,13 @@ void write_event(MsgpackWriter& w, const KvEvent& e, EventLayout layout, HashKin
     field(w, layout, "lora_name");
     w.nil();
   } else if (const auto* r = std::get_if<BlockRemoved>(&e)) {
-    layout == EventLayout::map ? w.map(3) : w.array(3);
-    field(w, layout, "type");
-    w.str("BlockRemoved");
+    open_event(w, layout, 3, "BlockRemoved");
     field(w, layout, "block_hashes");
     write_hashes(w, r->block_hashes, kind);
     field(w, layout, "medium");
     w.str("GPU");
   } else {
-    layout == EventLayout::map ? w.map(1) : w.array(1);
-    field(w, layout, "type");
-    w.str("AllBlocksCleared");
+    open_event(w, layout, 1, "AllBlocksCleared");
   }
 }
 
@@ -170,7 +175,7 @@ std::string hash_bytes(std::uint64_t hash) {
 std::string encode_batch(double ts, const std::vector<KvEvent>& events, int data_parallel_rank,
                          EventLayout layout, HashKind hashes) {
   MsgpackWriter w;
-  layout == EventLayout::map ? w.map(3) : w.array(3);
+  open_struct(w, layout, 3);
   field(w, layout, "ts");
   w.float64(ts);
   field(w, layout, "events");

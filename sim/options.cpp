@@ -160,6 +160,22 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
     };
   };
 
+  // One of a few names, each standing for a value of E.
+  auto choice_flag = []<typename E>(E& dst,
+                                    std::vector<std::pair<std::string, E>> choices) -> Setter {
+    return [&dst, choices = std::move(choices)](const std::string& v) -> std::string {
+      std::string names;
+      for (const auto& [name, value] : choices) {
+        if (v == name) {
+          dst = value;
+          return {};
+        }
+        names += (names.empty() ? "" : "|") + name;
+      }
+      return "expects " + names;
+    };
+  };
+
   const std::map<std::string, Setter> valued = {
       {"--role",
        [&](const std::string& v) -> std::string {
@@ -247,27 +263,9 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
          return {};
        }},
       {"--kv-events-hash",
-       [&](const std::string& v) -> std::string {
-         if (v == "int") {
-           o.kv_events_hash = HashKind::integer;
-         } else if (v == "bytes") {
-           o.kv_events_hash = HashKind::bytes;
-         } else {
-           return "expects int|bytes";
-         }
-         return {};
-       }},
+       choice_flag(o.kv_events_hash, {{"int", HashKind::integer}, {"bytes", HashKind::bytes}})},
       {"--kv-events-format",
-       [&](const std::string& v) -> std::string {
-         if (v == "array") {
-           o.kv_events_format = EventLayout::array;
-         } else if (v == "map") {
-           o.kv_events_format = EventLayout::map;
-         } else {
-           return "expects array|map";
-         }
-         return {};
-       }},
+       choice_flag(o.kv_events_format, {{"array", EventLayout::array}, {"map", EventLayout::map}})},
   };
   const std::map<std::string, bool*> booleans = {
       {"--hang", &o.hang},

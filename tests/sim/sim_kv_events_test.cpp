@@ -3,19 +3,12 @@
 #include <string>
 
 #include "sim/kv_events.hpp"
+#include "tests/sim/hex.hpp"
 
 namespace pdgate::sim {
 namespace {
 
-std::string hex(const std::string& bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
+using test::hex;
 
 // The expected bytes below are python3-msgpack's msgpack.packb() of the same
 // batch written as vLLM's msgspec structures encode it.

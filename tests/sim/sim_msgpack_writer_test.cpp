@@ -5,6 +5,7 @@
 #include <string>
 
 #include "sim/msgpack_writer.hpp"
+#include "tests/sim/hex.hpp"
 
 namespace pdgate::sim {
 namespace {
@@ -12,15 +13,7 @@ namespace {
 // Every expected byte string below is what Debian's python3-msgpack 1.0.3
 // writes for the same value (msgpack.packb(v, use_bin_type=True)), so a
 // consumer using it decodes exactly what the sim sends.
-std::string hex(const std::string& bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
+using test::hex;
 
 template <typename F>
 std::string enc(F f) {

@@ -47,7 +47,10 @@ def blocks(*letters):
 class Sim:
     """A pdgate-sim with KV events on ephemeral ports, and a subscriber."""
 
-    def __init__(self, role="both", extra=(), replay=False, topic="kv-test", config=None):
+    def __init__(self, role="both", extra=(), replay=False, topic="kv-test", config=None,
+                 sub=None):
+        """`sub`: a SUB socket that already bound the endpoint (the sim
+        connects to it); by default the test's SUB connects to the sim."""
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
                "endpoint": "tcp://127.0.0.1:*", "topic": topic}
         if replay:
@@ -77,9 +80,11 @@ class Sim:
             self.close()
             raise RuntimeError("pdgate-sim did not start")
         self.ctx = zmq.Context()
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        self.sub.connect(self.endpoint)
+        if sub is None:
+            sub = self.ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+            sub.connect(self.endpoint)
+        self.sub = sub
         self.baseline = self.sync()
 
     def sync(self):
@@ -310,6 +315,36 @@ class KvEventsTest(unittest.TestCase):
         self.assertEqual(got, live[1:])
         self.assertEqual(sim.stats()["kv_events"]["replays"], 1)
 
+        # vLLM's example client uses REQ: it receives the first reply only.
+        req = sim.ctx.socket(zmq.REQ)
+        self.addCleanup(req.close, 0)
+        req.connect(sim.replay_endpoint)
+        req.send(start.to_bytes(8, "big"))
+        self.assertTrue(req.poll(int(WAIT_S * 1000)))
+        seq, payload = req.recv_multipart()
+        self.assertEqual((int.from_bytes(seq, "big"), payload), live[1])
+
+    # The replay buffer keeps the last buffer_steps batches: a replay from an older seq
+    # starts at the oldest kept one, so the consumer sees what it cannot recover.
+    def test_replay_buffer_is_bounded(self):
+        sim = self.start(replay=True, config={"buffer_steps": 2})
+        seqs = []
+        for c in "abcd":
+            sim.complete(blocks(c))
+            seqs.append(sim.recv()[1])
+        dealer = sim.ctx.socket(zmq.DEALER)
+        self.addCleanup(dealer.close, 0)
+        dealer.connect(sim.replay_endpoint)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        got = []
+        while True:
+            self.assertTrue(dealer.poll(int(WAIT_S * 1000)), "replay did not end")
+            _, seq, _ = dealer.recv_multipart()
+            if seq == END_SEQ:
+                break
+            got.append(int.from_bytes(seq, "big"))
+        self.assertEqual(got, seqs[-2:])
+
     # A decode that pulled a prefill's KV stores the same blocks (same hashes, same token ids)
     # as the prefill did, and a decode serving a request in one hop stores what it prefilled.
     def test_decode_stores_pulled_and_one_hop_blocks(self):
@@ -351,6 +386,21 @@ class KvEventsTest(unittest.TestCase):
             status, body = sim.post("/tokenize", None, raw=raw)
             self.assertEqual(status, code, raw)
             self.assertEqual(json.loads(body)["error"]["code"], code, raw)
+
+    # An endpoint without a wildcard is connected, as vLLM does: the sim's PUB socket reaches
+    # a subscriber that bound the address, and its events arrive there.
+    def test_concrete_endpoint_connects_to_a_binding_subscriber(self):
+        ctx = zmq.Context()
+        self.addCleanup(ctx.destroy, 0)
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.bind("tcp://127.0.0.1:*")
+        endpoint = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        sim = self.start(config={"endpoint": endpoint}, sub=sub)
+        self.assertEqual(sim.endpoint, endpoint)
+        sim.complete(blocks("a"))
+        _, _, batch, _ = sim.recv()
+        self.assertEqual(batch[1][0][0], "BlockStored")
 
     # A malformed --kv-events-config stops the sim at startup with a message naming it.
     def test_bad_config_is_refused(self):
