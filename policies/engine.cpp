@@ -287,6 +287,15 @@ PolicyEngine::PolicyEngine(PolicySettings settings, std::shared_ptr<KvLocationIn
   services_.metrics = &policy_metrics_;
 }
 
+void PolicyEngine::set_exact_kv(std::shared_ptr<const KvBlockIndex> index,
+                                std::shared_ptr<const Tokenizer> tokenizer) {
+  std::lock_guard lock(mu_);
+  block_index_ = std::move(index);
+  tokenizer_ = std::move(tokenizer);
+  services_.block_index = block_index_.get();
+  services_.tokenizer = tokenizer_.get();
+}
+
 Result<std::shared_ptr<PolicyEngine>> PolicyEngine::create(
     PolicySettings settings, std::shared_ptr<KvLocationIndex> kv_index) {
   std::shared_ptr<PolicyEngine> e(new PolicyEngine(settings, std::move(kv_index)));

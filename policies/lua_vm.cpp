@@ -406,6 +406,38 @@ int l_prefix_matches(lua_State* L) {
   return 2;
 }
 
+// pdgate.cached_tokens() -> { [position in instances] = leading prompt
+// tokens that instance's engine holds, exactly, by its KV events }, the
+// prompt's token count. Candidates without exact data (no event feed, or
+// one in fallback) are absent: a policy uses prefix_matches() for them.
+// Nothing when no tokenizer is configured or the prompt cannot be read.
+int l_cached_tokens(lua_State* L) {
+  Impl& I = in_request(L, "cached_tokens");
+  if (I.cur_list == nullptr)
+    luaL_error(L, "pdgate.cached_tokens: only callable inside pick");
+  if (I.svc.block_index == nullptr || I.svc.tokenizer == nullptr)
+    return 0;
+  const auto ids = I.svc.tokenizer->token_ids(I.cur_ctx->is_chat, I.cur_ctx->prompt_raw);
+  if (!ids)
+    return 0;
+  const auto& keys = I.caches[static_cast<int>(I.cur_ctx->stage)].keys;
+  const auto rows = I.svc.block_index->cached_tokens(*ids);
+  lua_createtable(L, 0, static_cast<int>(keys.size()));
+  for (const auto& row : rows) {
+    if (!row.exact)
+      continue;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == row.key) {
+        lua_pushnumber(L, static_cast<double>(row.tokens));
+        lua_rawseti(L, -2, static_cast<int>(i + 1));
+        break;
+      }
+    }
+  }
+  lua_pushinteger(L, static_cast<lua_Integer>(ids->size()));
+  return 2;
+}
+
 // pdgate.prefix_held(stage) -> the most leading blocks of this prompt
 // any one of the stage's instances recently received, and the prompt's
 // block count. The instances are those the stage last offered to a pick
@@ -901,6 +933,7 @@ int req_index(lua_State* L) {
 const luaL_Reg kPdgateLib[] = {
     {"prefix_hashes", l_prefix_hashes},
     {"prefix_matches", l_prefix_matches},
+    {"cached_tokens", l_cached_tokens},
     {"prefix_held", l_prefix_held},
     {"least_loaded", l_least_loaded},
     {"load", l_load},

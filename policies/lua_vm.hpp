@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "core/instance.hpp"
+#include "core/kv_block_index.hpp"
 #include "core/kv_location_index.hpp"
 #include "core/request_hook.hpp"
 #include "core/result.hpp"
+#include "core/tokenizer.hpp"
 #include "policies/policy_counters.hpp"
 #include "policies/shared_state.hpp"
 
@@ -48,6 +50,10 @@ struct VmServices {
   // Where prefixes and conversations were routed (this replica's view,
   // fed by the others' when shared).
   KvLocationIndex* kv_index = nullptr;
+  // Exact KV blocks from the engines' events, and the tokenizer that turns
+  // a prompt into ids to look up (pdgate.cached_tokens()); both optional.
+  const KvBlockIndex* block_index = nullptr;
+  const Tokenizer* tokenizer = nullptr;
   // Interrupts calls stuck in slow instructions; optional (lua_watchdog.hpp).
   PolicyWatchdog* watchdog = nullptr;
   // Per-policy counters (calls, pdgate.count, pdgate.log's limit); a VM
