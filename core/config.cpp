@@ -634,7 +634,8 @@ constexpr std::array kOptions = {
 
     Option{"policy", "", 0, false, false, kPolicies, "NAME|PATH",
            "Routing policy for every stage: round_robin, least_load, power_of_two, "
-           "session_affinity, prefix_affinity, cache_aware, conversation_decode, or a .lua file "
+           "session_affinity, prefix_affinity, cache_aware, kv_aware, conversation_decode, "
+           "conditional_pd, or a .lua file "
            "(default: round_robin).",
            &set_name<&Config::policy>},
     Option{"policy-prefill", "", 0, false, false, kPolicies, "NAME|PATH",

@@ -285,6 +285,67 @@ TEST(KvEventsSim, PromptCachedByAnotherClientIsRoutedToItsEngine) {
   EXPECT_EQ(completions_on(*p1), 0u);
 }
 
+// Which prefill engine received each of the last requests.
+struct Landed {
+  std::size_t first = 0, second = 0;
+};
+
+// A prompt routed to one prefill engine, then evicted there (its cache reset) and cached on the
+// other by a client that called that engine directly. Asked for again through the gateway, the
+// shipped kv_aware policy follows the engines' KV events to where the blocks are now, while
+// prefix_affinity (which only knows where it sent the prompt) goes back to the engine that
+// evicted them. Returns where the three repeats landed: {on the first engine, on the other}.
+Landed repeats_after_eviction(const std::string& policy) {
+  auto p1 = event_sim("prefill");
+  auto p2 = event_sim("prefill");
+  Sim decode("decode");
+  Gateway gw({"--prefill", p1->hostport(), p2->hostport(), "--decode", decode.hostport(),
+              "--kv-events", events_flag(*p1), "--kv-events", events_flag(*p2), "--tokenizer",
+              "sim", "--policy-prefill", policy});
+  EXPECT_TRUE(heard_from(gw.port(), *p1));
+  EXPECT_TRUE(heard_from(gw.port(), *p2));
+  std::string prompt;
+  for (int i = 0; i < 40; ++i)
+    prompt += "Pack my box with five dozen liquor jugs " + std::to_string(i) + ". ";
+  const Json body = {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 2}};
+  p1->clear();
+  p2->clear();
+  EXPECT_EQ(post_json(gw.port(), "/v1/completions", body).status, 200);
+  const bool on_p1 = completions_on(*p1) == 1;
+  Sim& first = on_p1 ? *p1 : *p2;
+  Sim& other = on_p1 ? *p2 : *p1;
+  EXPECT_EQ(completions_on(first), 1u);
+  const std::string first_label = "instance=\"" + first.url() + "\"";
+  const std::string other_label = "instance=\"" + other.url() + "\"";
+  EXPECT_TRUE(eventually(
+      [&] { return metric(gw.port(), "pdgate_kv_index_blocks", first_label) >= 4; }, kWait));
+  // Evicted where the gateway sent it, cached on the other engine by another client.
+  EXPECT_EQ(http_request(first.port(), "POST", "/reset_prefix_cache").status, 200);
+  EXPECT_EQ(post_json(other.port(), "/v1/completions", body).status, 200);
+  EXPECT_TRUE(eventually(
+      [&] {
+        return metric(gw.port(), "pdgate_kv_index_blocks", first_label) == 0 &&
+               metric(gw.port(), "pdgate_kv_index_blocks", other_label) >= 4;
+      },
+      kWait));
+  p1->clear();
+  p2->clear();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(post_json(gw.port(), "/v1/completions", body).status, 200);
+  return {completions_on(first), completions_on(other)};
+}
+
+TEST(KvEventsSim, KvAwareFollowsEvictionsPrefixAffinityDoesNot) {
+  const Landed exact = repeats_after_eviction("kv_aware");
+  EXPECT_EQ(exact.first, 0u);
+  EXPECT_EQ(exact.second, 3u);
+  // The same scenario under the approximate index: every repeat goes back to the engine that
+  // evicted the prompt (what kv_aware exists to fix).
+  const Landed approximate = repeats_after_eviction("prefix_affinity");
+  EXPECT_EQ(approximate.first, 3u);
+  EXPECT_EQ(approximate.second, 0u);
+}
+
 // Instances added through the admin API with an event endpoint are subscribed, and removed ones
 // unsubscribed: their rows appear in and leave /metrics.
 TEST(KvEventsSim, AdminAddedInstancesAreSubscribed) {
