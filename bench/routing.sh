@@ -13,7 +13,7 @@
 #                    [--engines 4] [--speed 1] [--limit N] [--kv-tokens 32768]
 #                    [--prefill-us-per-token 70] [--itl-ms 5] [--max-tokens 16]
 #                    [--decode-policy least_load] [--gateway-arg ARG]... [--redis]
-#                    [--kv-events] [--build build] [--out DIR]
+#                    [--kv-events] [--tokenizer sim|vllm] [--build build] [--out DIR]
 #
 # --trace replays a file as it is (e.g. a public Mooncake trace, if one is
 # on disk); without it a synthetic trace is generated (bench/trace_gen.py
@@ -25,7 +25,8 @@
 # so the replicas share what pdgate shares through it. --kv-events makes
 # every sim publish vLLM's KV cache events and every gateway subscribe to
 # them all (--kv-events URL=ENDPOINT,replay=ENDPOINT) with the sim's
-# tokenizer, so policies see exact cached tokens. Results: a
+# tokenizer (--tokenizer vllm: the engines' POST /tokenize instead), so
+# policies see exact cached tokens. Results: a
 # markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
 # Not run by CI (minutes per run; see bench/README.md, "Routing quality").
 set -euo pipefail
@@ -45,6 +46,7 @@ decode_policy=least_load
 gateway_args=()
 redis=0
 kv_events=0
+tokenizer=sim
 BUILD=build
 OUT=""
 while (($#)); do
@@ -64,9 +66,10 @@ while (($#)); do
     --gateway-arg) gateway_args+=("$2"); shift ;;
     --redis) redis=1 ;;
     --kv-events) kv_events=1 ;;
+    --tokenizer) tokenizer=$2; shift ;;
     --build) BUILD=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "routing.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -174,7 +177,7 @@ for n in $replicas; do
       if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
     done
     row_args=("${gateway_args[@]}" "${ev_args[@]}")
-    if ((kv_events)); then row_args+=(--tokenizer sim); fi
+    if ((kv_events)); then row_args+=(--tokenizer "$tokenizer"); fi
     if ((redis)); then
       sock=$(mktemp -u "$WORK/redis.XXXXXX.sock")
       redis-server --port 0 --unixsocket "$sock" --save "" --appendonly no \

@@ -293,8 +293,8 @@ Result<bool> set_interval(Config& c, std::string_view v) {
 
 Result<bool> set_tokenizer(Config& c, std::string_view v) {
   const std::string word = lower(trim(v));
-  if (word != "sim" && word != "none")
-    return fail("expected sim or none");
+  if (word != "sim" && word != "vllm" && word != "none")
+    return fail("expected sim, vllm or none");
   c.tokenizer = word;
   return true;
 }
@@ -664,11 +664,16 @@ constexpr std::array kOptions = {
            "How often each engine's /metrics is scraped for policies; off disables "
            "(default: 1s).",
            &set_interval<&Config::metrics_interval>, kRestart},
-    Option{"tokenizer", "", 0, false, false, kPolicies, "sim|none",
+    Option{"tokenizer", "", 0, false, false, kPolicies, "sim|vllm|none",
            "How a request becomes token ids for the exact KV index (pdgate.cached_tokens(), "
-           "docs/kv-events.md): sim applies pdgate-sim's rule (tests, demos); none gives "
-           "policies no exact data (default: none).",
+           "docs/kv-events.md): sim applies pdgate-sim's rule (tests, demos); vllm asks a decode "
+           "engine's POST /tokenize before routing (exact for any model, one round trip); none "
+           "gives policies no exact data (default: none).",
            &set_tokenizer, kRestart},
+    Option{"tokenizer-timeout", "", 0, false, false, kPolicies, "DURATION",
+           "How long --tokenizer vllm waits for /tokenize; past it the request is routed without "
+           "exact data (default: 1s).",
+           &set_duration<&Config::tokenizer_timeout>},
 
     Option{"dns-interval", "", 0, false, false, kEngines, "DURATION",
            "How often dns://NAME:PORT instance sources are resolved again (default: 5s).",
@@ -1894,6 +1899,7 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
        [&] { return std::vector{std::to_string(c.kv_index_blocks_per_instance)}; }},
       {"kv-index-max-blocks", [&] { return std::vector{std::to_string(c.kv_index_max_blocks)}; }},
       {"tokenizer", [&] { return std::vector{c.tokenizer}; }},
+      {"tokenizer-timeout", [&] { return std::vector{duration_text(c.tokenizer_timeout)}; }},
       {"max-body-size", [&] { return std::vector{size_text(c.max_body_bytes)}; }},
       {"max-header-size", [&] { return std::vector{size_text(c.max_header_bytes)}; }},
       {"body-memory-limit", [&] { return std::vector{size_text(c.body_memory_limit)}; }},

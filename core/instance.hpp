@@ -288,6 +288,9 @@ struct PickContext {
   bool is_chat = false;
   // Raw JSON text of the prompt (`prompt`) or conversation (`messages`).
   std::string_view prompt_raw;
+  // The prompt's token ids as an engine's POST /tokenize gave them
+  // (--tokenizer vllm), read before routing; null when not asked for.
+  const std::vector<std::uint32_t>* token_ids = nullptr;
   std::optional<std::string> conversation_id;
   std::string_view request_id;
   const Instance* chosen_prefill = nullptr;  // for decode

@@ -12,6 +12,7 @@
 #include "core/relay.hpp"
 #include "core/request_context.hpp"
 #include "core/request_hook_phase.hpp"
+#include "core/tokenize_phase.hpp"
 
 namespace pdgate {
 
@@ -126,13 +127,16 @@ void note_routing(RequestContext& rc, const std::string& request_id) {
   r->policies = {policy(c.policy_encode), policy(c.policy_prefill), policy(c.policy_decode)};
 }
 
-// Validate, the request hook, encode, prefill, decode up to its first bytes: the routing
+// Validate, the request hook, tokenize (--tokenizer vllm), encode, prefill,
+// decode up to its first bytes: the routing
 // phases, in their own frame, gone before the relay starts.
 net::awaitable<Routed> route(RequestContext& rc) {
   if (auto e = validate(rc))
     co_return Routed{nullptr, std::move(*e)};
   if (auto e = request_hook_phase(rc))
     co_return Routed{nullptr, std::move(*e)};
+  if (rc.w.cfg.tokenizer == "vllm")
+    co_await tokenize_phase(rc);
   // (A phase with nothing to do is not entered: each coroutine call costs
   // a frame allocation.)
   if (rc.is_chat && !rc.set->encode.empty()) {

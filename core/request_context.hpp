@@ -73,6 +73,9 @@ struct RequestContext {
   std::string hooked_body;
   RequestFacts facts;
   std::shared_ptr<const InstanceSet> set;
+  // --tokenizer vllm: the prompt's token ids from an engine (the tokenize
+  // phase); the pick context points here.
+  std::vector<std::uint32_t> token_ids;
   // Multi-turn reuse: whether the connector can reuse a turn's blocks,
   // and (set by the prefill phase) the turn whose answer may be stored.
   bool reuse = false;

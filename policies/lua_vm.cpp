@@ -415,10 +415,18 @@ int l_cached_tokens(lua_State* L) {
   Impl& I = in_request(L, "cached_tokens");
   if (I.cur_list == nullptr)
     luaL_error(L, "pdgate.cached_tokens: only callable inside pick");
-  if (I.svc.block_index == nullptr || I.svc.tokenizer == nullptr)
+  if (I.svc.block_index == nullptr)
     return 0;
-  const auto ids = I.svc.tokenizer->token_ids(I.cur_ctx->is_chat, I.cur_ctx->prompt_raw);
-  if (!ids)
+  // An engine's own tokens (--tokenizer vllm, read before routing), else
+  // the configured rule's.
+  std::optional<std::vector<std::uint32_t>> owned;
+  const std::vector<std::uint32_t>* ids = I.cur_ctx->token_ids;
+  if (ids == nullptr && I.svc.tokenizer != nullptr) {
+    owned = I.svc.tokenizer->token_ids(I.cur_ctx->is_chat, I.cur_ctx->prompt_raw);
+    if (owned)
+      ids = &*owned;
+  }
+  if (ids == nullptr || ids->empty())
     return 0;
   const auto& keys = I.caches[static_cast<int>(I.cur_ctx->stage)].keys;
   const auto rows = I.svc.block_index->cached_tokens(*ids);

@@ -257,14 +257,15 @@ std::size_t completions_on(Sim& sim) {
 
 // A prompt a client sent straight to one engine (not through pdgate) is known to pdgate through
 // that engine's KV events: every request with that prompt goes to that engine, none elsewhere.
-TEST(KvEventsSim, PromptCachedByAnotherClientIsRoutedToItsEngine) {
+// `tokenizer`: how the gateway turns the request into the engine's token ids.
+void prompt_cached_by_another_client_is_routed_to_its_engine(const std::string& tokenizer) {
   auto p1 = event_sim("prefill");
   auto p2 = event_sim("prefill");
   Sim decode("decode");
   EditedFile policy("exact.lua", kExactPolicy);
   Gateway gw({"--prefill", p1->hostport(), p2->hostport(), "--decode", decode.hostport(),
               "--kv-events", events_flag(*p1), "--kv-events", events_flag(*p2), "--tokenizer",
-              "sim", "--policy-prefill", policy.path()});
+              tokenizer, "--policy-prefill", policy.path()});
   const std::string instance = "instance=\"" + p2->url() + "\"";
   ASSERT_TRUE(heard_from(gw.port(), *p2));
   std::string prompt;
@@ -283,6 +284,16 @@ TEST(KvEventsSim, PromptCachedByAnotherClientIsRoutedToItsEngine) {
   }
   EXPECT_EQ(completions_on(*p2), 4u);
   EXPECT_EQ(completions_on(*p1), 0u);
+}
+
+TEST(KvEventsSim, PromptCachedByAnotherClientIsRoutedToItsEngine) {
+  prompt_cached_by_another_client_is_routed_to_its_engine("sim");
+}
+
+// The same with the token ids asked of an engine's POST /tokenize before routing (--tokenizer
+// vllm): what a deployment of real vLLM engines uses.
+TEST(KvEventsSim, TokenIdsFromTheEnginesTokenizeEndpoint) {
+  prompt_cached_by_another_client_is_routed_to_its_engine("vllm");
 }
 
 // Which prefill engine received each of the last requests.

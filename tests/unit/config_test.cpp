@@ -1304,7 +1304,7 @@ TEST(ConfigKvEvents, FlagErrors) {
   expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200"}),
                {"--kv-events", "INSTANCE=tcp://"});
   expect_error(parse({"--decode", "127.0.0.1:8200", "--tokenizer", "gpt2"}),
-               {"--tokenizer", "sim or none"});
+               {"--tokenizer", "sim, vllm or none"});
 }
 
 // In YAML an instance carries kv_events: {endpoint, replay_endpoint}, or the endpoint alone.
