@@ -104,6 +104,8 @@ struct GatewayMetrics {
   std::atomic<std::uint64_t> retries_refused{0};  // over budget
   std::atomic<std::int64_t> retries_in_flight{0};
   std::atomic<std::uint64_t> ejections{0};
+  // Client connections whose TLS handshake failed or timed out.
+  std::atomic<std::uint64_t> tls_handshake_failures{0};
 
  private:
   mutable std::mutex mu_;

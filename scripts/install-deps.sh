@@ -25,6 +25,8 @@ PACKAGES=(
   prometheus
   # Demo and the Node SDK test.
   curl
+  # The TLS tests make their certificates with the openssl command.
+  openssl
   # The routing benchmark's trace tools and their test (tests/bench).
   python3
 )
