@@ -9,23 +9,23 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <utility>
 
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/ssl/ssl_stream.hpp>
 
 namespace pdgate {
 
 class MaybeTlsStream {
  public:
   using tcp_type = boost::beast::tcp_stream;
-  // Beast's ssl_stream coalesces a gathering write's small buffers into one
-  // TLS record instead of one record per buffer.
-  using tls_type = boost::beast::ssl_stream<tcp_type&>;
+  using tls_type = boost::asio::ssl::stream<tcp_type&>;
   using executor_type = tcp_type::executor_type;
 
   explicit MaybeTlsStream(boost::asio::ip::tcp::socket socket) : tcp_(std::move(socket)) {}
@@ -69,17 +69,54 @@ class MaybeTlsStream {
   auto async_write_some(const ConstBufferSequence& buffers, Token&& token) {
     return boost::asio::async_initiate<Token, void(boost::beast::error_code, std::size_t)>(
         [](auto handler, MaybeTlsStream* self, const ConstBufferSequence& b) {
-          if (self->tls_)
-            self->tls_->async_write_some(b, std::move(handler));
-          else
+          if (!self->tls_) {
             self->tcp_.async_write_some(b, std::move(handler));
+          } else if (const std::size_t n = self->coalesce(b); n != 0) {
+            self->tls_->async_write_some(boost::asio::buffer(self->out_.data(), n),
+                                         std::move(handler));
+          } else {
+            self->tls_->async_write_some(b, std::move(handler));
+          }
         },
         token, this, buffers);
   }
 
  private:
+  // One TLS record's worth of plaintext.
+  static constexpr std::size_t kRecord = 16 * 1024;
+
+  // Asio's TLS stream writes only the first buffer of a sequence per
+  // call: a gathering write (a chunk's size line, its data and CRLF) would
+  // leave as one TLS record per piece, each with its own header, MAC and
+  // system call. The leading buffers that fit in one record are copied
+  // into out_ instead; returns their size (0: pass the sequence through).
+  // One write is in flight at a time, so one out_ serves them all; it is
+  // shrunk when it grew for a large write and a small one follows, so a
+  // stream idling between events does not keep it.
+  template <class ConstBufferSequence>
+  std::size_t coalesce(const ConstBufferSequence& b) {
+    std::size_t total = 0;
+    int count = 0;
+    for (auto it = boost::asio::buffer_sequence_begin(b); it != boost::asio::buffer_sequence_end(b);
+         ++it) {
+      const std::size_t n = boost::asio::const_buffer(*it).size();
+      if (total + n > kRecord)
+        break;
+      total += n;
+      ++count;
+    }
+    if (count < 2)
+      return 0;
+    if (out_.capacity() > 4 * total && out_.capacity() > 4096)
+      std::string().swap(out_);
+    out_.resize(total);
+    boost::asio::buffer_copy(boost::asio::buffer(out_.data(), total), b, total);
+    return total;
+  }
+
   tcp_type tcp_;
   std::optional<tls_type> tls_;
+  std::string out_;
 };
 
 }  // namespace pdgate
