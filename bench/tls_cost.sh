@@ -12,7 +12,9 @@
 #   bench/tls_cost.sh [BUILD_DIR]      (default: build)
 #
 # Environment: REQUESTS (2000), CONCURRENCY (4), MAX_TOKENS (4), STREAM
-# (1: streamed answers; 0: whole ones), HANDSHAKE_SECONDS (5).
+# (1: streamed answers; 0: whole ones), HANDSHAKE_SECONDS (5; 0 skips the
+# handshake rate), MODES ("plain tls"; "plain" alone measures a build
+# without TLS, e.g. main's, for the plain path's cost before and after).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,19 +24,8 @@ requests=${REQUESTS:-2000}
 concurrency=${CONCURRENCY:-4}
 max_tokens=${MAX_TOKENS:-4}
 stream=${STREAM:-1}
-for b in "$build/pdgate" "$build/pdgate-sim" "$build/pdgate-loadgen"; do
-  [[ -x $b ]] || { echo "missing $b: build first" >&2; exit 1; }
-done
-command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+source "$here/lib.sh"
 
 # Certificates: a CA, and one certificate for localhost/127.0.0.1 that the
 # gateway and the engine both serve.
@@ -53,34 +44,22 @@ answered() {
     awk '/^pdgate_requests_total/ { n += $NF } END { printf "%d", n }'
 }
 
-# Prints the port a process announced ("listening on http[s]://H:P") in $1.
-port_of() {
-  local f=$1
-  for _ in $(seq 600); do
-    if grep -q 'listening on http' "$f" 2>/dev/null; then
-      sed -n 's|.*listening on https\{0,1\}://[^:]*:\([0-9]*\).*|\1|p' "$f" | head -1
-      return
-    fi
-    sleep 0.1
-  done
-  echo "no listening line in $f" >&2
-  exit 1
-}
-
 sim=(--role both --port 0 --itl-ms 0 --prefill-base-ms 0 --prefill-us-per-token 0 --log-level warn)
 "$build/pdgate-sim" "${sim[@]}" >"$tmp/sim.out" 2>/dev/null &
 pids+=($!)
 plain_sim=$(port_of "$tmp/sim.out")
-"$build/pdgate-sim" "${sim[@]}" "${tls[@]}" >"$tmp/sim-tls.out" 2>/dev/null &
-pids+=($!)
-tls_sim=$(port_of "$tmp/sim-tls.out")
+if [[ " ${MODES:-plain tls} " == *" tls "* ]]; then
+  "$build/pdgate-sim" "${sim[@]}" "${tls[@]}" >"$tmp/sim-tls.out" 2>/dev/null &
+  pids+=($!)
+  tls_sim=$(port_of "$tmp/sim-tls.out")
+fi
 
 load=("$build/pdgate-loadgen" --concurrency "$concurrency" --max-tokens "$max_tokens" --warmup 0)
 ((stream)) && load+=(--stream)
 
 printf '| sides | instructions per request | vs plain |\n| --- | --- | --- |\n'
 base=""
-for mode in plain tls; do
+for mode in ${MODES:-plain tls}; do
   args=(--port 0 --host 127.0.0.1 --workers 1 --prefill-servers-urls disable
     --health-interval off --metrics-interval off --log-level warn)
   if [[ $mode == plain ]]; then
@@ -118,6 +97,7 @@ done
 # Full handshakes (ECDSA P-256 certificate, TLS 1.3, no resumption) a
 # one-worker gateway completes per second, s_time's client on the same
 # machine.
+[[ ${HANDSHAKE_SECONDS:-5} == 0 ]] && exit 0
 "$build/pdgate" --port 0 --host 127.0.0.1 --workers 1 --prefill-servers-urls disable \
   --decode "127.0.0.1:$plain_sim" --health-interval off --metrics-interval off --log-level warn \
   "${tls[@]}" >"$tmp/gw.hs.out" 2>/dev/null &
