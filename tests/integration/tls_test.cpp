@@ -291,6 +291,27 @@ TEST(TlsClients, PlainHttpAndSilentClientsAreClosed) {
       << metrics.body;
 }
 
+// A TLS client that leaves mid-stream (curl's time limit) takes its engine
+// request down with it: the decode engine sees the request aborted long
+// before its 100 tokens were due.
+TEST(TlsClients, ClientLeavingMidStreamAbortsTheEngine) {
+  ASSERT_TRUE(pki->ok());
+  Sim d("both", {"--itl-ms", "100"});
+  auto args = tls_listener();
+  args.insert(args.end(), {"--decode", d.hostport(), "--prefill-servers-urls", "disable"});
+  Gateway gw(args);
+  auto r = run("curl -sS -N --max-time 1 " + cacert() +
+               " -H 'Content-Type: application/json' --data-binary "
+               "'{\"model\":\"sim-model\",\"prompt\":\"x\",\"max_tokens\":100,\"stream\":true}' "
+               "https://localhost:" +
+               std::to_string(gw.port()) + "/v1/completions 2>/dev/null");
+  EXPECT_EQ(r.exit, 28);  // curl's "operation timed out"
+  EXPECT_NE(r.out.find("data: "), std::string::npos);
+  EXPECT_TRUE(eventually([&] { return d.stats()["aborted_total"].get<int>() == 1; },
+                         std::chrono::seconds(5)))
+      << d.stats().dump();
+}
+
 // SIGHUP with new certificate files: new handshakes get the new
 // certificate (its serial), a connection opened before keeps working; a
 // key that does not match is refused and the served certificate stays.
