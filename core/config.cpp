@@ -1966,6 +1966,16 @@ Config reloadable_part(const Config& running, Config c) {
   c.limits_fail_open = running.limits_fail_open;
   c.dns_interval = running.dns_interval;
   c.dns_server = running.dns_server;
+  // The TLS files are re-read on every reload (core/tls_context.hpp), from
+  // the paths given at start; the engines' context is made once.
+  c.tls_cert = running.tls_cert;
+  c.tls_key = running.tls_key;
+  c.tls_client_ca = running.tls_client_ca;
+  c.tls_min_version = running.tls_min_version;
+  c.upstream_ca = running.upstream_ca;
+  c.upstream_cert = running.upstream_cert;
+  c.upstream_key = running.upstream_key;
+  c.upstream_insecure = running.upstream_insecure;
   // The access log is opened once, when the listener binds.
   // The span exporter is started once.
   c.otlp_endpoint = running.otlp_endpoint;
