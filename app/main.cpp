@@ -210,13 +210,27 @@ int main(int argc, char** argv) {
     // --kv-connector was validated: it names one of the shipped connectors.
     std::shared_ptr<const pdgate::KvConnector> connector =
         pdgate::make_kv_connector(cfg.kv_connector);
+    // How https:// engines are reached: every engine connection, probe
+    // and scrape shares this context (core/tls_context.hpp).
+    auto engine_ctx = pdgate::make_engine_tls(cfg);
+    if (!engine_ctx) {
+      spdlog::critical("{}", engine_ctx.error());
+      return 2;
+    }
+    auto engine_tls = std::make_shared<const pdgate::EngineTls>(
+        pdgate::EngineTls{std::move(*engine_ctx), !cfg.upstream_insecure});
+    if (cfg.upstream_insecure) {
+      spdlog::warn(
+          "--upstream-insecure: https:// engines' certificates and names are NOT verified; "
+          "anyone on the path can read and alter engine traffic");
+    }
     // With --redis, replicas share their instance registry.
     auto share_registry =
-        [](const pdgate::Config& c, pdgate::Registry& registry,
-           const pdgate::LoopGuard& loop_guard) -> std::unique_ptr<pdgate::RegistrySync> {
+        [engine_tls](const pdgate::Config& c, pdgate::Registry& registry,
+                     const pdgate::LoopGuard& loop_guard) -> std::unique_ptr<pdgate::RegistrySync> {
       if (c.redis_url.empty())
         return nullptr;
-      return std::make_unique<pdgate::SharedRegistry>(c, registry, loop_guard);
+      return std::make_unique<pdgate::SharedRegistry>(c, registry, loop_guard, engine_tls);
     };
     // Spans are exported on the exporter's own thread; it outlives the
     // workers that hand it spans (the gateway keeps a reference).
@@ -232,6 +246,7 @@ int main(int argc, char** argv) {
     pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory(),
                             share_registry);
     gateway.set_span_sink(exporter);
+    gateway.set_engine_tls(engine_tls);
     if (!cfg.api_keys_file.empty() || cfg.api_keys_from_redis) {
       // With --redis the limits hold across every replica; without, each
       // replica enforces them on its own share.
@@ -263,7 +278,7 @@ int main(int argc, char** argv) {
     // off the workers' loops on the control thread.
     if (cfg.metrics_interval.count() > 0) {
       pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval,
-                                            cfg.health_max_concurrency);
+                                            cfg.health_max_concurrency, engine_tls);
     }
     pdgate::policy::start_kv_index_purge(control, gateway.registry(), kv_index,
                                          std::chrono::seconds(1));
@@ -310,6 +325,7 @@ int main(int argc, char** argv) {
          [engine](const pdgate::Config& next) {
            return engine->reload(pdgate::policy::settings_from(next));
          },
+         [&gateway] { return gateway.prepare_tls_reload(); },
          [&gateway](const pdgate::Config& before, std::shared_ptr<const pdgate::Config> next,
                     std::vector<std::string> restart_needed) {
            gateway.apply_config(before, std::move(next), std::move(restart_needed));
@@ -333,8 +349,8 @@ int main(int argc, char** argv) {
       spdlog::critical("{}", port.error());
       rc = 1;
     } else {
-      std::printf("pdgate listening on http://%s:%u\n", cfg.host.c_str(),
-                  static_cast<unsigned>(*port));
+      std::printf("pdgate listening on %s://%s:%u\n", gateway.tls() ? "https" : "http",
+                  cfg.host.c_str(), static_cast<unsigned>(*port));
       if (cfg.admin_enabled) {
         std::printf("pdgate admin listening on http://%s:%u\n", cfg.admin_host.c_str(),
                     static_cast<unsigned>(gateway.admin_port()));

@@ -21,20 +21,8 @@ requests=${REQUESTS:-2000}
 concurrency=${CONCURRENCY:-4}
 max_tokens=${MAX_TOKENS:-4}
 stream=${STREAM:-1}
-for b in "$build/pdgate" "$build/pdgate-sim" "$build/pdgate-loadgen"; do
-  [[ -x $b ]] || { echo "missing $b: build first" >&2; exit 1; }
-done
-command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
-
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  if [[ -n ${KEEP:-} ]]; then cp "$tmp"/cg.* "$KEEP"/ 2>/dev/null || true; fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+source "$here/lib.sh"
 
 # Completion requests the gateway at port $1 has answered so far.
 answered() {
@@ -42,19 +30,6 @@ answered() {
     awk '/^pdgate_requests_total/ { n += $NF } END { printf "%d", n }'
 }
 
-# Prints the port a process announced ("listening on http://H:P") in $1.
-port_of() {
-  local f=$1
-  for _ in $(seq 600); do
-    if grep -q 'listening on http://' "$f" 2>/dev/null; then
-      sed -n 's|.*listening on http://[^:]*:\([0-9]*\).*|\1|p' "$f" | head -1
-      return
-    fi
-    sleep 0.1
-  done
-  echo "no listening line in $f" >&2
-  exit 1
-}
 
 "$build/pdgate-sim" --role both --port 0 --itl-ms 0 --prefill-base-ms 0 \
   --prefill-us-per-token 0 --log-level warn >"$tmp/sim.out" 2>/dev/null &

@@ -33,6 +33,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/maybe_tls_stream.hpp"
+
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
@@ -43,6 +45,7 @@ namespace {
 struct Options {
   std::string host = "127.0.0.1";
   unsigned short port = 0;
+  bool tls = false;  // --url is https://
   std::string model = "sim-model";
   bool chat = false;
   bool stream = false;
@@ -69,7 +72,7 @@ struct Options {
   if (why)
     std::fprintf(stderr, "pdgate-loadgen: %s\n", why);
   std::fprintf(stderr,
-               "usage: pdgate-loadgen --url http://HOST:PORT [options]\n"
+               "usage: pdgate-loadgen --url http[s]://HOST:PORT [options]\n"
                "  --chat                 /v1/chat/completions (default /v1/completions)\n"
                "  --stream               stream: true (SSE); TTFT and ITL are measured\n"
                "  --concurrency N        requests in flight at once, closed loop (1)\n"
@@ -93,11 +96,12 @@ struct Options {
   std::exit(2);
 }
 
-// "http://HOST:PORT[/...]" -> host, port.
-void parse_url(const std::string& url, const char* flag, std::string& host, unsigned short& port) {
-  const std::string_view prefix = "http://";
+// "http[s]://HOST:PORT[/...]" -> host, port; returns whether it is https.
+bool parse_url(const std::string& url, const char* flag, std::string& host, unsigned short& port) {
+  const bool tls = url.rfind("https://", 0) == 0;
+  const std::string_view prefix = tls ? "https://" : "http://";
   if (url.rfind(prefix, 0) != 0)
-    usage((std::string(flag) + " must be http://HOST:PORT").c_str());
+    usage((std::string(flag) + " must be http[s]://HOST:PORT").c_str());
   std::string hp = url.substr(prefix.size());
   if (auto slash = hp.find('/'); slash != std::string::npos)
     hp.resize(slash);
@@ -106,6 +110,7 @@ void parse_url(const std::string& url, const char* flag, std::string& host, unsi
     usage((std::string(flag) + " needs a port").c_str());
   host = hp.substr(0, colon);
   port = static_cast<unsigned short>(std::stoul(hp.substr(colon + 1)));
+  return tls;
 }
 
 Options parse(int argc, char** argv) {
@@ -158,7 +163,7 @@ Options parse(int argc, char** argv) {
     else
       usage(("unknown flag " + a).c_str());
   }
-  parse_url(url, "--url", o.host, o.port);
+  o.tls = parse_url(url, "--url", o.host, o.port);
   if (!prefill_url.empty()) {
     parse_url(prefill_url, "--prefill-url", o.prefill_host, o.prefill_port);
     if (o.turns > 1 || o.rate > 0 || o.hold_s > 0)
@@ -235,7 +240,7 @@ double mean(const std::vector<double>& v) {
 // on_body(bytes, arrival time) for every piece of body as it arrives.
 class ResponseReader {
  public:
-  explicit ResponseReader(tcp::socket& s) : sock_(s) { buf_.reserve(16384); }
+  explicit ResponseReader(pdgate::MaybeTlsStream& s) : sock_(s) { buf_.reserve(16384); }
 
   // Returns false on a transport or framing error. `status` is set from
   // the status line; `keep_alive` says whether the connection can be reused.
@@ -353,7 +358,7 @@ class ResponseReader {
     buf_.append(tmp, n);
     co_return true;
   }
-  tcp::socket& sock_;
+  pdgate::MaybeTlsStream& sock_;
   std::string buf_;
 };
 
@@ -416,6 +421,7 @@ struct Shared {
   unsigned seq = 0;
   std::size_t held = 0;
   std::size_t hold_failed = 0;
+  net::ssl::context* tls = nullptr;  // --url is https://
 };
 
 // `extra_headers`: complete header lines, each ending in CRLF.
@@ -554,20 +560,29 @@ constexpr std::string_view kPrefillKvMember =
 
 class Connection {
  public:
-  explicit Connection(Shared& sh) : sh_(sh), sock_(sh.io), reader_(sock_) {}
+  explicit Connection(Shared& sh) : sh_(sh), sock_(sh.io.get_executor()), reader_(sock_) {}
 
-  Connection(Shared& sh, tcp::endpoint ep) : sh_(sh), ep_(ep), sock_(sh.io), reader_(sock_) {}
+  Connection(Shared& sh, tcp::endpoint ep)
+      : sh_(sh), ep_(ep), sock_(sh.io.get_executor()), reader_(sock_) {}
 
   net::awaitable<bool> ensure_open() {
     if (open_)
       co_return true;
     reader_.reset();
     boost::system::error_code ec;
-    sock_.close(ec);
-    auto [cec] = co_await sock_.async_connect(ep_ ? *ep_ : sh_.ep, use_tuple);
+    sock_.close();
+    auto [cec] = co_await sock_.tcp().async_connect(ep_ ? *ep_ : sh_.ep, use_tuple);
     if (cec)
       co_return false;
-    sock_.set_option(tcp::no_delay(true), ec);
+    sock_.socket().set_option(tcp::no_delay(true), ec);
+    // https:// (--url only): a fresh TLS session per connection, the
+    // certificate not checked (a benchmark, on loopback).
+    if (sh_.tls && !ep_) {
+      auto [hec] = co_await sock_.start_tls(*sh_.tls).async_handshake(net::ssl::stream_base::client,
+                                                                      use_tuple);
+      if (hec)
+        co_return false;
+    }
     open_ = true;
     co_return true;
   }
@@ -602,8 +617,7 @@ class Connection {
         if (ec)
           return;  // cancelled: the exchange ended (the socket may be gone)
         *timed_out = true;
-        boost::system::error_code ignored;
-        sock->close(ignored);
+        sock->close();
       });
     }
     auto [wec, wn] = co_await net::async_write(sock_, net::buffer(request), use_tuple);
@@ -667,12 +681,12 @@ class Connection {
     co_return true;
   }
 
-  tcp::socket& socket() { return sock_; }
+  pdgate::MaybeTlsStream& stream() { return sock_; }
 
  private:
   Shared& sh_;
   std::optional<tcp::endpoint> ep_;  // else sh_.ep
-  tcp::socket sock_;
+  pdgate::MaybeTlsStream sock_;
   ResponseReader reader_;
   bool open_ = false;
 };
@@ -847,7 +861,7 @@ net::awaitable<void> hold_one(Shared& sh, unsigned k,
     ++sh.hold_failed;
     co_return;
   }
-  auto [wec, wn] = co_await net::async_write(cp->socket(), net::buffer(req), use_tuple);
+  auto [wec, wn] = co_await net::async_write(cp->stream(), net::buffer(req), use_tuple);
   if (wec) {
     ++sh.hold_failed;
     co_return;
@@ -856,7 +870,7 @@ net::awaitable<void> hold_one(Shared& sh, unsigned k,
   std::string got;
   char tmp[4096];
   while (got.find("\r\n\r\n") == std::string::npos) {
-    auto [ec, n] = co_await cp->socket().async_read_some(net::buffer(tmp), use_tuple);
+    auto [ec, n] = co_await cp->stream().async_read_some(net::buffer(tmp), use_tuple);
     if (ec) {
       ++sh.hold_failed;
       co_return;
@@ -870,7 +884,7 @@ net::awaitable<void> hold_one(Shared& sh, unsigned k,
   ++sh.held;
   // Keep reading (and dropping) whatever comes, as a real client would.
   for (;;) {
-    auto [ec, n] = co_await cp->socket().async_read_some(net::buffer(tmp), use_tuple);
+    auto [ec, n] = co_await cp->stream().async_read_some(net::buffer(tmp), use_tuple);
     if (ec)
       co_return;
   }
@@ -959,7 +973,9 @@ void report(Shared& sh, double measured_s) {
 int main(int argc, char** argv) {
   Options opt = parse(argc, argv);
   net::io_context io(1);
-  Shared sh{opt, io, {}, {}, {}, {}, {}, {}, 0, false, 0, 0, 0};
+  net::ssl::context tls(net::ssl::context::tls_client);
+  tls.set_verify_mode(net::ssl::verify_none);
+  Shared sh{opt, io, {}, {}, {}, {}, {}, {}, 0, false, 0, 0, 0, opt.tls ? &tls : nullptr};
   auto resolve = [&io](const std::string& host, unsigned short port) {
     boost::system::error_code ec;
     auto addr = net::ip::make_address(host, ec);

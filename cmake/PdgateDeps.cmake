@@ -4,8 +4,9 @@ find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(yaml-cpp REQUIRED)
-# libcrypto's SHA-256 for conversation keys and history fingerprints.
-find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# libcrypto's SHA-256 for conversation keys and history fingerprints;
+# libssl for TLS to clients and engines (Asio's ssl::stream).
+find_package(OpenSSL 3 REQUIRED COMPONENTS Crypto SSL)
 find_package(PkgConfig REQUIRED)
 # ZeroMQ for pdgate-sim's KV events (vLLM's publisher protocol); cppzmq is
 # its header-only C++ binding, its config finds libzmq through pkg-config.
@@ -17,4 +18,5 @@ pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 # engine and the tests.
 add_library(pdgate_asio STATIC ${PROJECT_SOURCE_DIR}/core/asio_impl.cpp)
 add_library(pdgate::asio ALIAS pdgate_asio)
-target_link_libraries(pdgate_asio PUBLIC pdgate::options Boost::headers Threads::Threads)
+target_link_libraries(pdgate_asio PUBLIC pdgate::options Boost::headers Threads::Threads
+                                          OpenSSL::SSL OpenSSL::Crypto)

@@ -14,12 +14,12 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <nlohmann/json.hpp>
 
 #include "core/errors.hpp"
 #include "core/http_head.hpp"
 #include "core/instance_address.hpp"
+#include "core/maybe_tls_stream.hpp"
 #include "core/response_writer.hpp"
 #include "core/text.hpp"
 
@@ -174,7 +174,8 @@ bool constant_time_equals(std::string_view a, std::string_view b) {
 }
 
 Result<std::shared_ptr<AdminApi>> AdminApi::create(const Config& cfg, Registry& registry,
-                                                   const LoopGuard& loop_guard) {
+                                                   const LoopGuard& loop_guard,
+                                                   std::shared_ptr<const EngineTls> engine_tls) {
   std::string key;
   if (const char* env = std::getenv("ADMIN_API_KEY"); env != nullptr && *env != '\0') {
     key = env;
@@ -188,7 +189,7 @@ Result<std::shared_ptr<AdminApi>> AdminApi::create(const Config& cfg, Registry& 
     if (key.empty())
       return fail("--admin-key-file: " + cfg.admin_key_file + " is empty");
   }
-  auto validator = UpstreamValidator::create(cfg, loop_guard);
+  auto validator = UpstreamValidator::create(cfg, loop_guard, std::move(engine_tls));
   if (!validator)
     return fail(validator.error());
   return std::shared_ptr<AdminApi>(
@@ -436,7 +437,9 @@ namespace {
 net::awaitable<void> admin_session(tcp::socket socket, std::shared_ptr<AdminApi> api,
                                    std::chrono::milliseconds idle_timeout) {
   constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
-  beast::tcp_stream stream(std::move(socket));
+  // Plain HTTP: the admin listener is meant for loopback or a private
+  // network (docs/tls.md).
+  MaybeTlsStream stream(std::move(socket));
   beast::flat_buffer buffer;
   for (;;) {
     http::request_parser<http::string_body> parser;

@@ -42,8 +42,10 @@ class AdminApi {
 
   // Reads the key (ADMIN_API_KEY, else --admin-key-file) and parses
   // --allowed-upstreams; fails with a message naming the bad one.
-  static Result<std::shared_ptr<AdminApi>> create(const Config& cfg, Registry& registry,
-                                                  const LoopGuard& loop_guard);
+  // `engine_tls` reaches instances added at https:// URLs.
+  static Result<std::shared_ptr<AdminApi>> create(
+      const Config& cfg, Registry& registry, const LoopGuard& loop_guard,
+      std::shared_ptr<const EngineTls> engine_tls = nullptr);
 
   // For operator routes served elsewhere (the client port's /status and
   // profiler routes): the key is required when one is configured; without

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/read.hpp>
@@ -39,17 +40,23 @@ struct WatchedRequest {
 // call per request), while a receive is queued for free when the last
 // read left the socket empty, which is the usual case right after the
 // request was read. Peeked bytes stay in the socket for the next read.
-void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req) {
+//
+// Over TLS the peeked byte is a record's content type: an alert (a
+// close_notify, or a fatal alert) means the client is leaving; application
+// data is a pipelined request.
+constexpr char kTlsAlert = 0x15;
+
+void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req, bool tls) {
   auto slot = req->scope.watch_cancel().slot();
   auto& peek = req->peek;
   socket.async_receive(
       net::buffer(&peek, 1), tcp::socket::message_peek,
-      net::bind_cancellation_slot(slot, [req](const beast::error_code& ec, std::size_t n) {
+      net::bind_cancellation_slot(slot, [req, tls](const beast::error_code& ec, std::size_t n) {
         // `done` is checked first: once the request completed, the session
         // may already have moved on.
         if (req->done || ec == net::error::operation_aborted)
           return;
-        if (!ec && n > 0)
+        if (!ec && n > 0 && !(tls && req->peek == kTlsAlert))
           return;                     // pipelined bytes: the client is still there
         req->scope.on_client_gone();  // end of stream or a reset
       }));
@@ -66,7 +73,7 @@ enum class BodyRead { complete, over_budget, too_large, malformed, gone };
 // the socket (the kernel copies it into place, not into the read buffer
 // first), the bytes that came with the header first. The string grows
 // geometrically as bytes arrive, each growth charged to the body budget.
-net::awaitable<BodyRead> read_sized_body(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+net::awaitable<BodyRead> read_sized_body(MaybeTlsStream& stream, beast::flat_buffer& buffer,
                                          std::string& body, std::size_t len, BodyCharge& charge) {
   std::size_t got = std::min(buffer.size(), len);
   std::size_t room = std::min(len, std::max(got, kFirstBodyRoom));
@@ -95,7 +102,7 @@ net::awaitable<BodyRead> read_sized_body(beast::tcp_stream& stream, beast::flat_
 
 // Reads a chunked body through Beast's parser, charging the body string's
 // growth to the budget after every read.
-net::awaitable<BodyRead> read_chunked_body(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+net::awaitable<BodyRead> read_chunked_body(MaybeTlsStream& stream, beast::flat_buffer& buffer,
                                            http::request_parser<AppendStringBody>& parser,
                                            BodyCharge& charge) {
   while (!parser.is_done()) {
@@ -122,7 +129,7 @@ net::awaitable<BodyRead> read_chunked_body(beast::tcp_stream& stream, beast::fla
 // coroutine: the parser and the refusals take no room in the session's
 // frame, which lives as long as the connection.
 net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg,
-                                  beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                  MaybeTlsStream& stream, beast::flat_buffer& buffer,
                                   http::request<http::string_body>& req, unsigned& refused) {
   http::request_parser<AppendStringBody> parser;
   // Answers a request that cannot be read to the end, then closes the way
@@ -246,10 +253,9 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
 
 // Routes one request: refused when it came back round (508), else its
 // handler, else 405 (with Allow) or 404.
-net::awaitable<bool> dispatch(const ClientSessionEnv& env, WorkerContext& w,
-                              beast::tcp_stream& stream, http::request<http::string_body>& req,
-                              RequestScope& scope, std::string_view path,
-                              const RouteTable::Match& route) {
+net::awaitable<bool> dispatch(const ClientSessionEnv& env, WorkerContext& w, MaybeTlsStream& stream,
+                              http::request<http::string_body>& req, RequestScope& scope,
+                              std::string_view path, const RouteTable::Match& route) {
   if (const auto via = req.find(http::field::via); via != req.end()) {
     if (auto loop = env.loop_guard.refusal(via->value()); !loop.empty()) {
       // Sent round again by this gateway (or a chain of them): 508, so the
@@ -306,6 +312,21 @@ void end_request(const ClientSessionEnv& env, std::string_view path, unsigned st
   env.access_log->submit(std::move(*record));
 }
 
+// The server side of a TLS handshake, bounded by the header timeout like
+// a request's header: a client that stalls it, or speaks plain HTTP to the
+// TLS port, is closed without holding anything but its socket.
+net::awaitable<bool> accept_tls(const ClientSessionEnv& env, const Config& cfg,
+                                MaybeTlsStream& stream, net::ssl::context& ctx) {
+  auto& tls = stream.start_tls(ctx);
+  stream.expires_after(cfg.header_timeout);
+  auto [ec] = co_await tls.async_handshake(net::ssl::stream_base::server, use_tuple);
+  if (!ec)
+    co_return true;
+  env.metrics.tls_handshake_failures.fetch_add(1, std::memory_order_relaxed);
+  spdlog::debug("TLS handshake with a client failed: {}", ec.message());
+  co_return false;
+}
+
 }  // namespace
 
 net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
@@ -313,7 +334,14 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
   // The worker's settings, which a reload may change between two
   // requests (read at each use, never copied for the connection's life).
   const Config& cfg = w.cfg;
-  beast::tcp_stream stream(std::move(socket));
+  MaybeTlsStream stream(std::move(socket));
+  // The certificate this connection was accepted with: a reload swaps the
+  // listener's, this one stays until the connection ends.
+  std::shared_ptr<net::ssl::context> tls = env.tls ? env.tls->current() : nullptr;
+  if (tls && !co_await accept_tls(env, cfg, stream, *tls)) {
+    stream.close();
+    co_return;
+  }
   beast::flat_buffer buffer;
   bool first = true;
 
@@ -353,7 +381,7 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
     auto watched = std::make_shared<WatchedRequest>();
     RequestScope& scope = watched->scope;
     if (buffer.size() == 0)
-      watch_client(stream.socket(), watched);
+      watch_client(stream.socket(), watched, stream.is_tls());
     const std::string_view path = path_of(req.target());
     const auto route = env.routes.find(req.method(), path);
     if (route.counted && env.access_log)
@@ -372,6 +400,9 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
     if (!keep_alive || scope.client_gone())
       break;
   }
+  // Over TLS no close_notify is sent: waiting for the client's would hold
+  // the connection, and every answer is framed (Content-Length or chunked),
+  // so a client can tell a complete one from a cut one without it.
   beast::error_code ec;
   stream.socket().shutdown(tcp::socket::shutdown_send, ec);
   stream.close();

@@ -18,6 +18,7 @@
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
 #include "core/routes.hpp"
+#include "core/tls_context.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -34,6 +35,8 @@ struct ClientSessionEnv {
   const std::atomic<bool>& stopping;
   // Null when --access-log is off.
   const std::unique_ptr<AccessLog>& access_log;
+  // Null when the listener is plain HTTP (no --tls-cert).
+  const std::unique_ptr<ListenerTls>& tls;
 };
 
 // Serves the connection until it closes, idles out, or the gateway stops.

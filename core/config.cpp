@@ -307,6 +307,17 @@ Result<bool> set_fail_mode(Config& c, std::string_view v) {
   return true;
 }
 
+Result<bool> set_tls_version(Config& c, std::string_view v) {
+  const std::string_view t = trim(v);
+  if (t == "1.2")
+    c.tls_min_version = 12;
+  else if (t == "1.3")
+    c.tls_min_version = 13;
+  else
+    return fail("expected 1.2 or 1.3");
+  return true;
+}
+
 template <auto Field>
 Result<bool> set_switch(Config& c, std::string_view v) {
   auto b = parse_switch(v);
@@ -543,6 +554,19 @@ constexpr std::array kOptions = {
     Option{"workers", "", 0, false, false, kListener, "N",
            "Worker threads, at most 1024; 0 means one per CPU core (default: 0).",
            &set_uint<&Config::workers, 1024>, kRestart},
+    Option{"tls-cert", "", 0, false, false, kListener, "FILE",
+           "Serve clients over TLS with this PEM certificate (its chain after it); re-read "
+           "on SIGHUP (default: none, plain HTTP).",
+           &set_trimmed<&Config::tls_cert>, kRestart},
+    Option{"tls-key", "", 0, false, false, kListener, "FILE",
+           "The PEM private key of --tls-cert; re-read on SIGHUP (default: none).",
+           &set_trimmed<&Config::tls_key>, kRestart},
+    Option{"tls-client-ca", "", 0, false, false, kListener, "FILE",
+           "Require client certificates signed by a CA in this PEM file (mutual TLS); "
+           "re-read on SIGHUP (default: none, no client certificate asked).",
+           &set_trimmed<&Config::tls_client_ca>, kRestart},
+    Option{"tls-min-version", "", 0, false, false, kListener, "1.2|1.3",
+           "Oldest TLS version clients may use (default: 1.2).", &set_tls_version, kRestart},
 
     Option{"model", "", 'm', false, false, kEngines, "NAME",
            "Model name, as the demo proxy's --model; optional (default: none).",
@@ -631,6 +655,21 @@ constexpr std::array kOptions = {
     Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
            "Idle keep-alive connections kept per engine per worker (default: 64).",
            &set_uint<&Config::upstream_max_idle, (1u << 20)>, kRestart},
+    Option{"upstream-ca", "", 0, false, false, kUpstream, "FILE",
+           "PEM CA bundle that https:// engines' certificates must chain to (default: the "
+           "system's CA store).",
+           &set_trimmed<&Config::upstream_ca>, kRestart},
+    Option{"upstream-cert", "", 0, false, false, kUpstream, "FILE",
+           "PEM client certificate presented to https:// engines (mutual TLS) (default: "
+           "none).",
+           &set_trimmed<&Config::upstream_cert>, kRestart},
+    Option{"upstream-key", "", 0, false, false, kUpstream, "FILE",
+           "The PEM private key of --upstream-cert (default: none).",
+           &set_trimmed<&Config::upstream_key>, kRestart},
+    Option{"upstream-insecure", "", 0, false, false, kUpstream, "true|false",
+           "Do not verify https:// engines' certificates or names; for testing only "
+           "(default: false).",
+           &set_switch<&Config::upstream_insecure>, kRestart},
 
     Option{"policy", "", 0, false, false, kPolicies, "NAME|PATH",
            "Routing policy for every stage: round_robin, least_load, power_of_two, "
@@ -1406,12 +1445,13 @@ Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
     }
   }
   std::string_view rest = t;
+  bool tls = false;
   if (const auto sep = t.find("://"); sep != std::string_view::npos) {
     const std::string scheme = lower(t.substr(0, sep));
-    if (scheme != "http") {
-      return bad("unsupported scheme '" + scheme +
-                 "': only http:// is supported (pdgate speaks plain HTTP to engines)");
+    if (scheme != "http" && scheme != "https") {
+      return bad("unsupported scheme '" + scheme + "': expected http:// or https://");
     }
+    tls = scheme == "https";
     rest = t.substr(sep + 3);
   }
   const std::size_t auth_end = rest.find_first_of("/?#");
@@ -1471,7 +1511,9 @@ Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
   // vLLM's example scripts write "http://:8100" for a local engine.
   u.host = host.empty() ? "localhost" : std::string(host);
   u.port = *p;
-  u.url = "http://" + (ipv6 ? "[" + u.host + "]" : u.host) + ":" + std::to_string(u.port);
+  u.tls = tls;
+  u.url = std::string(tls ? "https://" : "http://") + (ipv6 ? "[" + u.host + "]" : u.host) + ":" +
+          std::to_string(u.port);
   return u;
 }
 
@@ -1667,6 +1709,12 @@ Result<Config> validate(Config c) {
   }
   if (c.host.empty())
     errors.push_back("--host must not be empty");
+  if (c.tls_cert.empty() != c.tls_key.empty())
+    errors.push_back("--tls-cert and --tls-key go together: give both or neither");
+  if (!c.tls_client_ca.empty() && c.tls_cert.empty())
+    errors.push_back("--tls-client-ca needs --tls-cert and --tls-key");
+  if (c.upstream_cert.empty() != c.upstream_key.empty())
+    errors.push_back("--upstream-cert and --upstream-key go together: give both or neither");
   if (c.workers > 1024) {
     errors.push_back("--workers: at most 1024 (got " + std::to_string(c.workers) + ")");
   }
@@ -1863,6 +1911,15 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
       {"host", [&] { return std::vector{c.host}; }},
       {"port", [&] { return std::vector{std::to_string(c.port)}; }},
       {"workers", [&] { return std::vector{std::to_string(c.workers)}; }},
+      {"tls-cert", [&] { return std::vector{c.tls_cert}; }},
+      {"tls-key", [&] { return std::vector{c.tls_key}; }},
+      {"tls-client-ca", [&] { return std::vector{c.tls_client_ca}; }},
+      {"tls-min-version",
+       [&] { return std::vector{std::string(c.tls_min_version == 13 ? "1.3" : "1.2")}; }},
+      {"upstream-ca", [&] { return std::vector{c.upstream_ca}; }},
+      {"upstream-cert", [&] { return std::vector{c.upstream_cert}; }},
+      {"upstream-key", [&] { return std::vector{c.upstream_key}; }},
+      {"upstream-insecure", [&] { return std::vector{bool_text(c.upstream_insecure)}; }},
       {"model", [&] { return std::vector{c.model}; }},
       {"prefill", [&] { return instance_texts(c.prefill, c.dns_sources, Role::prefill); }},
       {"decode", [&] { return instance_texts(c.decode, c.dns_sources, Role::decode); }},
@@ -2094,6 +2151,16 @@ Config reloadable_part(const Config& running, Config c) {
   c.kv_index_blocks_per_instance = running.kv_index_blocks_per_instance;
   c.kv_index_max_blocks = running.kv_index_max_blocks;
   c.tokenizer = running.tokenizer;
+  // The TLS files are re-read on every reload (core/tls_context.hpp), from
+  // the paths given at start; the engines' context is made once.
+  c.tls_cert = running.tls_cert;
+  c.tls_key = running.tls_key;
+  c.tls_client_ca = running.tls_client_ca;
+  c.tls_min_version = running.tls_min_version;
+  c.upstream_ca = running.upstream_ca;
+  c.upstream_cert = running.upstream_cert;
+  c.upstream_key = running.upstream_key;
+  c.upstream_insecure = running.upstream_insecure;
   // The access log is opened once, when the listener binds.
   // The span exporter is started once.
   c.otlp_endpoint = running.otlp_endpoint;

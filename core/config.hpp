@@ -39,6 +39,8 @@ struct UpstreamSpec {
   std::string url;
   std::string host;
   std::uint16_t port = 0;
+  // https:// (the engine is spoken to over TLS, core/tls_context.hpp).
+  bool tls = false;
   // "zmqhost:zmqport" for --kv-connector p2p-nccl (given as url@zmqhost:zmqport).
   std::string kv_peer;
   // Given in a YAML instance list ({url: ..., labels: {...}, weight: N});
@@ -63,6 +65,13 @@ struct Config {
   std::string host = "0.0.0.0";
   std::uint16_t port = 8000;
   unsigned workers = 0;  // 0: one per core
+  // TLS on the client listener (docs/tls.md): PEM certificate (chain) and
+  // key; empty: plain HTTP. With a client CA, clients must present a
+  // certificate it signed. Reloaded on SIGHUP.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  unsigned tls_min_version = 12;  // 12: TLS 1.2, 13: TLS 1.3
 
   // Engines.
   std::string model;  // optional; the demo proxy's --model
@@ -97,6 +106,13 @@ struct Config {
   std::chrono::milliseconds first_byte_timeout{600'000};
   std::chrono::milliseconds upstream_idle_timeout{60'000};
   std::size_t upstream_max_idle = 64;  // idle keep-alive connections per instance per worker
+  // TLS to https:// engines: the CA bundle (empty: the system store), an
+  // optional client certificate and key (mTLS), and whether certificates
+  // go unchecked.
+  std::string upstream_ca;
+  std::string upstream_cert;
+  std::string upstream_key;
+  bool upstream_insecure = false;
 
   // Routing policies (docs/policies.md): a shipped policy's name or a .lua
   // path, for all stages or per stage (empty: `policy`).

@@ -140,9 +140,22 @@ net::awaitable<Result<bool>> ConfigReloader::once() {
       all += (all.empty() ? "" : "\n") + d;
     co_return fail(all);
   }
+  // Before the policies switch: a certificate that does not load refuses
+  // the reload with nothing changed.
+  std::function<void()> install_tls;
+  if (hooks_.prepare_tls) {
+    auto t = hooks_.prepare_tls();
+    if (!t)
+      co_return fail("TLS: " + t.error());
+    install_tls = std::move(*t);
+  }
   if (hooks_.reload_policies) {
     if (auto p = hooks_.reload_policies(*next); !p)
       co_return fail("policies: " + p.error());
+  }
+  if (install_tls) {
+    install_tls();
+    spdlog::info("SIGHUP: TLS certificate and key reloaded; new connections use them");
   }
   if (!next->log_level.empty() && next->log_level != before.log_level)
     spdlog::set_level(spdlog::level::from_str(next->log_level));

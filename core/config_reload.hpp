@@ -44,6 +44,10 @@ class ConfigReloader {
     // Switches the policies to the new configuration's; a failure refuses
     // the reload.
     std::function<Result<bool>(const Config&)> reload_policies;
+    // Loads the listener's TLS certificate and key again; a failure
+    // refuses the reload. The action it returns (empty: nothing to do)
+    // installs them once the rest of the reload is accepted.
+    std::function<Result<std::function<void()>>()> prepare_tls;
     // Hands an accepted configuration to the gateway's threads, with the
     // keys the file changed that wait for a restart.
     std::function<void(const Config& before, std::shared_ptr<const Config> next,

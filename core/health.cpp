@@ -9,10 +9,11 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/maybe_tls_stream.hpp"
 #include "core/probe_rounds.hpp"
+#include "core/tls_context.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {
@@ -31,7 +32,8 @@ constexpr auto kHousekeeping = std::chrono::milliseconds(250);
 
 net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host, std::uint16_t port,
                                       std::string target, std::chrono::milliseconds timeout,
-                                      std::string via) {
+                                      std::string via, const EngineTls* tls,
+                                      std::size_t body_limit) {
   ProbeResult r;
   // One deadline for the whole probe, name resolution included.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -40,13 +42,21 @@ net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host,
     r.error = "cannot resolve " + host + ": " + rec.message();
     co_return r;
   }
-  beast::tcp_stream stream(ex);
+  MaybeTlsStream stream(ex);
   stream.expires_at(deadline);
-  const auto cec = co_await connect_stream(stream, results);
+  const auto cec = co_await connect_stream(stream.tcp(), results);
   if (cec) {
     r.error = "connect: " + cec.message();
     r.local = is_local_resource_error(cec);
     co_return r;
+  }
+  if (tls != nullptr) {
+    if (auto [hec, why] = co_await engine_handshake(stream, *tls, host); hec) {
+      r.error = hec == beast::error::timeout
+                    ? "TLS handshake timed out after " + std::to_string(timeout.count()) + "ms"
+                    : "TLS handshake: " + why;
+      co_return r;
+    }
   }
   http::request<http::empty_body> req{http::verb::get, target, 11};
   req.set(http::field::host, host + ":" + std::to_string(port));
@@ -60,7 +70,7 @@ net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host,
   }
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
-  parser.body_limit(1u << 20);
+  parser.body_limit(body_limit);
   if (auto [hec, n] = co_await http::async_read(stream, buffer, parser, use_tuple); hec) {
     r.error = hec == beast::error::timeout
                   ? "timed out after " + std::to_string(timeout.count()) + "ms"
@@ -77,12 +87,12 @@ net::awaitable<ProbeResult> probe_get(net::any_io_executor ex, std::string host,
 namespace {
 
 net::awaitable<void> check_one(const Config& cfg, Registry& registry, InstancePtr inst,
-                               std::string via) {
+                               std::string via, const EngineTls* tls) {
   auto ex = co_await net::this_coro::executor;
   // A check must answer well within the interval.
   const auto timeout = std::max(std::chrono::milliseconds(200), cfg.health_interval / 2);
-  auto r =
-      co_await probe_get(ex, inst->spec.host, inst->spec.port, "/health", timeout, std::move(via));
+  auto r = co_await probe_get(ex, inst->spec.host, inst->spec.port, "/health", timeout,
+                              std::move(via), inst->spec.tls ? tls : nullptr);
   if (r.local) {
     // The gateway's own shortage (out of file descriptors): holding it
     // against the engine would eject every healthy instance at once.
@@ -98,15 +108,16 @@ net::awaitable<void> check_one(const Config& cfg, Registry& registry, InstancePt
 }  // namespace
 
 net::awaitable<void> run_health_loop(const Config& cfg, Registry& registry,
-                                     const LoopGuard& loop_guard) {
+                                     const LoopGuard& loop_guard,
+                                     std::shared_ptr<const EngineTls> tls) {
   const std::string via = loop_guard.via_for_upstream({});
   auto ex = co_await net::this_coro::executor;
   const bool checks_on = cfg.health_interval.count() > 0;
   if (checks_on) {
     ProbeRounds rounds;
     rounds.instances = [&registry] { return registry.snapshot()->all(); };
-    rounds.probe = [&cfg, &registry, via](InstancePtr inst) {
-      return check_one(cfg, registry, std::move(inst), via);
+    rounds.probe = [&cfg, &registry, via, tls](InstancePtr inst) {
+      return check_one(cfg, registry, std::move(inst), via, tls.get());
     };
     rounds.interval = cfg.health_interval;
     rounds.max_concurrency = cfg.health_max_concurrency;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -15,6 +16,8 @@
 
 namespace pdgate {
 
+struct EngineTls;
+
 struct ProbeResult {
   unsigned status = 0;  // 0: no HTTP answer (see error)
   std::string body;
@@ -25,13 +28,15 @@ struct ProbeResult {
 };
 
 // GET http://host:port/target on a fresh connection, the whole exchange
-// bounded by `timeout`; the body is capped at 1 MiB. `via` (when set) is
-// sent as the Via header, so that a gateway probing itself is told so
-// (508, core/loop_guard.hpp).
+// (TLS handshake included) bounded by `timeout`; the body is capped at
+// `body_limit`. `via` (when set) is sent as the Via header, so that a gateway
+// probing itself is told so (508, core/loop_guard.hpp). With `tls`, the
+// GET goes over https:// with it.
 boost::asio::awaitable<ProbeResult> probe_get(boost::asio::any_io_executor ex, std::string host,
                                               std::uint16_t port, std::string target,
                                               std::chrono::milliseconds timeout,
-                                              std::string via = {});
+                                              std::string via = {}, const EngineTls* tls = nullptr,
+                                              std::size_t body_limit = 1u << 20);
 
 // Checks every instance's /health each interval (when on), at most
 // --health-max-concurrency at a time, each at its own offset into the
@@ -39,7 +44,9 @@ boost::asio::awaitable<ProbeResult> probe_get(boost::asio::any_io_executor ex, s
 // applies rise/fall, re-admits ejected instances whose back-off passed when
 // checks are off, and forgets removed instances once idle. Runs until the
 // executor stops, which must be run by one thread.
+// `tls` reaches https:// instances.
 boost::asio::awaitable<void> run_health_loop(const Config& cfg, Registry& registry,
-                                             const LoopGuard& loop_guard);
+                                             const LoopGuard& loop_guard,
+                                             std::shared_ptr<const EngineTls> tls);
 
 }  // namespace pdgate

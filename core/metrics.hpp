@@ -108,6 +108,8 @@ struct GatewayMetrics {
   // (which prefills locally), as the request hook or configuration chose.
   std::atomic<std::uint64_t> path_pd{0};
   std::atomic<std::uint64_t> path_one_hop{0};
+  // Client connections whose TLS handshake failed or timed out.
+  std::atomic<std::uint64_t> tls_handshake_failures{0};
 
  private:
   mutable std::mutex mu_;

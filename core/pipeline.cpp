@@ -154,7 +154,7 @@ net::awaitable<Routed> route(RequestContext& rc) {
 
 }  // namespace
 
-net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> finish(WorkerContext& w, MaybeTlsStream& client,
                             const http::request<http::string_body>& req,
                             const std::string& request_id, RequestScope& scope,
                             const GatewayError& err) {
@@ -181,7 +181,7 @@ net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 
-net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> serve_completion(WorkerContext& w, MaybeTlsStream& client,
                                       http::request<http::string_body>& req, RequestScope& scope,
                                       bool is_chat) {
   // Before the relay: its decode span ends before the server span.
@@ -219,7 +219,7 @@ net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& clien
   co_return keep;
 }
 
-net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> serve_models(WorkerContext& w, MaybeTlsStream& client,
                                   http::request<http::string_body>& req, RequestScope& scope) {
   const std::string request_id = request_id_for(w, req);
   RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);

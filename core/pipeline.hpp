@@ -6,8 +6,8 @@
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include "core/maybe_tls_stream.hpp"
 
 #include "core/errors.hpp"
 #include "core/request_scope.hpp"
@@ -18,19 +18,19 @@ namespace pdgate {
 
 // Serves one POST /v1/completions or /v1/chat/completions and writes the
 // answer to `client`. Returns whether the client connection may be reused.
-net::awaitable<bool> serve_completion(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> serve_completion(WorkerContext& w, MaybeTlsStream& client,
                                       http::request<http::string_body>& req, RequestScope& scope,
                                       bool is_chat);
 
 // GET /v1/models, answered by a healthy decode instance.
-net::awaitable<bool> serve_models(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> serve_models(WorkerContext& w, MaybeTlsStream& client,
                                   http::request<http::string_body>& req, RequestScope& scope);
 
 // Answers a request that failed with `err`: the status and body from the
 // error table, the request id, the log line; records status and stage in
 // `scope` for the metrics. Writes nothing when the client is gone.
 // Returns whether the client connection may be reused.
-net::awaitable<bool> finish(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> finish(WorkerContext& w, MaybeTlsStream& client,
                             const http::request<http::string_body>& req,
                             const std::string& request_id, RequestScope& scope,
                             const GatewayError& err);

@@ -27,8 +27,7 @@ void copy_answer_headers(const http::response_header<>& from, http::response_hea
 }
 
 // Writes one piece of the relayed stream as an HTTP chunk.
-net::awaitable<bool> write_chunk(beast::tcp_stream& client, std::string_view data,
-                                 const Config& cfg) {
+net::awaitable<bool> write_chunk(MaybeTlsStream& client, std::string_view data, const Config& cfg) {
   client.expires_after(cfg.client_idle_timeout);
   auto [ec, n] = co_await net::async_write(client, http::make_chunk(net::buffer(data)), use_tuple);
   co_return !ec;
@@ -70,7 +69,7 @@ std::string stream_head(const http::request<http::string_body>& req, const Upstr
 // the last chunk too when the stream already ended (a short answer is one
 // write). Its own coroutine, so that the head is gone while the stream
 // relays (and idles).
-net::awaitable<bool> write_stream_start(const Config& cfg, beast::tcp_stream& client,
+net::awaitable<bool> write_stream_start(const Config& cfg, MaybeTlsStream& client,
                                         const http::request<http::string_body>& req,
                                         UpstreamExchange& ex, const std::string& request_id,
                                         std::string_view first, bool last) {
@@ -130,7 +129,7 @@ void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage, Re
 // The rest of decode's stream after its first events went out with the
 // header. If decode breaks off now, the client gets an in-band error event
 // and the stream ends: never an invented finish_reason or [DONE].
-net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> relay_stream(WorkerContext& w, MaybeTlsStream& client,
                                   const http::request<http::string_body>& req, DecodeRelay& r,
                                   RequestScope& scope) {
   UpstreamExchange& ex = *r.ex;
@@ -198,7 +197,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, beast::tcp_stream& client,
 
 // A whole decode answer, through the filter (its own frame, so the filter
 // takes no room in the caller's while a stream relays).
-net::awaitable<bool> relay_whole(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> relay_whole(WorkerContext& w, MaybeTlsStream& client,
                                  const http::request<http::string_body>& req, DecodeRelay& r,
                                  RequestScope& scope) {
   r.ex->committed();
@@ -297,7 +296,7 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
   co_return UpstreamError{};
 }
 
-net::awaitable<bool> write_whole_answer(beast::tcp_stream& client,
+net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
                                         const http::request<http::string_body>& req,
                                         const UpstreamExchange& ex, std::string body,
                                         const std::string& request_id) {
@@ -311,7 +310,7 @@ net::awaitable<bool> write_whole_answer(beast::tcp_stream& client,
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 
-net::awaitable<bool> relay_answer(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> relay_answer(WorkerContext& w, MaybeTlsStream& client,
                                   const http::request<http::string_body>& req, DecodeRelay& r,
                                   RequestScope& scope) {
   if (r.stream)

@@ -11,8 +11,8 @@
 #include <string>
 
 #include <boost/asio/awaitable.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include "core/maybe_tls_stream.hpp"
 
 #include "core/conversation.hpp"
 #include "core/request_context.hpp"
@@ -89,13 +89,13 @@ struct DecodeRelay {
 
 // Writes decode's answer to the client: the header with the first bytes,
 // then the rest. Returns whether the client connection may be reused.
-net::awaitable<bool> relay_answer(WorkerContext& w, beast::tcp_stream& client,
+net::awaitable<bool> relay_answer(WorkerContext& w, MaybeTlsStream& client,
                                   const http::request<http::string_body>& req, DecodeRelay& r,
                                   RequestScope& scope);
 
 // A non-streaming engine answer as the client gets it: the status, the
 // headers that describe the body, the body.
-net::awaitable<bool> write_whole_answer(beast::tcp_stream& client,
+net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
                                         const http::request<http::string_body>& req,
                                         const UpstreamExchange& ex, std::string body,
                                         const std::string& request_id);

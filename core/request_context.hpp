@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include "core/maybe_tls_stream.hpp"
 
 #include "core/client_key.hpp"
 #include "core/conversation.hpp"
@@ -40,9 +40,8 @@ struct RequestView {
 };
 
 struct RequestContext {
-  RequestContext(WorkerContext& w_, beast::tcp_stream& client_,
-                 http::request<http::string_body>& req_, RequestScope& scope_, RequestTrace& trace_,
-                 bool is_chat_)
+  RequestContext(WorkerContext& w_, MaybeTlsStream& client_, http::request<http::string_body>& req_,
+                 RequestScope& scope_, RequestTrace& trace_, bool is_chat_)
       : w(w_),
         client(client_),
         req(req_),
@@ -54,7 +53,7 @@ struct RequestContext {
         connector(*w_.connector) {}
 
   WorkerContext& w;
-  beast::tcp_stream& client;
+  MaybeTlsStream& client;
   http::request<http::string_body>& req;
   RequestScope& scope;
   RequestTrace& trace;  // outlives the relay too

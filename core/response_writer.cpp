@@ -13,7 +13,7 @@ namespace pdgate {
 namespace net = boost::asio;
 namespace http = boost::beast::http;
 
-net::awaitable<bool> write_response(boost::beast::tcp_stream& client,
+net::awaitable<bool> write_response(MaybeTlsStream& client,
                                     http::response<http::string_body>& res) {
   constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
   // A client that stops reading must not pin the connection forever.

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include "core/maybe_tls_stream.hpp"
 
 #include "core/request_scope.hpp"
 #include "core/worker.hpp"
@@ -20,7 +20,7 @@ namespace pdgate {
 // One request being served: where it came from and what it holds open.
 struct RouteCall {
   WorkerContext& w;
-  beast::tcp_stream& stream;
+  MaybeTlsStream& stream;
   http::request<http::string_body>& req;
   RequestScope& scope;
 };

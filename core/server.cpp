@@ -77,7 +77,7 @@ http::response<http::string_body> json_response(const http::request<http::string
 }
 
 // POST /start_profile, /stop_profile: sent to every instance.
-net::awaitable<bool> serve_profile(WorkerContext& w, beast::tcp_stream& stream,
+net::awaitable<bool> serve_profile(WorkerContext& w, MaybeTlsStream& stream,
                                    const http::request<http::string_body>& req, RequestScope& scope,
                                    std::string path) {
   std::string body = req.body().empty() ? std::string("{}") : req.body();
@@ -217,7 +217,12 @@ Result<std::uint16_t> Gateway::bind() {
     port = acc.local_endpoint().port();
     first = false;
   }
-  auto admin = AdminApi::create(cfg_, registry_, loop_guard_);
+  if (auto tls = make_listener_tls(cfg_); !tls) {
+    return fail(tls.error());
+  } else if (*tls) {
+    listener_tls_ = std::make_unique<ListenerTls>(std::move(*tls));
+  }
+  auto admin = AdminApi::create(cfg_, registry_, loop_guard_, engine_tls_);
   if (!admin)
     return fail(admin.error());
   admin_ = *admin;
@@ -249,6 +254,23 @@ Result<std::uint16_t> Gateway::bind() {
     admin_port_ = acc.local_endpoint().port();
   }
   return port;
+}
+
+void Gateway::set_engine_tls(std::shared_ptr<const EngineTls> tls) {
+  engine_tls_ = std::move(tls);
+  for (auto& w : workers_)
+    w->ctx.pools.set_tls(engine_tls_);
+}
+
+Result<std::function<void()>> Gateway::prepare_tls_reload() const {
+  if (!listener_tls_)
+    return std::function<void()>();
+  auto ctx = make_listener_tls(cfg_);
+  if (!ctx)
+    return fail(ctx.error());
+  return std::function<void()>([tls = listener_tls_.get(), next = std::move(*ctx)]() mutable {
+    tls->replace(std::move(next));
+  });
 }
 
 void Gateway::set_policy_hooks(std::function<Result<bool>()> reload,
@@ -322,6 +344,11 @@ std::string Gateway::metrics_text() const {
   m.sample("pdgate_body_memory_bytes", static_cast<std::uint64_t>(body_budget_.used()));
   m.counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
   m.sample("pdgate_ejections_total", metrics_.ejections.load());
+  if (listener_tls_) {
+    m.counter("pdgate_tls_handshake_failures_total",
+              "Client connections whose TLS handshake failed or timed out.");
+    m.sample("pdgate_tls_handshake_failures_total", metrics_.tls_handshake_failures.load());
+  }
   m.counter("pdgate_shared_instances_refused_total",
             "Instances in the shared registry this replica refused (allow-list, model, loop).");
   m.sample("pdgate_shared_instances_refused_total", registry_.shared_refused_total());
@@ -548,7 +575,8 @@ void Gateway::start() {
   if (admin_acceptor_)
     net::co_spawn(admin_ioc_, serve_admin(*admin_acceptor_, admin_, cfg_.client_idle_timeout),
                   net::detached);
-  net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_, loop_guard_), net::detached);
+  net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_, loop_guard_, engine_tls_),
+                net::detached);
   if (make_registry_sync_)
     shared_registry_ = make_registry_sync_(cfg_, registry_, loop_guard_);
   if (shared_registry_) {

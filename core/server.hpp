@@ -29,6 +29,7 @@
 #include "core/prometheus.hpp"
 #include "core/registry_sync.hpp"
 #include "core/routes.hpp"
+#include "core/tls_context.hpp"
 #include "core/tracing.hpp"
 #include "core/worker.hpp"
 
@@ -48,10 +49,20 @@ class Gateway {
   const Registry& registry() const { return registry_; }
   Registry& registry() { return registry_; }
 
+  // How https:// engines are reached (core/tls_context.hpp), from main();
+  // set before bind().
+  void set_engine_tls(std::shared_ptr<const EngineTls> tls);
   // Binds the listeners (client, and admin when --admin-port is given);
-  // returns an error message if a port is taken or the admin key or
-  // allow-list is unusable.
+  // returns an error message if a port is taken, the TLS certificate or
+  // key cannot be loaded, or the admin key or allow-list is unusable.
   Result<std::uint16_t> bind();
+  // Whether the client listener speaks TLS (--tls-cert).
+  bool tls() const { return listener_tls_ != nullptr; }
+  // SIGHUP: loads the listener's certificate and key again. On success,
+  // the returned action makes new handshakes use them (connections already
+  // established keep theirs); a pair that does not load is an error and
+  // the running one stays. Nothing to do without --tls-cert.
+  Result<std::function<void()>> prepare_tls_reload() const;
   std::uint16_t admin_port() const { return admin_port_; }
   // Policy reload for the admin API, and extra /metrics text (policy
   // counters), both from main(); set before run().
@@ -128,8 +139,11 @@ class Gateway {
   // Opened by bind() when --access-log is on; outlives the workers (it
   // drains its queue when destroyed).
   std::unique_ptr<AccessLog> access_log_;
+  // Made by bind() with --tls-cert; swapped by a reload.
+  std::unique_ptr<ListenerTls> listener_tls_;
+  std::shared_ptr<const EngineTls> engine_tls_;
   const ClientSessionEnv session_env_{routes_,          body_budget_, loop_guard_, metrics_,
-                                      active_requests_, stopping_,    access_log_};
+                                      active_requests_, stopping_,    access_log_, listener_tls_};
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

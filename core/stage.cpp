@@ -34,7 +34,7 @@ std::string appended(std::string list, std::string_view item) {
 
 ForwardedHeaders forwarded_headers(const WorkerContext& w,
                                    const http::request<http::string_body>& req,
-                                   const beast::tcp_stream& client, const RequestTrace& trace) {
+                                   const MaybeTlsStream& client, const RequestTrace& trace) {
   ForwardedHeaders f;
   auto it = req.find(http::field::authorization);
   // With gateway API keys the client's key is the gateway's to check, not

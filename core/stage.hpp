@@ -12,8 +12,8 @@
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include "core/maybe_tls_stream.hpp"
 
 #include "core/errors.hpp"
 #include "core/instance.hpp"
@@ -50,7 +50,7 @@ struct ForwardedHeaders {
 // peer's address goes into X-Forwarded-For and Forwarded).
 ForwardedHeaders forwarded_headers(const WorkerContext& w,
                                    const http::request<http::string_body>& req,
-                                   const beast::tcp_stream& client, const RequestTrace& trace);
+                                   const MaybeTlsStream& client, const RequestTrace& trace);
 
 // `traceparent`, when given, is the engine call's own (its span's); else
 // fwd.traceparent is sent.

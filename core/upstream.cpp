@@ -1,5 +1,7 @@
 #include "core/upstream.hpp"
 
+#include <tuple>
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -7,6 +9,7 @@
 #include <boost/beast/core/read_size.hpp>
 
 #include "core/http_head.hpp"
+#include "core/tls_context.hpp"
 
 namespace pdgate {
 
@@ -78,11 +81,12 @@ net::awaitable<beast::error_code> connect_stream(beast::tcp_stream& stream,
 }
 
 UpstreamPool::UpstreamPool(net::any_io_executor ex, InstancePtr instance, std::size_t max_idle,
-                           Millis idle_timeout)
+                           Millis idle_timeout, const EngineTls* tls)
     : ex_(std::move(ex)),
       instance_(std::move(instance)),
       max_idle_(max_idle),
-      idle_timeout_(idle_timeout) {}
+      idle_timeout_(idle_timeout),
+      tls_(tls) {}
 
 std::unique_ptr<UpstreamConnection> UpstreamPool::take_idle() {
   const auto now = std::chrono::steady_clock::now();
@@ -145,11 +149,23 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
   }
   auto conn = std::make_unique<UpstreamConnection>(ex_);
   if (scope)
-    scope->add(&conn->stream);
+    scope->add(&conn->stream.tcp());
+  // One deadline for the connect and, for https://, the handshake.
   conn->stream.expires_after(timeout);
-  const auto ec = co_await connect_stream(conn->stream, *resolved_);
+  auto ec = co_await connect_stream(conn->stream.tcp(), *resolved_);
+  std::string tls_error;
+  if (!ec && spec.tls) {
+    if (tls_ == nullptr || !tls_->ctx) {
+      tls_error = "no TLS context for https:// engines";
+      ec = net::error::operation_not_supported;
+    } else {
+      beast::error_code ignored;
+      conn->stream.socket().set_option(tcp::no_delay(true), ignored);
+      std::tie(ec, tls_error) = co_await engine_handshake(conn->stream, *tls_, spec.host);
+    }
+  }
   if (scope)
-    scope->remove(&conn->stream);
+    scope->remove(&conn->stream.tcp());
   if (ec && is_local_resource_error(ec)) {
     co_return std::pair{
         UpstreamError{UpstreamFailure::local,
@@ -161,10 +177,12 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
     UpstreamError err{UpstreamFailure::connect, ""};
     if (ec == beast::error::timeout) {
       err.kind = UpstreamFailure::connect_timeout;
-      err.detail =
-          "connect to " + spec.url + " timed out after " + std::to_string(timeout.count()) + " ms";
+      err.detail = std::string(spec.tls ? "connect and TLS handshake" : "connect") + " to " +
+                   spec.url + " timed out after " + std::to_string(timeout.count()) + " ms";
     } else if (scope && scope->client_gone()) {
       err = {UpstreamFailure::aborted, "client went away"};
+    } else if (!tls_error.empty()) {
+      err.detail = "TLS handshake with " + spec.url + " failed: " + tls_error;
     } else {
       err.detail = "cannot connect to " + spec.url + ": " + ec.message();
     }
@@ -179,7 +197,7 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
 UpstreamPool& UpstreamPools::for_instance(const InstancePtr& inst) {
   auto& slot = pools_[inst->id];
   if (!slot)
-    slot = std::make_unique<UpstreamPool>(ex_, inst, max_idle_, idle_timeout_);
+    slot = std::make_unique<UpstreamPool>(ex_, inst, max_idle_, idle_timeout_, tls_.get());
   return *slot;
 }
 
@@ -203,7 +221,7 @@ void UpstreamPools::abort_waiting(std::uint64_t instance_id) {
 UpstreamExchange::UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
                                    RequestScope& scope, UpstreamTimeouts timeouts)
     : pool_(pool), conn_(std::move(conn)), scope_(scope), timeouts_(timeouts) {
-  scope_.add(&conn_->stream);
+  scope_.add(&conn_->stream.tcp());
   pool_.add_waiting(this);
   ++pool_.live;
 }
@@ -212,7 +230,7 @@ UpstreamExchange::~UpstreamExchange() {
   committed();
   --pool_.live;
   if (conn_) {
-    scope_.remove(&conn_->stream);
+    scope_.remove(&conn_->stream.tcp());
     beast::error_code ec;
     conn_->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
     conn_->stream.close();
@@ -403,7 +421,7 @@ void UpstreamExchange::release_idle_memory() {
 void UpstreamExchange::finish() {
   if (!conn_)
     return;
-  scope_.remove(&conn_->stream);
+  scope_.remove(&conn_->stream.tcp());
   if (parser_->is_done() && parser_->keep_alive() && conn_->buffer.size() == 0 &&
       !scope_.client_gone()) {
     conn_->stream.expires_never();

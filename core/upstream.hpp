@@ -19,6 +19,7 @@
 #include <boost/beast/http.hpp>
 
 #include "core/instance.hpp"
+#include "core/maybe_tls_stream.hpp"
 #include "core/request_scope.hpp"
 
 namespace pdgate {
@@ -90,7 +91,9 @@ inline constexpr std::size_t kStreamRead = 512;
 
 struct UpstreamConnection {
   explicit UpstreamConnection(const net::any_io_executor& ex) : stream(ex) {}
-  beast::tcp_stream stream;
+  // TLS for an https:// engine; a pooled TLS connection is reused as a
+  // plain one is, its session already established.
+  MaybeTlsStream stream;
   // Bounded: engine response headers are small, and body bytes pass
   // through it on their way to the relay.
   beast::flat_buffer buffer{64 * 1024};
@@ -99,11 +102,13 @@ struct UpstreamConnection {
 };
 
 class UpstreamExchange;
+struct EngineTls;
 
 class UpstreamPool {
  public:
+  // `tls` secures https:// instances (null: they cannot be reached).
   UpstreamPool(net::any_io_executor ex, InstancePtr instance, std::size_t max_idle,
-               Millis idle_timeout);
+               Millis idle_timeout, const EngineTls* tls = nullptr);
 
   const InstancePtr& instance() const { return instance_; }
 
@@ -132,6 +137,7 @@ class UpstreamPool {
   InstancePtr instance_;
   std::size_t max_idle_;
   Millis idle_timeout_;
+  const EngineTls* tls_;
   std::deque<std::unique_ptr<UpstreamConnection>> idle_;
   std::optional<tcp::resolver::results_type> resolved_;
   std::chrono::steady_clock::time_point resolved_at_{};
@@ -149,11 +155,14 @@ class UpstreamPools {
   void retain(const InstanceSet& set);
   // The instance was ejected: see UpstreamPool::abort_waiting.
   void abort_waiting(std::uint64_t instance_id);
+  // How https:// instances are reached (set once, before the first use).
+  void set_tls(std::shared_ptr<const EngineTls> tls) { tls_ = std::move(tls); }
 
  private:
   net::any_io_executor ex_;
   std::size_t max_idle_;
   Millis idle_timeout_;
+  std::shared_ptr<const EngineTls> tls_;
   std::unordered_map<std::uint64_t, std::unique_ptr<UpstreamPool>> pools_;
 };
 

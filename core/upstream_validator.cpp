@@ -80,8 +80,8 @@ Result<Cidr> parse_cidr(const std::string& text) {
   return c;
 }
 
-Result<UpstreamValidator> UpstreamValidator::create(const Config& cfg,
-                                                    const LoopGuard& loop_guard) {
+Result<UpstreamValidator> UpstreamValidator::create(const Config& cfg, const LoopGuard& loop_guard,
+                                                    std::shared_ptr<const EngineTls> tls) {
   std::vector<Cidr> allowed;
   for (const auto& a : cfg.allowed_upstreams) {
     auto c = parse_cidr(a);
@@ -89,7 +89,7 @@ Result<UpstreamValidator> UpstreamValidator::create(const Config& cfg,
       return fail(c.error());
     allowed.push_back(*c);
   }
-  return UpstreamValidator(cfg, loop_guard, std::move(allowed));
+  return UpstreamValidator(cfg, loop_guard, std::move(allowed), std::move(tls));
 }
 
 net::awaitable<std::optional<RegistryError>> UpstreamValidator::check(
@@ -127,7 +127,7 @@ net::awaitable<std::optional<RegistryError>> UpstreamValidator::check(
   // every request (and health check) loop. Without --model an instance
   // that does not answer yet is still added (the checks will judge it).
   auto r = co_await probe_get(ex, spec.host, spec.port, "/v1/models", cfg_->model_check_timeout,
-                              loop_guard_->via_for_upstream({}));
+                              loop_guard_->via_for_upstream({}), spec.tls ? tls_.get() : nullptr);
   if (r.status == 508) {
     co_return RegistryError{422, "adding " + spec.url +
                                      " would make a routing loop: it is this gateway, or a "

@@ -7,6 +7,7 @@
 // model. Instances given on the command line are trusted as they are.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,8 @@
 
 namespace pdgate {
 
+struct EngineTls;
+
 // One allowed upstream network ("10.0.0.0/8", "::1/128", "127.0.0.1").
 struct Cidr {
   boost::asio::ip::address network;
@@ -32,8 +35,10 @@ Result<Cidr> parse_cidr(const std::string& text);
 class UpstreamValidator {
  public:
   // Parses --allowed-upstreams; fails with a message naming the bad entry.
-  // `cfg` and `loop_guard` must outlive the validator.
-  static Result<UpstreamValidator> create(const Config& cfg, const LoopGuard& loop_guard);
+  // `cfg` and `loop_guard` must outlive the validator; `tls` reaches
+  // https:// instances.
+  static Result<UpstreamValidator> create(const Config& cfg, const LoopGuard& loop_guard,
+                                          std::shared_ptr<const EngineTls> tls = nullptr);
 
   // Empty when `spec` may be used; else 403 (an address outside the
   // allow-list) or 422 (does not resolve, would loop, does not serve the
@@ -44,12 +49,14 @@ class UpstreamValidator {
   boost::asio::awaitable<std::optional<RegistryError>> check(const UpstreamSpec& spec) const;
 
  private:
-  UpstreamValidator(const Config& cfg, const LoopGuard& loop_guard, std::vector<Cidr> allowed)
-      : cfg_(&cfg), loop_guard_(&loop_guard), allowed_(std::move(allowed)) {}
+  UpstreamValidator(const Config& cfg, const LoopGuard& loop_guard, std::vector<Cidr> allowed,
+                    std::shared_ptr<const EngineTls> tls)
+      : cfg_(&cfg), loop_guard_(&loop_guard), allowed_(std::move(allowed)), tls_(std::move(tls)) {}
 
   const Config* cfg_;
   const LoopGuard* loop_guard_;
   std::vector<Cidr> allowed_;
+  std::shared_ptr<const EngineTls> tls_;
 };
 
 }  // namespace pdgate

@@ -53,10 +53,12 @@ return v
 
 }  // namespace
 
-SharedRegistry::SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard)
+SharedRegistry::SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard,
+                               std::shared_ptr<const EngineTls> engine_tls)
     : cfg_(cfg),
       registry_(registry),
       loop_guard_(loop_guard),
+      engine_tls_(std::move(engine_tls)),
       shared_(std::make_unique<RedisConnectionsShared>()) {}
 
 SharedRegistry::~SharedRegistry() {
@@ -97,7 +99,7 @@ Result<bool> SharedRegistry::start(net::any_io_executor ex) {
   auto endpoint = parse_redis_url(cfg_.redis_url);
   if (!endpoint)
     return fail(endpoint.error());
-  auto validator = UpstreamValidator::create(cfg_, loop_guard_);
+  auto validator = UpstreamValidator::create(cfg_, loop_guard_, engine_tls_);
   if (!validator)
     return fail(validator.error());
   validator_.emplace(std::move(*validator));

@@ -46,8 +46,9 @@ struct RedisConnectionsShared;
 class SharedRegistry final : public RegistrySync {
  public:
   // `loop_guard` (this gateway's Via identity, for the validation probe)
-  // must outlive it.
-  SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard);
+  // must outlive it; `engine_tls` reaches https:// instances.
+  SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard,
+                 std::shared_ptr<const EngineTls> engine_tls = nullptr);
   ~SharedRegistry();
   // Connects on `ex` and runs the sync loop until `ex` stops. Hooks the
   // registry's on_change.
@@ -78,6 +79,7 @@ class SharedRegistry final : public RegistrySync {
   const Config& cfg_;
   Registry& registry_;
   const LoopGuard& loop_guard_;
+  std::shared_ptr<const EngineTls> engine_tls_;
   std::unique_ptr<RedisConnectionsShared> shared_;
   boost::asio::any_io_executor ex_;
   std::shared_ptr<RedisConnection> conn_;

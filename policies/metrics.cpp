@@ -1,32 +1,21 @@
 #include "policies/metrics.hpp"
 
+#include "core/health.hpp"
 #include "core/probe_rounds.hpp"
-#include "core/upstream.hpp"
 
 #include <charconv>
 #include <cmath>
 #include <memory>
 #include <string>
 
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/http.hpp>
 
 namespace pdgate::policy {
 namespace {
 
 namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 
 struct Sum {
   double total = 0;
@@ -122,43 +111,22 @@ void store_metrics(const Instance& inst, const EngineMetrics& m, std::int64_t no
 namespace {
 
 // One GET /metrics; any failure leaves the instance's numbers as they were.
-net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds timeout) {
+// vLLM's /metrics is tens of KiB; the bound keeps a confused peer from
+// growing our memory.
+net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds timeout,
+                                const EngineTls* tls) {
   auto ex = co_await net::this_coro::executor;
-  // One deadline for the whole exchange, name resolution included: a scrape
-  // holds one of the scraper's few slots, so it must always end.
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto [rec, endpoints] = co_await resolve_until(ex, inst->spec.host, inst->spec.port, deadline);
-  if (rec)
-    co_return;
-  beast::tcp_stream stream(ex);
-  stream.expires_at(deadline);
-  auto [cec, ep] = co_await stream.async_connect(endpoints, use_tuple);
-  if (cec)
-    co_return;
-  http::request<http::empty_body> req{http::verb::get, "/metrics", 11};
-  req.set(http::field::host, inst->spec.host + ":" + std::to_string(inst->spec.port));
-  req.set(http::field::user_agent, "pdgate-metrics");
-  req.keep_alive(false);
-  auto [wec, wn] = co_await http::async_write(stream, req, use_tuple);
-  if (wec)
-    co_return;
-  beast::flat_buffer buf;
-  http::response_parser<http::string_body> parser;
-  // vLLM's /metrics is tens of KiB; a bound keeps a confused peer from
-  // growing our memory.
-  parser.body_limit(8u << 20);
-  auto [rdec, rn] = co_await http::async_read(stream, buf, parser, use_tuple);
-  if (rdec || parser.get().result_int() != 200)
-    co_return;
-  store_metrics(*inst, parse_vllm_metrics(parser.get().body()), steady_now_ms());
-  beast::error_code ignored;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  auto r = co_await probe_get(ex, inst->spec.host, inst->spec.port, "/metrics", timeout, {},
+                              inst->spec.tls ? tls : nullptr, 8u << 20);
+  if (r.status == 200)
+    store_metrics(*inst, parse_vllm_metrics(r.body), steady_now_ms());
 }
 
 }  // namespace
 
 void start_metrics_scraper(boost::asio::io_context& ioc, const Registry& registry,
-                           std::chrono::milliseconds interval, std::size_t max_concurrency) {
+                           std::chrono::milliseconds interval, std::size_t max_concurrency,
+                           std::shared_ptr<const EngineTls> tls) {
   const auto timeout = std::max(interval, std::chrono::milliseconds(200));
   ProbeRounds rounds;
   // Draining instances take no new requests: their load no longer matters.
@@ -172,7 +140,9 @@ void start_metrics_scraper(boost::asio::io_context& ioc, const Registry& registr
     }
     return out;
   };
-  rounds.probe = [timeout](InstancePtr inst) { return scrape_one(std::move(inst), timeout); };
+  rounds.probe = [timeout, tls](InstancePtr inst) {
+    return scrape_one(std::move(inst), timeout, tls.get());
+  };
   rounds.interval = interval;
   rounds.max_concurrency = max_concurrency;
   net::co_spawn(ioc, run_probe_rounds(std::move(rounds)), net::detached);

@@ -4,12 +4,17 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string_view>
 
 #include <boost/asio/io_context.hpp>
 
 #include "core/instance.hpp"
+
+namespace pdgate {
+struct EngineTls;
+}
 
 namespace pdgate::policy {
 
@@ -33,9 +38,10 @@ EngineMetrics parse_vllm_metrics(std::string_view text);
 // own offset into the interval (core/probe_rounds.hpp). Runs on `ioc`
 // (which one thread must run) until it is stopped; returns at once. An
 // instance that does not answer keeps its last numbers, and its
-// metrics_at_ms tells how old they are.
+// metrics_at_ms tells how old they are. `tls` reaches https:// instances.
 void start_metrics_scraper(boost::asio::io_context& ioc, const Registry& registry,
-                           std::chrono::milliseconds interval, std::size_t max_concurrency = 64);
+                           std::chrono::milliseconds interval, std::size_t max_concurrency = 64,
+                           std::shared_ptr<const EngineTls> tls = nullptr);
 
 // Stores parsed numbers into the instance's atomics.
 void store_metrics(const Instance& inst, const EngineMetrics& m, std::int64_t now_ms);

@@ -27,6 +27,8 @@ PACKAGES=(
   prometheus
   # Demo and the Node SDK test.
   curl
+  # The TLS tests make their certificates with the openssl command.
+  openssl
   # The routing benchmark's trace tools and their test (tests/bench).
   python3
   # The KV events wire-format test: an independent subscriber (tests/sim).

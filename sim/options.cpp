@@ -80,6 +80,8 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
   --role R                  prefill | decode | both | encode (required)
   --host H                  listen address (127.0.0.1)
   --port P                  listen port, 0 = ephemeral (0)
+  --tls-cert FILE           serve https with this PEM certificate chain (needs --tls-key)
+  --tls-key FILE            the PEM private key of --tls-cert
   --model NAME              served model name (sim-model)
   --engine-id ID            engine id put in kv params (random UUID)
   --advertise-host H        remote_host put in kv params (= --host)
@@ -202,6 +204,8 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
          o.port = static_cast<std::uint16_t>(p);
          return {};
        }},
+      {"--tls-cert", string_flag(o.tls_cert)},
+      {"--tls-key", string_flag(o.tls_key)},
       {"--model", string_flag(o.model)},
       {"--engine-id", string_flag(o.engine_id)},
       {"--advertise-host", string_flag(o.advertise_host)},

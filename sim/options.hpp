@@ -21,6 +21,9 @@ struct SimOptions {
   SimRole role = SimRole::both;
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;
+  // With both: serve https (PEM certificate chain and key).
+  std::string tls_cert;
+  std::string tls_key;
   std::string model = "sim-model";
   std::string engine_id;       // empty: a random UUID is generated at startup
   std::string advertise_host;  // empty: same as host

@@ -44,6 +44,7 @@ nlohmann::ordered_json to_json(const RequestRecord& r) {
   // so invalid UTF-8 cannot make dump() throw.
   j["body"] = r.body;
   j["x_request_id"] = opt(r.x_request_id);
+  j["tls_sni"] = opt(r.tls_sni);
   j["request_id"] = r.request_id;
   j["received_at_ms"] = r.received_at_ms;
   j["first_byte_at_ms"] = opt(r.first_byte_at_ms);

@@ -28,6 +28,7 @@ struct RequestRecord {
   std::vector<std::pair<std::string, std::string>> headers;  // lowercase names
   std::string body;
   std::optional<std::string> x_request_id;  // the header, when sent
+  std::optional<std::string> tls_sni;       // the TLS server name the client sent
   std::string request_id;                   // the id used (header or generated)
   std::int64_t received_at_ms = 0;
   std::optional<std::int64_t> first_byte_at_ms;   // status line written

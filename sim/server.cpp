@@ -11,6 +11,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <openssl/ssl.h>
 #include <algorithm>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
@@ -39,6 +40,7 @@
 #include <regex>
 #include <string>
 
+#include "core/maybe_tls_stream.hpp"
 #include "sim/kv_event_publisher.hpp"
 #include "sim/kv_events.hpp"
 #include "sim/kv_registry.hpp"
@@ -200,8 +202,8 @@ class BlockHold {
 
 // One request/response exchange on a connection.
 struct Exchange {
-  Exchange(tcp::socket& s, beast::flat_buffer& b, Request& r) : sock(s), buf(b), req(r) {}
-  tcp::socket& sock;
+  Exchange(MaybeTlsStream& s, beast::flat_buffer& b, Request& r) : sock(s), buf(b), req(r) {}
+  MaybeTlsStream& sock;
   beast::flat_buffer& buf;
   Request& req;
   std::shared_ptr<RequestRecord> rec;  // null for introspection paths
@@ -228,7 +230,7 @@ awaitable<void> hang_forever() {
 // Reads the socket while a request is being worked on. Completes when the
 // peer closes (EOF/reset) or when cancelled because the work finished. Bytes
 // that arrive meanwhile (a pipelined request) are kept for the next parse.
-awaitable<void> watch_disconnect(tcp::socket& sock, beast::flat_buffer& buf) {
+awaitable<void> watch_disconnect(MaybeTlsStream& sock, beast::flat_buffer& buf) {
   std::array<char, 4096> tmp;
   for (;;) {
     auto [ec, n] = co_await sock.async_read_some(net::buffer(tmp), use_nothrow);
@@ -262,6 +264,8 @@ class Server {
         permission_id_("modelperm-" + random_hex(32)) {}
 
   const std::string& engine_id() const { return registry_.engine_id(); }
+  // Serve https with `ctx` (it must outlive the server).
+  void set_tls(net::ssl::context* ctx) { tls_ = ctx; }
 
   awaitable<void> listen(tcp::acceptor acceptor) {
     for (;;) {
@@ -282,14 +286,29 @@ class Server {
  private:
   // ---- connection -------------------------------------------------------
 
-  awaitable<void> session(tcp::socket sock) {
+  awaitable<void> session(tcp::socket socket) {
     ++open_connections_;
     ++connections_total_;
     struct Dec {
       std::size_t& n;
       ~Dec() { --n; }
     } dec{open_connections_};
+    MaybeTlsStream sock(std::move(socket));
+    std::optional<std::string> sni;
     try {
+      if (tls_) {
+        auto& t = sock.start_tls(*tls_);
+        sock.expires_after(std::chrono::seconds(10));
+        auto [hec] = co_await t.async_handshake(net::ssl::stream_base::server, use_nothrow);
+        sock.expires_never();
+        if (hec) {
+          log_->info("TLS handshake failed: {}", hec.message());
+          sock.close();
+          co_return;
+        }
+        if (const char* name = SSL_get_servername(t.native_handle(), TLSEXT_NAMETYPE_host_name))
+          sni = name;
+      }
       beast::flat_buffer buf;
       for (;;) {
         http::request_parser<http::string_body> parser;
@@ -318,15 +337,15 @@ class Server {
           break;
         }
         Request req = parser.release();
-        if (!co_await dispatch(sock, buf, req))
+        if (!co_await dispatch(sock, buf, req, sni))
           break;
       }
     } catch (const std::exception& e) {
       log_->error("session failed: {}", e.what());
     }
     boost::system::error_code ignored;
-    sock.shutdown(tcp::socket::shutdown_both, ignored);
-    sock.close(ignored);
+    sock.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    sock.close();
   }
 
   static std::string route_label(std::string_view path) {
@@ -342,7 +361,8 @@ class Server {
   }
 
   // Returns whether the connection stays open.
-  awaitable<bool> dispatch(tcp::socket& sock, beast::flat_buffer& buf, Request& req) {
+  awaitable<bool> dispatch(MaybeTlsStream& sock, beast::flat_buffer& buf, Request& req,
+                           const std::optional<std::string>& sni) {
     const std::string target(req.target());
     const std::string path = target.substr(0, target.find('?'));
     ++counters_.requests_by_path[route_label(path)];
@@ -362,6 +382,7 @@ class Server {
       r.body = req.body().substr(0, kMaxRecordedBody);
       if (!x.rid.empty())
         r.x_request_id = x.rid;
+      r.tls_sni = sni;
       r.received_at_ms = now_ms();
       x.rec = requests_.add(std::move(r));
     }
@@ -586,8 +607,7 @@ class Server {
       x.rec->outcome = Outcome::error;
       x.rec->ended_at_ms = now_ms();
     }
-    boost::system::error_code ignored;
-    x.sock.close(ignored);
+    x.sock.close();
     x.closed = true;
     return true;
   }
@@ -1212,6 +1232,7 @@ class Server {
   std::size_t active_blocks_ = 0;
   std::int64_t started_at_;
   std::string permission_id_;
+  net::ssl::context* tls_ = nullptr;
 };
 
 }  // namespace
@@ -1260,8 +1281,20 @@ int run_server(const SimOptions& opts) {
   }
 
   Server server(opts, log, port, events.get());
+  net::ssl::context tls(net::ssl::context::tls_server);
+  if (!opts.tls_cert.empty() || !opts.tls_key.empty()) {
+    tls.use_certificate_chain_file(opts.tls_cert, ec);
+    if (!ec)
+      tls.use_private_key_file(opts.tls_key, net::ssl::context::pem, ec);
+    if (ec) {
+      std::fprintf(stderr, "pdgate-sim: --tls-cert/--tls-key: %s\n", ec.message().c_str());
+      return 2;
+    }
+    server.set_tls(&tls);
+  }
   const std::string shown = addr.is_v6() ? "[" + opts.host + "]" : opts.host;
-  std::printf("pdgate-sim listening on http://%s:%u\n", shown.c_str(), static_cast<unsigned>(port));
+  std::printf("pdgate-sim listening on %s://%s:%u\n", opts.tls_cert.empty() ? "http" : "https",
+              shown.c_str(), static_cast<unsigned>(port));
   std::fflush(stdout);
   log->info("role={} model={} engine_id={} advertise={}:{}", to_string(opts.role), opts.model,
             server.engine_id(), opts.advertise_host, port);

@@ -118,7 +118,7 @@ Process::~Process() {
 
 std::uint16_t Process::wait_listening(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  static const std::regex re(R"(listening on http://[^\s]*:(\d+))");
+  static const std::regex re(R"(listening on https?://[^\s]*:(\d+))");
   for (;;) {
     auto nl = pending_.find('\n');
     while (nl != std::string::npos) {

@@ -8,8 +8,9 @@
 // Run: npm ci && node --test   (or via ctest once tests/node is added)
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -46,7 +47,7 @@ function start(name, bin, args) {
     const lines = createInterface({ input: child.stdout });
     let found = false;
     lines.on('line', (line) => {
-      const m = /listening on (http:\/\/\S+)/.exec(line);
+      const m = /listening on (https?:\/\/\S+)/.exec(line);
       if (found || !m) return;
       found = true;
       clearTimeout(timer);
@@ -293,5 +294,80 @@ describe('pdgate with the OpenAI Node SDK', () => {
     assert.ok(seen.length >= 1, 'no chunk arrived before the break');
     const finishes = seen.map((c) => c.choices?.[0]?.finish_reason).filter(Boolean);
     assert.deepEqual(finishes, [], 'a finish_reason was sent for a broken stream');
+  });
+});
+
+// The SDK over TLS, trusting the gateway's CA the way Node users do: with
+// NODE_EXTRA_CA_CERTS, read when Node starts, so the SDK calls run in a
+// child Node process started with it. Certificates are made here with the
+// openssl command (a CA and a server certificate for localhost).
+describe('pdgate over TLS with the OpenAI Node SDK', () => {
+  let dir;
+  let gateway;
+
+  before(async () => {
+    dir = mkdtempSync(path.join(os.tmpdir(), 'pdgate-node-tls-'));
+    const f = (n) => path.join(dir, n);
+    const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
+    const openssl = (args) => execFileSync('openssl', args, { stdio: 'ignore', timeout: 60_000 });
+    openssl(['req', '-x509', ...ec, '-keyout', f('ca.key'), '-out', f('ca.pem'), '-days', '2',
+      '-subj', '/CN=pdgate-node-test-ca']);
+    openssl(['req', '-new', ...ec, '-keyout', f('server.key'), '-out', f('server.csr'),
+      '-subj', '/CN=localhost']);
+    writeFileSync(f('server.ext'), 'subjectAltName=DNS:localhost,IP:127.0.0.1\n');
+    openssl(['x509', '-req', '-in', f('server.csr'), '-CA', f('ca.pem'), '-CAkey', f('ca.key'),
+      '-set_serial', '0x77', '-days', '2', '-extfile', f('server.ext'), '-out', f('server.pem')]);
+    const sim = ['--port', '0', '--model', MODEL, '--itl-ms', String(ITL_MS)];
+    const [prefill, decode] = await Promise.all([
+      start('tls-prefill', SIM, ['--role', 'prefill', ...sim]),
+      start('tls-decode', SIM, ['--role', 'decode', ...sim]),
+    ]);
+    const url = await start('pdgate-tls', PDGATE, ['--port', '0', '--host', '127.0.0.1', '--model',
+      MODEL, '--prefill', hostPort(prefill), '--decode', hostPort(decode), '--tls-cert',
+      f('server.pem'), '--tls-key', f('server.key')]);
+    assert.match(url, /^https:/);
+    gateway = url.replace('127.0.0.1', 'localhost');
+  });
+
+  after(() => {
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  // Runs `body` (an async function's text, given `openai`) in a child Node
+  // with NODE_EXTRA_CA_CERTS; returns what it printed as JSON.
+  function withSdk(body, extraCa = true) {
+    const script = `import OpenAI from 'openai';
+const openai = new OpenAI({ baseURL: process.argv[1] + '/v1', apiKey: 'sk-tls', maxRetries: 0, timeout: 60000 });
+const out = await (async () => { ${body} })().catch((e) => ({ error: String(e && (e.cause?.code ?? e.message)) }));
+process.stdout.write(JSON.stringify(out));`;
+    const env = { ...process.env };
+    if (extraCa) env.NODE_EXTRA_CA_CERTS = path.join(dir, 'ca.pem');
+    else delete env.NODE_EXTRA_CA_CERTS;
+    const out = execFileSync(process.execPath, ['--input-type=module', '-e', script, gateway], {
+      cwd: here, env, timeout: 90_000, encoding: 'utf8',
+    });
+    return JSON.parse(out);
+  }
+
+  // A whole chat completion and a streamed one arrive over TLS.
+  test('chat completion and stream over https', () => {
+    const r = withSdk(`
+      const whole = await openai.chat.completions.create({ model: '${MODEL}',
+        messages: [{ role: 'user', content: 'hi' }], max_tokens: 6 });
+      const stream = await openai.chat.completions.create({ model: '${MODEL}',
+        messages: [{ role: 'user', content: 'hi' }], max_tokens: 6, stream: true });
+      let text = ''; let chunks = 0;
+      for await (const c of stream) { chunks++; text += c.choices[0]?.delta?.content ?? ''; }
+      return { tokens: whole.usage.completion_tokens, chunks, text };
+    `);
+    assert.equal(r.tokens, 6, JSON.stringify(r));
+    assert.ok(r.chunks >= 6, JSON.stringify(r));
+    assert.ok(r.text.length > 0, JSON.stringify(r));
+  });
+
+  // Without the CA the SDK refuses the gateway's certificate.
+  test('an untrusted certificate is refused by the SDK', () => {
+    const r = withSdk(`return await openai.models.list();`, false);
+    assert.ok(r.error, JSON.stringify(r));
   });
 });

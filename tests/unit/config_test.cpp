@@ -403,7 +403,7 @@ TEST(ConfigErrors, DisabledPrefillWithInstances) {
 
 // Upstream address errors reach the user with the flag and the reason.
 TEST(ConfigErrors, BadUpstreamInFlag) {
-  expect_error(parse({"--decode", "https://d:1"}), {"--decode", "https", "only http://"});
+  expect_error(parse({"--decode", "ftp://d:1"}), {"--decode", "ftp", "http:// or https://"});
   expect_error(parse({"--decode-servers-urls", "http://d"}), {"--decode-servers-urls", "port"});
   expect_error(parse({"--prefill", "p:0", "--decode", "d:1"}), {"--prefill", "port"});
 }
@@ -422,6 +422,9 @@ TEST(ParseUpstream, AcceptedForms) {
       {"http://:8100", "http://localhost:8100", "localhost", 8100},
       {":8100", "http://localhost:8100", "localhost", 8100},
       {"  d:2  ", "http://d:2", "d", 2},
+      {"https://d:1", "https://d:1", "d", 1},
+      {"HTTPS://[::1]:8443/", "https://[::1]:8443", "::1", 8443},
+      {"https://:8001", "https://localhost:8001", "localhost", 8001},
   };
   for (const auto& [text, url, host, port] : ok) {
     const auto r = parse_upstream(Role::prefill, text);
@@ -430,15 +433,34 @@ TEST(ParseUpstream, AcceptedForms) {
     EXPECT_EQ(r->host, host);
     EXPECT_EQ(r->port, port);
     EXPECT_EQ(r->role, Role::prefill);
+    // TLS exactly when the URL says https://.
+    EXPECT_EQ(r->tls, url.starts_with("https://")) << text;
   }
+}
+
+// The TLS options: both halves of a pair or neither, a client CA only with
+// a listener certificate, and 1.2 or 1.3 as the oldest version.
+TEST(ConfigTls, OptionsAndTheirRules) {
+  auto ok = parse({"--decode", "d:1", "--prefill-servers-urls", "disable", "--tls-cert", "c.pem",
+                   "--tls-key", "k.pem", "--tls-min-version", "1.3", "--upstream-ca", "ca.pem",
+                   "--upstream-insecure", "true"});
+  ASSERT_TRUE(ok.ok()) << ok.error();
+  EXPECT_EQ(ok->config.tls_cert, "c.pem");
+  EXPECT_EQ(ok->config.tls_key, "k.pem");
+  EXPECT_EQ(ok->config.tls_min_version, 13u);
+  EXPECT_EQ(ok->config.upstream_ca, "ca.pem");
+  EXPECT_TRUE(ok->config.upstream_insecure);
+  expect_error(parse({"--decode", "d:1", "--tls-cert", "c.pem"}), {"--tls-cert", "--tls-key"});
+  expect_error(parse({"--decode", "d:1", "--tls-client-ca", "ca.pem"}), {"--tls-client-ca"});
+  expect_error(parse({"--decode", "d:1", "--upstream-key", "k.pem"}), {"--upstream-cert"});
+  expect_error(parse({"--decode", "d:1", "--tls-min-version", "1.1"}),
+               {"--tls-min-version", "1.2 or 1.3"});
 }
 
 // Rejected forms give a reason: scheme, path, port, IPv6 brackets, junk.
 TEST(ParseUpstream, RejectedForms) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"https://d:1", "only http://"},
-      {"https://:8001", "only http://"},
-      {"grpc://d:1", "only http://"},
+      {"grpc://d:1", "http:// or https://"},
       {"http://d:1/v1", "paths"},
       {"http://d:1?x=1", "paths"},
       {"d", "missing port"},
@@ -1115,7 +1137,23 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
                         "--otlp-queue-size",
                         "9",
                         "--otlp-timeout",
-                        "2s"});
+                        "2s",
+                        "--tls-cert",
+                        "/c.pem",
+                        "--tls-key",
+                        "/k.pem",
+                        "--tls-client-ca",
+                        "/ca.pem",
+                        "--tls-min-version",
+                        "1.3",
+                        "--upstream-ca",
+                        "/uca.pem",
+                        "--upstream-cert",
+                        "/uc.pem",
+                        "--upstream-key",
+                        "/uk.pem",
+                        "--upstream-insecure",
+                        "true"});
   ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.error() : a.error());
   const Config merged = reloadable_part(a->config, b->config);
   std::map<std::string, std::vector<std::string>> before, after, wanted;
@@ -1131,7 +1169,7 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
       EXPECT_NE(wanted[e.key], before[e.key]) << e.key << ": the test should change it";
     }
   }
-  EXPECT_EQ(restart_keys, 41u);
+  EXPECT_EQ(restart_keys, 49u);
   EXPECT_EQ(urls(merged.decode), std::vector<std::string>{"http://d:2"});
   EXPECT_EQ(merged.first_byte_timeout, std::chrono::seconds(3));
 }

@@ -1,0 +1,122 @@
+// One connection that is plain TCP or TLS over TCP, decided when it is set
+// up: clients on a --tls-cert listener, engines at https:// URLs. It models
+// Asio's AsyncReadStream and AsyncWriteStream, so Beast's http::async_read
+// and async_write, and Asio's composed operations, run on it unchanged; the
+// timeout, close and socket calls go to the TCP layer underneath either way.
+//
+// A plain connection pays one branch per read or write: the TLS layer is
+// only allocated (and OpenSSL only entered) when start_tls() is called.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+
+namespace pdgate {
+
+class MaybeTlsStream {
+ public:
+  using tcp_type = boost::beast::tcp_stream;
+  using tls_type = boost::asio::ssl::stream<tcp_type&>;
+  using executor_type = tcp_type::executor_type;
+
+  explicit MaybeTlsStream(boost::asio::ip::tcp::socket socket) : tcp_(std::move(socket)) {}
+  explicit MaybeTlsStream(const executor_type& ex) : tcp_(ex) {}
+  // The TLS layer refers to tcp_: the object never moves.
+  MaybeTlsStream(const MaybeTlsStream&) = delete;
+  MaybeTlsStream& operator=(const MaybeTlsStream&) = delete;
+
+  executor_type get_executor() noexcept { return tcp_.get_executor(); }
+
+  // From now on reads and writes go through TLS (the handshake is the
+  // caller's: tls().async_handshake).
+  tls_type& start_tls(boost::asio::ssl::context& ctx) { return tls_.emplace(tcp_, ctx); }
+  bool is_tls() const { return tls_.has_value(); }
+  tls_type& tls() { return *tls_; }
+
+  tcp_type& tcp() { return tcp_; }
+  boost::asio::ip::tcp::socket& socket() { return tcp_.socket(); }
+  const boost::asio::ip::tcp::socket& socket() const { return tcp_.socket(); }
+  template <class Duration>
+  void expires_after(Duration d) {
+    tcp_.expires_after(d);
+  }
+  void expires_at(std::chrono::steady_clock::time_point t) { tcp_.expires_at(t); }
+  void expires_never() { tcp_.expires_never(); }
+  void close() { tcp_.close(); }
+
+  template <class MutableBufferSequence, class Token>
+  auto async_read_some(const MutableBufferSequence& buffers, Token&& token) {
+    return boost::asio::async_initiate<Token, void(boost::beast::error_code, std::size_t)>(
+        [](auto handler, MaybeTlsStream* self, const MutableBufferSequence& b) {
+          if (self->tls_)
+            self->tls_->async_read_some(b, std::move(handler));
+          else
+            self->tcp_.async_read_some(b, std::move(handler));
+        },
+        token, this, buffers);
+  }
+
+  template <class ConstBufferSequence, class Token>
+  auto async_write_some(const ConstBufferSequence& buffers, Token&& token) {
+    return boost::asio::async_initiate<Token, void(boost::beast::error_code, std::size_t)>(
+        [](auto handler, MaybeTlsStream* self, const ConstBufferSequence& b) {
+          if (!self->tls_) {
+            self->tcp_.async_write_some(b, std::move(handler));
+          } else if (const std::size_t n = self->coalesce(b); n != 0) {
+            self->tls_->async_write_some(boost::asio::buffer(self->out_.data(), n),
+                                         std::move(handler));
+          } else {
+            self->tls_->async_write_some(b, std::move(handler));
+          }
+        },
+        token, this, buffers);
+  }
+
+ private:
+  // One TLS record's worth of plaintext.
+  static constexpr std::size_t kRecord = 16 * 1024;
+
+  // Asio's TLS stream writes only the first buffer of a sequence per
+  // call: a gathering write (a chunk's size line, its data and CRLF) would
+  // leave as one TLS record per piece, each with its own header, MAC and
+  // system call. The leading buffers that fit in one record are copied
+  // into out_ instead; returns their size (0: pass the sequence through).
+  // One write is in flight at a time, so one out_ serves them all; it is
+  // shrunk when it grew for a large write and a small one follows, so a
+  // stream idling between events does not keep it.
+  template <class ConstBufferSequence>
+  std::size_t coalesce(const ConstBufferSequence& b) {
+    std::size_t total = 0;
+    int count = 0;
+    for (auto it = boost::asio::buffer_sequence_begin(b); it != boost::asio::buffer_sequence_end(b);
+         ++it) {
+      const std::size_t n = boost::asio::const_buffer(*it).size();
+      if (total + n > kRecord)
+        break;
+      total += n;
+      ++count;
+    }
+    if (count < 2)
+      return 0;
+    if (out_.capacity() > 4 * total && out_.capacity() > 4096)
+      std::string().swap(out_);
+    out_.resize(total);
+    boost::asio::buffer_copy(boost::asio::buffer(out_.data(), total), b, total);
+    return total;
+  }
+
+  tcp_type tcp_;
+  std::optional<tls_type> tls_;
+  std::string out_;
+};
+
+}  // namespace pdgate
