@@ -329,7 +329,10 @@ describe('pdgate over TLS with the OpenAI Node SDK', () => {
     gateway = url.replace('127.0.0.1', 'localhost');
   });
 
-  after(() => {
+  // Its engines and gateway too: their open pipes would keep this runner
+  // alive after the last test (the first suite stopped only its own).
+  after(async () => {
+    await Promise.all(children.map(stop));
     if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
