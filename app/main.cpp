@@ -23,6 +23,8 @@
 #include "core/config_reload.hpp"
 #include "core/control_loop.hpp"
 #include "core/instance_address.hpp"
+#include "core/kv_block_index.hpp"
+#include "core/kv_event_follow.hpp"
 #include "core/server.hpp"
 #include "plugins/conversation_stores.hpp"
 #include "plugins/dns_discovery.hpp"
@@ -31,6 +33,8 @@
 #include "plugins/redis_client_keys.hpp"
 #include "plugins/redis_kv_index.hpp"
 #include "plugins/shared_registry.hpp"
+#include "plugins/sim_tokenizer.hpp"
+#include "plugins/zmq_kv_events.hpp"
 #include "policies/engine.hpp"
 #include "policies/kv_index_purge.hpp"
 #include "policies/local_kv_index.hpp"
@@ -107,6 +111,11 @@ int main(int argc, char** argv) {
     kv_index = shared_index;
   }
 
+  // Which blocks each engine holds, exactly, from the engines' own KV events
+  // (docs/kv-events.md); fed by a thread of its own once the gateway runs.
+  auto block_index = std::make_shared<pdgate::KvBlockIndex>(
+      pdgate::KvBlockIndexLimits{cfg.kv_index_blocks_per_instance, cfg.kv_index_max_blocks});
+
   // A broken policy at start-up is a configuration error, reported like one.
   auto policies =
       pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg), kv_index);
@@ -115,6 +124,10 @@ int main(int argc, char** argv) {
     return parsed->check_only ? 1 : 2;
   }
   const auto engine = *policies;
+  if (cfg.tokenizer == "sim")
+    engine->set_exact_kv(block_index, std::make_shared<pdgate::SimTokenizer>());
+  else
+    engine->set_exact_kv(block_index, nullptr);
 
   // dns:// instance sources need a DNS server to ask (not resolved here:
   // --check-config resolves nothing).
@@ -269,8 +282,15 @@ int main(int argc, char** argv) {
     }
     pdgate::policy::start_kv_index_purge(control, gateway.registry(), kv_index,
                                          std::chrono::seconds(1));
+    // Instances with an event endpoint, at start or added later, are
+    // subscribed on the ingestion thread.
+    pdgate::ZmqKvEventsOptions event_options;
+    event_options.replay_timeout = cfg.kv_events_replay_timeout;
+    auto events = std::make_shared<pdgate::ZmqKvEvents>(block_index, event_options);
+    events->start();
+    pdgate::start_kv_event_follow(control, gateway.registry(), events, std::chrono::seconds(1));
     gateway.set_policy_hooks([engine]() { return engine->reload(); },
-                             [engine, shared_index](pdgate::PrometheusText& m) {
+                             [engine, shared_index, events](pdgate::PrometheusText& m) {
                                const auto& st = engine->stats();
                                const std::pair<const char*, std::uint64_t> rows[] = {
                                    {"error", st.errors.load()},
@@ -287,8 +307,10 @@ int main(int argc, char** argv) {
                                m.counter("pdgate_policy_picks_total", "Policy picks.");
                                m.sample("pdgate_policy_picks_total",
                                         std::uint64_t{st.picks.load()});
+                               engine->policy_metrics().write(m);
                                if (shared_index)
                                  pdgate::write_kv_index_metrics(m, shared_index->stats());
+                               events->write_metrics(m);
                              });
     // SIGHUP re-reads the command line and its config file and applies
     // what can change at run time (core/config_reload.hpp).
@@ -344,6 +366,7 @@ int main(int argc, char** argv) {
       gateway.start();
       control.run();
       gateway.wait();
+      events->stop();
     }
   }
   return rc;

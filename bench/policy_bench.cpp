@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/client_key.hpp"
+#include "core/request_hook.hpp"
 #include "plugins/redis_kv_index.hpp"
 #include "policies/engine.hpp"
 #include "policies/local_kv_index.hpp"
@@ -119,6 +121,65 @@ BENCHMARK_CAPTURE(BM_Pick, cache_aware, "cache_aware")
     ->Args({256, 1024})
     ->Args({8, 32 * 1024})
     ->Args({256, 32 * 1024});
+
+// One request hook call (docs/policies.md, on_request) the way the
+// pipeline makes it, for: a policy without one (what every request pays
+// for the phase), the worked example's tenant split (reads the key's
+// label, a header edit, max_tokens cap and priority), and conditional_pd
+// (the prompt estimate, and prefix_held for long prompts).
+void BM_RequestHook(benchmark::State& state, const char* policy, std::size_t prompt_bytes) {
+  auto engine = PolicyEngine::create([&] {
+    PolicySettings s;
+    s.specs = {policy, policy, policy};
+    return s;
+  }());
+  if (!engine) {
+    state.SkipWithError(engine.error().c_str());
+    return;
+  }
+  auto picker = (*engine)->make_picker(0);
+  // conditional_pd's prefix_held looks among the instances a decode pick
+  // last offered.
+  auto inst = instances(8);
+  PickContext pick_ctx;
+  pick_ctx.request_id = "warm";
+  picker->pick(inst, pick_ctx);
+  const std::string body =
+      R"({"model":"m","max_tokens":2000,"messages":)" + prompt(prompt_bytes, 1) + R"("}]})";
+  const auto index = index_json_object(body);
+  if (!index) {
+    state.SkipWithError(index.error().c_str());
+    return;
+  }
+  ClientKey key;
+  key.name = "globex";
+  key.labels = {{"tier", "standard"}};
+  RequestHookInput in;
+  in.body = body;
+  in.index = &*index;
+  in.is_chat = true;
+  in.model = "m";
+  in.prompt_bytes = prompt_bytes;
+  in.key = &key;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 64; ++i)
+    ids.push_back("req-" + std::to_string(i));
+  std::size_t i = 0;
+  for (auto _ : state) {
+    in.request_id = ids[i++ % ids.size()];
+    RequestDecision d;
+    benchmark::DoNotOptimize(picker->on_request(in, d));
+    if (d.reject_status != 0 || d.failed_closed) {
+      state.SkipWithError("the hook refused the request");
+      break;
+    }
+  }
+}
+BENCHMARK_CAPTURE(BM_RequestHook, none, "least_load", 1024);
+BENCHMARK_CAPTURE(BM_RequestHook, tenant_split,
+                  PDGATE_SOURCE_DIR "/examples/tenants/tenant_split.lua", 1024);
+BENCHMARK_CAPTURE(BM_RequestHook, conditional_pd_short, "conditional_pd", 512);
+BENCHMARK_CAPTURE(BM_RequestHook, conditional_pd_long, "conditional_pd", 32 * 1024);
 
 // The C++ round-robin picker, for scale.
 void BM_PickNativeRoundRobin(benchmark::State& state) {

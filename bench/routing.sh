@@ -13,14 +13,19 @@
 #                    [--engines 4] [--speed 1] [--limit N] [--kv-tokens 32768]
 #                    [--prefill-us-per-token 70] [--itl-ms 5] [--max-tokens 16]
 #                    [--decode-policy least_load] [--gateway-arg ARG]... [--redis]
-#                    [--build build] [--out DIR]
+#                    [--kv-events] [--build build] [--out DIR]
 #
 # --trace replays a file as it is (e.g. a public Mooncake trace, if one is
 # on disk); without it a synthetic trace is generated (bench/trace_gen.py
 # --kind, 60 s at 8 requests/s, seed 1). --gateway-arg passes a flag to
-# every gateway (repeatable). --redis starts a fresh redis-server (unix
+# every gateway (repeatable). A policy written PREFILL/DECODE (e.g.
+# conditional_pd/conditional_pd) sets the row's decode policy too, instead
+# of --decode-policy. --redis starts a fresh redis-server (unix
 # socket, no persistence) for each row and gives every gateway `--redis`,
-# so the replicas share what pdgate shares through it. Results: a
+# so the replicas share what pdgate shares through it. --kv-events makes
+# every sim publish vLLM's KV cache events and every gateway subscribe to
+# them all (--kv-events URL=ENDPOINT,replay=ENDPOINT) with the sim's
+# tokenizer, so policies see exact cached tokens. Results: a
 # markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
 # Not run by CI (minutes per run; see bench/README.md, "Routing quality").
 set -euo pipefail
@@ -39,6 +44,7 @@ max_tokens=16
 decode_policy=least_load
 gateway_args=()
 redis=0
+kv_events=0
 BUILD=build
 OUT=""
 while (($#)); do
@@ -57,9 +63,10 @@ while (($#)); do
     --decode-policy) decode_policy=$2; shift ;;
     --gateway-arg) gateway_args+=("$2"); shift ;;
     --redis) redis=1 ;;
+    --kv-events) kv_events=1 ;;
     --build) BUILD=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "routing.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -97,11 +104,12 @@ start() {
   # previous row's file could otherwise still be read here.
   local out
   out=$(mktemp "$WORK/$name.XXXXXX.out")
+  LAST_OUT=$out
   "$@" > "$out" 2>> "$WORK/$name.log" &
   echo "$!" >> "$PIDS"
   local port
   for _ in $(seq 100); do
-    port=$(grep -m1 "listening on http://" "$out" 2>/dev/null | sed 's/.*://')
+    port=$(grep -m1 "listening on http://" "$out" 2>/dev/null | sed 's/.*://' || true)
     if [[ $port =~ ^[0-9]+$ ]]; then
       echo "$port"
       return
@@ -133,20 +141,40 @@ print("%.0f" % total)
 PY
 }
 
+sim_events=()
+if ((kv_events)); then
+  sim_events=(--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+    "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}')
+fi
+# With --kv-events: the gateway flag naming the sim just started (its URL,
+# then the endpoints it printed before its "listening on" line).
+events_flag() {
+  local port=$1 ev rp
+  ev=$(grep -m1 "kv events on " "$LAST_OUT" | sed 's/.* on //')
+  rp=$(grep -m1 "kv events replay on " "$LAST_OUT" | sed 's/.* on //')
+  [[ -n $ev && -n $rp ]] || { echo "routing.sh: sim on $port printed no event endpoints" >&2; exit 1; }
+  echo "http://127.0.0.1:$port=$ev,replay=$rp"
+}
+
 for n in $replicas; do
   for policy in $policies; do
-    pre=() dec=() pports=()
+    pre=() dec=() pports=() ev_args=()
     for k in $(seq "$engines"); do
-      port=$(start "p$k" "$BUILD/pdgate-sim" --role prefill --log-level warn --kv-blocks "$kv_blocks" \
+      start "p$k" "$BUILD/pdgate-sim" --role prefill --log-level warn --kv-blocks "$kv_blocks" \
         --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
-        --max-num-seqs 64 --itl-ms "$itl_ms")
+        --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
+      port=$(< "$WORK/port")
       pre+=("127.0.0.1:$port") pports+=("$port")
-      port=$(start "d$k" "$BUILD/pdgate-sim" --role decode --log-level warn --kv-blocks "$kv_blocks" \
+      if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
+      start "d$k" "$BUILD/pdgate-sim" --role decode --log-level warn --kv-blocks "$kv_blocks" \
         --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
-        --max-num-seqs 64 --itl-ms "$itl_ms")
+        --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
+      port=$(< "$WORK/port")
       dec+=("127.0.0.1:$port")
+      if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
     done
-    row_args=("${gateway_args[@]}")
+    row_args=("${gateway_args[@]}" "${ev_args[@]}")
+    if ((kv_events)); then row_args+=(--tokenizer sim); fi
     if ((redis)); then
       sock=$(mktemp -u "$WORK/redis.XXXXXX.sock")
       redis-server --port 0 --unixsocket "$sock" --save "" --appendonly no \
@@ -156,10 +184,14 @@ for n in $replicas; do
       [[ -S $sock ]] || { echo "routing.sh: redis-server did not start" >&2; exit 1; }
       row_args+=(--redis "unix://$sock")
     fi
+    # A policy written PREFILL/DECODE sets both for the row (a request hook
+    # lives in the decode policy: conditional_pd/conditional_pd).
+    row_decode=$decode_policy
+    [[ $policy != */* ]] || row_decode=${policy#*/}
     urls=()
     for r in $(seq "$n"); do
       port=$(start "g$r" "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 1 --log-level warn \
-        --model sim-model --policy-prefill "$policy" --policy-decode "$decode_policy" \
+        --model sim-model --policy-prefill "${policy%%/*}" --policy-decode "$row_decode" \
         "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
       urls+=(--url "http://127.0.0.1:$port")
     done

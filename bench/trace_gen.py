@@ -17,6 +17,10 @@ Workloads (--kind):
   agent-loops     agents sharing a long tool-description prompt per agent
                   type, each looping: call, read the tool output, call again
   mix             the three together (the benchmark's default)
+  short-long      mostly short chat prompts (under one 512-token block) and
+                  some long ones over a few shared documents: the workload
+                  where sending short prompts in one hop (conditional
+                  disaggregation, bench/conditional_pd.sh) should pay
 
 Usage: trace_gen.py --kind mix --duration-s 60 --rate 8 --seed 1 > trace.jsonl
 """
@@ -119,11 +123,31 @@ def agent_loops(rng, ids, rate, duration_s):
                                 rng.randint(4, 12), (0.3, 1.5), (128, 1024), (16, 128))
 
 
+def short_long(rng, ids, rate, duration_s, short_share=0.75):
+    """One request per session: 3 in 4 a short chat message after a short
+    system prompt (128-480 tokens in all), the rest a question (64-512
+    tokens) about one of 4 long documents (3-6k tokens, Zipf popularity)."""
+    docs = []
+    for _ in range(4):
+        tokens = rng.randint(3072, 6144)
+        docs.append((ids.fresh(blocks_for(tokens)), tokens))
+    for t in poisson_times(rng, rate, duration_s):
+        if rng.random() < short_share:
+            tokens = rng.randint(128, 480)
+            yield t, tokens, rng.randint(16, 128), ids.fresh(blocks_for(tokens))
+        else:
+            d_ids, d_tokens = docs[zipf_pick(rng, len(docs))]
+            question = rng.randint(64, 512)
+            yield t, d_tokens + question, rng.randint(16, 128), extend(ids, d_ids, d_tokens,
+                                                                        question)
+
+
 KINDS = {
     "system-prompts": [(system_prompts, 1.0)],
     "multi-turn": [(multi_turn, 1.0)],
     "agent-loops": [(agent_loops, 1.0)],
     "mix": [(system_prompts, 0.3), (multi_turn, 0.35), (agent_loops, 0.35)],
+    "short-long": [(short_long, 1.0)],
 }
 
 

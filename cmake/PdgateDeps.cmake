@@ -8,6 +8,9 @@ find_package(yaml-cpp REQUIRED)
 # libssl for TLS to clients and engines (Asio's ssl::stream).
 find_package(OpenSSL 3 REQUIRED COMPONENTS Crypto SSL)
 find_package(PkgConfig REQUIRED)
+# ZeroMQ for pdgate-sim's KV events (vLLM's publisher protocol); cppzmq is
+# its header-only C++ binding, its config finds libzmq through pkg-config.
+find_package(cppzmq REQUIRED)
 pkg_check_modules(LUAJIT REQUIRED IMPORTED_TARGET luajit)
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 

@@ -1,5 +1,7 @@
 #include "core/admin.hpp"
 
+#include "core/kv_events.hpp"
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -55,6 +57,10 @@ json instance_json(const Instance& i) {
           {"role", to_string(i.spec.role)},
           {"labels", *i.labels()},
           {"weight", i.weight()},
+          {"kv_events", i.spec.kv_events.endpoint.empty()
+                            ? json(nullptr)
+                            : json{{"endpoint", i.spec.kv_events.endpoint},
+                                   {"replay_endpoint", i.spec.kv_events.replay}}},
           {"state", to_string(i.state())},
           {"healthy", i.healthy.load()},
           {"in_flight", i.in_flight.load()},
@@ -92,6 +98,27 @@ Result<std::optional<unsigned>> weight_field(const json& j) {
     return fail("weight must be an integer from 1 to 1000");
   }
   return std::optional<unsigned>(it->get<unsigned>());
+}
+
+// The optional "kv_events" of an add: {"endpoint": "tcp://host:port",
+// "replay_endpoint": "tcp://host:port"} (docs/kv-events.md).
+Result<KvEventsEndpoint> kv_events_field(const json& j) {
+  const auto it = j.find("kv_events");
+  if (it == j.end() || it->is_null())
+    return KvEventsEndpoint{};
+  if (!it->is_object() || !it->contains("endpoint") || !(*it)["endpoint"].is_string())
+    return fail("kv_events must be {\"endpoint\": \"tcp://host:port\", \"replay_endpoint\": ...}");
+  KvEventsEndpoint ev;
+  ev.endpoint = (*it)["endpoint"].get<std::string>();
+  if (const auto r = it->find("replay_endpoint"); r != it->end() && !r->is_null()) {
+    if (!r->is_string())
+      return fail("kv_events.replay_endpoint must be a string");
+    ev.replay = r->get<std::string>();
+  }
+  auto checked = check_kv_events_endpoint(std::move(ev));
+  if (!checked)
+    return fail("kv_events: " + checked.error());
+  return *checked;
 }
 
 // The optional "labels" and "weight" of an add or a PATCH.
@@ -202,11 +229,12 @@ std::optional<AdminApi::Response> AdminApi::authorize(const Request& req, bool m
 net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
                                                  const std::string& url,
                                                  std::map<std::string, std::string> labels,
-                                                 unsigned weight) {
+                                                 unsigned weight, KvEventsEndpoint kv_events) {
   auto spec = parse_upstream(role, url);
   if (!spec)
     co_return error(req, 400, spec.error());
   spec->role = role;
+  spec->kv_events = std::move(kv_events);
   // Cheap duplicate check first: no network probe for a known instance.
   if (auto i = registry_.conflict(role, spec->url)) {
     co_return error(req, 409,
@@ -248,7 +276,10 @@ net::awaitable<AdminApi::Response> AdminApi::handle_demo_add(Request& req) {
     co_return error(req, 400, "type must be prefill or decode");
   }
   const Role role = type == "prefill" ? Role::prefill : Role::decode;
-  co_return co_await add(req, role, j["instance"].get<std::string>(), {}, 1);
+  // A named value, not `{}`: GCC 12 frees a braced aggregate temporary
+  // passed to a coroutine twice (the add crashed with an invalid free).
+  KvEventsEndpoint no_events;
+  co_return co_await add(req, role, j["instance"].get<std::string>(), {}, 1, std::move(no_events));
 }
 
 net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
@@ -314,8 +345,12 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
       auto meta = meta_fields(j);
       if (!meta)
         co_return error(req, 400, meta.error());
+      auto events = kv_events_field(j);
+      if (!events)
+        co_return error(req, 400, events.error());
       co_return co_await add(req, *role, j["url"].get<std::string>(),
-                             meta->labels.value_or(Instance::Labels{}), meta->weight.value_or(1));
+                             meta->labels.value_or(Instance::Labels{}), meta->weight.value_or(1),
+                             std::move(*events));
     }
     co_return error(req, 405, "use GET or POST on /admin/instances");
   }

@@ -84,7 +84,8 @@ class AdminApi {
   // nullopt when the request may proceed.
   std::optional<Response> authorize(const Request& req, bool mutating) const;
   boost::asio::awaitable<Response> add(const Request& req, Role role, const std::string& url,
-                                       std::map<std::string, std::string> labels, unsigned weight);
+                                       std::map<std::string, std::string> labels, unsigned weight,
+                                       KvEventsEndpoint kv_events);
 
   const Config& cfg_;  // as started: what needs a restart to change
   std::shared_ptr<const Config> live_;

@@ -28,28 +28,13 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
+#include "core/client_key.hpp"
 #include "core/result.hpp"
 
 namespace pdgate {
 
 namespace net = boost::asio;
 
-struct KeyLimits {
-  double requests_per_second = 0;  // 0: no rate limit
-  // Requests that may arrive at once above the rate (the bucket's size);
-  // 0 means one second's worth (at least 1).
-  double burst = 0;
-  std::uint32_t concurrent = 0;         // 0: no limit
-  std::uint64_t tokens_per_minute = 0;  // prompt + completion; 0: no limit
-  bool any() const { return requests_per_second > 0 || concurrent > 0 || tokens_per_minute > 0; }
-  double bucket() const;  // the burst actually used
-};
-
-struct ClientKey {
-  std::string name;
-  std::map<std::string, std::string> labels;
-  KeyLimits limits;
-};
 using ClientKeyPtr = std::shared_ptr<const ClientKey>;
 
 // The table of keys by the hex SHA-256 of the key.

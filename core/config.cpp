@@ -17,6 +17,7 @@
 #include <system_error>
 #include <utility>
 
+#include "core/kv_events.hpp"
 #include "core/text.hpp"
 
 namespace pdgate {
@@ -186,6 +187,54 @@ Result<std::string> parse_kv_connector(std::string_view text) {
               "' (expected nixl, p2p-nccl, lmcache or none)");
 }
 
+// A ZMQ endpoint an engine's events come from: tcp://host:port (or
+// ipc://path).
+Result<std::string> parse_zmq_endpoint(std::string_view text) {
+  const std::string t(trim(text));
+  if (t.starts_with("ipc://") && t.size() > 6)
+    return t;
+  if (!t.starts_with("tcp://"))
+    return fail("'" + t + "' is not a ZMQ endpoint (expected tcp://host:port or ipc://path)");
+  const std::string_view rest = std::string_view(t).substr(6);
+  const auto colon = rest.rfind(':');
+  if (colon == std::string_view::npos || colon == 0)
+    return fail("'" + t + "' has no host:port");
+  if (auto port = parse_uint(rest.substr(colon + 1), 65535); !port || *port == 0)
+    return fail("'" + t + "' has no valid port");
+  if (rest.substr(0, colon).find_first_of("*/@ ") != std::string_view::npos)
+    return fail("'" + t + "' must name the engine's host (not a wildcard)");
+  return t;
+}
+
+// --kv-events URL=ENDPOINT[,replay=ENDPOINT]: the instance it is for and
+// where its events come from.
+Result<std::pair<std::string, KvEventsEndpoint>> parse_kv_events_flag(std::string_view text) {
+  const auto eq = text.find('=');
+  if (eq == std::string_view::npos)
+    return fail("expected INSTANCE=tcp://host:port[,replay=tcp://host:port], got '" +
+                std::string(text) + "'");
+  auto instance = parse_upstream(Role::decode, std::string(trim(text.substr(0, eq))));
+  if (!instance)
+    return fail(instance.error());
+  KvEventsEndpoint ev;
+  std::string_view rest = text.substr(eq + 1);
+  const auto comma = rest.find(',');
+  ev.endpoint = std::string(trim(rest.substr(0, comma)));
+  if (comma != std::string_view::npos) {
+    const std::string_view opt = trim(rest.substr(comma + 1));
+    if (!opt.starts_with("replay="))
+      return fail("after the endpoint only replay=tcp://host:port may follow, got '" +
+                  std::string(opt) + "'");
+    ev.replay = std::string(opt.substr(7));
+    if (trim(ev.replay).empty())
+      return fail("replay= needs an endpoint");
+  }
+  auto checked = check_kv_events_endpoint(std::move(ev));
+  if (!checked)
+    return fail(checked.error());
+  return std::make_pair(instance->url, std::move(*checked));
+}
+
 // How a value reaches the Config. Each entry of kOptions names its setter,
 // so an option is added in one place: its entry (name, help, setter). The
 // engine lists (the demo, multi-turn and EPD forms) combine several
@@ -240,6 +289,14 @@ Result<bool> set_interval(Config& c, std::string_view v) {
     return true;
   }
   return set_duration<Field>(c, v);
+}
+
+Result<bool> set_tokenizer(Config& c, std::string_view v) {
+  const std::string word = lower(trim(v));
+  if (word != "sim" && word != "none")
+    return fail("expected sim or none");
+  c.tokenizer = word;
+  return true;
 }
 
 Result<bool> set_fail_mode(Config& c, std::string_view v) {
@@ -536,6 +593,23 @@ constexpr std::array kOptions = {
     Option{"kv-connector", "", 0, false, false, kEngines, "nixl|p2p-nccl|lmcache|none",
            "How prefill hands KV blocks to decode; none sends one hop (default: nixl).",
            &set_kv_connector, kRestart},
+    Option{"kv-events", "", 0, true, false, kEngines,
+           "INSTANCE=tcp://HOST:PORT[,replay=tcp://HOST:PORT]",
+           "Where an instance publishes its KV-cache events (vLLM's --kv-events-config "
+           "endpoint, and its replay endpoint): pdgate then knows exactly which prefixes it "
+           "holds (docs/kv-events.md); repeat the flag for more instances (default: none).",
+           nullptr, false, true},
+    Option{"kv-events-replay-timeout", "", 0, false, false, kEngines, "DURATION",
+           "Time a replay of missed KV events may take before the instance falls back to the "
+           "approximate index (default: 2s).",
+           &set_duration<&Config::kv_events_replay_timeout>, kRestart},
+    Option{"kv-index-blocks-per-instance", "", 0, false, false, kEngines, "N",
+           "KV blocks the exact index keeps per instance; more are dropped and counted "
+           "(default: 262144).",
+           &set_uint<&Config::kv_index_blocks_per_instance, (1u << 30)>, kRestart},
+    Option{"kv-index-max-blocks", "", 0, false, false, kEngines, "N",
+           "KV blocks the exact index keeps in all (default: 2000000).",
+           &set_uint<&Config::kv_index_max_blocks, (1u << 31)>, kRestart},
 
     Option{"max-body-size", "", 0, false, false, kLimits, "SIZE",
            "Largest request body accepted; bytes or K/KiB/M/MiB/G/GiB (default: 64MiB).",
@@ -599,7 +673,8 @@ constexpr std::array kOptions = {
 
     Option{"policy", "", 0, false, false, kPolicies, "NAME|PATH",
            "Routing policy for every stage: round_robin, least_load, power_of_two, "
-           "session_affinity, prefix_affinity, cache_aware, conversation_decode, or a .lua file "
+           "session_affinity, prefix_affinity, cache_aware, kv_aware, conversation_decode, "
+           "conditional_pd, or a .lua file "
            "(default: round_robin).",
            &set_name<&Config::policy>},
     Option{"policy-prefill", "", 0, false, false, kPolicies, "NAME|PATH",
@@ -628,6 +703,11 @@ constexpr std::array kOptions = {
            "How often each engine's /metrics is scraped for policies; off disables "
            "(default: 1s).",
            &set_interval<&Config::metrics_interval>, kRestart},
+    Option{"tokenizer", "", 0, false, false, kPolicies, "sim|none",
+           "How a request becomes token ids for the exact KV index (pdgate.cached_tokens(), "
+           "docs/kv-events.md): sim applies pdgate-sim's rule (tests, demos); none gives "
+           "policies no exact data (default: none).",
+           &set_tokenizer, kRestart},
 
     Option{"dns-interval", "", 0, false, false, kEngines, "DURATION",
            "How often dns://NAME:PORT instance sources are resolved again (default: 5s).",
@@ -786,6 +866,7 @@ const Option* find_short(char c) {
 struct InstanceMeta {
   std::map<std::string, std::string> labels;
   unsigned weight = 1;
+  KvEventsEndpoint kv_events;
 };
 
 // The values given for one option, and where they came from (the flag as
@@ -879,6 +960,7 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
       if (k < v.meta.size()) {
         u->labels = v.meta[k].labels;
         u->weight = v.meta[k].weight;
+        u->kv_events = v.meta[k].kv_events;
       }
       out.push_back(std::move(*u));
     }
@@ -1042,7 +1124,53 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
         c.allowed_upstreams.push_back(std::move(u));
     }
   }
+  // After the instance lists: each names an instance given in one of them.
+  if (const auto* v = get("kv-events")) {
+    for (const auto& item : v->values) {
+      auto ev = parse_kv_events_flag(item);
+      if (!ev) {
+        err(*v, ev.error());
+        continue;
+      }
+      bool found = false;
+      for (auto* list : {&c.prefill, &c.decode, &c.encode}) {
+        for (auto& u : *list) {
+          if (u.url == ev->first) {
+            u.kv_events = ev->second;
+            found = true;
+          }
+        }
+      }
+      if (!found)
+        err(*v,
+            "no instance " + ev->first + " is configured (give it with --prefill, --decode, ...)");
+    }
+  }
   return c;
+}
+
+// An instance's kv_events in YAML: {endpoint: URL, replay_endpoint: URL},
+// or the endpoint alone as a string.
+Result<KvEventsEndpoint> yaml_kv_events(const YAML::Node& value) {
+  KvEventsEndpoint ev;
+  if (value.IsScalar()) {
+    ev.endpoint = value.Scalar();
+  } else if (value.IsMap()) {
+    for (const auto& f : value) {
+      const std::string key = f.first.IsScalar() ? f.first.Scalar() : std::string();
+      if (!f.second.IsScalar())
+        return fail("'" + key + "' must be a plain string");
+      if (key == "endpoint")
+        ev.endpoint = f.second.Scalar();
+      else if (key == "replay_endpoint" || key == "replay-endpoint")
+        ev.replay = f.second.Scalar();
+      else
+        return fail("unknown field '" + key + "' (expected endpoint, replay_endpoint)");
+    }
+  } else {
+    return fail("expected {endpoint, replay_endpoint} or an endpoint");
+  }
+  return check_kv_events_endpoint(std::move(ev));
 }
 
 // Reads one instance given as a mapping: {url: ..., labels: {k: v},
@@ -1085,9 +1213,17 @@ std::optional<std::string> yaml_instance(const YAML::Node& item, const std::stri
       } else {
         meta.weight = static_cast<unsigned>(*w);
       }
+    } else if (name == "kv_events" || name == "kv-events") {
+      auto ev = yaml_kv_events(value);
+      if (!ev) {
+        errors.push_back(origin + ": kv_events: " + ev.error());
+        ok = false;
+      } else {
+        meta.kv_events = std::move(*ev);
+      }
     } else {
       errors.push_back(origin + ": unknown instance field '" + name +
-                       "' (expected url, labels, weight)");
+                       "' (expected url, labels, weight, kv_events)");
       ok = false;
     }
   }
@@ -1226,6 +1362,22 @@ Result<std::string> read_file(const std::string& path) {
 }
 
 }  // namespace
+
+Result<KvEventsEndpoint> check_kv_events_endpoint(KvEventsEndpoint ev) {
+  auto endpoint = parse_zmq_endpoint(ev.endpoint);
+  if (!endpoint)
+    return fail(endpoint.error());
+  ev.endpoint = *endpoint;
+  if (!trim(ev.replay).empty()) {
+    auto replay = parse_zmq_endpoint(ev.replay);
+    if (!replay)
+      return fail("replay: " + replay.error());
+    ev.replay = *replay;
+  } else {
+    ev.replay.clear();
+  }
+  return ev;
+}
 
 std::optional<Role> role_from_string(std::string_view s) {
   for (Role r : {Role::prefill, Role::decode, Role::encode, Role::both}) {
@@ -1777,6 +1929,28 @@ std::vector<std::string> option_value(const Config& c, std::string_view key) {
        }},
       {"decode-servers-urls", [&] { return std::vector{join_urls(c.decode)}; }},
       {"kv-connector", [&] { return std::vector{c.kv_connector}; }},
+      {"kv-events",
+       [&] {
+         std::vector<std::string> out;
+         for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
+           for (const auto& u : *list) {
+             if (u.kv_events.endpoint.empty())
+               continue;
+             std::string v = u.url + "=" + u.kv_events.endpoint;
+             if (!u.kv_events.replay.empty())
+               v += ",replay=" + u.kv_events.replay;
+             if (std::find(out.begin(), out.end(), v) == out.end())
+               out.push_back(std::move(v));
+           }
+         }
+         return out;
+       }},
+      {"kv-events-replay-timeout",
+       [&] { return std::vector{duration_text(c.kv_events_replay_timeout)}; }},
+      {"kv-index-blocks-per-instance",
+       [&] { return std::vector{std::to_string(c.kv_index_blocks_per_instance)}; }},
+      {"kv-index-max-blocks", [&] { return std::vector{std::to_string(c.kv_index_max_blocks)}; }},
+      {"tokenizer", [&] { return std::vector{c.tokenizer}; }},
       {"max-body-size", [&] { return std::vector{size_text(c.max_body_bytes)}; }},
       {"max-header-size", [&] { return std::vector{size_text(c.max_header_bytes)}; }},
       {"body-memory-limit", [&] { return std::vector{size_text(c.body_memory_limit)}; }},
@@ -1976,6 +2150,11 @@ Config reloadable_part(const Config& running, Config c) {
   c.upstream_cert = running.upstream_cert;
   c.upstream_key = running.upstream_key;
   c.upstream_insecure = running.upstream_insecure;
+  // The event subscriptions and the exact index are set up once.
+  c.kv_events_replay_timeout = running.kv_events_replay_timeout;
+  c.kv_index_blocks_per_instance = running.kv_index_blocks_per_instance;
+  c.kv_index_max_blocks = running.kv_index_max_blocks;
+  c.tokenizer = running.tokenizer;
   // The access log is opened once, when the listener binds.
   // The span exporter is started once.
   c.otlp_endpoint = running.otlp_endpoint;

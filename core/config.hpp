@@ -23,6 +23,15 @@ const char* to_string(Role r);
 // The inverse of to_string(Role): "prefill", "decode", "encode" or "both".
 std::optional<Role> role_from_string(std::string_view s);
 
+// Where an engine publishes its KV-cache events (vLLM's
+// --kv-events-config; docs/kv-events.md): its ZMQ PUB socket and,
+// optionally, its ROUTER replay socket. Both empty: no events.
+struct KvEventsEndpoint {
+  std::string endpoint;  // tcp://host:port
+  std::string replay;    // tcp://host:port, or empty
+  bool operator==(const KvEventsEndpoint&) const = default;
+};
+
 // One engine instance as configured. `url` is normalized to
 // "http://host:port" (no trailing slash, no path).
 struct UpstreamSpec {
@@ -38,6 +47,7 @@ struct UpstreamSpec {
   // policies see them as they see the admin API's.
   std::map<std::string, std::string> labels;
   unsigned weight = 1;
+  KvEventsEndpoint kv_events;
 };
 
 // Instances found in DNS (`dns://NAME:PORT` in an instance list): every
@@ -125,6 +135,14 @@ struct Config {
   // records (core/kv_location_index.hpp).
   bool shared_kv_index = true;
   std::chrono::seconds conversation_ttl{450};
+  // The exact KV-block index fed by engines' events (docs/kv-events.md):
+  // blocks kept per instance and in all, how long a replay may take, and
+  // how requests are turned into token ids for it (none, sim, vllm).
+  std::size_t kv_index_blocks_per_instance = 262'144;
+  std::size_t kv_index_max_blocks = 2'000'000;
+  std::chrono::milliseconds kv_events_replay_timeout{2'000};
+  std::string tokenizer = "none";
+  std::chrono::milliseconds tokenizer_timeout{1'000};
   std::size_t conversation_cache_size = 100000;
   // Lowercase header naming the client for reuse (e.g. x-tenant-id); empty:
   // the Authorization credential.

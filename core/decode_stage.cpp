@@ -88,7 +88,7 @@ net::awaitable<Routed> decode_phase(RequestContext& rc) {
     if (!rc.decode || !rc.tried_decode.empty())
       rc.decode = w.picker.pick(untried(rc.set->decode, rc.tried_decode), rc.pick());
     if (!rc.decode)
-      co_return Routed{nullptr, no_instance(Stage::decode)};
+      co_return Routed{nullptr, no_instance(Stage::decode, w.picker)};
     if (rc.scope.record)
       rc.scope.record->decode = rc.decode;  // the last attempt's, failed or not
     const auto decode_started = std::chrono::steady_clock::now();

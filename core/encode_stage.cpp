@@ -202,7 +202,7 @@ net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
   for (std::size_t i = 0; i < items.size(); ++i) {
     auto inst = w.picker.pick(set.encode, ctx);
     if (!inst)
-      co_return no_instance(Stage::encode);
+      co_return no_instance(Stage::encode, w.picker);
     chosen.push_back(std::move(inst));
   }
   if (scope.record) {

@@ -42,6 +42,10 @@ const char* to_string(ErrorKind k) {
       return "rate_limited";
     case ErrorKind::limiter_unavailable:
       return "limiter_unavailable";
+    case ErrorKind::policy_rejected:
+      return "policy_rejected";
+    case ErrorKind::policy_failed:
+      return "policy_failed";
     case ErrorKind::engine_rejected:
       return "engine_rejected";
     case ErrorKind::engine_failed:
@@ -100,6 +104,11 @@ unsigned status_of(const GatewayError& e) {
       return 429;
     case ErrorKind::limiter_unavailable:
       return 503;
+    case ErrorKind::policy_rejected:
+      // Checked again here: a status outside 4xx/5xx is the policy's bug.
+      return e.policy_status >= 400 && e.policy_status <= 599 ? e.policy_status : 500;
+    case ErrorKind::policy_failed:
+      return 503;
     case ErrorKind::engine_rejected:
       // The engine's own 4xx, as it answered.
       return e.engine_status >= 400 && e.engine_status < 500 ? e.engine_status : 400;
@@ -133,6 +142,16 @@ GatewayError client_error(ErrorKind kind, std::string message, std::string param
   e.source = ErrorSource::client;
   e.message = std::move(message);
   e.param = std::move(param);
+  return e;
+}
+
+GatewayError policy_error(unsigned status, std::string message, std::string detail) {
+  GatewayError e;
+  e.kind = status == 0 ? ErrorKind::policy_failed : ErrorKind::policy_rejected;
+  e.source = ErrorSource::policy;
+  e.policy_status = status;
+  e.message = std::move(message);
+  e.detail = std::move(detail);
   return e;
 }
 

@@ -38,6 +38,9 @@ enum class ErrorKind {
   bad_response,        // malformed (HTTP, SSE, JSON): 502
   response_too_large,  // 502
   ejected,             // taken out of service while the request waited: 502
+  // A routing policy.
+  policy_rejected,  // the request hook refused it: the status it chose (policy_status)
+  policy_failed,    // 503: a fail-closed policy failed (error, budget, bad answer)
   // The gateway.
   no_instance,          // 503: no usable instance for the stage
   out_of_resources,     // 503: no file descriptor or memory to reach an engine
@@ -75,6 +78,8 @@ struct GatewayError {
   // needs to see.
   std::string passthrough_body;
   std::string passthrough_content_type;
+  // policy_rejected's status (400..599), chosen by the script.
+  unsigned policy_status = 0;
   // Seconds for a Retry-After header (0: none, unless the kind implies one).
   unsigned retry_after_seconds = 0;
 };
@@ -86,6 +91,11 @@ unsigned status_of(const GatewayError& e);
 GatewayError client_error(ErrorKind kind, std::string message, std::string param = {});
 // A failure of the gateway itself (no_instance, overloaded, loop, ...).
 GatewayError gateway_error(ErrorKind kind, std::string message, std::string detail = {});
+
+// A policy's answer: the request hook rejected the request with `status`
+// (400..599; anything else is 500), or a fail-closed policy failed
+// (status 0 -> policy_failed, 503).
+GatewayError policy_error(unsigned status, std::string message, std::string detail = {});
 
 // OpenAI's error "type" for a status ("BadRequestError", ...).
 const char* error_type_for(unsigned status);

@@ -277,6 +277,8 @@ class Registry {
   std::atomic<std::uint64_t> shared_refused_{0};
 };
 
+struct ClientKey;  // core/client_keys.hpp
+
 // What a picker may look at, gathered before it runs: pickers never do
 // I/O. It grows as policies need more.
 struct PickContext {
@@ -300,6 +302,9 @@ struct PickContext {
   using HeaderEmit = void (*)(void* user, std::string_view name, std::string_view value);
   void (*for_each_header)(const void* source, void* user, HeaderEmit emit) = nullptr;
   const void* header_source = nullptr;
+  // The client's API key (--api-keys), null when keys are off: policies
+  // route tenants by its name and labels.
+  const ClientKey* key = nullptr;
 };
 
 // How a routed request ended, for policies that learn.
@@ -317,6 +322,12 @@ struct PickOutcome {
   std::chrono::microseconds total{0};
 };
 
+// The request hook's view of a request and what it decided
+// (core/request_hook.hpp): only the pipeline and the policy engine need
+// their definitions.
+struct RequestHookInput;
+struct RequestDecision;
+
 // Chooses an instance for one stage of one request. Each worker thread has
 // its own picker (created by a PickerFactory), so a picker needs no locks
 // for its own state.
@@ -328,6 +339,15 @@ class InstancePicker {
   // Called once per pick when the stage's exchange has ended.
   virtual void on_complete(const Instance& /*chosen*/, const PickContext& /*ctx*/,
                            const PickOutcome& /*outcome*/) {}
+  // The request hook (policy API v2), once per request before routing:
+  // reject it, edit headers and a few body fields, choose its path.
+  // Returns false when the policy has none (`out` untouched).
+  virtual bool on_request(const RequestHookInput& /*in*/, RequestDecision& /*out*/) {
+    return false;
+  }
+  // Whether the last pick's null answer came from a failed policy that is
+  // fail-closed (503), not from a lack of usable instances.
+  virtual bool failed_closed() const { return false; }
 };
 
 using PickerFactory = std::function<std::unique_ptr<InstancePicker>(std::size_t worker_index)>;

@@ -106,6 +106,10 @@ struct GatewayMetrics {
   std::atomic<std::uint64_t> ejections{0};
   // Client connections whose TLS handshake failed or timed out.
   std::atomic<std::uint64_t> tls_handshake_failures{0};
+  // Routed requests by path: prefill then decode, or one hop to decode
+  // (which prefills locally), as the request hook or configuration chose.
+  std::atomic<std::uint64_t> path_pd{0};
+  std::atomic<std::uint64_t> path_one_hop{0};
 
  private:
   mutable std::mutex mu_;

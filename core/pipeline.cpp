@@ -11,6 +11,7 @@
 #include "core/prefill_stage.hpp"
 #include "core/relay.hpp"
 #include "core/request_context.hpp"
+#include "core/request_hook_phase.hpp"
 
 namespace pdgate {
 
@@ -93,7 +94,6 @@ std::optional<GatewayError> validate(RequestContext& rc) {
 
   rc.fwd = forwarded_headers(rc.w, rc.req, rc.client, rc.trace);
   rc.set = rc.w.registry.snapshot();
-  rc.one_hop = rc.w.cfg.prefill_disabled || !rc.connector.has_prefill();
   PickContext& ctx = rc.pick();
   rc.view->model = rc.facts.model;
   ctx.model = rc.view->model;
@@ -102,9 +102,6 @@ std::optional<GatewayError> validate(RequestContext& rc) {
   ctx.prompt_raw = raw_member(rc.body, rc.index, rc.is_chat ? "messages" : "prompt").value_or("");
   // The body's conversation_id, else the X-Conversation-Id header.
   ctx.conversation_id = conversation_key(rc.req, rc.facts);
-  // One hop has no prefill to hand blocks to, and only NIXL's params can
-  // name a previous turn's blocks: no reuse otherwise.
-  rc.reuse = !rc.one_hop && rc.connector.passes_params();
   // Policies may route on any request header but the credentials, listed
   // only if a policy reads them (policy_headers).
   ctx.header_source = &rc.req;
@@ -129,10 +126,12 @@ void note_routing(RequestContext& rc, const std::string& request_id) {
   r->policies = {policy(c.policy_encode), policy(c.policy_prefill), policy(c.policy_decode)};
 }
 
-// Validate, encode, prefill, decode up to its first bytes: the routing
+// Validate, the request hook, encode, prefill, decode up to its first bytes: the routing
 // phases, in their own frame, gone before the relay starts.
 net::awaitable<Routed> route(RequestContext& rc) {
   if (auto e = validate(rc))
+    co_return Routed{nullptr, std::move(*e)};
+  if (auto e = request_hook_phase(rc))
     co_return Routed{nullptr, std::move(*e)};
   // (A phase with nothing to do is not entered: each coroutine call costs
   // a frame allocation.)
@@ -197,6 +196,7 @@ net::awaitable<bool> serve_completion(WorkerContext& w, MaybeTlsStream& client,
       trace.finish(scope.status, scope.stage);
       co_return keep;
     }
+    rc->client_key = admission.key();
     Routed routed = co_await route(*rc);
     note_routing(*rc, routed.relay ? routed.relay->view->request_id : rc->request_id());
     if (!routed.relay) {

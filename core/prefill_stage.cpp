@@ -56,7 +56,7 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   spdlog::debug("request {}: prefill on {} ({} candidate(s))", rc.request_id(),
                 r.instance ? r.instance->spec.url : std::string("none"), candidates.size());
   if (!r.instance) {
-    r.error = no_instance(Stage::prefill);
+    r.error = no_instance(Stage::prefill, w.picker);
     co_return r;
   }
   if (rc.connector.names_peers() && r.instance->spec.kv_peer.empty()) {
@@ -174,7 +174,7 @@ net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc) {
     rc.pick().stage = Stage::decode;
     rc.decode = rc.w.picker.pick(rc.set->decode, rc.pick());
     if (!rc.decode)
-      co_return no_instance(Stage::decode);
+      co_return no_instance(Stage::decode, rc.w.picker);
     if (rc.decode->spec.kv_peer.empty())
       co_return missing_kv_peer(Stage::decode, *rc.decode);
   }

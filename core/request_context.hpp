@@ -17,6 +17,7 @@
 #include <boost/beast/http.hpp>
 #include "core/maybe_tls_stream.hpp"
 
+#include "core/client_key.hpp"
 #include "core/conversation.hpp"
 #include "core/json_body.hpp"
 #include "core/kv_connector.hpp"
@@ -58,11 +59,17 @@ struct RequestContext {
   RequestTrace& trace;  // outlives the relay too
   const bool is_chat;
 
+  // The client's API key (--api-keys), null when keys are off.
+  const ClientKey* client_key = nullptr;
+
   // Validated request (the validate phase).
   std::unique_ptr<RequestView> view;  // moved to the relay once decode answered
   ForwardedHeaders fwd;
   std::string_view body;
   JsonObjectIndex index;
+  // The body after the request hook's edits, when it made any (`body`
+  // then points here).
+  std::string hooked_body;
   RequestFacts facts;
   std::shared_ptr<const InstanceSet> set;
   // Multi-turn reuse: whether the connector can reuse a turn's blocks,

@@ -327,6 +327,11 @@ std::string Gateway::metrics_text() const {
   m.counter("pdgate_retries_total", "Failovers before the first byte, by stage.");
   m.sample("pdgate_retries_total", {{"stage", "prefill"}}, metrics_.retries_prefill.load());
   m.sample("pdgate_retries_total", {{"stage", "decode"}}, metrics_.retries_decode.load());
+  m.counter("pdgate_requests_by_path_total",
+            "Completion requests routed, by path: pd (prefill then decode) or one_hop (decode "
+            "prefills locally).");
+  m.sample("pdgate_requests_by_path_total", {{"path", "pd"}}, metrics_.path_pd.load());
+  m.sample("pdgate_requests_by_path_total", {{"path", "one_hop"}}, metrics_.path_one_hop.load());
   m.counter("pdgate_access_log_dropped_total",
             "Access log lines dropped because the writer could not keep up.");
   m.sample("pdgate_access_log_dropped_total", access_log_ ? access_log_->dropped() : 0);

@@ -99,6 +99,8 @@ void upstream_fields(Sink&& add, const Instance& inst, const std::string& reques
     add("Forwarded", fwd.forwarded);
   for (const auto& [name, value] : fwd.extra)
     add(name, value);
+  for (const auto& [name, value] : fwd.policy_set)
+    add(name, value);
 }
 
 }  // namespace
@@ -296,6 +298,15 @@ GatewayError no_instance(Stage stage) {
   GatewayError g =
       gateway_error(ErrorKind::no_instance,
                     std::string("no healthy ") + to_string(stage) + " instance is available");
+  g.stage = to_string(stage);
+  return g;
+}
+
+GatewayError no_instance(Stage stage, const InstancePicker& picker) {
+  if (!picker.failed_closed())
+    return no_instance(stage);
+  GatewayError g = policy_error(
+      0, std::string("the ") + to_string(stage) + " routing policy failed and is fail-closed");
   g.stage = to_string(stage);
   return g;
 }

@@ -42,6 +42,8 @@ struct ForwardedHeaders {
   std::string forwarded;
   // Names from the Config (which outlives every request), values copied.
   std::vector<std::pair<std::string_view, std::string>> extra;
+  // Set by the request hook (core/request_hook_phase.hpp).
+  std::vector<std::pair<std::string, std::string>> policy_set;
 };
 
 // Computed once per client request; `client` is its connection (the
@@ -91,6 +93,9 @@ GatewayError upstream_failure(Stage stage, const UpstreamError& e);
 
 // 503 "no healthy <stage> instance is available".
 GatewayError no_instance(Stage stage);
+// The same after `picker` returned no instance: 503 from the policy when
+// it failed and is fail-closed.
+GatewayError no_instance(Stage stage, const InstancePicker& picker);
 
 // An engine answered with an error status: its own 4xx goes to the client
 // verbatim (engine_rejected), a 5xx becomes a 502 naming the stage

@@ -101,6 +101,7 @@ class LuaPicker final : public InstancePicker {
   }
 
   InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) override {
+    failed_closed_ = false;
     if (candidates.empty())
       return nullptr;
     refresh();
@@ -110,33 +111,87 @@ class LuaPicker final : public InstancePicker {
     auto& stats = engine_->stats();
     stats.picks.fetch_add(1, std::memory_order_relaxed);
     const PickAnswer a = vm->pick(candidates, ctx, hashes_);
+    PolicyCounters& counters = vm->counters(static_cast<int>(ctx.stage));
     switch (a.status) {
       case PickStatus::chosen:
+        counters.call(static_cast<int>(ctx.stage), CallOutcome::picked);
         if (ctx.stage == Stage::prefill)
           pin(ctx, vm);
         return candidates[a.index];
       case PickStatus::declined:
         stats.declined.fetch_add(1, std::memory_order_relaxed);
+        counters.call(static_cast<int>(ctx.stage), CallOutcome::declined);
         break;
       case PickStatus::error:
         stats.errors.fetch_add(1, std::memory_order_relaxed);
+        counters.call(static_cast<int>(ctx.stage), CallOutcome::error);
         break;
       case PickStatus::invalid:
         stats.invalid.fetch_add(1, std::memory_order_relaxed);
+        counters.call(static_cast<int>(ctx.stage), CallOutcome::error);
         break;
       case PickStatus::budget:
         stats.budget_exceeded.fetch_add(1, std::memory_order_relaxed);
+        counters.call(static_cast<int>(ctx.stage), CallOutcome::budget);
         break;
     }
+    // A fail-closed policy's failure or decline ends the request (503):
+    // its rule (e.g. which tenants may use which instances) must not be
+    // bypassed by round-robin over all instances.
+    const bool closed = vm->fail_closed(ctx.stage);
     if (a.status != PickStatus::declined) {
       engine_->log_limited(to_string(a.status), std::string("policy ") + to_string(ctx.stage) +
-                                                    " pick failed (" + to_string(a.status) +
-                                                    "), request routed round-robin: " + a.error);
+                                                    " pick failed (" + to_string(a.status) + "), " +
+                                                    (closed ? "request refused (fail-closed): "
+                                                            : "request routed round-robin: ") +
+                                                    a.error);
+    }
+    if (closed) {
+      failed_closed_ = true;
+      return nullptr;
     }
     auto chosen = fallback_.pick(candidates, ctx);
     if (chosen && ctx.stage == Stage::prefill)
       pin(ctx, vm);
     return chosen;
+  }
+
+  bool failed_closed() const override { return failed_closed_; }
+
+  bool on_request(const RequestHookInput& in, RequestDecision& out) override {
+    refresh();
+    if (!current_ || !current_->has_on_request())
+      return false;
+    const HookAnswer a = current_->on_request(in, out, hashes_);
+    PolicyCounters& counters = current_->counters(kRequestHook);
+    switch (a.status) {
+      case HookStatus::accepted:
+        counters.call(kRequestHook, CallOutcome::accepted);
+        return true;
+      case HookStatus::rejected:
+        counters.call(kRequestHook, CallOutcome::rejected);
+        return true;
+      case HookStatus::error:
+      case HookStatus::invalid:
+        engine_->stats().errors.fetch_add(1, std::memory_order_relaxed);
+        counters.call(kRequestHook, CallOutcome::error);
+        break;
+      case HookStatus::budget:
+        engine_->stats().budget_exceeded.fetch_add(1, std::memory_order_relaxed);
+        counters.call(kRequestHook, CallOutcome::budget);
+        break;
+    }
+    // A failed hook decided nothing: what it did before failing is undone.
+    out = RequestDecision{};
+    const bool closed = current_->fail_closed(Stage::decode);
+    engine_->log_limited(
+        std::string("on_request ") + to_string(a.status),
+        std::string("policy on_request failed (") + to_string(a.status) + "), " +
+            (closed ? "request refused (fail-closed): " : "request routed as configured: ") +
+            a.error);
+    out.failed_closed = closed;
+    out.error = a.error;
+    return true;
   }
 
   void on_complete(const Instance& chosen, const PickContext& ctx,
@@ -213,6 +268,7 @@ class LuaPicker final : public InstancePicker {
   std::shared_ptr<LuaVm> current_;
   std::unordered_map<std::string, std::shared_ptr<LuaVm>> pins_;
   PrefixHashCache hashes_;
+  bool failed_closed_ = false;
 };
 
 }  // namespace
@@ -228,6 +284,16 @@ PolicyEngine::PolicyEngine(PolicySettings settings, std::shared_ptr<KvLocationIn
   services_.kv = &kv_;
   services_.kv_index = kv_index_.get();
   services_.watchdog = &watchdog_;
+  services_.metrics = &policy_metrics_;
+}
+
+void PolicyEngine::set_exact_kv(std::shared_ptr<const KvBlockIndex> index,
+                                std::shared_ptr<const Tokenizer> tokenizer) {
+  std::lock_guard lock(mu_);
+  block_index_ = std::move(index);
+  tokenizer_ = std::move(tokenizer);
+  services_.block_index = block_index_.get();
+  services_.tokenizer = tokenizer_.get();
 }
 
 Result<std::shared_ptr<PolicyEngine>> PolicyEngine::create(

@@ -94,9 +94,15 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   PickerFactory factory();
 
   PolicyStats& stats() { return stats_; }
+  // Calls by policy, stage and outcome; pdgate.count's counters.
+  PolicyMetrics& policy_metrics() { return policy_metrics_; }
   KvStore& kv() { return kv_; }
   KvLocationIndex& kv_index() { return *kv_index_; }
   VmServices services() const;
+  // What pdgate.cached_tokens() reads (docs/kv-events.md). Set before the
+  // first picker is made.
+  void set_exact_kv(std::shared_ptr<const KvBlockIndex> index,
+                    std::shared_ptr<const Tokenizer> tokenizer);
   std::shared_ptr<RoundRobinPicker::Shared> round_robin_state() const { return rr_; }
 
   // Logs at most one line per second per kind, with a count of the lines
@@ -121,8 +127,11 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   std::atomic<std::uint64_t> generation_{0};
 
   PolicyStats stats_;
+  PolicyMetrics policy_metrics_;
   KvStore kv_;
   std::shared_ptr<KvLocationIndex> kv_index_;
+  std::shared_ptr<const KvBlockIndex> block_index_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
   // Stops policy calls that slow instructions keep from the count hook.
   PolicyWatchdog watchdog_;
   VmServices services_;

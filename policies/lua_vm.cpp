@@ -13,6 +13,10 @@
 #include <cstring>
 #include <ctime>
 
+#include <spdlog/spdlog.h>
+
+#include "core/client_key.hpp"
+
 #include "policies/lua_bounded_lib.hpp"
 #include "policies/lua_budget.hpp"
 #include "policies/lua_watchdog.hpp"
@@ -21,6 +25,22 @@
 namespace pdgate::policy {
 
 using Clock = std::chrono::steady_clock;
+
+const char* to_string(HookStatus s) {
+  switch (s) {
+    case HookStatus::accepted:
+      return "accepted";
+    case HookStatus::rejected:
+      return "rejected";
+    case HookStatus::error:
+      return "error";
+    case HookStatus::invalid:
+      return "invalid";
+    case HookStatus::budget:
+      return "budget";
+  }
+  return "?";
+}
 
 const char* to_string(PickStatus s) {
   switch (s) {
@@ -129,8 +149,17 @@ struct LuaVm::Impl {
     int pick_ref = LUA_NOREF;
     int complete_ref = LUA_NOREF;
     std::string origin;
+    bool fail_closed = false;
+    PolicyCounters* counters = nullptr;
   };
   std::array<StageScript, 3> stages;
+  // The decode script's on_request, and the metatables of its `req` and
+  // `req.body` handles.
+  int request_ref = LUA_NOREF;
+  int req_meta_ref = LUA_NOREF;
+  int body_meta_ref = LUA_NOREF;
+  // The counters when the engine gave none (tests, fuzzers).
+  std::unique_ptr<PolicyMetrics> own_metrics;
 
   // The instance tables handed to a stage's pick, kept between picks:
   // only numbers that changed are written, so a pick over 256 instances
@@ -170,6 +199,12 @@ struct LuaVm::Impl {
   bool prefix_used = false;
   // During self_check(): its fake instances' routes are not recorded.
   bool checking = false;
+  // The request hook's request and decision, during on_request only.
+  const RequestHookInput* cur_hook = nullptr;
+  RequestDecision* cur_decision = nullptr;
+  // Whose counters pdgate.count and pdgate.log use: a Stage, or
+  // kRequestHook (-1 outside calls).
+  int cur_where = -1;
 
   ~Impl() {
     if (L != nullptr)
@@ -329,7 +364,7 @@ int safe_xpcall(lua_State* L) {
 Impl& in_request(lua_State* L, const char* fn) {
   Impl& I = impl_of(L);
   if (I.cur_ctx == nullptr)
-    luaL_error(L, "pdgate.%s: only callable inside pick or on_complete", fn);
+    luaL_error(L, "pdgate.%s: only callable inside pick, on_complete or on_request", fn);
   return I;
 }
 
@@ -368,6 +403,68 @@ int l_prefix_matches(lua_State* L) {
     }
   }
   lua_pushinteger(L, static_cast<lua_Integer>(h.size()));
+  return 2;
+}
+
+// pdgate.cached_tokens() -> { [position in instances] = leading prompt
+// tokens that instance's engine holds, exactly, by its KV events }, the
+// prompt's token count. Candidates without exact data (no event feed, or
+// one in fallback) are absent: a policy uses prefix_matches() for them.
+// Nothing when no tokenizer is configured or the prompt cannot be read.
+int l_cached_tokens(lua_State* L) {
+  Impl& I = in_request(L, "cached_tokens");
+  if (I.cur_list == nullptr)
+    luaL_error(L, "pdgate.cached_tokens: only callable inside pick");
+  if (I.svc.block_index == nullptr || I.svc.tokenizer == nullptr)
+    return 0;
+  const auto ids = I.svc.tokenizer->token_ids(I.cur_ctx->is_chat, I.cur_ctx->prompt_raw);
+  if (!ids)
+    return 0;
+  const auto& keys = I.caches[static_cast<int>(I.cur_ctx->stage)].keys;
+  const auto rows = I.svc.block_index->cached_tokens(*ids);
+  lua_createtable(L, 0, static_cast<int>(keys.size()));
+  for (const auto& row : rows) {
+    if (!row.exact)
+      continue;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == row.key) {
+        lua_pushnumber(L, static_cast<double>(row.tokens));
+        lua_rawseti(L, -2, static_cast<int>(i + 1));
+        break;
+      }
+    }
+  }
+  lua_pushinteger(L, static_cast<lua_Integer>(ids->size()));
+  return 2;
+}
+
+// pdgate.prefix_held(stage) -> the most leading blocks of this prompt
+// any one of the stage's instances recently received, and the prompt's
+// block count. The instances are those the stage last offered to a pick
+// on this worker, so the request hook can ask before any pick of its own
+// (conditional_pd: is decode already holding most of the prompt?).
+int l_prefix_held(lua_State* L) {
+  Impl& I = in_request(L, "prefix_held");
+  const char* name = luaL_checkstring(L, 1);
+  int stage = -1;
+  for (const Stage s : {Stage::encode, Stage::prefill, Stage::decode}) {
+    if (std::strcmp(name, pdgate::to_string(s)) == 0)
+      stage = static_cast<int>(s);
+  }
+  if (stage < 0)
+    return luaL_argerror(L, 1, "\"prefill\", \"decode\" or \"encode\" expected");
+  const auto& h = I.hashes();
+  const auto& keys = I.caches[static_cast<std::size_t>(stage)].keys;
+  std::size_t best = 0;
+  if (!keys.empty()) {
+    for (const auto& [key, blocks] :
+         I.svc.kv_index->prefix_matches(h, steady_ms(Clock::now()), keys.size())) {
+      if (blocks > best && std::find(keys.begin(), keys.end(), key) != keys.end())
+        best = blocks;
+    }
+  }
+  lua_pushnumber(L, static_cast<double>(best));
+  lua_pushnumber(L, static_cast<double>(h.size()));
   return 2;
 }
 
@@ -560,9 +657,284 @@ int l_now_ms(lua_State* L) {
   return 1;
 }
 
+void push_client_key(lua_State* L, const ClientKey* key);
+
+// The counters of the script whose hook is running.
+PolicyCounters& running_counters(lua_State* L, const char* fn) {
+  Impl& I = impl_of(L);
+  if (I.cur_where < 0)
+    luaL_error(L, "pdgate.%s: only callable inside a hook", fn);
+  const int stage = I.cur_where == kRequestHook ? static_cast<int>(Stage::decode) : I.cur_where;
+  return *I.stages[static_cast<std::size_t>(stage)].counters;
+}
+
+// pdgate.count(name [, n]): adds n (default 1, a whole number >= 0) to the
+// policy's counter `name`, exported as pdgate_policy_custom_total.
+int l_count(lua_State* L) {
+  PolicyCounters& c = running_counters(L, "count");
+  std::size_t len = 0;
+  const char* name = luaL_checklstring(L, 1, &len);
+  const lua_Number n = luaL_optnumber(L, 2, 1);
+  if (!(n >= 0 && n <= 9007199254740992.0) || n != std::floor(n))
+    return luaL_argerror(L, 2, "a whole number >= 0 expected");
+  // A reload's self-check on a synthetic request counts nothing.
+  if (impl_of(L).checking) {
+    if (auto err = PolicyCounters::name_error({name, len}))
+      return push_fail(L, *err);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  if (auto err = c.count({name, len}, static_cast<std::uint64_t>(n)))
+    return push_fail(L, *err);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+// pdgate.log(level, message): one log line, at most 10 per second per
+// policy (bursts of 20); the others are dropped and counted. Returns
+// whether the line was written.
+int l_log(lua_State* L) {
+  PolicyCounters& c = running_counters(L, "log");
+  const char* level = luaL_checkstring(L, 1);
+  std::size_t len = 0;
+  const char* msg = luaL_checklstring(L, 2, &len);
+  spdlog::level::level_enum lv;
+  if (std::strcmp(level, "debug") == 0) {
+    lv = spdlog::level::debug;
+  } else if (std::strcmp(level, "info") == 0) {
+    lv = spdlog::level::info;
+  } else if (std::strcmp(level, "warn") == 0) {
+    lv = spdlog::level::warn;
+  } else if (std::strcmp(level, "error") == 0) {
+    lv = spdlog::level::err;
+  } else {
+    return luaL_argerror(L, 1, "\"debug\", \"info\", \"warn\" or \"error\" expected");
+  }
+  if (impl_of(L).checking || !c.may_log(Clock::now())) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  // Bounded, and one line: a script's text cannot forge log lines.
+  std::string line(msg, std::min<std::size_t>(len, 1024));
+  for (char& ch : line) {
+    if (static_cast<unsigned char>(ch) < 0x20)
+      ch = ' ';
+  }
+  spdlog::log(lv, "policy {}: {}", c.name(), line);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+// --- The request hook's `req` handle --------------------------------------------
+
+Impl& in_hook(lua_State* L, const char* what) {
+  Impl& I = impl_of(L);
+  if (I.cur_hook == nullptr)
+    luaL_error(L, "req.%s: the request handle is only valid during on_request", what);
+  return I;
+}
+
+// A JSON scalar's raw text as a Lua value (nil for null, arrays, objects).
+void push_json_scalar(lua_State* L, std::string_view raw) {
+  if (raw.empty() || raw == "null") {
+    lua_pushnil(L);
+  } else if (raw == "true" || raw == "false") {
+    lua_pushboolean(L, raw == "true" ? 1 : 0);
+  } else if (raw.front() == '"') {
+    const auto s = decode_json_string(raw);
+    if (s)
+      lua_pushlstring(L, s->data(), s->size());
+    else
+      lua_pushnil(L);
+  } else if (raw.front() == '-' || (raw.front() >= '0' && raw.front() <= '9')) {
+    // Validated JSON numbers; strtod needs a terminated copy.
+    char buf[64];
+    const std::size_t n = std::min(raw.size(), sizeof buf - 1);
+    std::memcpy(buf, raw.data(), n);
+    buf[n] = '\0';
+    lua_pushnumber(L, std::strtod(buf, nullptr));
+  } else {
+    lua_pushnil(L);
+  }
+}
+
+// __index of req.body: a top-level member, parsed when first read.
+int body_index(lua_State* L) {
+  Impl& I = in_hook(L, "body");
+  std::size_t n = 0;
+  const char* key = lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : nullptr;
+  if (key == nullptr)
+    return 0;
+  const auto raw = raw_member(I.cur_hook->body, *I.cur_hook->index, {key, n});
+  push_json_scalar(L, raw.value_or(""));
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, 1);
+  return 1;
+}
+
+// Elements of the chat's messages, counted without building them; a
+// count this large is checked against the budget as it goes.
+int message_count(lua_State* L, const RequestHookInput& in) {
+  const auto raw = raw_member(in.body, *in.index, "messages");
+  if (!in.is_chat || !raw)
+    return 0;
+  JsonArrayElements it(*raw);
+  std::string_view e;
+  std::size_t count = 0;
+  while (it.next(e)) {
+    if (++count % 4096 == 0)
+      budget::check(L);
+  }
+  lua_pushnumber(L, static_cast<double>(count));
+  return 1;
+}
+
+int check_int(lua_State* L, int arg, lua_Number lo, lua_Number hi, std::int64_t& out) {
+  const lua_Number v = luaL_checknumber(L, arg);
+  if (!(v >= lo && v <= hi) || v != std::floor(v))
+    return luaL_argerror(L, arg, "a whole number in range expected");
+  out = static_cast<std::int64_t>(v);
+  return 0;
+}
+
+// req:set_header(name, value) / req:remove_header(name).
+int header_edit(lua_State* L, bool remove) {
+  Impl& I = in_hook(L, remove ? "remove_header" : "set_header");
+  std::size_t n = 0;
+  const char* name = luaL_checklstring(L, 2, &n);
+  std::optional<std::string> value;
+  if (!remove) {
+    std::size_t vn = 0;
+    const char* v = luaL_checklstring(L, 3, &vn);
+    value.emplace(v, vn);
+  }
+  std::string low(name, n);
+  for (char& c : low)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (auto err = header_edit_error(low, value ? &*value : nullptr))
+    return luaL_argerror(L, 2, err->c_str());
+  auto& edits = I.cur_decision->headers;
+  std::erase_if(edits, [&](const HeaderEdit& e) { return e.name == low; });
+  if (edits.size() >= kMaxHeaderEdits)
+    return luaL_error(L, "req:set_header: at most %d header edits", int(kMaxHeaderEdits));
+  edits.push_back({std::move(low), std::move(value)});
+  return 0;
+}
+int l_req_set_header(lua_State* L) {
+  return header_edit(L, false);
+}
+int l_req_remove_header(lua_State* L) {
+  return header_edit(L, true);
+}
+
+// req:cap_max_tokens(n): the engines get at most n (a lower cap wins).
+int l_req_cap_max_tokens(lua_State* L) {
+  Impl& I = in_hook(L, "cap_max_tokens");
+  std::int64_t n = 0;
+  check_int(L, 2, 1, 1e12, n);
+  auto& cap = I.cur_decision->max_tokens_cap;
+  cap = cap ? std::min(*cap, n) : n;
+  return 0;
+}
+
+// req:set_priority(n): vLLM's scheduling priority (lower runs first with
+// --scheduling-policy priority).
+int l_req_set_priority(lua_State* L) {
+  Impl& I = in_hook(L, "set_priority");
+  std::int64_t n = 0;
+  check_int(L, 2, -1e12, 1e12, n);
+  I.cur_decision->priority = n;
+  return 0;
+}
+
+// req:set_path("one_hop" | "pd" | "configured").
+int l_req_set_path(lua_State* L) {
+  Impl& I = in_hook(L, "set_path");
+  const char* p = luaL_checkstring(L, 2);
+  RoutePath path;
+  if (std::strcmp(p, "one_hop") == 0) {
+    path = RoutePath::one_hop;
+  } else if (std::strcmp(p, "pd") == 0) {
+    path = RoutePath::pd;
+  } else if (std::strcmp(p, "configured") == 0) {
+    path = RoutePath::configured;
+  } else {
+    return luaL_argerror(L, 2, "\"one_hop\", \"pd\" or \"configured\" expected");
+  }
+  I.cur_decision->path = path;
+  return 0;
+}
+
+void add_hook_header(void* L_, std::string_view name, std::string_view value) {
+  auto* L = static_cast<lua_State*>(L_);
+  lua_pushlstring(L, name.data(), name.size());
+  lua_pushlstring(L, value.data(), value.size());
+  lua_rawset(L, -3);
+}
+
+// __index of req: fields computed when first read (then kept in the
+// table for the rest of the call), and the methods.
+int req_index(lua_State* L) {
+  std::size_t n = 0;
+  const char* key_c = lua_type(L, 2) == LUA_TSTRING ? lua_tolstring(L, 2, &n) : nullptr;
+  Impl& I = in_hook(L, key_c != nullptr ? key_c : "?");
+  const RequestHookInput& in = *I.cur_hook;
+  if (key_c == nullptr)
+    return 0;
+  const std::string_view k(key_c, n);
+  static const luaL_Reg kMethods[] = {{"set_header", l_req_set_header},
+                                      {"remove_header", l_req_remove_header},
+                                      {"cap_max_tokens", l_req_cap_max_tokens},
+                                      {"set_priority", l_req_set_priority},
+                                      {"set_path", l_req_set_path}};
+  for (const auto& m : kMethods) {
+    if (k == m.name) {
+      lua_pushcfunction(L, m.func);
+      return 1;
+    }
+  }
+  if (k == "request_id") {
+    lua_pushlstring(L, in.request_id.data(), in.request_id.size());
+  } else if (k == "model") {
+    lua_pushlstring(L, in.model.data(), in.model.size());
+  } else if (k == "stream") {
+    lua_pushboolean(L, in.stream ? 1 : 0);
+  } else if (k == "is_chat") {
+    lua_pushboolean(L, in.is_chat ? 1 : 0);
+  } else if (k == "prompt_bytes") {
+    lua_pushnumber(L, static_cast<double>(in.prompt_bytes));
+  } else if (k == "prompt_tokens") {
+    lua_pushnumber(L, static_cast<double>(estimated_prompt_tokens(in.prompt_bytes)));
+  } else if (k == "message_count") {
+    if (message_count(L, in) == 0)
+      return 0;
+  } else if (k == "headers") {
+    lua_createtable(L, 0, 8);
+    if (in.for_each_header != nullptr)
+      in.for_each_header(in.header_source, L, &add_hook_header);
+  } else if (k == "key") {
+    if (in.key == nullptr)
+      return 0;
+    push_client_key(L, in.key);
+  } else if (k == "body") {
+    lua_createtable(L, 0, 4);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, I.body_meta_ref);
+    lua_setmetatable(L, -2);
+  } else {
+    return 0;
+  }
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, 1);
+  return 1;
+}
+
 const luaL_Reg kPdgateLib[] = {
     {"prefix_hashes", l_prefix_hashes},
     {"prefix_matches", l_prefix_matches},
+    {"cached_tokens", l_cached_tokens},
+    {"prefix_held", l_prefix_held},
     {"least_loaded", l_least_loaded},
     {"load", l_load},
     {"conversation", l_conversation},
@@ -571,6 +943,8 @@ const luaL_Reg kPdgateLib[] = {
     {"kv_incr", l_kv_incr},
     {"hash", l_hash},
     {"now_ms", l_now_ms},
+    {"count", l_count},
+    {"log", l_log},
     {nullptr, nullptr},
 };
 
@@ -769,13 +1143,30 @@ void add_header(void* L_, std::string_view name, std::string_view value) {
   lua_rawset(L, -3);
 }
 
+// {name = ..., labels = {...}} of the client's API key, or nil.
+void push_client_key(lua_State* L, const ClientKey* key) {
+  if (key == nullptr) {
+    lua_pushnil(L);
+    return;
+  }
+  lua_createtable(L, 0, 2);
+  lua_pushlstring(L, key->name.data(), key->name.size());
+  lua_setfield(L, -2, "name");
+  lua_createtable(L, 0, static_cast<int>(key->labels.size()));
+  for (const auto& [k, v] : key->labels) {
+    lua_pushlstring(L, v.data(), v.size());
+    lua_setfield(L, -2, k.c_str());
+  }
+  lua_setfield(L, -2, "labels");
+}
+
 // The fields of ctx, each pushed from the request only when a script
 // first reads it (then kept in the table for the rest of the call): most
 // policies read one or two of them, and pushing all of them (interning a
 // fresh request id string every time) was half the cost of a pick.
-constexpr const char* kCtxFields[] = {"stage",      "model",      "stream",
-                                      "is_chat",    "prompt_len", "conversation_id",
-                                      "request_id", "prefill",    "headers"};
+constexpr const char* kCtxFields[] = {
+    "stage",           "model",      "stream",  "is_chat", "prompt_len",
+    "conversation_id", "request_id", "prefill", "headers", "key"};
 
 // Pushes field `i` of kCtxFields for `ctx` (nil when it has no value).
 void push_ctx_field(lua_State* L, const PickContext& ctx, int i) {
@@ -821,6 +1212,9 @@ void push_ctx_field(lua_State* L, const PickContext& ctx, int i) {
       } else if (ctx.for_each_header != nullptr) {
         ctx.for_each_header(ctx.header_source, L, &add_header);
       }
+      return;
+    case 9:
+      push_client_key(L, ctx.key);
       return;
     default:
       lua_pushnil(L);
@@ -881,8 +1275,10 @@ class RequestScope {
     I.cur_hashes = &h;
     I.cur_candidates = candidates;
     I.prefix_used = false;
+    I.cur_where = static_cast<int>(ctx.stage);
   }
   ~RequestScope() {
+    I_.cur_where = -1;
     I_.cur_ctx = nullptr;
     I_.cur_hashes = nullptr;
     I_.cur_list = nullptr;
@@ -965,6 +1361,22 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
   I->outcome_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   I->empty_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  // The request hook's handles: fields filled on first read; scripts
+  // cannot replace the metatables.
+  for (auto [index, ref] : {std::pair<lua_CFunction, int*>{req_index, &I->req_meta_ref},
+                            std::pair<lua_CFunction, int*>{body_index, &I->body_meta_ref}}) {
+    lua_createtable(L, 0, 2);
+    lua_pushcfunction(L, index);
+    lua_setfield(L, -2, "__index");
+    lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "__metatable");
+    *ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  PolicyMetrics* metrics = services.metrics;
+  if (metrics == nullptr) {
+    I->own_metrics = std::make_unique<PolicyMetrics>();
+    metrics = I->own_metrics.get();
+  }
 
   // A script named for several stages is loaded once and shares its state.
   std::vector<std::pair<std::string, int>> loaded;  // origin -> hooks table ref
@@ -1015,6 +1427,27 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
     } else {
       lua_pop(L, 2);
       return fail("policy " + src.origin + ": on_complete must be a function");
+    }
+    lua_getfield(L, -1, "fail_closed");
+    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1)) {
+      lua_pop(L, 2);
+      return fail("policy " + src.origin + ": fail_closed must be true or false");
+    }
+    st.fail_closed = lua_toboolean(L, -1) != 0;
+    lua_pop(L, 1);
+    st.counters = &metrics->for_policy(policy_label(src.spec));
+    // The request hook runs once per request, before any stage: the
+    // decode script, the one stage every request has, holds it.
+    if (s == static_cast<int>(Stage::decode)) {
+      lua_getfield(L, -1, "on_request");
+      if (lua_isfunction(L, -1)) {
+        I->request_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+      } else if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+      } else {
+        lua_pop(L, 2);
+        return fail("policy " + src.origin + ": on_request must be a function");
+      }
     }
     lua_pop(L, 1);
   }
@@ -1131,6 +1564,88 @@ std::optional<std::string> LuaVm::on_complete(const Instance& chosen, const Pick
   return err;
 }
 
+bool LuaVm::has_on_request() const {
+  return impl_->request_ref != LUA_NOREF;
+}
+
+bool LuaVm::fail_closed(Stage s) const {
+  return impl_->stages[static_cast<int>(s)].fail_closed;
+}
+
+PolicyCounters& LuaVm::counters(int where) {
+  const int stage = where == kRequestHook ? static_cast<int>(Stage::decode) : where;
+  return *impl_->stages[static_cast<std::size_t>(stage)].counters;
+}
+
+HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out,
+                             PrefixHashCache& hashes) {
+  Impl& I = *impl_;
+  HookAnswer a;
+  if (I.request_ref == LUA_NOREF)
+    return a;
+  lua_State* L = I.L;
+  const int base = lua_gettop(L);
+  // The pdgate.* helpers that read the request (prefix_hashes,
+  // conversation) see it as a decode pick would.
+  PickContext ctx;
+  ctx.stage = Stage::decode;
+  ctx.model = in.model;
+  ctx.stream = in.stream;
+  ctx.is_chat = in.is_chat;
+  ctx.request_id = in.request_id;
+  ctx.prompt_raw = raw_member(in.body, *in.index, in.is_chat ? "messages" : "prompt").value_or("");
+  ctx.for_each_header = in.for_each_header;
+  ctx.header_source = in.header_source;
+  ctx.key = in.key;
+  RequestScope scope(I, ctx, hashes, 0);
+  I.cur_where = kRequestHook;
+  I.cur_hook = &in;
+  I.cur_decision = &out;
+  struct Clear {
+    Impl& I;
+    ~Clear() {
+      I.cur_hook = nullptr;
+      I.cur_decision = nullptr;
+    }
+  } clear{I};
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.request_ref);
+  lua_createtable(L, 0, 4);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.req_meta_ref);
+  lua_setmetatable(L, -2);
+  const int status = budgeted_call(I, 1, 2, I.svc.budget);
+  if (status != 0) {
+    a.status = I.timed_out ? HookStatus::budget : HookStatus::error;
+    a.error = pop_error(L);
+    lua_settop(L, base);
+    return a;
+  }
+  // Nothing: go on. A status and a message: answer with them.
+  const int t = lua_type(L, -2);
+  if (t == LUA_TNIL) {
+    a.status = HookStatus::accepted;
+  } else if (t == LUA_TNUMBER) {
+    const double d = lua_tonumber(L, -2);
+    std::size_t n = 0;
+    const char* msg = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : nullptr;
+    if (d >= 400 && d <= 599 && d == std::floor(d) && (msg != nullptr || lua_isnil(L, -1))) {
+      a.status = HookStatus::rejected;
+      out.reject_status = static_cast<unsigned>(d);
+      out.reject_message = msg != nullptr ? std::string(msg, std::min<std::size_t>(n, 1024))
+                                          : std::string("request refused by policy");
+    } else {
+      a.status = HookStatus::invalid;
+      a.error = "on_request returned " + std::to_string(d) +
+                " (expected a status 400..599 and an optional message string)";
+    }
+  } else {
+    a.status = HookStatus::invalid;
+    a.error = std::string("on_request returned a ") + lua_typename(L, t) +
+              " (expected nothing, or a status 400..599 and a message)";
+  }
+  lua_settop(L, base);
+  return a;
+}
+
 Result<bool> LuaVm::self_check() {
   // Ids far above any real one, so shared state the check touches cannot
   // be mistaken for a real instance's.
@@ -1179,6 +1694,28 @@ Result<bool> LuaVm::self_check() {
         return fail("policy " + origin + " failed its self-check (" + to_string(s) +
                     " on_complete): " + *err);
       }
+    }
+  }
+  if (has_on_request()) {
+    static constexpr std::string_view kBody =
+        R"({"model":"self-check","messages":[{"role":"user","content":"self-check"}],)"
+        R"("max_tokens":16})";
+    auto index = index_json_object(kBody);
+    ClientKey key;
+    key.name = "self-check";
+    RequestHookInput in;
+    in.request_id = "self-check";
+    in.body = kBody;
+    in.index = &*index;
+    in.is_chat = true;
+    in.model = "self-check";
+    in.prompt_bytes = 44;
+    in.key = &key;
+    RequestDecision d;
+    const HookAnswer a = on_request(in, d, hashes);
+    if (a.status != HookStatus::accepted && a.status != HookStatus::rejected) {
+      return fail("policy " + impl_->stages[static_cast<int>(Stage::decode)].origin +
+                  " failed its self-check (on_request): " + to_string(a.status) + ": " + a.error);
     }
   }
   // The caches must not keep the fake instances alive as the last ones seen.

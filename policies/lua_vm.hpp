@@ -16,8 +16,12 @@
 #include <vector>
 
 #include "core/instance.hpp"
+#include "core/kv_block_index.hpp"
 #include "core/kv_location_index.hpp"
+#include "core/request_hook.hpp"
 #include "core/result.hpp"
+#include "core/tokenizer.hpp"
+#include "policies/policy_counters.hpp"
 #include "policies/shared_state.hpp"
 
 namespace pdgate::policy {
@@ -46,8 +50,15 @@ struct VmServices {
   // Where prefixes and conversations were routed (this replica's view,
   // fed by the others' when shared).
   KvLocationIndex* kv_index = nullptr;
+  // Exact KV blocks from the engines' events, and the tokenizer that turns
+  // a prompt into ids to look up (pdgate.cached_tokens()); both optional.
+  const KvBlockIndex* block_index = nullptr;
+  const Tokenizer* tokenizer = nullptr;
   // Interrupts calls stuck in slow instructions; optional (lua_watchdog.hpp).
   PolicyWatchdog* watchdog = nullptr;
+  // Per-policy counters (calls, pdgate.count, pdgate.log's limit); a VM
+  // given none keeps its own.
+  PolicyMetrics* metrics = nullptr;
 };
 
 // A request's prefix block hashes, computed at most once however many
@@ -77,6 +88,15 @@ struct PickAnswer {
   std::string error;      // why, when error / invalid / budget
 };
 
+// How a request hook call went.
+enum class HookStatus { accepted, rejected, error, invalid, budget };
+const char* to_string(HookStatus s);
+
+struct HookAnswer {
+  HookStatus status = HookStatus::accepted;
+  std::string error;  // why, when error / invalid / budget
+};
+
 class LuaVm {
  public:
   // Loads every stage's script into a fresh sandboxed state. Fails with a
@@ -96,6 +116,20 @@ class LuaVm {
   std::optional<std::string> on_complete(const Instance& chosen, const PickContext& ctx,
                                          const PickOutcome& outcome, PrefixHashCache& hashes);
   bool has_on_complete(Stage s) const;
+
+  // The decode script's on_request (docs/policies.md), if it has one.
+  // Fills `out` as the script decided; on a failure `out` may hold part of
+  // the decision (the caller discards it).
+  // `hashes`: the worker's cache, so the picks that follow reuse the
+  // prompt's hashes if the hook computed them.
+  HookAnswer on_request(const RequestHookInput& in, RequestDecision& out, PrefixHashCache& hashes);
+  bool has_on_request() const;
+  // The stage's script declared `fail_closed = true`: a failure answers
+  // 503 instead of falling back to round-robin.
+  bool fail_closed(Stage s) const;
+  // The counters of the script running at `where` (a Stage, or
+  // kRequestHook: the decode script's).
+  PolicyCounters& counters(int where);
 
   // Picks on a synthetic request and instance set for each stage: the
   // answer must be an instance or a decline, within the budget.

@@ -13,6 +13,8 @@ PACKAGES=(
   # Libraries (see cmake/PdgateDeps.cmake).
   libboost1.81-dev libboost-url1.81-dev libluajit-5.1-dev nlohmann-json3-dev
   libhiredis-dev libspdlog-dev libyaml-cpp-dev libssl-dev
+  # ZeroMQ: KV cache events, as vLLM publishes them.
+  libzmq3-dev cppzmq-dev
   # Tests and benchmarks.
   googletest libgtest-dev libgmock-dev libbenchmark-dev redis-server
   # The Sentinel failover test (Redis behind redis+sentinel://).
@@ -29,6 +31,8 @@ PACKAGES=(
   openssl
   # The routing benchmark's trace tools and their test (tests/bench).
   python3
+  # The KV events wire-format test: an independent subscriber (tests/sim).
+  python3-zmq python3-msgpack
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

@@ -110,6 +110,13 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
   --kv-pull-timeout-ms N    timeout of the whole pull HTTP exchange (2000)
   --kv-expiry-s N           issued kv params expire after N seconds (480)
   --prefill-lanes N         prefills computed concurrently, 0 = unlimited (1)
+  --kv-events-config JSON   vLLM's KV cache events: {"enable_kv_cache_events": true,
+                            "publisher": "zmq", "endpoint": "tcp://*:5557",
+                            "replay_endpoint": "tcp://*:5558", "buffer_steps": 10000,
+                            "hwm": 100000, "max_queue_size": 100000, "topic": ""};
+                            a port of * binds an ephemeral port (printed at startup)
+  --kv-events-hash H        int|bytes: block hashes as integers or 32-byte values (int)
+  --kv-events-format F      array|map: msgpack layout of batches and events (array)
   --help                    print this text
 
 Flags take `--flag value` or `--flag=value`; boolean flags also accept
@@ -152,6 +159,22 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
         return "expects a non-empty value";
       dst = v;
       return {};
+    };
+  };
+
+  // One of a few names, each standing for a value of E.
+  auto choice_flag = []<typename E>(E& dst,
+                                    std::vector<std::pair<std::string, E>> choices) -> Setter {
+    return [&dst, choices = std::move(choices)](const std::string& v) -> std::string {
+      std::string names;
+      for (const auto& [name, value] : choices) {
+        if (v == name) {
+          dst = value;
+          return {};
+        }
+        names += (names.empty() ? "" : "|") + name;
+      }
+      return "expects " + names;
     };
   };
 
@@ -235,6 +258,18 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
       {"--kv-pull-timeout-ms", size_flag(o.kv_pull_timeout_ms, 1)},
       {"--kv-expiry-s", size_flag(o.kv_expiry_s, 1)},
       {"--prefill-lanes", size_flag(o.prefill_lanes, 0)},
+      {"--kv-events-config",
+       [&](const std::string& v) -> std::string {
+         KvEventsConfigParse p = parse_kv_events_config(v);
+         if (!p.config)
+           return p.error;
+         o.kv_events = std::move(*p.config);
+         return {};
+       }},
+      {"--kv-events-hash",
+       choice_flag(o.kv_events_hash, {{"int", HashKind::integer}, {"bytes", HashKind::bytes}})},
+      {"--kv-events-format",
+       choice_flag(o.kv_events_format, {{"array", EventLayout::array}, {"map", EventLayout::map}})},
   };
   const std::map<std::string, bool*> booleans = {
       {"--hang", &o.hang},

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "sim/kv_events.hpp"
+
 namespace pdgate::sim {
 
 enum class SimRole { prefill, decode, both, encode };
@@ -49,6 +51,10 @@ struct SimOptions {
   std::size_t kv_pull_timeout_ms = 2000;  // whole pull HTTP exchange
   std::size_t kv_expiry_s = 480;          // VLLM_NIXL_ABORT_REQUEST_TIMEOUT
   std::size_t prefill_lanes = 1;          // concurrent prefills; 0 = unlimited
+  // vLLM's --kv-events-config, and how the events are encoded.
+  KvEventsConfig kv_events;
+  HashKind kv_events_hash = HashKind::integer;
+  EventLayout kv_events_format = EventLayout::array;
 };
 
 struct ParseOutcome {

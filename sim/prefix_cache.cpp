@@ -1,6 +1,7 @@
 #include "sim/prefix_cache.hpp"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "sim/tokenizer.hpp"
 
@@ -35,7 +36,8 @@ std::size_t PrefixCache::match(const std::vector<std::uint64_t>& hashes) {
   return n;
 }
 
-std::vector<std::int64_t> PrefixCache::insert(const std::vector<std::uint64_t>& hashes) {
+std::vector<std::int64_t> PrefixCache::insert(const std::vector<std::uint64_t>& hashes,
+                                              CacheChanges* changes) {
   // Ids are drawn in chain order (readable, ascending kv params); the LRU
   // update then runs tail-first so the chain's head ends most recently used.
   std::vector<std::int64_t> ids(hashes.size());
@@ -45,6 +47,13 @@ std::vector<std::int64_t> PrefixCache::insert(const std::vector<std::uint64_t>& 
   }
   if (!enabled_)
     return ids;
+  std::vector<bool> cached_before;
+  std::vector<std::uint64_t> evicted;
+  if (changes != nullptr) {
+    cached_before.resize(hashes.size());
+    for (std::size_t i = 0; i < hashes.size(); ++i)
+      cached_before[i] = index_.count(hashes[i]) != 0;
+  }
   for (std::size_t i = hashes.size(); i-- > 0;) {
     if (auto it = index_.find(hashes[i]); it != index_.end()) {
       touch(it->second);
@@ -55,11 +64,31 @@ std::vector<std::int64_t> PrefixCache::insert(const std::vector<std::uint64_t>& 
     lru_.push_front(Entry{hashes[i], ids[i]});
     index_[hashes[i]] = lru_.begin();
     while (lru_.size() > capacity_) {
+      if (changes != nullptr)
+        evicted.push_back(lru_.back().hash);
       index_.erase(lru_.back().hash);
       lru_.pop_back();
     }
   }
+  if (changes != nullptr) {
+    std::unordered_set<std::uint64_t> added;
+    for (std::size_t i = 0; i < hashes.size(); ++i) {
+      if (!cached_before[i] && added.insert(hashes[i]).second && contains(hashes[i]))
+        changes->stored.push_back(i);
+    }
+    std::unordered_set<std::uint64_t> reported;
+    for (std::uint64_t h : evicted) {
+      // Blocks this insert added and evicted again were never announced.
+      if (!contains(h) && added.count(h) == 0 && reported.insert(h).second)
+        changes->removed.push_back(h);
+    }
+  }
   return ids;
+}
+
+void PrefixCache::clear() {
+  lru_.clear();
+  index_.clear();
 }
 
 std::size_t cached_prefix_tokens(std::size_t matched_blocks, std::size_t block_size,

@@ -13,6 +13,16 @@
 
 namespace pdgate::sim {
 
+// What an insert changed, as a KV event consumer must see it: chain
+// positions newly cached, and blocks evicted that were cached before the
+// insert and are gone after it. A block evicted and re-added within the same
+// insert is in neither (no net change).
+struct CacheChanges {
+  std::vector<std::size_t> stored;     // indices into the inserted chain, ascending
+  std::vector<std::uint64_t> removed;  // hashes, in eviction order
+  bool empty() const { return stored.empty() && removed.empty(); }
+};
+
 class PrefixCache {
  public:
   PrefixCache(std::size_t block_size_tokens, std::size_t capacity_blocks, bool enabled = true);
@@ -26,7 +36,12 @@ class PrefixCache {
   // Inserts (or refreshes) every block and returns their ids in chain order.
   // Blocks are touched last-to-first so that, like vLLM freeing a request's
   // blocks in reverse, a chain's tail is evicted before its head.
-  std::vector<std::int64_t> insert(const std::vector<std::uint64_t>& hashes);
+  // With `changes`, also reports what the insert changed.
+  std::vector<std::int64_t> insert(const std::vector<std::uint64_t>& hashes,
+                                   CacheChanges* changes = nullptr);
+
+  // Drops every block (vLLM's /reset_prefix_cache).
+  void clear();
 
   bool contains(std::uint64_t hash) const { return index_.count(hash) != 0; }
 

@@ -41,6 +41,8 @@
 #include <string>
 
 #include "core/maybe_tls_stream.hpp"
+#include "sim/kv_event_publisher.hpp"
+#include "sim/kv_events.hpp"
 #include "sim/kv_registry.hpp"
 #include "sim/latency.hpp"
 #include "sim/metrics.hpp"
@@ -242,9 +244,12 @@ awaitable<void> watch_disconnect(MaybeTlsStream& sock, beast::flat_buffer& buf) 
 
 class Server {
  public:
-  Server(const SimOptions& o, std::shared_ptr<spdlog::logger> log, std::uint16_t port)
+  // `events` publishes KV events; null when they are off.
+  Server(const SimOptions& o, std::shared_ptr<spdlog::logger> log, std::uint16_t port,
+         KvEventPublisher* events)
       : opts_(o),
         log_(std::move(log)),
+        events_(events),
         rng_(o.seed ? *o.seed : std::random_device{}()),
         port_(port),
         latency_{o.prefill_base_ms, o.prefill_us_per_token, o.itl_ms, o.kv_pull_ms},
@@ -347,7 +352,7 @@ class Server {
     static constexpr std::string_view kKnown[] = {
         "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
         "/start_profile",  "/stop_profile",        "/metrics",   "/sim/requests",
-        "/sim/stats",      "/sim/kv/pull"};
+        "/sim/stats",      "/sim/kv/pull",         "/tokenize",  "/reset_prefix_cache"};
     for (auto k : kKnown) {
       if (path == k)
         return std::string(k);
@@ -400,6 +405,10 @@ class Server {
     if (path == "/sim/kv/pull" && req.method() == http::verb::post) {
       co_return co_await serve_kv_pull(x);
     }
+    if (path == "/tokenize" && req.method() == http::verb::post) {
+      SimpleAnswer a = tokenize(req.body());
+      co_return co_await reply(x, a.status, std::move(a.body), a.content_type);
+    }
     SimpleAnswer a = answer_simple(path, req.method());
     co_return co_await reply(x, a.status, std::move(a.body), a.content_type);
   }
@@ -418,8 +427,16 @@ class Server {
     auto only = [&](http::verb v, SimpleAnswer ok) { return method == v ? ok : not_allowed; };
     if (path == "/v1/completions" || path == "/v1/chat/completions")
       return not_allowed;
-    if (path == "/sim/kv/pull")
+    if (path == "/sim/kv/pull" || path == "/tokenize")
       return not_allowed;
+    if (path == "/reset_prefix_cache") {
+      if (method != http::verb::post)
+        return not_allowed;
+      cache_.clear();
+      if (events_ != nullptr)
+        publish_events({AllBlocksCleared{}});
+      return {http::status::ok, "", ""};
+    }
     if (path == "/health")
       return {http::status::ok, "", ""};
     if (path == "/v1/models") {
@@ -455,9 +472,46 @@ class Server {
       s["engine_id"] = engine_id();
       s["model"] = opts_.model;
       s["port"] = port_;
+      if (events_ != nullptr) {
+        const KvEventPublisher::Stats k = events_->stats();
+        s["kv_events"] = {{"endpoint", events_->endpoint()},
+                          {"replay_endpoint", events_->replay_endpoint()},
+                          {"published", k.published},
+                          {"dropped", k.dropped},
+                          {"replays", k.replays},
+                          {"next_seq", k.next_seq}};
+      }
       return only(http::verb::get, {http::status::ok, dump(s), kJson});
     }
     return {http::status::not_found, "{\"detail\":\"Not Found\"}", kJson};
+  }
+
+  // vLLM's POST /tokenize: a completion prompt or chat messages, tokenized
+  // by the sim's rule (sim/tokenizer.hpp), so the ids are those its KV
+  // events carry.
+  SimpleAnswer tokenize(const std::string& text) {
+    static const std::string kJson = "application/json";
+    auto error = [&](int code, const std::string& message) {
+      return SimpleAnswer{static_cast<http::status>(code), dump(make_error(message, code)), kJson};
+    };
+    const json body = json::parse(text, nullptr, false);
+    if (body.is_discarded())
+      return error(400, "Invalid JSON in request body");
+    if (!body.is_object())
+      return error(400, "Request body must be a JSON object");
+    if (std::optional<HttpError> e = check_model(body))
+      return error(e->code, e->message);
+    const bool chat = body.contains("messages");
+    if (!chat && !body.contains("prompt"))
+      return error(400, "either 'prompt' or 'messages' is required");
+    PromptResult pr = chat ? chat_prompt(body) : completion_prompt(body);
+    if (!pr.ok())
+      return error(400, pr.error);
+    ojson out;
+    out["count"] = pr.prompt.tokens;
+    out["max_model_len"] = opts_.max_model_len;
+    out["tokens"] = token_ids(pr.prompt.text);
+    return {http::status::ok, dump(out), kJson};
   }
 
   // Runs `work` while watching the socket for the client leaving.
@@ -678,6 +732,17 @@ class Server {
     return {};
   }
 
+  // vLLM answers 404 for a model it does not serve; no model means ours.
+  std::optional<HttpError> check_model(const json& body) const {
+    if (!body.contains("model") || body["model"].is_null())
+      return std::nullopt;
+    const json& m = body["model"];
+    if (m.is_string() && m.get<std::string>() == opts_.model)
+      return std::nullopt;
+    std::string name = m.is_string() ? m.get<std::string>() : m.dump();
+    return HttpError{404, "The model `" + name + "` does not exist."};
+  }
+
   std::optional<HttpError> parse_generation(const Request& req, bool chat, RequestRecord& rec,
                                             GenRequest& g) {
     if (auto it = req.find("x-sim-fault"); it != req.end()) {
@@ -692,13 +757,8 @@ class Server {
       return HttpError{400, "Invalid JSON in request body"};
     if (!body.is_object())
       return HttpError{400, "Request body must be a JSON object"};
-    if (body.contains("model") && !body["model"].is_null()) {
-      const json& m = body["model"];
-      if (!m.is_string() || m.get<std::string>() != opts_.model) {
-        std::string name = m.is_string() ? m.get<std::string>() : m.dump();
-        return HttpError{404, "The model `" + name + "` does not exist."};
-      }
-    }
+    if (std::optional<HttpError> e = check_model(body))
+      return e;
     if (body.contains("stream") && !body["stream"].is_null()) {
       if (!body["stream"].is_boolean())
         return HttpError{400, "'stream' must be a boolean"};
@@ -881,7 +941,9 @@ class Server {
         co_return;
     }
     rec.cached_tokens = cached;
-    cache_.insert(hashes);
+    // Blocks computed here or pulled from a prefill are cached, as vLLM
+    // caches a request's full blocks once their KV is in place.
+    cache_insert(g.prompt.text, hashes);
 
     ojson issued = nullptr;
     if (g.remote_decode)
@@ -946,7 +1008,7 @@ class Server {
   }
 
   ojson issue_params(const std::string& rid, const std::string& text, std::size_t tokens) {
-    auto ids = cache_.insert(cache_.block_hashes(text));
+    auto ids = cache_insert(text, cache_.block_hashes(text));
     if (tokens % cache_.block_size() != 0)
       ids.push_back(cache_.fresh_block_id());
     const std::string remote_request_id = "cmpl-" + rid + "-0-" + random_hex(8);
@@ -954,6 +1016,57 @@ class Server {
     registry_.issue(remote_request_id, std::move(ids), std::chrono::steady_clock::now());
     ++counters_.kv_issued;
     return params;
+  }
+
+  // ---- KV events --------------------------------------------------------
+
+  // Inserts a block chain into the prefix cache and, with KV events on,
+  // publishes what changed in one batch: evictions first (vLLM evicts to
+  // make room before it stores), then one BlockStored per run of
+  // consecutive new blocks, whose parent is the block before the run.
+  std::vector<std::int64_t> cache_insert(std::string_view text,
+                                         const std::vector<std::uint64_t>& hashes) {
+    if (events_ == nullptr)
+      return cache_.insert(hashes);
+    CacheChanges changes;
+    std::vector<std::int64_t> ids = cache_.insert(hashes, &changes);
+    if (changes.empty())
+      return ids;
+    std::vector<KvEvent> events;
+    if (!changes.removed.empty())
+      events.emplace_back(BlockRemoved{std::move(changes.removed)});
+    const std::size_t bs = cache_.block_size();
+    const std::size_t block_bytes = bs * kBytesPerToken;
+    const auto& stored = changes.stored;
+    for (std::size_t i = 0; i < stored.size();) {
+      std::size_t end = i + 1;
+      while (end < stored.size() && stored[end] == stored[end - 1] + 1)
+        ++end;
+      const std::size_t first = stored[i];
+      const std::size_t count = end - i;
+      BlockStored event;
+      event.block_hashes.assign(hashes.begin() + static_cast<std::ptrdiff_t>(first),
+                                hashes.begin() + static_cast<std::ptrdiff_t>(first + count));
+      if (first > 0)
+        event.parent_block_hash = hashes[first - 1];
+      event.token_ids = token_ids(text.substr(first * block_bytes, count * block_bytes));
+      event.block_size = bs;
+      events.emplace_back(std::move(event));
+      i = end;
+    }
+    publish_events(events);
+    return ids;
+  }
+
+  void publish_events(const std::vector<KvEvent>& events) {
+    const double ts =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    // Rank 0, as a vLLM without data parallelism sends.
+    if (!events_->publish(
+            encode_batch(ts, events, 0, opts_.kv_events_format, opts_.kv_events_hash))) {
+      log_->warn("kv events: queue full ({} batches), a batch was dropped",
+                 opts_.kv_events.max_queue_size);
+    }
   }
 
   // ---- KV handshake -----------------------------------------------------
@@ -1104,6 +1217,7 @@ class Server {
 
   SimOptions opts_;
   std::shared_ptr<spdlog::logger> log_;
+  KvEventPublisher* events_;
   std::mt19937_64 rng_;
   std::uint16_t port_;
   LatencyModel latency_;
@@ -1151,7 +1265,22 @@ int run_server(const SimOptions& opts) {
   }
   const std::uint16_t port = acceptor.local_endpoint().port();
 
-  Server server(opts, log, port);
+  std::unique_ptr<KvEventPublisher> events;
+  if (opts.kv_events.enabled && opts.kv_events.publisher == "zmq") {
+    std::string error;
+    events = KvEventPublisher::open(opts.kv_events, error);
+    if (!events) {
+      std::fprintf(stderr, "pdgate-sim: --kv-events-config: %s\n", error.c_str());
+      return 2;
+    }
+    // Printed before the listening line, so whoever waits for that line
+    // (tests, scripts) already knows where to subscribe.
+    std::printf("pdgate-sim kv events on %s\n", events->endpoint().c_str());
+    if (!events->replay_endpoint().empty())
+      std::printf("pdgate-sim kv events replay on %s\n", events->replay_endpoint().c_str());
+  }
+
+  Server server(opts, log, port, events.get());
   net::ssl::context tls(net::ssl::context::tls_server);
   if (!opts.tls_cert.empty() || !opts.tls_key.empty()) {
     tls.use_certificate_chain_file(opts.tls_cert, ec);

@@ -68,6 +68,15 @@ void append_media(std::string& out, std::string_view bytes) {
 
 }  // namespace
 
+std::vector<std::uint32_t> token_ids(std::string_view prefix_text) {
+  std::vector<std::uint32_t> ids(tokens_for_bytes(prefix_text.size()), 0);
+  for (std::size_t i = 0; i < prefix_text.size(); ++i) {
+    const auto byte = static_cast<std::uint32_t>(static_cast<unsigned char>(prefix_text[i]));
+    ids[i / kBytesPerToken] |= byte << (8 * (i % kBytesPerToken));
+  }
+  return ids;
+}
+
 PromptResult completion_prompt(const json& body) {
   PromptResult r;
   if (!body.is_object() || !body.contains("prompt")) {

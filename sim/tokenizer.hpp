@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -37,6 +38,13 @@ struct PromptResult {
   std::string error;  // non-empty: the request is malformed (answer 400)
   bool ok() const { return error.empty(); }
 };
+
+// The integer ids of a prefix text's tokens: token i is the little-endian
+// uint32 of bytes [4i, 4i+4), the last one zero-padded. Ids are a bijection
+// of the bytes (up to trailing zero padding), so a gateway that applies the
+// same prompt rules computes the same ids an engine reports in its KV events,
+// and a token-id prompt's ids come back unchanged.
+std::vector<std::uint32_t> token_ids(std::string_view prefix_text);
 
 // /v1/completions: `prompt` is a string, a list of strings (the first is
 // used), a list of token ids (count = length; each id contributes 4 bytes),

@@ -1,6 +1,8 @@
 // Fuzzes the policy sandbox's time guarantee: whatever the script, loading
 // it, a pick and an on_complete each return within their budget plus a
-// bounded overrun, and the process neither crashes nor leaks (ASan/UBSan).
+// bounded overrun, and the process neither crashes nor leaks (ASan/UBSan);
+// so does the request hook (on_request), whose answer is a status in
+// 400..599 when it rejects.
 //
 // The first input byte picks the mode:
 //  - even: the rest of the input is Lua source, loaded as a policy;
@@ -101,6 +103,7 @@ std::string grammar_script(Choices& c) {
   std::string top = expand(c, 3);  // top-level code, shallower
   std::string pick = expand(c, 0);
   std::string complete = expand(c, 1);
+  std::string request = expand(c, 1);
   return "local big = string.rep('a', 2e4)\n"
          "local opens = string.rep('(', 2e4)\n"
          "keep = {}\n"
@@ -116,7 +119,14 @@ std::string grammar_script(Choices& c) {
          "  return 1\n"
          "end,\n"
          "on_complete = function(ctx) if ctx.model == 'go' then " +
-         complete + " end end }\n";
+         complete +
+         " end end,\n"
+         "on_request = function(req) if req.model == 'go' then " +
+         request +
+         " end\n"
+         "  if req.body.max_tokens then req:cap_max_tokens(req.body.max_tokens) end\n"
+         "  return req.body.user == 'no' and 403 or nil, 'refused'\n"
+         "end }\n";
 }
 
 [[noreturn]] void overran(const char* what, Clock::duration took) {
@@ -187,6 +197,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     (void)(*vm)->on_complete(*instances[0], ctx, o, hashes);
     if (Clock::now() - t0 > kPickBudget + kSlack)
       overran("on_complete", Clock::now() - t0);
+  }
+  static constexpr std::string_view kBody =
+      R"({"model":"go","messages":[{"role":"user","content":"x"}],"max_tokens":9,"user":"no"})";
+  const auto index = index_json_object(kBody);
+  RequestHookInput in;
+  in.request_id = "fuzz";
+  in.body = kBody;
+  in.index = &*index;
+  in.is_chat = true;
+  in.model = "go";
+  in.prompt_bytes = 32;
+  for (int round = 0; round < 2; ++round) {
+    RequestDecision d;
+    t0 = Clock::now();
+    const HookAnswer a = (*vm)->on_request(in, d, hashes);
+    if (Clock::now() - t0 > kPickBudget + kSlack)
+      overran("on_request", Clock::now() - t0);
+    if (a.status == HookStatus::rejected && (d.reject_status < 400 || d.reject_status > 599))
+      __builtin_trap();
   }
   // The state still serves an ordinary pick within its budget.
   ctx.model = "plain";

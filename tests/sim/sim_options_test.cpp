@@ -74,6 +74,31 @@ TEST(SimOptions, RejectsBadInput) {
   EXPECT_FALSE(parse({"--role", "both", "--hang=maybe"}).options);
 }
 
+// KV events are off by default; the three flags set the config, the hash kind and the layout.
+TEST(SimOptions, KvEventFlags) {
+  auto d = parse({"--role", "both"});
+  ASSERT_TRUE(d.options) << d.error;
+  EXPECT_FALSE(d.options->kv_events.enabled);
+  EXPECT_EQ(d.options->kv_events_hash, HashKind::integer);
+  EXPECT_EQ(d.options->kv_events_format, EventLayout::array);
+  auto r = parse({"--role", "prefill", "--kv-events-config",
+                  R"({"enable_kv_cache_events": true, "endpoint": "tcp://*:*", "topic": "t"})",
+                  "--kv-events-hash=bytes", "--kv-events-format", "map"});
+  ASSERT_TRUE(r.options) << r.error;
+  EXPECT_TRUE(r.options->kv_events.enabled);
+  EXPECT_EQ(r.options->kv_events.publisher, "zmq");
+  EXPECT_EQ(r.options->kv_events.endpoint, "tcp://*:*");
+  EXPECT_EQ(r.options->kv_events.topic, "t");
+  EXPECT_EQ(r.options->kv_events_hash, HashKind::bytes);
+  EXPECT_EQ(r.options->kv_events_format, EventLayout::map);
+  auto bad = parse({"--role", "both", "--kv-events-config", R"({"endpont": "x"})"});
+  EXPECT_FALSE(bad.options);
+  EXPECT_NE(bad.error.find("--kv-events-config"), std::string::npos);
+  EXPECT_NE(bad.error.find("endpont"), std::string::npos);
+  EXPECT_FALSE(parse({"--role", "both", "--kv-events-hash", "sha"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--kv-events-format", "json"}).options);
+}
+
 // --help short-circuits parsing even when other flags are invalid.
 TEST(SimOptions, Help) {
   auto r = parse({"--bogus", "--help"});

@@ -78,6 +78,74 @@ TEST(SimPrefixCache, DisabledNeverHits) {
   EXPECT_EQ(c.size(), 0u);
 }
 
+// An insert reports the chain positions it newly cached; already cached ones are not reported.
+TEST(SimPrefixCache, InsertReportsNewlyStoredPositions) {
+  PrefixCache c(2, 100);
+  CacheChanges first;
+  c.insert(c.block_hashes(blocks("ab")), &first);
+  EXPECT_EQ(first.stored, (std::vector<std::size_t>{0, 1}));
+  EXPECT_TRUE(first.removed.empty());
+  CacheChanges second;
+  c.insert(c.block_hashes(blocks("abcd")), &second);
+  EXPECT_EQ(second.stored, (std::vector<std::size_t>{2, 3}));
+  CacheChanges again;
+  c.insert(c.block_hashes(blocks("abcd")), &again);
+  EXPECT_TRUE(again.empty());
+}
+
+// Evicting another chain's blocks reports their hashes, tail first, and only those.
+TEST(SimPrefixCache, InsertReportsEvictedBlocks) {
+  PrefixCache c(2, 4);
+  const auto abc = c.block_hashes(blocks("abc"));
+  c.insert(abc);
+  CacheChanges ch;
+  c.insert(c.block_hashes(blocks("xy")), &ch);
+  EXPECT_EQ(ch.stored, (std::vector<std::size_t>{0, 1}));
+  ASSERT_EQ(ch.removed.size(), 1u);
+  EXPECT_EQ(ch.removed[0], abc[2]);
+  EXPECT_FALSE(c.contains(abc[2]));
+}
+
+// A chain longer than the cache: blocks it adds and evicts again are in neither list,
+// and what it reports matches what the cache then holds.
+TEST(SimPrefixCache, ChainLongerThanTheCacheReportsOnlyNetChanges) {
+  PrefixCache c(2, 2);
+  const auto old = c.block_hashes(blocks("q"));
+  c.insert(old);
+  const auto chain = c.block_hashes(blocks("abcd"));
+  CacheChanges ch;
+  c.insert(chain, &ch);
+  EXPECT_EQ(ch.stored, (std::vector<std::size_t>{0, 1}));  // the head survives
+  EXPECT_EQ(ch.removed, old);
+  EXPECT_EQ(c.size(), 2u);
+  EXPECT_TRUE(c.contains(chain[0]));
+  EXPECT_TRUE(c.contains(chain[1]));
+}
+
+// A cached block evicted and re-added within one insert is no change at all.
+TEST(SimPrefixCache, EvictedAndReaddedBlockIsNotReported) {
+  PrefixCache c(2, 2);
+  const auto ab = c.block_hashes(blocks("ab"));
+  c.insert(ab);
+  const auto abc = c.block_hashes(blocks("abc"));
+  CacheChanges ch;
+  // Inserting tail-first: c enters and evicts b, b re-enters and evicts a, a re-enters and
+  // evicts c: a and b are cached before and after, c never stayed.
+  c.insert(abc, &ch);
+  EXPECT_TRUE(ch.empty()) << ch.stored.size() << " stored, " << ch.removed.size() << " removed";
+  EXPECT_TRUE(c.contains(ab[0]));
+  EXPECT_TRUE(c.contains(ab[1]));
+}
+
+// clear() drops every block.
+TEST(SimPrefixCache, ClearDropsEverything) {
+  PrefixCache c(2, 100);
+  c.insert(c.block_hashes(blocks("abc")));
+  c.clear();
+  EXPECT_EQ(c.size(), 0u);
+  EXPECT_EQ(c.match(c.block_hashes(blocks("abc"))), 0u);
+}
+
 // At least the last prompt token is computed: a full hit is capped.
 TEST(SimPrefixCache, CachedTokensLeaveOneToCompute) {
   EXPECT_EQ(cached_prefix_tokens(3, 16, 100), 48u);

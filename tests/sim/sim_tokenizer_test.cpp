@@ -118,5 +118,45 @@ TEST(SimTokenizer, EncoderRules) {
   EXPECT_NE(encoder_violation(stream, true).find("stream"), std::string::npos);
 }
 
+// Token i is the little-endian uint32 of bytes [4i, 4i+4); the last is zero-padded.
+TEST(SimTokenizer, TokenIdsAreLittleEndianWordsOfThePrefixText) {
+  const std::vector<std::uint32_t> ids = token_ids("abcdefghi");
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ids[0], 0x64636261u);  // "abcd"
+  EXPECT_EQ(ids[1], 0x68676665u);  // "efgh"
+  EXPECT_EQ(ids[2], 0x00000069u);  // "i" + 3 zero bytes
+  EXPECT_TRUE(token_ids("").empty());
+}
+
+// Bytes >= 0x80 are taken unsigned, and the id count is always the token count.
+TEST(SimTokenizer, TokenIdsUseUnsignedBytesAndMatchTheTokenCount) {
+  const std::string text = "\xff\x80\x01\xfe\xc3\xa9";
+  const std::vector<std::uint32_t> ids = token_ids(text);
+  ASSERT_EQ(ids.size(), tokens_for_bytes(text.size()));
+  EXPECT_EQ(ids[0], 0xfe0180ffu);
+  EXPECT_EQ(ids[1], 0x0000a9c3u);
+  auto r = chat_prompt(json{{"messages", {{{"role", "user"}, {"content", "héllo wörld"}}}}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(token_ids(r.prompt.text).size(), r.prompt.tokens);
+}
+
+// A token-id prompt's ids come back unchanged, so clients sending ids see them in events.
+TEST(SimTokenizer, TokenIdPromptRoundTrips) {
+  const std::vector<std::uint32_t> sent = {0, 1, 70000, 4294967295u, 42};
+  auto r = completion_prompt(json{{"prompt", sent}});
+  ASSERT_TRUE(r.ok()) << r.error;
+  EXPECT_EQ(token_ids(r.prompt.text), sent);
+}
+
+// Different texts of the same length give different ids (the ids are a bijection of the bytes).
+TEST(SimTokenizer, TokenIdsDistinguishEveryByte) {
+  std::string a(12, 'x');
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    std::string b = a;
+    b[i] = 'y';
+    EXPECT_NE(token_ids(a), token_ids(b)) << "byte " << i;
+  }
+}
+
 }  // namespace
 }  // namespace pdgate::sim

@@ -1052,6 +1052,14 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
                         "p:2",
                         "--decode",
                         "d:2",
+                        "--kv-events-replay-timeout",
+                        "3s",
+                        "--kv-index-blocks-per-instance",
+                        "7",
+                        "--kv-index-max-blocks",
+                        "9",
+                        "--tokenizer",
+                        "sim",
                         "--port",
                         "1",
                         "--host",
@@ -1161,7 +1169,7 @@ TEST(ConfigReload, ReloadablePartKeepsRestartKeys) {
       EXPECT_NE(wanted[e.key], before[e.key]) << e.key << ": the test should change it";
     }
   }
-  EXPECT_EQ(restart_keys, 45u);
+  EXPECT_EQ(restart_keys, 49u);
   EXPECT_EQ(urls(merged.decode), std::vector<std::string>{"http://d:2"});
   EXPECT_EQ(merged.first_byte_timeout, std::chrono::seconds(3));
 }
@@ -1288,6 +1296,77 @@ TEST(ForwardedHeaderOptions, ForbiddenRefused) {
   auto y = apply_yaml(Config{}, "forward_headers: [upgrade]\n");
   ASSERT_FALSE(y);
   EXPECT_NE(y.error().find("hop-by-hop"), std::string::npos) << y.error();
+}
+
+}  // namespace
+}  // namespace pdgate
+
+namespace pdgate {
+namespace {
+
+// --kv-events attaches an event endpoint (and replay endpoint) to the instance it names, in
+// whichever list that instance is; instances not named get none.
+TEST(ConfigKvEvents, FlagAttachesToNamedInstance) {
+  auto r =
+      parse({"--prefill", "127.0.0.1:8100", "127.0.0.1:8101", "--decode", "127.0.0.1:8200",
+             "--kv-events", "127.0.0.1:8100=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558",
+             "--kv-events", "http://127.0.0.1:8200=tcp://127.0.0.1:6557", "--tokenizer", "sim"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  const Config& c = r->config;
+  EXPECT_EQ(c.prefill[0].kv_events.endpoint, "tcp://127.0.0.1:5557");
+  EXPECT_EQ(c.prefill[0].kv_events.replay, "tcp://127.0.0.1:5558");
+  EXPECT_TRUE(c.prefill[1].kv_events.endpoint.empty());
+  EXPECT_EQ(c.decode[0].kv_events.endpoint, "tcp://127.0.0.1:6557");
+  EXPECT_TRUE(c.decode[0].kv_events.replay.empty());
+  EXPECT_EQ(c.tokenizer, "sim");
+  const auto rows = effective_config(c);
+  const auto row = std::find_if(rows.begin(), rows.end(),
+                                [](const ConfigEntry& e) { return e.key == "kv-events"; });
+  ASSERT_NE(row, rows.end());
+  EXPECT_EQ(row->values.size(), 2u);
+}
+
+// Bad --kv-events values are refused with the reason: an unknown instance, a wildcard host (the
+// engine's bind address, not where to connect), a missing port, a bad replay part.
+TEST(ConfigKvEvents, FlagErrors) {
+  expect_error(
+      parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:9999=tcp://127.0.0.1:5557"}),
+      {"--kv-events", "no instance http://127.0.0.1:9999"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200=tcp://*:5557"}),
+               {"--kv-events", "wildcard"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200=tcp://host"}),
+               {"--kv-events", "host:port"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events",
+                      "127.0.0.1:8200=tcp://h:1,again=tcp://h:2"}),
+               {"--kv-events", "replay="});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200"}),
+               {"--kv-events", "INSTANCE=tcp://"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--tokenizer", "gpt2"}),
+               {"--tokenizer", "sim or none"});
+}
+
+// In YAML an instance carries kv_events: {endpoint, replay_endpoint}, or the endpoint alone.
+TEST(ConfigKvEvents, YamlInstanceField) {
+  TempFile f(R"(
+prefill:
+  - url: http://10.0.0.1:8100
+    kv_events: {endpoint: "tcp://10.0.0.1:5557", replay_endpoint: "tcp://10.0.0.1:5558"}
+decode:
+  - url: http://10.0.0.2:8200
+    kv_events: tcp://10.0.0.2:5557
+  - http://10.0.0.3:8200
+)");
+  auto r = parse({"--config", f.path()});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.prefill[0].kv_events.replay, "tcp://10.0.0.1:5558");
+  EXPECT_EQ(r->config.decode[0].kv_events.endpoint, "tcp://10.0.0.2:5557");
+  EXPECT_TRUE(r->config.decode[1].kv_events.endpoint.empty());
+  TempFile bad(R"(
+decode:
+  - url: http://10.0.0.2:8200
+    kv_events: {endpoint: "tcp://10.0.0.2:5557", bogus: 1}
+)");
+  expect_error(parse({"--config", bad.path()}), {"kv_events", "bogus"});
 }
 
 }  // namespace

@@ -153,5 +153,23 @@ TEST(ErrorValues, HelpersTagTheSource) {
   EXPECT_STREQ(to_string(ErrorSource::policy), "policy");
 }
 
+// A policy's rejection keeps the status it chose (4xx/5xx only, else 500)
+// and is tagged as the policy's; a failed fail-closed policy is 503.
+TEST(ErrorValues, PolicyErrors) {
+  const auto r = policy_error(429, "unknown tenant");
+  EXPECT_EQ(r.source, ErrorSource::policy);
+  EXPECT_EQ(r.kind, ErrorKind::policy_rejected);
+  EXPECT_EQ(status_of(r), 429u);
+  EXPECT_EQ(status_of(policy_error(599, "x")), 599u);
+  EXPECT_EQ(status_of(policy_error(200, "x")), 500u);
+  EXPECT_EQ(status_of(policy_error(600, "x")), 500u);
+  const auto f = policy_error(0, "the policy failed", "budget");
+  EXPECT_EQ(f.kind, ErrorKind::policy_failed);
+  EXPECT_EQ(status_of(f), 503u);
+  const auto res = make_error_response(r, 11, true);
+  EXPECT_EQ(res.result_int(), 429);
+  EXPECT_EQ(json::parse(res.body())["error"]["type"], "RateLimitError");
+}
+
 }  // namespace
 }  // namespace pdgate

@@ -1,0 +1,113 @@
+// Which KV blocks each engine instance holds, exactly, as its own KV
+// events say (core/kv_events.hpp, docs/kv-events.md). Blocks are keyed by
+// pdgate's own chained hash over token ids, h = H(parent h, block tokens),
+// so the engines' hash seed and algorithm do not matter: a request's token
+// ids give the same chain on this side. Per instance, the engine's hash of
+// each block maps to pdgate's, to follow parent_block_hash and
+// BlockRemoved.
+//
+// One thread (the event ingestion) writes; policies read inside a pick
+// from any worker. A reader takes shared locks only: the instance table's
+// and one instance's at a time. Memory is bounded: blocks past the cap of
+// an instance or of all instances are dropped and counted.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/kv_events.hpp"
+#include "core/kv_location_index.hpp"
+
+namespace pdgate {
+
+// How far an instance's blocks can be trusted (docs/kv-events.md).
+enum class KvFeedState {
+  exact,     // every event so far was received (or a gap was repaired)
+  degraded,  // not heard from yet, or a gap is being repaired by replay
+  fallback,  // a gap could not be repaired: its blocks are not used
+};
+const char* to_string(KvFeedState s);
+
+// pdgate's chain of block hashes over `tokens`, one per whole block of
+// `block_size` tokens (a trailing partial block has none).
+std::vector<std::uint64_t> token_block_chain(std::span<const std::uint32_t> tokens,
+                                             std::uint32_t block_size,
+                                             std::optional<std::int64_t> lora_id = {});
+
+struct KvBlockIndexLimits {
+  std::size_t blocks_per_instance = 262'144;
+  std::size_t total_blocks = 2'000'000;
+};
+
+struct KvCachedTokens {
+  InstanceKey key = 0;
+  std::size_t tokens = 0;  // leading tokens of the request cached there
+  bool exact = false;      // false: its feed is not exact; use the approximate index
+};
+
+struct KvInstanceBlocks {
+  InstanceKey key = 0;
+  std::size_t blocks = 0;
+  std::uint32_t block_size = 0;
+  KvFeedState state = KvFeedState::degraded;
+  std::uint64_t dropped = 0;  // blocks not kept: over a cap, or an unknown parent
+};
+
+class KvBlockIndex {
+ public:
+  explicit KvBlockIndex(KvBlockIndexLimits limits = {}) : limits_(limits) {}
+
+  // Events from one instance, in order. Makes the instance known.
+  void apply(InstanceKey key, const KvEvent& event);
+  // Drops every block of the instance (a gap that could not be repaired,
+  // or the instance left) and sets its state.
+  void clear(InstanceKey key, KvFeedState state);
+  void set_state(InstanceKey key, KvFeedState state);
+  void forget(InstanceKey key);
+
+  // For every known instance: how many leading tokens of `tokens` it holds
+  // in whole blocks. An instance not exact reports 0 and exact = false.
+  std::vector<KvCachedTokens> cached_tokens(std::span<const std::uint32_t> tokens,
+                                            std::optional<std::int64_t> lora_id = {}) const;
+
+  std::vector<KvInstanceBlocks> instances() const;
+  std::size_t total_blocks() const { return total_.load(std::memory_order_relaxed); }
+  std::uint64_t dropped_total() const { return dropped_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Shard {
+    mutable std::shared_mutex mu;
+    struct Entry {
+      std::uint64_t own = 0;
+      std::uint32_t refs = 0;  // a block stored again (another medium) is removed twice
+    };
+    std::unordered_map<EngineBlockHash, Entry> by_engine;
+    std::unordered_map<std::uint64_t, std::uint32_t> own;  // own hash -> engine hashes naming it
+    std::uint32_t block_size = 0;
+    std::atomic<KvFeedState> state{KvFeedState::degraded};
+    std::atomic<std::uint64_t> dropped{0};
+  };
+
+  std::shared_ptr<Shard> shard(InstanceKey key) const;
+  std::shared_ptr<Shard> shard_or_create(InstanceKey key);
+  void stored(Shard& s, const KvBlockStored& e);
+  void removed(Shard& s, const KvBlockRemoved& e);
+  void drop_all(Shard& s);
+  void count_drop(Shard& s, std::uint64_t n);
+
+  const KvBlockIndexLimits limits_;
+  mutable std::shared_mutex mu_;
+  std::unordered_map<InstanceKey, std::shared_ptr<Shard>> shards_;
+  std::atomic<std::size_t> total_{0};
+  std::atomic<std::uint64_t> dropped_{0};
+};
+
+}  // namespace pdgate

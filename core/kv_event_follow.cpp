@@ -1,0 +1,53 @@
+#include "core/kv_event_follow.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace pdgate {
+
+namespace net = boost::asio;
+
+std::vector<KvEventSubscription> kv_event_subscriptions(const InstanceSet& set) {
+  std::vector<KvEventSubscription> out;
+  for (const auto& inst : set.by_id) {
+    if (inst->spec.kv_events.endpoint.empty())
+      continue;
+    out.push_back({instance_key(inst->spec.url), inst->spec.url, inst->spec.kv_events});
+  }
+  return out;
+}
+
+namespace {
+
+net::awaitable<void> follow_loop(const Registry& registry, std::shared_ptr<KvEventIngest> ingest,
+                                 std::chrono::milliseconds interval) {
+  net::steady_timer timer(co_await net::this_coro::executor);
+  std::shared_ptr<const InstanceSet> seen;
+  for (;;) {
+    // A new snapshot is made for every registry change; the same one means
+    // nothing changed.
+    auto now = registry.snapshot();
+    if (now != seen) {
+      ingest->set_subscriptions(kv_event_subscriptions(*now));
+      seen = std::move(now);
+    }
+    timer.expires_after(interval);
+    auto [ec] = co_await timer.async_wait(net::as_tuple(net::use_awaitable));
+    if (ec)
+      co_return;
+  }
+}
+
+}  // namespace
+
+void start_kv_event_follow(net::io_context& ioc, const Registry& registry,
+                           std::shared_ptr<KvEventIngest> ingest,
+                           std::chrono::milliseconds interval) {
+  net::co_spawn(ioc, follow_loop(registry, std::move(ingest), interval), net::detached);
+}
+
+}  // namespace pdgate

@@ -1,0 +1,72 @@
+// KV-cache events as engines publish them (vLLM's KVEventBatch; the wire
+// format is read by plugins/kv_event_decoder.hpp), and the interface of
+// the service that receives them from every instance configured with an
+// event endpoint (docs/kv-events.md). The events feed the exact block
+// index (core/kv_block_index.hpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/kv_location_index.hpp"
+#include "core/result.hpp"
+
+namespace pdgate {
+
+// Engine block hashes are ints in older vLLMs and bytes in newer ones;
+// both are reduced to 64 bits (bytes through a hash), which is all the
+// index needs to follow parents and removals.
+using EngineBlockHash = std::uint64_t;
+
+struct KvBlockStored {
+  std::vector<EngineBlockHash> block_hashes;
+  std::optional<EngineBlockHash> parent;  // none: the first block of a prompt
+  // block_hashes.size() * block_size ids, the blocks' tokens in order.
+  std::vector<std::uint32_t> token_ids;
+  std::uint32_t block_size = 0;
+  std::optional<std::int64_t> lora_id;
+};
+
+struct KvBlockRemoved {
+  std::vector<EngineBlockHash> block_hashes;
+};
+
+struct KvAllBlocksCleared {};
+
+using KvEvent = std::variant<KvBlockStored, KvBlockRemoved, KvAllBlocksCleared>;
+
+struct KvEventBatch {
+  double ts = 0;  // the engine's wall clock, seconds since the epoch
+  std::vector<KvEvent> events;
+  std::optional<std::int64_t> data_parallel_rank;
+  std::size_t unknown_events = 0;  // of a type this version does not know: skipped
+};
+
+// `ev` with its endpoints checked (tcp://host:port or ipc://path; the
+// replay one optional), or why not.
+Result<KvEventsEndpoint> check_kv_events_endpoint(KvEventsEndpoint ev);
+
+// One instance whose events are to be received.
+struct KvEventSubscription {
+  InstanceKey key = 0;
+  std::string instance_url;  // "http://host:port", for metrics and logs
+  KvEventsEndpoint endpoint;
+  bool operator==(const KvEventSubscription&) const = default;
+};
+
+// Receives every subscribed instance's events on threads of its own
+// (never an event loop) and applies them to the block index.
+class KvEventIngest {
+ public:
+  virtual ~KvEventIngest() = default;
+  // The instances to follow from now on: new ones are subscribed, missing
+  // ones dropped (and their blocks forgotten). Cheap; any thread.
+  virtual void set_subscriptions(std::vector<KvEventSubscription> subs) = 0;
+  virtual void stop() = 0;
+};
+
+}  // namespace pdgate

@@ -1,0 +1,94 @@
+// The request hook of policy API v2 (docs/policies.md, "on_request"): what
+// a policy sees of a request before it is routed, and what it may decide
+// about it. The pipeline fills the input and applies the decision
+// (core/request_hook_phase.cpp); the policy engine runs the script. The
+// checks and edits here are pure, so both sides share them and unit tests
+// cover them without a gateway.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/json_body.hpp"
+
+namespace pdgate {
+
+struct ClientKey;
+
+// How the request reaches its engines.
+enum class RoutePath {
+  configured,  // as the connector and --prefill-disabled say (the default)
+  pd,          // prefill, then decode with the KV cache handed over
+  one_hop,     // decode only: it prefills the prompt itself
+};
+const char* to_string(RoutePath p);
+
+struct RequestHookInput {
+  std::string_view request_id;
+  std::string_view body;  // the client's JSON object, validated
+  const JsonObjectIndex* index = nullptr;
+  bool is_chat = false;
+  std::string_view model;
+  bool stream = false;
+  std::size_t prompt_bytes = 0;  // raw `messages` / `prompt` JSON
+  // The client's request headers but its credentials, as PickContext
+  // lists them (names lower-case).
+  using HeaderEmit = void (*)(void* user, std::string_view name, std::string_view value);
+  void (*for_each_header)(const void* source, void* user, HeaderEmit emit) = nullptr;
+  const void* header_source = nullptr;
+  // The client's API key (--api-keys), null when keys are off.
+  const ClientKey* key = nullptr;
+};
+
+// An upstream header to set (value) or remove (no value).
+struct HeaderEdit {
+  std::string name;  // lower-case
+  std::optional<std::string> value;
+};
+
+struct RequestDecision {
+  // Non-zero: the request is answered with this status (400..599) and
+  // message and goes no further.
+  unsigned reject_status = 0;
+  std::string reject_message;
+  std::vector<HeaderEdit> headers;
+  // Caps max_tokens (and a chat's max_completion_tokens); set when absent.
+  std::optional<std::int64_t> max_tokens_cap;
+  std::optional<std::int64_t> priority;
+  RoutePath path = RoutePath::configured;
+  // The hook failed (error, budget, a bad answer) and its policy is
+  // fail-closed: 503. `error` says why (operators only).
+  bool failed_closed = false;
+  std::string error;
+};
+
+// Bounds on what one request's hook may edit.
+constexpr std::size_t kMaxHeaderEdits = 16;
+constexpr std::size_t kMaxHeaderNameBytes = 64;
+constexpr std::size_t kMaxHeaderValueBytes = 1024;
+
+// Why a policy may not set (or remove) this upstream header, or nothing
+// when it may: a token name within the bounds, not hop-by-hop, not one
+// pdgate writes itself (Host, X-Request-Id, Authorization, tracing and
+// forwarding headers, X-Pdgate-*), a value without control characters.
+// `value` null: a removal.
+std::optional<std::string> header_edit_error(std::string_view name,
+                                             const std::string* value = nullptr);
+
+// The body the engines get after the hook's field edits (max_tokens cap,
+// priority), or nothing when the decision edits no field or changes
+// nothing. A member that is not a number is left for the engine to refuse.
+std::optional<std::string> hooked_body(std::string_view body, const JsonObjectIndex& index,
+                                       bool is_chat, const RequestDecision& d);
+
+// The prompt's size in tokens as the request hook and conditional_pd
+// estimate it: 4 bytes of raw prompt JSON per token, rounded up. (English
+// text runs ~4 characters per token in common BPE vocabularies; JSON
+// quoting adds a little, which errs towards a larger prompt.)
+std::size_t estimated_prompt_tokens(std::size_t prompt_bytes);
+
+}  // namespace pdgate

@@ -1,0 +1,80 @@
+#include "core/request_hook_phase.hpp"
+
+#include <spdlog/spdlog.h>
+#include <boost/beast/core/string.hpp>
+
+namespace pdgate {
+
+namespace {
+
+// The path the request takes: the hook's choice where the connector
+// allows it. p2p-nccl engines find their peer from the request id, and a
+// vLLM decode (kv_consumer) without one waits for a prefill that never
+// comes, so its requests keep the configured path.
+bool one_hop_for(const RequestContext& rc, RoutePath chosen) {
+  const bool configured = rc.w.cfg.prefill_disabled || !rc.connector.has_prefill();
+  if (configured || chosen != RoutePath::one_hop)
+    return configured;
+  return !rc.connector.names_peers();
+}
+
+}  // namespace
+
+void apply_header_edits(ForwardedHeaders& fwd, const std::vector<HeaderEdit>& edits) {
+  for (const HeaderEdit& e : edits) {
+    if (header_edit_error(e.name, e.value ? &*e.value : nullptr))
+      continue;
+    std::erase_if(fwd.extra, [&](const auto& h) { return beast::iequals(h.first, e.name); });
+    std::erase_if(fwd.policy_set, [&](const auto& h) { return beast::iequals(h.first, e.name); });
+    if (e.value)
+      fwd.policy_set.emplace_back(e.name, *e.value);
+  }
+}
+
+std::optional<GatewayError> request_hook_phase(RequestContext& rc) {
+  RequestHookInput in;
+  in.request_id = rc.request_id();
+  in.body = rc.body;
+  in.index = &rc.index;
+  in.is_chat = rc.is_chat;
+  in.model = rc.facts.model;
+  in.stream = rc.facts.stream;
+  in.prompt_bytes = rc.facts.prompt_bytes;
+  in.for_each_header = rc.pick().for_each_header;
+  in.header_source = rc.pick().header_source;
+  in.key = rc.client_key;
+  rc.pick().key = rc.client_key;
+  RequestDecision d;
+  if (rc.w.picker.on_request(in, d)) {
+    if (d.failed_closed)
+      return policy_error(0, "the request policy failed", "request hook failed: " + d.error);
+    if (d.reject_status != 0)
+      return policy_error(d.reject_status, std::move(d.reject_message));
+    apply_header_edits(rc.fwd, d.headers);
+    if (auto edited = hooked_body(rc.body, rc.index, rc.is_chat, d)) {
+      auto index = index_json_object(*edited);
+      if (!index) {
+        // Edits splice numbers into a valid object: this is a bug.
+        spdlog::error("request {}: the request hook's body edit broke the JSON: {}",
+                      rc.request_id(), index.error());
+        return gateway_error(ErrorKind::internal, "internal error editing the request body");
+      }
+      rc.hooked_body = std::move(*edited);
+      rc.body = rc.hooked_body;
+      rc.index = std::move(*index);
+      // Views into the body follow it to the edited text.
+      rc.pick().prompt_raw =
+          raw_member(rc.body, rc.index, rc.is_chat ? "messages" : "prompt").value_or("");
+    }
+  }
+  rc.one_hop = one_hop_for(rc, d.path);
+  // One hop has no prefill to hand blocks to, and only NIXL's params can
+  // name a previous turn's blocks: no reuse otherwise.
+  rc.reuse = !rc.one_hop && rc.connector.passes_params();
+  if (rc.w.metrics != nullptr)
+    (rc.one_hop ? rc.w.metrics->path_one_hop : rc.w.metrics->path_pd)
+        .fetch_add(1, std::memory_order_relaxed);
+  return std::nullopt;
+}
+
+}  // namespace pdgate

@@ -1,0 +1,26 @@
+// The request hook phase of the pipeline (core/pipeline.cpp): after the
+// request is validated and before anything is routed, the policy's
+// on_request (docs/policies.md) may reject it, edit its upstream headers
+// and a few body fields, and choose its path. No I/O: it runs at once.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/request_context.hpp"
+#include "core/request_hook.hpp"
+#include "core/stage.hpp"
+
+namespace pdgate {
+
+// The error to answer with (the policy's rejection, or 503 when a
+// fail-closed hook failed), else nothing: the request goes on as decided.
+std::optional<GatewayError> request_hook_phase(RequestContext& rc);
+
+// Applies header edits to what every engine request of this client
+// request carries. Edits failing header_edit_error() are skipped (the
+// policy engine refuses them before they get here).
+void apply_header_edits(ForwardedHeaders& fwd, const std::vector<HeaderEdit>& edits);
+
+}  // namespace pdgate

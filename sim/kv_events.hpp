@@ -1,0 +1,72 @@
+// vLLM's KV cache events, as its ZMQ publisher sends them: the
+// --kv-events-config JSON, the events, and their msgpack encoding. Pure
+// (no sockets): sim/kv_event_publisher.* sends what this encodes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace pdgate::sim {
+
+// vLLM's KVEventsConfig, same keys and defaults.
+struct KvEventsConfig {
+  bool enabled = false;  // enable_kv_cache_events
+  std::string publisher = "null";
+  std::string endpoint = "tcp://*:5557";
+  std::string replay_endpoint;  // empty: no replay socket
+  std::size_t buffer_steps = 10000;
+  int hwm = 100000;
+  std::size_t max_queue_size = 100000;
+  std::string topic;
+};
+
+struct KvEventsConfigParse {
+  std::optional<KvEventsConfig> config;
+  std::string error;
+};
+
+// Unknown keys and wrongly typed values are errors, as in vLLM (its config
+// is a dataclass built from the JSON). publisher "zmq" is implied by
+// enable_kv_cache_events when absent, as vLLM does.
+KvEventsConfigParse parse_kv_events_config(std::string_view json_text);
+
+// vLLM binds the PUB socket when the endpoint is a wildcard, ipc:// or
+// inproc://, and connects it otherwise (to a subscriber that binds).
+bool endpoint_binds(std::string_view endpoint);
+
+// How block hashes go on the wire: ints (vLLM before 0.10) or 32-byte
+// values (newer vLLMs hash blocks with SHA-256).
+enum class HashKind { integer, bytes };
+// Batches and events as positional arrays (msgspec array_like, current
+// vLLM) or as maps keyed by field name (older vLLMs).
+enum class EventLayout { array, map };
+
+struct BlockStored {
+  std::vector<std::uint64_t> block_hashes;
+  std::optional<std::uint64_t> parent_block_hash;  // the block before the first one
+  std::vector<std::uint32_t> token_ids;            // every token of these blocks, in order
+  std::size_t block_size = 0;                      // tokens per block
+};
+struct BlockRemoved {
+  std::vector<std::uint64_t> block_hashes;
+};
+struct AllBlocksCleared {};
+using KvEvent = std::variant<BlockStored, BlockRemoved, AllBlocksCleared>;
+
+// The 32-byte wire form of a sim block hash: the hash, then three more
+// words each derived from the previous one, all big-endian. Deterministic,
+// so two sims agree, and distinct hashes stay distinct (the first word).
+std::string hash_bytes(std::uint64_t hash);
+
+// msgpack(KVEventBatch): [ts, [events...], data_parallel_rank] or
+// {"ts", "events", "data_parallel_rank"}; each event tagged by its type
+// ("BlockStored", "BlockRemoved", "AllBlocksCleared") with medium "GPU".
+std::string encode_batch(double ts, const std::vector<KvEvent>& events, int data_parallel_rank,
+                         EventLayout layout, HashKind hashes);
+
+}  // namespace pdgate::sim

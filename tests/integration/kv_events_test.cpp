@@ -1,0 +1,378 @@
+// pdgate ingests KV events published in vLLM's wire format by an independent
+// Python publisher (tests/integration/kv_event_publisher.py, python3-zmq and
+// python3-msgpack): what it learnt is read back from /metrics, as an operator
+// would.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <sstream>
+
+#include "tests/integration/admin_gateway.hpp"
+#include "tests/integration/harness.hpp"
+
+namespace pdgate::test {
+namespace {
+
+#ifdef PDGATE_SANITIZED
+constexpr auto kWait = std::chrono::seconds(30);
+#else
+constexpr auto kWait = std::chrono::seconds(10);
+#endif
+
+// The value of the first sample of `name` whose labels contain `labels`; -1 when none.
+double metric(std::uint16_t port, const std::string& name, const std::string& labels) {
+  std::istringstream in(get(port, "/metrics").body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with(name + "{") || line.find(labels) == std::string::npos)
+      continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+bool have_python_zmq() {
+  return access("/usr/bin/python3", X_OK) == 0 &&
+         std::system("/usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null") == 0;
+}
+
+Json stored(std::vector<std::int64_t> hashes, std::optional<std::int64_t> parent,
+            std::uint32_t first_token, std::uint32_t block_size) {
+  Json tokens = Json::array();
+  for (std::size_t i = 0; i < hashes.size() * block_size; ++i)
+    tokens.push_back(first_token + i);
+  return {{"type", "BlockStored"},
+          {"block_hashes", hashes},
+          {"parent_block_hash", parent ? Json(*parent) : Json(nullptr)},
+          {"token_ids", tokens},
+          {"block_size", block_size}};
+}
+
+class KvEvents : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_python_zmq())
+      GTEST_SKIP() << "needs /usr/bin/python3 with python3-zmq and python3-msgpack";
+    publisher_ = std::make_unique<Process>(
+        "kv-publisher",
+        std::vector<std::string>{"/usr/bin/python3",
+                                 source_dir() + "/tests/integration/kv_event_publisher.py"});
+    control_ = publisher_->wait_listening();
+    const Json ends = get(control_, "/endpoints").json();
+    pub_ = ends["pub"];
+    replay_ = ends["replay"];
+  }
+
+  // A gateway whose prefill instance publishes through the Python publisher.
+  void start_gateway(bool with_replay) {
+    prefill_ = std::make_unique<Sim>("prefill");
+    decode_ = std::make_unique<Sim>("decode");
+    std::string events = prefill_->url() + "=" + pub_;
+    if (with_replay)
+      events += ",replay=" + replay_;
+    gateway_ = std::make_unique<Gateway>(
+        std::vector<std::string>{"--prefill", prefill_->hostport(), "--decode", decode_->hostport(),
+                                 "--kv-events", events, "--kv-events-replay-timeout", "500ms"});
+    instance_ = "instance=\"" + prefill_->url() + "\"";
+    // ZMQ subscriptions join a moment after they connect: publish empty
+    // batches until the gateway has one, so no later batch is lost to that.
+    ASSERT_TRUE(eventually(
+        [&] {
+          post_json(control_, "/publish", {{"events", Json::array()}});
+          return metric(gateway_->port(), "pdgate_kv_events_batches_total", instance_) >= 1;
+        },
+        kWait));
+    // Joining late is itself a gap: repaired by replay when there is one,
+    // else the feed falls back until the engine clears its cache.
+    ASSERT_TRUE(eventually(
+        [&] {
+          post_json(control_, "/publish", {{"events", {{{"type", "AllBlocksCleared"}}}}});
+          return state_is("exact");
+        },
+        kWait));
+    gaps_ = gw_metric("pdgate_kv_events_gaps_total");
+    replays_ = gw_metric("pdgate_kv_events_replays_total");
+  }
+
+  double gw_metric(const std::string& name, const std::string& extra = {}) {
+    return metric(gateway_->port(), name, instance_ + extra);
+  }
+  bool state_is(const char* state) {
+    return gw_metric("pdgate_kv_events_state", ",state=\"" + std::string(state) + "\"") == 1;
+  }
+  void publish(Json body) {
+    auto r = post_json(control_, "/publish", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+
+  std::unique_ptr<Process> publisher_;
+  std::uint16_t control_ = 0;
+  std::string pub_, replay_, instance_;
+  double gaps_ = 0, replays_ = 0;  // after the warm-up
+  std::unique_ptr<Sim> prefill_, decode_;
+  std::unique_ptr<Gateway> gateway_;
+};
+
+// Batches in both layouts (positional arrays and maps) with int and bytes hashes are all applied:
+// the index holds every stored block, a removal takes one out, and the feed stays exact.
+TEST_F(KvEvents, ArraysAndMapsWithIntAndBytesHashes) {
+  start_gateway(true);
+  publish({{"layout", "array"}, {"hashes", "int"}, {"events", {stored({1, 2}, {}, 0, 4)}}});
+  publish({{"layout", "map"}, {"hashes", "int"}, {"events", {stored({3}, 2, 8, 4)}}});
+  publish({{"layout", "array"}, {"hashes", "bytes"}, {"events", {stored({10, 11}, {}, 100, 4)}}});
+  publish({{"layout", "map"}, {"hashes", "bytes"}, {"events", {stored({12}, 11, 108, 4)}}});
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 6; }, kWait))
+      << gw_metric("pdgate_kv_index_blocks");
+  publish({{"layout", "map"},
+           {"hashes", "bytes"},
+           {"events", {{{"type", "BlockRemoved"}, {"block_hashes", {12}}}}}});
+  publish({{"layout", "array"},
+           {"hashes", "int"},
+           {"events", {{{"type", "BlockRemoved"}, {"block_hashes", {3}}}}}});
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 4; }, kWait))
+      << gw_metric("pdgate_kv_index_blocks");
+  EXPECT_TRUE(state_is("exact"));
+  EXPECT_EQ(gw_metric("pdgate_kv_events_decode_errors_total"), 0);
+  EXPECT_EQ(gw_metric("pdgate_kv_events_gaps_total"), gaps_);
+  EXPECT_GE(gw_metric("pdgate_kv_events_lag_seconds"), 0);
+  EXPECT_GE(gw_metric("pdgate_kv_events_freshness_seconds"), 0);
+}
+
+// A batch the gateway never received (a gap in sequence numbers) is fetched from the replay
+// socket: its blocks are in the index and the feed is exact.
+TEST_F(KvEvents, GapRepairedByReplay) {
+  start_gateway(true);
+  publish({{"drop", true}, {"events", {stored({1, 2}, {}, 0, 4)}}});
+  publish({{"events", {stored({3}, 2, 8, 4)}}});
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 3; }, kWait))
+      << gw_metric("pdgate_kv_index_blocks");
+  EXPECT_EQ(gw_metric("pdgate_kv_events_gaps_total"), gaps_ + 1);
+  EXPECT_EQ(gw_metric("pdgate_kv_events_replays_total"), replays_ + 1);
+  EXPECT_EQ(gw_metric("pdgate_kv_events_replay_failures_total"), 0);
+  EXPECT_TRUE(state_is("exact"));
+}
+
+// A gap the replay socket does not answer: the instance falls back (its blocks dropped, state
+// fallback in /metrics) until the engine clears its cache, then it is exact again.
+TEST_F(KvEvents, GapWithoutReplayFallsBack) {
+  start_gateway(true);
+  publish({{"events", {stored({1}, {}, 0, 4)}}});
+  ASSERT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 1; }, kWait));
+  post_json(control_, "/replay", {{"enabled", false}});
+  publish({{"drop", true}, {"events", {stored({2}, 1, 4, 4)}}});
+  publish({{"events", {stored({3}, 2, 8, 4)}}});
+  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kWait));
+  EXPECT_EQ(gw_metric("pdgate_kv_index_blocks"), 0);
+  EXPECT_EQ(gw_metric("pdgate_kv_events_replay_failures_total"), 1);
+  publish({{"events", {{{"type", "AllBlocksCleared"}}, stored({4}, {}, 0, 4)}}});
+  EXPECT_TRUE(eventually([&] { return state_is("exact"); }, kWait));
+  EXPECT_EQ(gw_metric("pdgate_kv_index_blocks"), 1);
+}
+
+// An engine that restarts numbers its batches from 0 again with an empty cache: the blocks
+// stored before are forgotten, the new ones kept, and the feed stays exact.
+TEST_F(KvEvents, EngineRestartForgetsItsBlocks) {
+  start_gateway(true);
+  publish({{"events", {stored({1, 2}, {}, 0, 4)}}});
+  ASSERT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 2; }, kWait));
+  ASSERT_EQ(post_json(control_, "/restart", Json::object()).status, 200);
+  publish({{"events", {stored({7}, {}, 100, 4)}}});
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 1; }, kWait))
+      << gw_metric("pdgate_kv_index_blocks");
+  EXPECT_TRUE(state_is("exact"));
+  EXPECT_EQ(gw_metric("pdgate_kv_events_gaps_total"), gaps_);
+}
+
+// An instance configured without a replay endpoint falls back on its first gap.
+TEST_F(KvEvents, GapWithoutReplayEndpointFallsBack) {
+  start_gateway(false);
+  publish({{"drop", true}, {"events", {stored({1}, {}, 0, 4)}}});
+  publish({{"events", {stored({2}, 1, 4, 4)}}});
+  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kWait));
+  EXPECT_EQ(gw_metric("pdgate_kv_events_replays_total"), 0);
+  EXPECT_EQ(gw_metric("pdgate_kv_events_gaps_total"), gaps_ + 1);
+}
+
+// Garbage in the payload frame is counted as a decode error and the instance falls back; the
+// gateway keeps serving requests.
+TEST_F(KvEvents, UndecodablePayloadFallsBackAndGatewayServes) {
+  start_gateway(true);
+  publish({{"raw", "dd ffffffff 01"}});
+  publish({{"raw", "c1"}});
+  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kWait));
+  EXPECT_GE(gw_metric("pdgate_kv_events_decode_errors_total"), 1);
+  auto r = post_json(gateway_->port(), "/v1/completions",
+                     {{"model", "sim-model"}, {"prompt", "hello"}, {"max_tokens", 3}});
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+// A prefill sim publishing its KV events on a port of its choosing.
+std::unique_ptr<Sim> event_sim(const std::string& role) {
+  return std::make_unique<Sim>(
+      role, std::vector<std::string>{
+                "--kv-events-config",
+                R"({"enable_kv_cache_events": true, "publisher": "zmq", )"
+                R"("endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"})"});
+}
+
+std::string events_flag(Sim& sim) {
+  const Json ev = sim.stats()["kv_events"];
+  return sim.url() + "=" + ev["endpoint"].get<std::string>() +
+         ",replay=" + ev["replay_endpoint"].get<std::string>();
+}
+
+// The prefill whose engine holds most of the prompt by its KV events; with no exact data,
+// round-robin (so a request lands on the engine caching it only half the time).
+constexpr const char* kExactPolicy = R"(
+return {
+  pick = function(ctx, instances)
+    local cached, total = pdgate.cached_tokens()
+    local best, best_n = nil, 0
+    for i, n in pairs(cached or {}) do
+      if n > best_n then best, best_n = instances[i], n end
+    end
+    if best then return best end
+    local turn = pdgate.kv_incr("turn:" .. ctx.stage) or 0
+    return instances[turn % #instances + 1]
+  end,
+}
+)";
+
+// Subscriptions join shortly after they connect: the sim resets its cache (publishing
+// AllBlocksCleared) until the gateway has heard from it, so no later event is lost to that.
+bool heard_from(std::uint16_t gateway, Sim& sim) {
+  const std::string instance = "instance=\"" + sim.url() + "\"";
+  return eventually(
+      [&] {
+        http_request(sim.port(), "POST", "/reset_prefix_cache");
+        return metric(gateway, "pdgate_kv_events_batches_total", instance) >= 1;
+      },
+      kWait);
+}
+
+std::size_t completions_on(Sim& sim) {
+  return sim.requests().size();
+}
+
+// A prompt a client sent straight to one engine (not through pdgate) is known to pdgate through
+// that engine's KV events: every request with that prompt goes to that engine, none elsewhere.
+TEST(KvEventsSim, PromptCachedByAnotherClientIsRoutedToItsEngine) {
+  auto p1 = event_sim("prefill");
+  auto p2 = event_sim("prefill");
+  Sim decode("decode");
+  EditedFile policy("exact.lua", kExactPolicy);
+  Gateway gw({"--prefill", p1->hostport(), p2->hostport(), "--decode", decode.hostport(),
+              "--kv-events", events_flag(*p1), "--kv-events", events_flag(*p2), "--tokenizer",
+              "sim", "--policy-prefill", policy.path()});
+  const std::string instance = "instance=\"" + p2->url() + "\"";
+  ASSERT_TRUE(heard_from(gw.port(), *p2));
+  std::string prompt;
+  for (int i = 0; i < 40; ++i)
+    prompt += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ". ";
+  const Json body = {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 2}};
+  ASSERT_EQ(post_json(p2->port(), "/v1/completions", body).status, 200);
+  ASSERT_TRUE(
+      eventually([&] { return metric(gw.port(), "pdgate_kv_index_blocks", instance) >= 4; }, kWait))
+      << metric(gw.port(), "pdgate_kv_index_blocks", instance);
+  p1->clear();
+  p2->clear();
+  for (int i = 0; i < 4; ++i) {
+    auto r = post_json(gw.port(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(completions_on(*p2), 4u);
+  EXPECT_EQ(completions_on(*p1), 0u);
+}
+
+// Which prefill engine received each of the last requests.
+struct Landed {
+  std::size_t first = 0, second = 0;
+};
+
+// A prompt routed to one prefill engine, then evicted there (its cache reset) and cached on the
+// other by a client that called that engine directly. Asked for again through the gateway, the
+// shipped kv_aware policy follows the engines' KV events to where the blocks are now, while
+// prefix_affinity (which only knows where it sent the prompt) goes back to the engine that
+// evicted them. Returns where the three repeats landed: {on the first engine, on the other}.
+Landed repeats_after_eviction(const std::string& policy) {
+  auto p1 = event_sim("prefill");
+  auto p2 = event_sim("prefill");
+  Sim decode("decode");
+  Gateway gw({"--prefill", p1->hostport(), p2->hostport(), "--decode", decode.hostport(),
+              "--kv-events", events_flag(*p1), "--kv-events", events_flag(*p2), "--tokenizer",
+              "sim", "--policy-prefill", policy});
+  EXPECT_TRUE(heard_from(gw.port(), *p1));
+  EXPECT_TRUE(heard_from(gw.port(), *p2));
+  std::string prompt;
+  for (int i = 0; i < 40; ++i)
+    prompt += "Pack my box with five dozen liquor jugs " + std::to_string(i) + ". ";
+  const Json body = {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 2}};
+  p1->clear();
+  p2->clear();
+  EXPECT_EQ(post_json(gw.port(), "/v1/completions", body).status, 200);
+  const bool on_p1 = completions_on(*p1) == 1;
+  Sim& first = on_p1 ? *p1 : *p2;
+  Sim& other = on_p1 ? *p2 : *p1;
+  EXPECT_EQ(completions_on(first), 1u);
+  const std::string first_label = "instance=\"" + first.url() + "\"";
+  const std::string other_label = "instance=\"" + other.url() + "\"";
+  EXPECT_TRUE(eventually(
+      [&] { return metric(gw.port(), "pdgate_kv_index_blocks", first_label) >= 4; }, kWait));
+  // Evicted where the gateway sent it, cached on the other engine by another client.
+  EXPECT_EQ(http_request(first.port(), "POST", "/reset_prefix_cache").status, 200);
+  EXPECT_EQ(post_json(other.port(), "/v1/completions", body).status, 200);
+  EXPECT_TRUE(eventually(
+      [&] {
+        return metric(gw.port(), "pdgate_kv_index_blocks", first_label) == 0 &&
+               metric(gw.port(), "pdgate_kv_index_blocks", other_label) >= 4;
+      },
+      kWait));
+  p1->clear();
+  p2->clear();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(post_json(gw.port(), "/v1/completions", body).status, 200);
+  return {completions_on(first), completions_on(other)};
+}
+
+TEST(KvEventsSim, KvAwareFollowsEvictionsPrefixAffinityDoesNot) {
+  const Landed exact = repeats_after_eviction("kv_aware");
+  EXPECT_EQ(exact.first, 0u);
+  EXPECT_EQ(exact.second, 3u);
+  // The same scenario under the approximate index: every repeat goes back to the engine that
+  // evicted the prompt (what kv_aware exists to fix).
+  const Landed approximate = repeats_after_eviction("prefix_affinity");
+  EXPECT_EQ(approximate.first, 3u);
+  EXPECT_EQ(approximate.second, 0u);
+}
+
+// Instances added through the admin API with an event endpoint are subscribed, and removed ones
+// unsubscribed: their rows appear in and leave /metrics.
+TEST(KvEventsSim, AdminAddedInstancesAreSubscribed) {
+  auto p1 = event_sim("prefill");
+  Sim decode("decode");
+  AdminGateway gw({"--prefill", p1->hostport(), "--decode", decode.hostport()});
+  auto added = event_sim("prefill");
+  const Json ev = added->stats()["kv_events"];
+  auto r = gw.call(
+      "POST", "/admin/instances",
+      {{"role", "prefill"},
+       {"url", added->url()},
+       {"kv_events", {{"endpoint", ev["endpoint"]}, {"replay_endpoint", ev["replay_endpoint"]}}}});
+  ASSERT_EQ(r.status, 201) << r.body;
+  EXPECT_EQ(r.json()["kv_events"]["endpoint"], ev["endpoint"]);
+  const std::string instance = "instance=\"" + added->url() + "\"";
+  EXPECT_TRUE(heard_from(gw.port(), *added));
+  const auto bad = gw.call("POST", "/admin/instances",
+                           {{"role", "prefill"},
+                            {"url", "http://127.0.0.1:1"},
+                            {"kv_events", {{"endpoint", "tcp://*:5557"}}}});
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  const auto id = r.json()["id"].get<std::uint64_t>();
+  ASSERT_EQ(gw.call("DELETE", "/admin/instances/" + std::to_string(id)).status, 202);
+  EXPECT_TRUE(eventually(
+      [&] { return metric(gw.port(), "pdgate_kv_events_batches_total", instance) < 0; }, kWait));
+}
+
+}  // namespace
+}  // namespace pdgate::test
