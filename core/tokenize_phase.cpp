@@ -2,11 +2,11 @@
 
 #include <functional>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "core/json_body.hpp"
 #include "core/stage.hpp"
+#include "core/tokenize_message.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {
@@ -17,39 +17,6 @@ namespace {
 constexpr std::size_t kMaxTokenizeAnswer = 16u << 20;
 
 }  // namespace
-
-std::string tokenize_body(bool chat, std::optional<std::string_view> model_raw,
-                          std::string_view prompt_raw) {
-  std::string body = "{";
-  if (model_raw) {
-    body += "\"model\":";
-    body += *model_raw;
-    body += ',';
-  }
-  body += chat ? "\"messages\":" : "\"prompt\":";
-  body += prompt_raw;
-  if (chat)
-    body += ",\"add_generation_prompt\":true";
-  body += '}';
-  return body;
-}
-
-std::optional<std::vector<std::uint32_t>> parse_tokenize_answer(std::string_view answer) {
-  const auto j = nlohmann::json::parse(answer, nullptr, false);
-  if (!j.is_object())
-    return std::nullopt;
-  const auto it = j.find("tokens");
-  if (it == j.end() || !it->is_array())
-    return std::nullopt;
-  std::vector<std::uint32_t> ids;
-  ids.reserve(it->size());
-  for (const auto& t : *it) {
-    if (!t.is_number_unsigned() || t.get<std::uint64_t>() > 0xffffffffu)
-      return std::nullopt;
-    ids.push_back(static_cast<std::uint32_t>(t.get<std::uint64_t>()));
-  }
-  return ids;
-}
 
 net::awaitable<void> tokenize_phase(RequestContext& rc) {
   const auto& decode = rc.set->decode;
@@ -70,10 +37,10 @@ net::awaitable<void> tokenize_phase(RequestContext& rc) {
   if (!inst)
     co_return;
   StageSpan span = rc.trace.stage("tokenize", inst->spec.url, 0);
-  auto up = upstream_request(http::verb::post, *inst, "/tokenize",
-                             tokenize_body(rc.is_chat, raw_member(rc.body, rc.index, "model"),
-                                           *prompt),
-                             rc.request_id(), rc.fwd, span.traceparent());
+  auto up =
+      upstream_request(http::verb::post, *inst, "/tokenize",
+                       tokenize_body(rc.is_chat, raw_member(rc.body, rc.index, "model"), *prompt),
+                       rc.request_id(), rc.fwd, span.traceparent());
   const UpstreamTimeouts timeouts{rc.w.cfg.connect_timeout, rc.w.cfg.tokenizer_timeout};
   auto [err, ex] =
       co_await UpstreamExchange::start(rc.w.pools.for_instance(inst), up, rc.scope, timeouts);

@@ -12,6 +12,7 @@
 #include "core/json_body.hpp"
 #include "core/kv_params.hpp"
 #include "core/request_facts.hpp"
+#include "core/tokenize_message.hpp"
 #include "plugins/kv_bodies.hpp"
 
 namespace {
@@ -58,6 +59,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(bom || nul || deep, "rejected a text nlohmann accepts");
   }
   (void)pdgate::extract_kv_params(text);
+  // An engine's /tokenize answer: ids only from an object nlohmann reads.
+  if (pdgate::parse_tokenize_answer(text))
+    check(theirs, "token ids read from a text that is not a JSON object");
   if (!idx.ok())
     return 0;
 
