@@ -1,5 +1,7 @@
 #include "tests/integration/harness.hpp"
 
+#include <gtest/gtest.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -112,6 +114,20 @@ Process::~Process() {
   }
   if (stdout_fd_ >= 0)
     close(stdout_fd_);
+  // A sanitizer report in a child (a leak at exit, a UBSan finding, an
+  // ASan error in a thread the test never noticed) fails the test that ran
+  // it: under ASan+UBSan the suite checks the gateway and the sim, not only
+  // the test binaries.
+  const std::string text = log();
+  for (const char* mark :
+       {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", ": runtime error: "}) {
+    const auto at = text.find(mark);
+    if (at != std::string::npos) {
+      ADD_FAILURE() << name_ << " printed a sanitizer report:\n"
+                    << text.substr(at > 2000 ? at - 2000 : 0, 8000);
+      break;
+    }
+  }
   if (std::getenv("PDGATE_KEEP_LOGS") == nullptr)
     unlink(log_path_.c_str());
 }
