@@ -17,18 +17,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
-requests=${REQUESTS:-2000}
-concurrency=${CONCURRENCY:-4}
-max_tokens=${MAX_TOKENS:-4}
-stream=${STREAM:-1}
 # shellcheck source=bench/lib.sh
 source "$here/lib.sh"
 
-# Completion requests the gateway at port $1 has answered so far.
-answered() {
-  curl -s "http://127.0.0.1:$1/metrics" |
-    awk '/^pdgate_requests_total/ { n += $NF } END { printf "%d", n }'
-}
 
 
 "$build/pdgate-sim" --role both --port 0 --itl-ms 0 --prefill-base-ms 0 \
@@ -54,13 +45,13 @@ for mode in off text json; do
   "${load[@]}" --url "$url" --requests 200 >/dev/null
   # The scrapes around the measured requests are measured too: a few
   # thousand instructions, nothing next to $requests requests.
-  before=$(answered "$port")
+  before=$(answered "http://127.0.0.1:$port")
   callgrind_control -z "$gw" >/dev/null 2>&1
   "${load[@]}" --url "$url" --requests "$requests" >"$tmp/load.$mode.out"
   # The writer takes queued lines every 200 ms: let it write the last ones.
   sleep 2
   callgrind_control -d "$gw" >/dev/null 2>&1
-  served=$(($(answered "$port") - before))
+  served=$(($(answered "http://127.0.0.1:$port") - before))
   kill "$gw"
   wait "$gw" 2>/dev/null || true
   # The dump made after the zeroing (cg.MODE.1, or cg.MODE.1-NN per thread

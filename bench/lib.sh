@@ -1,6 +1,13 @@
 # Shared by the callgrind benchmarks (access_log_cost.sh, tls_cost.sh):
-# source it after setting `build`. Gives `tmp` (a scratch directory) and
-# `pids` (processes to stop), both cleaned up on exit, and port_of.
+# source it after setting `build`. Gives the load's parameters (requests,
+# concurrency, max_tokens, stream: from REQUESTS, CONCURRENCY, MAX_TOKENS,
+# STREAM), `tmp` (a scratch directory) and `pids` (processes to stop), both
+# cleaned up on exit, port_of and answered.
+
+requests=${REQUESTS:-2000}
+concurrency=${CONCURRENCY:-4}
+max_tokens=${MAX_TOKENS:-4}
+stream=${STREAM:-1}
 
 for b in "$build/pdgate" "$build/pdgate-sim" "$build/pdgate-loadgen"; do
   [[ -x $b ]] || { echo "missing $b: build first" >&2; exit 1; }
@@ -29,4 +36,13 @@ port_of() {
   done
   echo "no listening line in $f" >&2
   exit 1
+}
+
+# Completion requests the gateway at URL $1 has answered so far; the other
+# arguments go to curl (e.g. --cacert for a TLS gateway).
+answered() {
+  local url=$1
+  shift
+  curl -s "$@" "$url/metrics" |
+    awk '/^pdgate_requests_total/ { n += $NF } END { printf "%d", n }'
 }

@@ -20,10 +20,6 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
-requests=${REQUESTS:-2000}
-concurrency=${CONCURRENCY:-4}
-max_tokens=${MAX_TOKENS:-4}
-stream=${STREAM:-1}
 # shellcheck source=bench/lib.sh
 source "$here/lib.sh"
 
@@ -38,11 +34,6 @@ openssl x509 -req -in "$tmp/srv.csr" -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" -set
   -days 2 -extfile "$tmp/srv.ext" -out "$tmp/srv.pem" 2>/dev/null
 tls=(--tls-cert "$tmp/srv.pem" --tls-key "$tmp/srv.key")
 
-# Completion requests the gateway at URL $1 has answered so far.
-answered() {
-  curl -s --cacert "$tmp/ca.pem" "$1/metrics" |
-    awk '/^pdgate_requests_total/ { n += $NF } END { printf "%d", n }'
-}
 
 sim=(--role both --port 0 --itl-ms 0 --prefill-base-ms 0 --prefill-us-per-token 0 --log-level warn)
 "$build/pdgate-sim" "${sim[@]}" >"$tmp/sim.out" 2>/dev/null &
@@ -76,11 +67,11 @@ for mode in ${MODES:-plain tls}; do
   [[ $mode == tls ]] && scheme=https
   url="$scheme://localhost:$port"
   "${load[@]}" --url "$scheme://127.0.0.1:$port" --requests 200 >/dev/null
-  before=$(answered "$url")
+  before=$(answered "$url" --cacert "$tmp/ca.pem")
   callgrind_control -z "$gw" >/dev/null 2>&1
   "${load[@]}" --url "$scheme://127.0.0.1:$port" --requests "$requests" >"$tmp/load.$mode.out"
   callgrind_control -d "$gw" >/dev/null 2>&1
-  served=$(($(answered "$url") - before))
+  served=$(($(answered "$url" --cacert "$tmp/ca.pem") - before))
   kill "$gw"
   wait "$gw" 2>/dev/null || true
   total=$(cat "$tmp/cg.$mode.1"* | awk '/^summary:/ { n += $2 } END { printf "%d", n }')
