@@ -2,22 +2,13 @@
 #include <gtest/gtest.h>
 
 #include "plugins/kv_index_wire.hpp"
+#include "tests/plugins/redis_replies.hpp"
 
 namespace pdgate::kv_wire {
 namespace {
 
-RedisReply str(std::string s) {
-  RedisReply r;
-  r.type = RedisReply::Type::string;
-  r.text = std::move(s);
-  return r;
-}
-RedisReply arr(std::vector<RedisReply> e) {
-  RedisReply r;
-  r.type = RedisReply::Type::array;
-  r.elements = std::move(e);
-  return r;
-}
+using test::array_of;
+using test::string_reply;
 
 // Records of both kinds survive an encode/decode round trip, in order, with the origin.
 TEST(KvIndexWire, RoundTrip) {
@@ -87,10 +78,12 @@ TEST(KvIndexWire, ParseXread) {
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
 
-  const RedisReply reply =
-      arr({arr({str("k"), arr({arr({str("1-0"), arr({str("b"), str("P1")})}),
-                               arr({str("2-0"), arr({str("x"), str("y")})}),
-                               arr({str("3-0"), arr({str("b"), str("P3")})})})})});
+  const RedisReply reply = array_of({array_of(
+      {string_reply("k"),
+       array_of({array_of({string_reply("1-0"), array_of({string_reply("b"), string_reply("P1")})}),
+                 array_of({string_reply("2-0"), array_of({string_reply("x"), string_reply("y")})}),
+                 array_of({string_reply("3-0"),
+                           array_of({string_reply("b"), string_reply("P3")})})})})});
   auto e = parse_xread(reply, "b");
   ASSERT_TRUE(e.ok()) << e.error();
   ASSERT_EQ(e->size(), 3u);
@@ -104,8 +97,10 @@ TEST(KvIndexWire, ParseXread) {
   err.type = RedisReply::Type::error;
   err.text = "WRONGTYPE";
   EXPECT_FALSE(parse_xread(err, "b").ok());
-  EXPECT_FALSE(parse_xread(arr({arr({str("k")})}), "b").ok());
-  EXPECT_FALSE(parse_xread(arr({arr({str("k"), arr({str("1-0")})})}), "b").ok());
+  EXPECT_FALSE(parse_xread(array_of({array_of({string_reply("k")})}), "b").ok());
+  EXPECT_FALSE(
+      parse_xread(array_of({array_of({string_reply("k"), array_of({string_reply("1-0")})})}), "b")
+          .ok());
 }
 
 }  // namespace

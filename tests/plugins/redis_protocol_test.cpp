@@ -7,6 +7,7 @@
 #include <string>
 
 #include "plugins/redis_protocol.hpp"
+#include "tests/plugins/redis_replies.hpp"
 
 namespace pdgate {
 namespace {
@@ -121,12 +122,8 @@ TEST(RedisUrl, SentinelRejects) {
   }
 }
 
-RedisReply reply(RedisReply::Type t, std::string text = {}) {
-  RedisReply r;
-  r.type = t;
-  r.text = std::move(text);
-  return r;
-}
+using test::array_of;
+using test::reply;
 
 // nil is a miss, a bulk string a hit carrying the value.
 TEST(RedisReplies, TakeNilAndString) {
@@ -253,13 +250,6 @@ TEST(WarnLimiter, OnePerInterval) {
   EXPECT_FALSE(w.allow(10'999, suppressed));
   EXPECT_TRUE(w.allow(11'000, suppressed));
   EXPECT_EQ(suppressed, 2u);
-}
-
-RedisReply array_of(std::vector<RedisReply> items) {
-  RedisReply r;
-  r.type = RedisReply::Type::array;
-  r.elements = std::move(items);
-  return r;
 }
 
 // A command is RESP: an array of bulk strings, binary-safe.
