@@ -22,8 +22,9 @@ net::awaitable<void> tokenize_phase(RequestContext& rc) {
   const auto& decode = rc.set->decode;
   if (decode.empty())
     co_return;
-  const auto prompt = raw_member(rc.body, rc.index, rc.is_chat ? "messages" : "prompt");
-  if (!prompt)
+  // Read by the validate phase (and moved along with a hook's body edits).
+  const std::string_view prompt = rc.pick().prompt_raw;
+  if (prompt.empty())
     co_return;
   // Any engine serving the model tokenizes alike: the request id spreads
   // the calls over them without shared state.
@@ -39,7 +40,7 @@ net::awaitable<void> tokenize_phase(RequestContext& rc) {
   StageSpan span = rc.trace.stage("tokenize", inst->spec.url, 0);
   auto up =
       upstream_request(http::verb::post, *inst, "/tokenize",
-                       tokenize_body(rc.is_chat, raw_member(rc.body, rc.index, "model"), *prompt),
+                       tokenize_body(rc.is_chat, raw_member(rc.body, rc.index, "model"), prompt),
                        rc.request_id(), rc.fwd, span.traceparent());
   const UpstreamTimeouts timeouts{rc.w.cfg.connect_timeout, rc.w.cfg.tokenizer_timeout};
   auto [err, ex] =
