@@ -50,7 +50,7 @@ ForwardedHeaders forwarded_headers(const WorkerContext& w,
   f.tracestate = trace.tracestate();
   f.baggage = trace.baggage();
   beast::error_code ec;
-  auto peer = client.socket().remote_endpoint(ec);
+  const auto peer = client.peer() ? *client.peer() : client.socket().remote_endpoint(ec);
   if (!ec) {
     auto addr = peer.address();
     if (addr.is_v6() && addr.to_v6().is_v4_mapped())
