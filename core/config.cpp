@@ -714,7 +714,8 @@ constexpr std::array kOptions = {
            "Conversation store for multi-turn KV reuse shared by replicas: "
            "redis://[:password@]host:port[/db], "
            "redis+sentinel://[:password@]host:port[,host:port...]/master[/db] "
-           "or unix:///path (default: in memory).",
+           "or unix:///path; percent-escapes in the user and password are decoded (an @ in "
+           "a password is %40) (default: in memory).",
            &set_trimmed<&Config::redis_url>, kRestart},
     Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
            "Prefix of the Redis keys (default: pdgate:).", &set_text<&Config::redis_key_prefix>,
