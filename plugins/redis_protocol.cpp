@@ -37,9 +37,14 @@ void take_userinfo(const Url& u, RedisEndpoint& ep) {
   }
 }
 
-// "/N" or "" (database 0) after a redis:// authority or a sentinel master.
+// "N" or "" (database 0): a redis:// path, or what follows a sentinel master.
 bool take_db(std::string_view text, RedisEndpoint& ep) {
   return text.empty() || (parse_int(text, ep.db) && ep.db >= 0);
+}
+
+// A URL's path without its leading '/'.
+std::string_view path_after_slash(const Url& u) {
+  return std::string_view(u.path).substr(u.path.empty() ? 0 : 1);
 }
 
 Result<RedisEndpoint> parse_unix_url(const Url& u) {
@@ -73,7 +78,7 @@ Result<RedisEndpoint> parse_unix_url(const Url& u) {
 Result<RedisEndpoint> parse_sentinel_url(const Url& u) {
   RedisEndpoint ep;
   take_userinfo(u, ep);
-  const std::string_view path = std::string_view(u.path).substr(u.path.empty() ? 0 : 1);
+  const std::string_view path = path_after_slash(u);
   const auto db_slash = path.find('/');
   ep.master_name = std::string(path.substr(0, db_slash));
   if (ep.master_name.empty()) {
@@ -155,7 +160,7 @@ Result<RedisEndpoint> parse_redis_url(std::string_view url) {
     return bad_url("missing host");
   ep.host = h.host;
   ep.port = h.port.value_or(6379);
-  if (!take_db(std::string_view(u->path).substr(u->path.empty() ? 0 : 1), ep))
+  if (!take_db(path_after_slash(*u), ep))
     return bad_url("the path must be a database number (redis://host:port/0)");
   return ep;
 }
