@@ -184,14 +184,15 @@ Result<std::string> parse_zmq_endpoint(std::string_view text) {
     return t;
   if (!t.starts_with("tcp://"))
     return fail("'" + t + "' is not a ZMQ endpoint (expected tcp://host:port or ipc://path)");
-  const std::string_view rest = std::string_view(t).substr(6);
-  const auto colon = rest.rfind(':');
-  if (colon == std::string_view::npos || colon == 0)
-    return fail("'" + t + "' has no host:port");
-  if (auto port = parse_uint(rest.substr(colon + 1), 65535); !port || *port == 0)
-    return fail("'" + t + "' has no valid port");
-  if (rest.substr(0, colon).find_first_of("*/@ ") != std::string_view::npos)
+  // The engine binds tcp://*:port; pdgate needs the address to connect to.
+  if (t.starts_with("tcp://*"))
     return fail("'" + t + "' must name the engine's host (not a wildcard)");
+  auto u = parse_url(t);
+  if (!u)
+    return fail("'" + t + "': " + u.error());
+  const UrlHost& h = u->hosts.front();
+  if (u->has_userinfo || !u->path.empty() || u->query || u->fragment || h.host.empty() || !h.port)
+    return fail("'" + t + "' has no host:port (expected tcp://host:port)");
   return t;
 }
 

@@ -1388,6 +1388,15 @@ TEST(ConfigKvEvents, FlagErrors) {
                {"--kv-events", "replay="});
   expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200"}),
                {"--kv-events", "INSTANCE=tcp://"});
+  // The endpoint's host and port are read as a URL's are: garbage is named.
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200=tcp://h st:1"}),
+               {"--kv-events", "a space in the host"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200=tcp://[zz]:1"}),
+               {"--kv-events", "invalid IPv6 address"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200=tcp://h:70000"}),
+               {"--kv-events", "invalid port '70000'"});
+  EXPECT_TRUE(parse({"--decode", "[::1]:8200", "--prefill-servers-urls", "disable", "--kv-events",
+                     "[::1]:8200=tcp://[::1]:5557"}));
   expect_error(parse({"--decode", "127.0.0.1:8200", "--tokenizer", "gpt2"}),
                {"--tokenizer", "sim, vllm or none"});
 }
