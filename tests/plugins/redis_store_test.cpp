@@ -234,6 +234,27 @@ TEST(RedisStoreAuth, UnixSocketPasswordAndDb) {
   EXPECT_EQ(await_on(io, h->take("c")).kind, TakeResult::Kind::hit);
 }
 
+// A password holding '@', ':' and '/', percent-encoded in the URL, reaches
+// Redis decoded, over IPv6 loopback: AUTH and SELECT succeed and the key
+// lands in database 1.
+TEST(RedisStoreAuth, PercentEncodedPasswordOverIpv6) {
+  RedisServer redis({"--requirepass", "p@ss:w/rd", "--bind", "127.0.0.1", "::1"});
+  ConversationStoreOptions o;
+  o.redis_url = "redis://:p%40ss%3Aw%2Frd@[::1]:" + std::to_string(redis.port()) + "/1";
+  auto stores = make_conversation_stores(o);
+  ASSERT_TRUE(stores) << stores.error();
+  EXPECT_EQ((*stores)->health().endpoint.find("p@ss"), std::string::npos);
+  net::io_context io;
+  auto h = (*stores)->make_handle(io.get_executor());
+  ASSERT_TRUE(eventually([&] {
+    io.run_for(10ms);
+    return (*stores)->health().reachable;
+  }));
+  EXPECT_TRUE(await_on(io, h->put("c", "{}", 60s)));
+  EXPECT_EQ(redis.cli("-a 'p@ss:w/rd' --no-auth-warning -n 1 EXISTS pdgate:conv:c"), "1");
+  EXPECT_EQ(await_on(io, h->take("c")).kind, TakeResult::Kind::hit);
+}
+
 // A wrong password never becomes reachable; takes are errors, not hangs.
 TEST(RedisStoreAuth, WrongPassword) {
   RedisServer redis({"--requirepass", "right"});
