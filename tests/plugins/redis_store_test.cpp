@@ -238,6 +238,8 @@ TEST(RedisStoreAuth, UnixSocketPasswordAndDb) {
 // Redis decoded, over IPv6 loopback: AUTH and SELECT succeed and the key
 // lands in database 1.
 TEST(RedisStoreAuth, PercentEncodedPasswordOverIpv6) {
+  if (!have_ipv6_loopback())
+    GTEST_SKIP() << "no IPv6 loopback on this machine";
   RedisServer redis({"--requirepass", "p@ss:w/rd", "--bind", "127.0.0.1", "::1"});
   ConversationStoreOptions o;
   o.redis_url = "redis://:p%40ss%3Aw%2Frd@[::1]:" + std::to_string(redis.port()) + "/1";
