@@ -19,6 +19,7 @@
 
 #include "core/kv_events.hpp"
 #include "core/text.hpp"
+#include "core/url.hpp"
 
 namespace pdgate {
 namespace {
@@ -41,18 +42,6 @@ Result<std::uint64_t> parse_uint(std::string_view text, std::uint64_t max) {
     return fail("'" + std::string(text) + "' is too large (at most " + std::to_string(max) + ")");
   }
   return v;
-}
-
-Result<std::uint16_t> parse_port_number(std::string_view text, bool allow_zero) {
-  std::uint64_t v = 0;
-  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  const std::uint64_t min = allow_zero ? 0 : 1;
-  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < min ||
-      v > 65535) {
-    return fail("invalid port '" + std::string(text) + "' (expected " + std::to_string(min) +
-                "-65535)");
-  }
-  return static_cast<std::uint16_t>(v);
 }
 
 // Splits "1.5" into its value times 1000, so durations keep millisecond
@@ -195,14 +184,15 @@ Result<std::string> parse_zmq_endpoint(std::string_view text) {
     return t;
   if (!t.starts_with("tcp://"))
     return fail("'" + t + "' is not a ZMQ endpoint (expected tcp://host:port or ipc://path)");
-  const std::string_view rest = std::string_view(t).substr(6);
-  const auto colon = rest.rfind(':');
-  if (colon == std::string_view::npos || colon == 0)
-    return fail("'" + t + "' has no host:port");
-  if (auto port = parse_uint(rest.substr(colon + 1), 65535); !port || *port == 0)
-    return fail("'" + t + "' has no valid port");
-  if (rest.substr(0, colon).find_first_of("*/@ ") != std::string_view::npos)
+  // The engine binds tcp://*:port; pdgate needs the address to connect to.
+  if (t.starts_with("tcp://*"))
     return fail("'" + t + "' must name the engine's host (not a wildcard)");
+  auto u = parse_url(t);
+  if (!u)
+    return fail("'" + t + "': " + u.error());
+  const UrlHost& h = u->hosts.front();
+  if (u->has_userinfo || !u->path.empty() || u->query || u->fragment || h.host.empty() || !h.port)
+    return fail("'" + t + "' has no host:port (expected tcp://host:port)");
   return t;
 }
 
@@ -356,7 +346,7 @@ Result<bool> set_host(Config& c, std::string_view v) {
 }
 
 Result<bool> set_port(Config& c, std::string_view v) {
-  auto p = parse_port_number(trim(v), true);
+  auto p = parse_port(trim(v), true);
   if (!p)
     return fail(p.error());
   c.port = *p;
@@ -725,7 +715,8 @@ constexpr std::array kOptions = {
            "Conversation store for multi-turn KV reuse shared by replicas: "
            "redis://[:password@]host:port[/db], "
            "redis+sentinel://[:password@]host:port[,host:port...]/master[/db] "
-           "or unix:///path (default: in memory).",
+           "or unix:///path; percent-escapes in the user and password are decoded (an @ in "
+           "a password is %40) (default: in memory).",
            &set_trimmed<&Config::redis_url>, kRestart},
     Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
            "Prefix of the Redis keys (default: pdgate:).", &set_text<&Config::redis_key_prefix>,
@@ -904,18 +895,6 @@ std::vector<std::string> split_urls(std::string_view text) {
   return out;
 }
 
-bool is_hostname_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '.' || c == '_';
-}
-
-std::string host_port_text(std::string_view host, std::string_view port) {
-  // Bare IPv6 addresses ("::1") need brackets before a port is appended.
-  if (host.find(':') != std::string_view::npos && host.front() != '[') {
-    return "[" + std::string(host) + "]:" + std::string(port);
-  }
-  return std::string(host) + ":" + std::string(port);
-}
-
 // An EPD option's items split at commas; an item that carries labels or a
 // weight must be a single URL, which keeps them.
 RawValue split_epd(const RawValue& v) {
@@ -1036,12 +1015,15 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
           err(host_origin, "empty host");
           continue;
         }
-        auto port = parse_port_number(trim(pv[i]), false);
+        auto port = parse_port(trim(pv[i]), false);
         if (!port) {
           err(port_origin, port.error());
           continue;
         }
-        auto u = parse_upstream(role, host_port_text(host, trim(pv[i])));
+        // "::1" and "[::1]" both name an IPv6 host.
+        const std::string_view bare =
+            host.starts_with('[') && host.ends_with(']') ? host.substr(1, host.size() - 2) : host;
+        auto u = parse_upstream(role, host_port(bare, *port));
         if (!u) {
           err(host_origin, u.error());
           continue;
@@ -1411,17 +1393,17 @@ Result<DnsSource> parse_dns_source(Role role, std::string_view text) {
     return fail("invalid " + std::string(to_string(role)) + " DNS source '" + std::string(text) +
                 "': " + why);
   };
-  const std::string_view rest = text.substr(6);  // after "dns://"
-  const auto colon = rest.rfind(':');
-  if (colon == std::string_view::npos)
+  auto u = parse_url(text);
+  if (!u)
+    return bad(u.error());
+  const UrlHost& h = u->hosts.front();
+  if (u->has_userinfo || !u->path.empty() || u->query || u->fragment)
+    return bad("expected dns://name:port and nothing more");
+  if (h.host.empty() || h.host.size() > 253 || h.ipv6)
+    return bad("invalid DNS name '" + h.host + "'");
+  if (!h.port)
     return bad("missing port (expected dns://name:port)");
-  const std::string_view name = rest.substr(0, colon);
-  if (name.empty() || name.size() > 253 || !std::all_of(name.begin(), name.end(), is_hostname_char))
-    return bad("invalid DNS name '" + std::string(name) + "'");
-  auto p = parse_port_number(rest.substr(colon + 1), false);
-  if (!p)
-    return bad(p.error());
-  return DnsSource{role, std::string(name), *p};
+  return DnsSource{role, h.host, *h.port};
 }
 
 Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
@@ -1440,80 +1422,35 @@ Result<UpstreamSpec> parse_upstream(Role role, const std::string& text) {
       auto peer = parse_upstream(role, std::string(t.substr(at + 1)));
       if (!peer)
         return bad("kv peer address after '@': " + peer.error());
-      base->kv_peer = peer->host + ":" + std::to_string(peer->port);
+      base->kv_peer = host_port(peer->host, peer->port);
       return base;
     }
   }
-  std::string_view rest = t;
-  bool tls = false;
-  if (const auto sep = t.find("://"); sep != std::string_view::npos) {
-    const std::string scheme = lower(t.substr(0, sep));
-    if (scheme != "http" && scheme != "https") {
-      return bad("unsupported scheme '" + scheme + "': expected http:// or https://");
-    }
-    tls = scheme == "https";
-    rest = t.substr(sep + 3);
+  auto url = parse_url(t);
+  if (!url)
+    return bad(url.error());
+  if (!url->scheme.empty() && url->scheme != "http" && url->scheme != "https")
+    return bad("unsupported scheme '" + url->scheme + "': expected http:// or https://");
+  if ((!url->path.empty() && url->path != "/") || url->query || url->fragment) {
+    const std::string tail = url->path + (url->query ? "?" + *url->query : "") +
+                             (url->fragment ? "#" + *url->fragment : "");
+    return bad("paths, queries and fragments are not supported ('" + tail +
+               "'): give the engine's base address, e.g. http://host:8100");
   }
-  const std::size_t auth_end = rest.find_first_of("/?#");
-  const std::string_view authority = rest.substr(0, auth_end);
-  if (auth_end != std::string_view::npos) {
-    const std::string_view tail = rest.substr(auth_end);
-    if (tail != "/") {
-      return bad("paths, queries and fragments are not supported ('" + std::string(tail) +
-                 "'): give the engine's base address, e.g. http://host:8100");
-    }
-  }
-  if (authority.find('@') != std::string_view::npos)
+  if (url->has_userinfo)
     return bad("user info is not supported");
-
-  std::string_view host;
-  std::string_view port;
-  bool ipv6 = false;
-  if (!authority.empty() && authority.front() == '[') {
-    const std::size_t close = authority.find(']');
-    if (close == std::string_view::npos)
-      return bad("missing ']' after the IPv6 address");
-    host = authority.substr(1, close - 1);
-    ipv6 = true;
-    const std::string_view after = authority.substr(close + 1);
-    if (after.empty())
-      return bad("missing port (expected [addr]:port)");
-    if (after.front() != ':')
-      return bad("expected ':' and a port after ']'");
-    port = after.substr(1);
-    if (host.empty() || host.find(':') == std::string_view::npos ||
-        !std::all_of(host.begin(), host.end(), [](char c) {
-          return std::isxdigit(static_cast<unsigned char>(c)) != 0 || c == ':' || c == '.';
-        })) {
-      return bad("invalid IPv6 address '" + std::string(host) + "'");
-    }
-  } else {
-    const std::size_t colon = authority.rfind(':');
-    if (colon == std::string_view::npos)
-      return bad("missing port (expected host:port)");
-    host = authority.substr(0, colon);
-    port = authority.substr(colon + 1);
-    if (host.find(':') != std::string_view::npos) {
-      return bad("IPv6 addresses must be in brackets, e.g. [::1]:8100");
-    }
-    if (!std::all_of(host.begin(), host.end(), is_hostname_char)) {
-      return bad("invalid host name '" + std::string(host) + "'");
-    }
-  }
-  if (port.empty())
-    return bad("missing port (expected host:port)");
-  auto p = parse_port_number(port, false);
-  if (!p)
-    return bad(p.error());
+  const UrlHost& h = url->hosts.front();
+  if (!h.port)
+    return bad(h.ipv6 ? "missing port (expected [addr]:port)"
+                      : "missing port (expected host:port)");
 
   UpstreamSpec u;
   u.role = role;
   // vLLM's example scripts write "http://:8100" for a local engine.
-  u.host = host.empty() ? "localhost" : std::string(host);
-  u.port = *p;
-  u.tls = tls;
-  u.url = std::string(tls ? "https://" : "http://") + (ipv6 ? "[" + u.host + "]" : u.host) + ":" +
-          std::to_string(u.port);
+  u.host = h.host.empty() ? "localhost" : h.host;
+  u.port = *h.port;
+  u.tls = url->scheme == "https";
+  u.url = std::string(u.tls ? "https://" : "http://") + host_port(u.host, u.port);
   return u;
 }
 
@@ -1522,30 +1459,24 @@ Result<HttpEndpoint> parse_http_endpoint(std::string_view url, std::string_view 
   const auto bad = [&](const std::string& why) {
     return fail("invalid URL '" + std::string(t) + "': " + why);
   };
-  const std::size_t sep = t.find("://");
-  if (sep == std::string_view::npos)
+  auto u = parse_url(t);
+  if (!u)
+    return bad(u.error());
+  if (u->scheme.empty())
     return bad("expected http://host[:port][/path]");
-  if (lower(t.substr(0, sep)) != "http")
+  if (u->scheme != "http")
     return bad("only http:// is supported");
-  const std::string_view rest = t.substr(sep + 3);
-  const std::size_t slash = rest.find('/');
-  std::string authority(rest.substr(0, slash));
-  const std::string_view path = slash == std::string_view::npos ? "" : rest.substr(slash);
-  if (path.find_first_of("?# ") != std::string_view::npos)
-    return bad("queries, fragments and spaces are not supported");
-  if (authority.empty())
+  if (u->query || u->fragment)
+    return bad("queries and fragments are not supported");
+  if (u->has_userinfo)
+    return bad("user info is not supported");
+  const UrlHost& h = u->hosts.front();
+  if (h.host.empty())
     return bad("missing host");
-  const std::size_t close = authority.rfind(']');
-  const std::size_t colon = authority.rfind(':');
-  if (colon == std::string::npos || (close != std::string::npos && colon < close))
-    authority += ":80";
-  auto spec = parse_upstream(Role::decode, "http://" + authority);
-  if (!spec)
-    return bad(spec.error());
   HttpEndpoint e;
-  e.host = spec->host;
-  e.port = spec->port;
-  e.target = path.empty() || path == "/" ? std::string(default_target) : std::string(path);
+  e.host = h.host;
+  e.port = h.port.value_or(80);
+  e.target = u->path.empty() || u->path == "/" ? std::string(default_target) : u->path;
   return e;
 }
 
@@ -2058,15 +1989,7 @@ bool spells_another_key(std::string_view key) {
 }  // namespace
 
 std::string mask_url_password(const std::string& url) {
-  const auto scheme = url.find("://");
-  const auto at = url.rfind('@');
-  if (scheme == std::string::npos || at == std::string::npos || at < scheme)
-    return url;
-  const auto user_end = url.find(':', scheme + 3);
-  // redis://user:password@host or redis://:password@host: keep the user.
-  if (user_end != std::string::npos && user_end < at)
-    return url.substr(0, user_end + 1) + "***" + url.substr(at);
-  return url.substr(0, scheme + 3) + "***" + url.substr(at);
+  return url_without_secrets(url);
 }
 
 std::vector<ConfigEntry> effective_config(const Config& c) {

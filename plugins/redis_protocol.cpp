@@ -5,38 +5,11 @@
 #include <algorithm>
 #include <charconv>
 
+#include "core/url.hpp"
+
 namespace pdgate {
 
 namespace {
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
-Result<std::string> percent_decode(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '%') {
-      out += s[i];
-      continue;
-    }
-    if (i + 2 >= s.size())
-      return fail("bad percent-escape");
-    const int hi = hex_value(s[i + 1]), lo = hex_value(s[i + 2]);
-    if (hi < 0 || lo < 0)
-      return fail("bad percent-escape");
-    out += static_cast<char>(hi * 16 + lo);
-    i += 2;
-  }
-  return out;
-}
 
 template <typename Int>
 bool parse_int(std::string_view s, Int& out) {
@@ -47,121 +20,88 @@ bool parse_int(std::string_view s, Int& out) {
 }
 
 // The URL may hold a password: messages never echo it back.
-Failure bad_url(std::string_view /*url*/, std::string_view why) {
+Failure bad_url(std::string_view why) {
   return fail("--redis: " + std::string(why));
 }
 
-// "[user:]password" -> user, password; "user:" alone is a user without password.
-Result<bool> parse_userinfo(std::string_view info, RedisEndpoint& ep) {
-  const auto colon = info.find(':');
-  auto user =
-      percent_decode(colon == std::string_view::npos ? std::string_view{} : info.substr(0, colon));
-  auto pass = percent_decode(colon == std::string_view::npos ? info : info.substr(colon + 1));
-  if (!user || !pass)
-    return fail("bad percent-escape in the user or password");
-  ep.username = std::move(*user);
-  ep.password = std::move(*pass);
-  return true;
-}
-
-// "host[:port]" or "[v6addr][:port]"; `port` keeps its default when none
-// is given.
-Result<bool> parse_host_port(std::string_view authority, std::string& host, std::uint16_t& port) {
-  std::string_view port_text;
-  if (!authority.empty() && authority.front() == '[') {
-    const auto close = authority.find(']');
-    if (close == std::string_view::npos)
-      return fail("unclosed '[' in the host");
-    host = std::string(authority.substr(1, close - 1));
-    std::string_view after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':')
-        return fail("junk after ']' in the host");
-      port_text = after.substr(1);
-    }
+// "[user:]password@": a user info without ':' is a password, as redis-cli
+// -u reads it; "user:" alone is a user without password.
+void take_userinfo(const Url& u, RedisEndpoint& ep) {
+  if (!u.has_userinfo)
+    return;
+  if (u.password) {
+    ep.username = u.user;
+    ep.password = *u.password;
   } else {
-    const auto colon = authority.rfind(':');
-    host = std::string(authority.substr(0, colon));
-    if (colon != std::string_view::npos)
-      port_text = authority.substr(colon + 1);
+    ep.password = u.user;
   }
-  if (host.empty())
-    return fail("missing host");
-  if (!port_text.empty() && (!parse_int(port_text, port) || port == 0))
-    return fail("port must be a number in 1..65535");
-  return true;
 }
 
-// key=value&key=value, each value percent-decoded, handed to `item`
-// (which returns an error message, or an empty string when it took it).
-template <typename Item>
-Result<bool> parse_query(std::string_view query, Item&& item) {
-  while (!query.empty()) {
-    const auto amp = query.find('&');
-    const std::string_view kv = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
-    const auto eq = kv.find('=');
-    if (eq == std::string_view::npos)
-      return fail("query items are key=value");
-    auto decoded = percent_decode(kv.substr(eq + 1));
-    if (!decoded)
-      return fail("bad percent-escape in the query");
-    if (std::string why = item(kv.substr(0, eq), kv.substr(eq + 1), std::move(*decoded));
-        !why.empty())
-      return fail(why);
+// "N" or "" (database 0): a redis:// path, or what follows a sentinel master.
+bool take_db(std::string_view text, RedisEndpoint& ep) {
+  return text.empty() || (parse_int(text, ep.db) && ep.db >= 0);
+}
+
+// A URL's path without its leading '/'.
+std::string_view path_after_slash(const Url& u) {
+  return std::string_view(u.path).substr(u.path.empty() ? 0 : 1);
+}
+
+Result<RedisEndpoint> parse_unix_url(const Url& u) {
+  RedisEndpoint ep;
+  ep.is_unix = true;
+  auto path = percent_decoded(u.path);
+  if (!path || !u.hosts.front().host.empty() || u.hosts.front().port || u.hosts.size() > 1 ||
+      u.has_userinfo || !path->starts_with('/')) {
+    return bad_url("unix:// needs an absolute socket path (unix:///path/to/redis.sock)");
   }
-  return true;
+  ep.path = std::move(*path);
+  auto items = query_items(u.query.value_or(""));
+  if (!items)
+    return bad_url(items.error());
+  for (auto& [k, v] : *items) {
+    if (k == "db") {
+      if (!parse_int(v, ep.db) || ep.db < 0)
+        return bad_url("db must be a number >= 0");
+    } else if (k == "password") {
+      ep.password = std::move(v);
+    } else if (k == "user") {
+      ep.username = std::move(v);
+    } else {
+      return bad_url("unknown unix:// query item '" + k + "'");
+    }
+  }
+  return ep;
 }
 
 // redis+sentinel://[userinfo@]host[:port],host[:port].../master[/db][?query]
-Result<RedisEndpoint> parse_sentinel_url(std::string_view url) {
+Result<RedisEndpoint> parse_sentinel_url(const Url& u) {
   RedisEndpoint ep;
-  std::string_view rest = url.substr(std::string_view("redis+sentinel://").size());
-  const auto q = rest.find('?');
-  const std::string_view query =
-      q == std::string_view::npos ? std::string_view{} : rest.substr(q + 1);
-  rest = rest.substr(0, q);
-  const auto slash = rest.find('/');
-  if (slash == std::string_view::npos || slash + 1 >= rest.size())
-    return bad_url(
-        url, "redis+sentinel:// needs the master's name: redis+sentinel://host:26379/mymaster");
-  std::string_view authority = rest.substr(0, slash);
-  std::string_view path = rest.substr(slash + 1);
+  take_userinfo(u, ep);
+  const std::string_view path = path_after_slash(u);
   const auto db_slash = path.find('/');
   ep.master_name = std::string(path.substr(0, db_slash));
-  if (db_slash != std::string_view::npos) {
-    std::string_view db = path.substr(db_slash + 1);
-    if (!db.empty() && (!parse_int(db, ep.db) || ep.db < 0))
-      return bad_url(url, "the database after the master's name must be a number >= 0");
+  if (ep.master_name.empty()) {
+    return bad_url(
+        "redis+sentinel:// needs the master's name: redis+sentinel://host:26379/mymaster");
   }
-  if (ep.master_name.empty())
-    return bad_url(url, "redis+sentinel:// needs the master's name");
-  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
-    if (auto r = parse_userinfo(authority.substr(0, at), ep); !r)
-      return bad_url(url, r.error());
-    authority = authority.substr(at + 1);
+  if (db_slash != std::string_view::npos && !take_db(path.substr(db_slash + 1), ep))
+    return bad_url("the database after the master's name must be a number >= 0");
+  if (u.hosts.size() > kMaxSentinels)
+    return bad_url("at most " + std::to_string(kMaxSentinels) + " sentinels");
+  for (const UrlHost& h : u.hosts) {
+    if (h.host.empty())
+      return bad_url("sentinel " + std::to_string(ep.sentinels.size() + 1) + ": missing host");
+    ep.sentinels.push_back(SentinelAddress{h.host, h.port.value_or(26379)});
   }
-  while (true) {
-    const auto comma = authority.find(',');
-    SentinelAddress s;
-    if (auto r = parse_host_port(authority.substr(0, comma), s.host, s.port); !r)
-      return bad_url(url, "sentinel " + std::to_string(ep.sentinels.size() + 1) + ": " + r.error());
-    ep.sentinels.push_back(std::move(s));
-    if (comma == std::string_view::npos)
-      break;
-    authority = authority.substr(comma + 1);
+  auto items = query_items(u.query.value_or(""));
+  if (!items)
+    return bad_url(items.error());
+  for (auto& [k, v] : *items) {
+    if (k != "sentinel_password")
+      return bad_url("unknown redis+sentinel:// query item '" + k + "'");
+    ep.sentinel_password = std::move(v);
   }
-  if (ep.sentinels.size() > kMaxSentinels)
-    return bad_url(url, "at most " + std::to_string(kMaxSentinels) + " sentinels");
-  auto r = parse_query(query, [&](std::string_view k, std::string_view, std::string v) {
-    if (k == "sentinel_password") {
-      ep.sentinel_password = std::move(v);
-      return std::string();
-    }
-    return "unknown redis+sentinel:// query item '" + std::string(k) + "'";
-  });
-  if (!r)
-    return bad_url(url, r.error());
   // Until a sentinel names the master, connections go nowhere.
   ep.host.clear();
   ep.port = 0;
@@ -177,9 +117,6 @@ std::string RedisEndpoint::display() const {
       s += "?db=" + std::to_string(db);
     return s;
   }
-  auto host_port = [](const std::string& h, std::uint16_t p) {
-    return (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(p);
-  };
   s = is_sentinel() ? "redis+sentinel://" : "redis://";
   if (!username.empty() || !password.empty())
     s += username + (password.empty() ? "@" : ":***@");
@@ -196,63 +133,35 @@ std::string RedisEndpoint::display() const {
 }
 
 Result<RedisEndpoint> parse_redis_url(std::string_view url) {
+  auto u = parse_url(url, HostList::many);
+  if (!u)
+    return bad_url(u.error());
+  if (u->scheme == "rediss")
+    return bad_url("rediss:// (TLS) is not supported; use redis:// or unix://");
+  if (u->fragment)
+    return bad_url("a Redis URL has no #fragment");
+  if (u->scheme == "unix")
+    return parse_unix_url(*u);
+  if (u->scheme == "redis+sentinel")
+    return parse_sentinel_url(*u);
+  if (u->scheme != "redis") {
+    return bad_url(
+        "expected redis://[:password@]host[:port][/db], "
+        "redis+sentinel://host:port[,host:port]/master or unix:///path");
+  }
   RedisEndpoint ep;
-  if (url.rfind("rediss://", 0) == 0) {
-    return bad_url(url, "rediss:// (TLS) is not supported; use redis:// or unix://");
-  }
-  if (url.rfind("unix://", 0) == 0) {
-    ep.is_unix = true;
-    std::string_view rest = url.substr(7);
-    const auto q = rest.find('?');
-    ep.path = std::string(rest.substr(0, q));
-    if (ep.path.empty() || ep.path.front() != '/') {
-      return bad_url(url, "unix:// needs an absolute socket path (unix:///path/to/redis.sock)");
-    }
-    if (q != std::string_view::npos) {
-      auto r = parse_query(rest.substr(q + 1),
-                           [&](std::string_view k, std::string_view raw, std::string v) {
-                             if (k == "db") {
-                               if (!parse_int(raw, ep.db) || ep.db < 0)
-                                 return std::string("db must be a number >= 0");
-                             } else if (k == "password") {
-                               ep.password = std::move(v);
-                             } else if (k == "user") {
-                               ep.username = std::move(v);
-                             } else {
-                               return "unknown unix:// query item '" + std::string(k) + "'";
-                             }
-                             return std::string();
-                           });
-      if (!r)
-        return bad_url(url, r.error());
-    }
-    return ep;
-  }
-  if (url.rfind("redis+sentinel://", 0) == 0)
-    return parse_sentinel_url(url);
-  if (url.rfind("redis://", 0) != 0) {
-    return bad_url(url,
-                   "expected redis://[:password@]host[:port][/db], "
-                   "redis+sentinel://host:port[,host:port]/master or unix:///path");
-  }
-  std::string_view rest = url.substr(8);
-  const auto slash = rest.find('/');
-  std::string_view authority = rest.substr(0, slash);
-  if (slash != std::string_view::npos) {
-    std::string_view db = rest.substr(slash + 1);
-    if (!db.empty() && (!parse_int(db, ep.db) || ep.db < 0)) {
-      return bad_url(url, "the path must be a database number (redis://host:port/0)");
-    }
-  }
-  // The password may contain '@' only percent-escaped, so the last '@'
-  // ends the user info.
-  if (const auto at = authority.rfind('@'); at != std::string_view::npos) {
-    if (auto r = parse_userinfo(authority.substr(0, at), ep); !r)
-      return bad_url(url, r.error());
-    authority = authority.substr(at + 1);
-  }
-  if (auto r = parse_host_port(authority, ep.host, ep.port); !r)
-    return bad_url(url, r.error());
+  take_userinfo(*u, ep);
+  if (u->hosts.size() > 1)
+    return bad_url("only redis+sentinel:// lists several hosts");
+  if (u->query)
+    return bad_url("redis:// takes no query; give the database as the path (redis://host:port/0)");
+  const UrlHost& h = u->hosts.front();
+  if (h.host.empty())
+    return bad_url("missing host");
+  ep.host = h.host;
+  ep.port = h.port.value_or(6379);
+  if (!take_db(path_after_slash(*u), ep))
+    return bad_url("the path must be a database number (redis://host:port/0)");
   return ep;
 }
 

@@ -50,6 +50,22 @@ TEST(SeedCommandLines, XpYdDemoProxy) {
   EXPECT_FALSE(p2.requests().empty());
 }
 
+// Engines named by IPv6 address, in the URL and the bare form: pdgate
+// reaches both over ::1 and serves (the engines listen on "::", which
+// takes IPv4 too, so the harness can still read their request logs).
+TEST(SeedCommandLines, Ipv6EngineAddresses) {
+  if (!have_ipv6_loopback())
+    GTEST_SKIP() << "no IPv6 loopback on this machine";
+  Sim p("prefill", {"--host", "::"}), d("decode", {"--host", "::"});
+  const auto port = free_port();
+  Process gw("pdgate", {build_dir() + "/pdgate", "--model", "sim-model", "--prefill",
+                        "http://[::1]:" + std::to_string(p.port()) + "/", "--decode",
+                        "[::1]:" + std::to_string(d.port()), "--port", std::to_string(port)});
+  EXPECT_EQ(gw.wait_listening(), port);
+  expect_serves(port, d);
+  EXPECT_FALSE(p.requests().empty());
+}
+
 // disagg_proxy_multiturn.py: --host --port --prefiller-host --prefiller-port
 // --decoder-host --decoder-port (and the plural spellings with lists).
 TEST(SeedCommandLines, MultiTurnProxy) {

@@ -507,6 +507,18 @@ std::uint16_t closed_port() {
   return ntohs(a.sin_port);
 }
 
+bool have_ipv6_loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0)
+    return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
 EditedFile::EditedFile(const std::string& name, const std::string& text) {
   static std::atomic<int> n{0};
   dir_ = (std::filesystem::temp_directory_path() /

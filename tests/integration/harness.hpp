@@ -173,4 +173,8 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seco
 // A TCP port on 127.0.0.1 that nothing listens on.
 std::uint16_t closed_port();
 
+// Whether this machine has IPv6 loopback (::1): containers may run with
+// IPv6 off, and tests of IPv6 addresses skip there.
+bool have_ipv6_loopback();
+
 }  // namespace pdgate::test

@@ -5,6 +5,8 @@
 #include <hiredis/hiredis.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "plugins/redis_protocol.hpp"
 #include "tests/plugins/redis_replies.hpp"
@@ -85,6 +87,62 @@ TEST(RedisUrl, Rejects) {
       EXPECT_EQ(ep.error().find("secretpw"), std::string::npos) << ep.error();
     }
   }
+}
+
+// Percent-escapes in the user and the password are decoded: an '@', ':'
+// or '/' in a password is written %40, %3A, %2F.
+TEST(RedisUrl, PercentEncodedUserInfo) {
+  auto ep = parse_redis_url("redis://:p%40ss@host");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_EQ(ep->password, "p@ss");
+  EXPECT_EQ(ep->host, "host");
+  EXPECT_EQ(ep->port, 6379);
+  ep = parse_redis_url("redis://app%2Dgw:a%3Ab%2Fc@h:1");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_EQ(ep->username, "app-gw");
+  EXPECT_EQ(ep->password, "a:b/c");
+  // A lone user info is the password, as redis-cli -u reads it.
+  ep = parse_redis_url("redis://s%40cret@h");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_TRUE(ep->username.empty());
+  EXPECT_EQ(ep->password, "s@cret");
+}
+
+// Garbage is refused with --redis and the part at fault in the message,
+// and the password never in it.
+TEST(RedisUrl, GarbageNamesTheOptionAndThePart) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"redis://my host:6379", "a space in the host"},
+      {"redis://h:65536", "invalid port '65536'"},
+      {"redis://:secretpw@h:99999", "invalid port"},
+      {"redis://:secretpw@", "missing host"},
+      {"redis://:secret@pw@h", "%40"},
+      {"redis://:secretpw@h?db=1", "takes no query"},
+      {"redis://h1:1,h2:2", "only redis+sentinel://"},
+      {"redis+sentinel://s1,s 2/m", "host 2: a space in the host"},
+      {"unix:///run/redis.sock?password=secretpw&db=x", "db must be"},
+  };
+  for (const auto& [url, fragment] : bad) {
+    auto ep = parse_redis_url(url);
+    ASSERT_FALSE(ep) << url;
+    EXPECT_EQ(ep.error().rfind("--redis: ", 0), 0u) << ep.error();
+    EXPECT_NE(ep.error().find(fragment), std::string::npos) << url << ": " << ep.error();
+    EXPECT_EQ(ep.error().find("secret"), std::string::npos) << ep.error();
+  }
+}
+
+// IPv6 hosts work in each form, a sentinel list included; a '+' in a
+// query password stays a '+'.
+TEST(RedisUrl, Ipv6SentinelsAndPlusInQueryPassword) {
+  auto ep = parse_redis_url("redis+sentinel://[fd00::1]:26380,[fd00::2]/m?sentinel_password=a+b");
+  ASSERT_TRUE(ep) << ep.error();
+  ASSERT_EQ(ep->sentinels.size(), 2u);
+  EXPECT_EQ(ep->sentinels[0].host, "fd00::1");
+  EXPECT_EQ(ep->sentinels[0].port, 26380);
+  EXPECT_EQ(ep->sentinels[1].host, "fd00::2");
+  EXPECT_EQ(ep->sentinels[1].port, 26379);
+  EXPECT_EQ(ep->sentinel_password, "a+b");
+  EXPECT_EQ(ep->display(), "redis+sentinel://[fd00::1]:26380,[fd00::2]:26379/m");
 }
 
 // redis+sentinel:// lists sentinels (26379 by default) and names the master;

@@ -213,13 +213,12 @@ TEST_F(RedisStore, NothingListening) {
   EXPECT_FALSE(stores->health().reachable);
 }
 
-// A password-protected server on a unix socket, database 2: AUTH and
-// SELECT run on connect, keys land in that database.
-TEST(RedisStoreAuth, UnixSocketPasswordAndDb) {
-  const std::string sock = "/tmp/pdgate-redis-" + std::to_string(getpid()) + ".sock";
-  RedisServer redis({"--requirepass", "s3cret", "--unixsocket", sock, "--unixsocketperm", "700"});
+// A store on `url`, once reachable, puts conversation "c", runs
+// `check_key` (redis-cli's view of the key), then takes "c" back.
+template <typename Check>
+void put_check_take(const std::string& url, Check check_key) {
   ConversationStoreOptions o;
-  o.redis_url = "unix://" + sock + "?db=2&password=s3cret";
+  o.redis_url = url;
   auto stores = make_conversation_stores(o);
   ASSERT_TRUE(stores) << stores.error();
   net::io_context io;
@@ -229,9 +228,31 @@ TEST(RedisStoreAuth, UnixSocketPasswordAndDb) {
     return (*stores)->health().reachable;
   }));
   EXPECT_TRUE(await_on(io, h->put("c", "{}", 60s)));
-  EXPECT_EQ(redis.cli("-a s3cret --no-auth-warning -n 2 EXISTS pdgate:conv:c"), "1");
-  EXPECT_EQ(redis.cli("-a s3cret --no-auth-warning -n 0 EXISTS pdgate:conv:c"), "0");
+  check_key();
   EXPECT_EQ(await_on(io, h->take("c")).kind, TakeResult::Kind::hit);
+}
+
+// A password-protected server on a unix socket, database 2: AUTH and
+// SELECT run on connect, keys land in that database.
+TEST(RedisStoreAuth, UnixSocketPasswordAndDb) {
+  const std::string sock = "/tmp/pdgate-redis-" + std::to_string(getpid()) + ".sock";
+  RedisServer redis({"--requirepass", "s3cret", "--unixsocket", sock, "--unixsocketperm", "700"});
+  put_check_take("unix://" + sock + "?db=2&password=s3cret", [&] {
+    EXPECT_EQ(redis.cli("-a s3cret --no-auth-warning -n 2 EXISTS pdgate:conv:c"), "1");
+    EXPECT_EQ(redis.cli("-a s3cret --no-auth-warning -n 0 EXISTS pdgate:conv:c"), "0");
+  });
+}
+
+// A password holding '@', ':' and '/', percent-encoded in the URL, reaches
+// Redis decoded, over IPv6 loopback: AUTH and SELECT succeed and the key
+// lands in database 1.
+TEST(RedisStoreAuth, PercentEncodedPasswordOverIpv6) {
+  if (!have_ipv6_loopback())
+    GTEST_SKIP() << "no IPv6 loopback on this machine";
+  RedisServer redis({"--requirepass", "p@ss:w/rd", "--bind", "127.0.0.1", "::1"});
+  put_check_take("redis://:p%40ss%3Aw%2Frd@[::1]:" + std::to_string(redis.port()) + "/1", [&] {
+    EXPECT_EQ(redis.cli("-a 'p@ss:w/rd' --no-auth-warning -n 1 EXISTS pdgate:conv:c"), "1");
+  });
 }
 
 // A wrong password never becomes reachable; takes are errors, not hangs.

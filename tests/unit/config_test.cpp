@@ -98,7 +98,7 @@ TEST(ConfigDns, Sources) {
   EXPECT_EQ(c.dns_interval, std::chrono::seconds(2));
   EXPECT_EQ(c.dns_server, "10.96.0.10:53");
   expect_error(parse({"--decode", "dns://decode-headless"}), {"missing port"});
-  expect_error(parse({"--decode", "dns://bad_name!:8200"}), {"invalid DNS name"});
+  expect_error(parse({"--decode", "dns://bad_name!:8200"}), {"DNS source", "invalid host name"});
   expect_error(parse({"--decode", "dns://d:0"}), {"DNS source"});
   expect_error(parse({"--prefill-servers-urls", "disable", "--prefill", "dns://p:8100", "--decode",
                       "localhost:8200"}),
@@ -877,6 +877,37 @@ TEST(ParseUpstream, KvPeerAfterAt) {
   EXPECT_FALSE(parse_upstream(Role::prefill, "http://10.0.0.1:8100@nohost"));
 }
 
+// An IPv6 kv peer keeps its brackets, as ZMQ's tcp://[addr]:port needs.
+TEST(ParseUpstream, Ipv6KvPeerInBrackets) {
+  auto u = parse_upstream(Role::prefill, "http://[::1]:8100@[fd00::2]:21001");
+  ASSERT_TRUE(u) << u.error();
+  EXPECT_EQ(u->url, "http://[::1]:8100");
+  EXPECT_EQ(u->kv_peer, "[fd00::2]:21001");
+}
+
+// Garbage in any URL option is refused with the option's name and the
+// part at fault: spaces, ports past 65535, an empty host.
+TEST(ConfigErrors, UrlGarbageNamesTheOption) {
+  expect_error(parse({"--decode", "bad host:1"}), {"--decode", "a space in the host"});
+  expect_error(parse({"--prefill", "p:70000", "--decode", "d:1"}),
+               {"--prefill", "invalid port '70000'"});
+  expect_error(parse({"--decode-servers-urls", "http://d:1,http://[::1:2"}),
+               {"--decode-servers-urls", "missing ']'"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "http://:4318"}),
+               {"--otlp-endpoint", "missing host"});
+  expect_error(
+      parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "http://c:99999/v1/traces"}),
+      {"--otlp-endpoint", "invalid port '99999'"});
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "http://c a:1"}),
+               {"--otlp-endpoint", "a space in the host"});
+  // IPv6 works in every form, the multi-turn one included.
+  const auto r = parse({"--prefiller-host", "::1", "--prefiller-port", "8100", "--decoder-host",
+                        "[fd00::1]", "--decoder-port", "8200"});
+  ASSERT_TRUE(r) << r.error();
+  EXPECT_EQ(urls(r->config.prefill), std::vector<std::string>{"http://[::1]:8100"});
+  EXPECT_EQ(urls(r->config.decode), std::vector<std::string>{"http://[fd00::1]:8200"});
+}
+
 // --- Every error at once (--check-config) ---------------------------------------
 
 // A command line and a file with several mistakes: every one is reported,
@@ -1017,6 +1048,22 @@ TEST(ConfigEffective, ValuesAndMasking) {
   EXPECT_EQ(mask_url_password("redis://user:pw@h:1"), "redis://user:***@h:1");
   EXPECT_EQ(mask_url_password("redis://h:1"), "redis://h:1");
   EXPECT_EQ(mask_url_password("unix:///run/redis.sock"), "unix:///run/redis.sock");
+}
+
+// Passwords given as query items (unix:// sockets, sentinels) are masked
+// too in the effective configuration, as the user info's password is.
+TEST(EffectiveConfig, MasksQueryPasswords) {
+  const auto r = parse({"--decode", "d:2", "--prefill-servers-urls", "disable", "--redis",
+                        "unix:///run/redis.sock?db=1&password=unixpw"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  for (const auto& e : effective_config(r->config)) {
+    if (e.key == "redis") {
+      EXPECT_EQ(e.values, std::vector<std::string>{"unix:///run/redis.sock?db=1&password=***"});
+    }
+  }
+  EXPECT_EQ(mask_url_password("redis+sentinel://:pw@s1,s2/m?sentinel_password=spw"),
+            "redis+sentinel://:***@s1,s2/m?sentinel_password=***");
+  EXPECT_EQ(mask_url_password("redis://pw@h:1"), "redis://***@h:1");
 }
 
 // A reload's diff names what changes at run time and what needs a
@@ -1341,6 +1388,15 @@ TEST(ConfigKvEvents, FlagErrors) {
                {"--kv-events", "replay="});
   expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200"}),
                {"--kv-events", "INSTANCE=tcp://"});
+  // The endpoint's host and port are read as a URL's are: garbage is named.
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200=tcp://h st:1"}),
+               {"--kv-events", "a space in the host"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200=tcp://[zz]:1"}),
+               {"--kv-events", "invalid IPv6 address"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--kv-events", "127.0.0.1:8200=tcp://h:70000"}),
+               {"--kv-events", "invalid port '70000'"});
+  EXPECT_TRUE(parse({"--decode", "[::1]:8200", "--prefill-servers-urls", "disable", "--kv-events",
+                     "[::1]:8200=tcp://[::1]:5557"}));
   expect_error(parse({"--decode", "127.0.0.1:8200", "--tokenizer", "gpt2"}),
                {"--tokenizer", "sim, vllm or none"});
 }
