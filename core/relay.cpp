@@ -14,16 +14,6 @@ namespace pdgate {
 
 namespace {
 
-void copy_answer_headers(const http::response_header<>& from, http::response_header<>& to) {
-  // Only what describes the body travels: hop-by-hop and framing headers
-  // belong to the upstream connection, not to the client's.
-  for (auto field : {http::field::content_type, http::field::cache_control}) {
-    auto it = from.find(field);
-    if (it != from.end())
-      to.set(field, it->value());
-  }
-}
-
 // Writes one piece of the relayed stream as an HTTP chunk; with `last`,
 // the stream's end (the zero-size chunk) leaves in the same write, so a
 // stream whose last events and end arrive together costs one system call.
@@ -53,14 +43,13 @@ std::string stream_head(const http::request<http::string_body>& req, const Upstr
   h += ' ';
   h += http::obsolete_reason(static_cast<http::status>(ex.status()));
   h += "\r\nServer: pdgate\r\n";
-  const auto& from = ex.header();
-  const auto ct = from.find(http::field::content_type);
   h += "Content-Type: ";
-  h += ct != from.end() ? std::string_view(ct->value()) : std::string_view("text/event-stream");
+  h += ex.content_type().empty() ? std::string_view("text/event-stream")
+                                 : std::string_view(ex.content_type());
   h += "\r\n";
-  if (const auto cc = from.find(http::field::cache_control); cc != from.end()) {
+  if (!ex.cache_control().empty()) {
     h += "Cache-Control: ";
-    h += cc->value();
+    h += ex.cache_control();
     h += "\r\n";
   }
   h += "X-Request-Id: ";
@@ -316,7 +305,12 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
                                         const std::string& request_id) {
   http::response<http::string_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
-  copy_answer_headers(ex.header(), res);
+  // Only what describes the body travels: hop-by-hop and framing headers
+  // belong to the upstream connection, not to the client's.
+  if (!ex.content_type().empty())
+    res.set(http::field::content_type, ex.content_type());
+  if (!ex.cache_control().empty())
+    res.set(http::field::cache_control, ex.cache_control());
   res.set("X-Request-Id", request_id);
   res.keep_alive(req.keep_alive());
   res.body() = std::move(body);

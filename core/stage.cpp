@@ -325,9 +325,8 @@ net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& 
     g.detail = std::string(g.stage) + " stage:" + named;
     if (!err && !body.empty()) {
       g.passthrough_body = std::move(body);
-      auto ct = ex.header().find(http::field::content_type);
-      if (ct != ex.header().end())
-        g.passthrough_content_type = std::string(ct->value());
+      if (!ex.content_type().empty())
+        g.passthrough_content_type = ex.content_type();
     }
     co_return g;
   }

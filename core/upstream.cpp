@@ -305,8 +305,7 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     const bool reused = conn->reused;
     std::unique_ptr<UpstreamExchange> ex(
         new UpstreamExchange(pool, std::move(conn), scope, timeouts));
-    ex->parser_ = std::make_unique<http::response_parser<http::buffer_body>>();
-    ex->parser_->body_limit(boost::none);
+    ex->parser_ = std::make_unique<EngineResponseParser>();
 
     ex->conn_->stream.expires_after(timeouts.first_byte);
     beast::error_code ec = co_await ex->conn_->stream.write_all(out);
@@ -452,14 +451,11 @@ net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std:
     const std::size_t room = std::min(max, std::max<std::size_t>(conn_->buffer.size(), 256));
     const std::size_t old = out.size();
     out.resize(old + room);
-    auto& body = parser_->get().body();
-    body.data = out.data() + old;
-    body.size = room;
+    parser_->lend(out.data() + old, room);
     auto ec = parse_buffered();
-    const std::size_t got = room - body.size;
+    const std::size_t got = room - parser_->room_left();
     out.resize(old + got);
-    body.data = nullptr;
-    body.size = 0;
+    parser_->lend(nullptr, 0);
     // need_more: the buffer is used up (its bytes were body or framing; a
     // chunk's closing CRLF stays until the next size line is there);
     // need_buffer: `out` is full and the rest stays buffered.

@@ -18,6 +18,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/engine_response_parser.hpp"
 #include "core/instance.hpp"
 #include "core/maybe_tls_stream.hpp"
 #include "core/request_scope.hpp"
@@ -195,12 +196,14 @@ class UpstreamExchange {
       UpstreamPool& pool, std::string_view head, const std::vector<net::const_buffer>& body,
       RequestScope& scope, UpstreamTimeouts timeouts);
 
-  unsigned status() const { return parser_->get().result_int(); }
-  const http::response_header<>& header() const { return parser_->get().base(); }
+  unsigned status() const { return parser_->status(); }
+  // The answer's Content-Type and Cache-Control (empty when not sent).
+  const std::string& content_type() const { return parser_->content_type(); }
+  const std::string& cache_control() const { return parser_->cache_control(); }
   bool done() const { return parser_->is_done(); }
   // Frees the response's header fields once they have been copied (a relay
   // that lasts minutes does not keep them); status() stays valid.
-  void drop_header_fields() { parser_->get().base().clear(); }
+  void drop_header_fields() { parser_->drop_header_values(); }
 
   // Appends whatever body bytes are available now to `out`, up to `max`
   // bytes: all the events of a stream that arrived together, however many
@@ -255,7 +258,7 @@ class UpstreamExchange {
   std::unique_ptr<UpstreamConnection> conn_;
   RequestScope& scope_;
   UpstreamTimeouts timeouts_;
-  std::unique_ptr<http::response_parser<http::buffer_body>> parser_;
+  std::unique_ptr<EngineResponseParser> parser_;
   bool needs_more_ = false;  // the parser wants bytes the buffer does not hold
   bool waiting_ = true;      // registered with the pool (see committed())
   bool ejected_ = false;     // cut off by abort_ejected()
