@@ -329,12 +329,13 @@ net::awaitable<bool> accept_tls(const ClientSessionEnv& env, const Config& cfg,
 
 }  // namespace
 
-net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
-                                  tcp::socket socket) {
+net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w, tcp::socket socket,
+                                  tcp::endpoint peer) {
   // The worker's settings, which a reload may change between two
   // requests (read at each use, never copied for the connection's life).
   const Config& cfg = w.cfg;
   MaybeTlsStream stream(std::move(socket));
+  stream.set_peer(peer);
   // The certificate this connection was accepted with: a reload swaps the
   // listener's, this one stays until the connection ends.
   std::shared_ptr<net::ssl::context> tls = env.tls ? env.tls->current() : nullptr;

@@ -40,7 +40,9 @@ struct ClientSessionEnv {
 };
 
 // Serves the connection until it closes, idles out, or the gateway stops.
+// `peer` is the client's address, as accepted.
 boost::asio::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
-                                          boost::asio::ip::tcp::socket socket);
+                                          boost::asio::ip::tcp::socket socket,
+                                          boost::asio::ip::tcp::endpoint peer);
 
 }  // namespace pdgate

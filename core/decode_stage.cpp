@@ -27,9 +27,8 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   const auto head = upstream_head(http::verb::post, *decode, rc.req.target(), rc.decode_body.size(),
                                   rc.stage_id, rc.fwd, r->span.traceparent());
   const auto buffers = body_buffers(rc.decode_body);
-  auto [err, ex] =
-      co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers, rc.scope,
-                                       w.timeouts(), stream ? kStreamRead : kWholeAnswerRead);
+  auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
+                                                    rc.scope, w.timeouts());
   if (err) {
     out.error = upstream_failure(Stage::decode, err);
     blame(w, *decode, out.error);

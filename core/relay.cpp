@@ -14,22 +14,21 @@ namespace pdgate {
 
 namespace {
 
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
-
-void copy_answer_headers(const http::response_header<>& from, http::response_header<>& to) {
-  // Only what describes the body travels: hop-by-hop and framing headers
-  // belong to the upstream connection, not to the client's.
-  for (auto field : {http::field::content_type, http::field::cache_control}) {
-    auto it = from.find(field);
-    if (it != from.end())
-      to.set(field, it->value());
-  }
-}
-
-// Writes one piece of the relayed stream as an HTTP chunk.
-net::awaitable<bool> write_chunk(MaybeTlsStream& client, std::string_view data, const Config& cfg) {
+// Writes one piece of the relayed stream as an HTTP chunk; with `last`,
+// the stream's end (the zero-size chunk) leaves in the same write, so a
+// stream whose last events and end arrive together costs one system call.
+net::awaitable<bool> write_chunk(MaybeTlsStream& client, std::string_view data, const Config& cfg,
+                                 bool last = false) {
   client.expires_after(cfg.client_idle_timeout);
-  auto [ec, n] = co_await net::async_write(client, http::make_chunk(net::buffer(data)), use_tuple);
+  beast::error_code ec;
+  if (!last) {
+    ec = co_await client.write_all(http::make_chunk(net::buffer(data)));
+  } else if (data.empty()) {
+    ec = co_await client.write_all(http::make_chunk_last());
+  } else {
+    ec = co_await client.write_all(
+        beast::buffers_cat(http::make_chunk(net::buffer(data)), http::make_chunk_last()));
+  }
   co_return !ec;
 }
 
@@ -44,14 +43,13 @@ std::string stream_head(const http::request<http::string_body>& req, const Upstr
   h += ' ';
   h += http::obsolete_reason(static_cast<http::status>(ex.status()));
   h += "\r\nServer: pdgate\r\n";
-  const auto& from = ex.header();
-  const auto ct = from.find(http::field::content_type);
   h += "Content-Type: ";
-  h += ct != from.end() ? std::string_view(ct->value()) : std::string_view("text/event-stream");
+  h += ex.content_type().empty() ? std::string_view("text/event-stream")
+                                 : std::string_view(ex.content_type());
   h += "\r\n";
-  if (const auto cc = from.find(http::field::cache_control); cc != from.end()) {
+  if (!ex.cache_control().empty()) {
     h += "Cache-Control: ";
-    h += cc->value();
+    h += ex.cache_control();
     h += "\r\n";
   }
   h += "X-Request-Id: ";
@@ -77,20 +75,16 @@ net::awaitable<bool> write_stream_start(const Config& cfg, MaybeTlsStream& clien
   client.expires_after(cfg.client_idle_timeout);
   const auto end = http::make_chunk_last();
   beast::error_code ec;
-  std::size_t n = 0;
   if (first.empty() && !last) {
-    std::tie(ec, n) = co_await net::async_write(client, net::buffer(head), use_tuple);
+    ec = co_await client.write_all(net::buffer(head));
   } else if (first.empty()) {
-    std::tie(ec, n) =
-        co_await net::async_write(client, beast::buffers_cat(net::buffer(head), end), use_tuple);
+    ec = co_await client.write_all(beast::buffers_cat(net::buffer(head), end));
   } else if (!last) {
-    std::tie(ec, n) = co_await net::async_write(
-        client, beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first))),
-        use_tuple);
+    ec = co_await client.write_all(
+        beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first))));
   } else {
-    std::tie(ec, n) = co_await net::async_write(
-        client, beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first)), end),
-        use_tuple);
+    ec = co_await client.write_all(
+        beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first)), end));
   }
   co_return !ec;
 }
@@ -161,38 +155,47 @@ net::awaitable<bool> relay_stream(WorkerContext& w, MaybeTlsStream& client,
   std::string out;
   UpstreamError failure;
   while (!r.stream->done()) {
+    // An idle stream waits here, its read's frames not yet allocated.
+    ex.release_idle_memory();
+    if (ex.must_wait()) {
+      if (auto err = co_await ex.wait_bytes(); err) {
+        if (err.kind == UpstreamFailure::aborted)
+          co_return false;
+        failure = std::move(err);
+        break;
+      }
+    }
     if (auto err = co_await r.stream->read_into(out); err) {
       if (err.kind == UpstreamFailure::aborted)
         co_return false;
       failure = std::move(err);
       break;
     }
-    if (!out.empty()) {
-      if (!co_await write_chunk(client, out, w.cfg)) {
+    const bool last = r.stream->done();
+    if (last) {
+      note_turn_without_params(w, r, r.stream->captured_params());
+      ex.finish();
+    }
+    if (!out.empty() || last) {
+      if (!co_await write_chunk(client, out, w.cfg, last)) {
         scope.on_client_gone();
         co_return false;
       }
       scope.count_sent(out.size());
     }
+    if (last)
+      co_return req.keep_alive();
     std::string().swap(out);
   }
-  if (failure) {
-    spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure.detail);
-    note_failure(w, *r.decode, failure.detail);
-    trace_error(r.span, upstream_failure(Stage::decode, failure));
-    const std::string why = w.cfg.verbose_errors ? failure.detail : public_reason(failure.kind);
-    const std::string ev =
-        sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));
-    if (!co_await write_chunk(client, ev, w.cfg))
-      co_return false;
-    scope.count_sent(ev.size());
-  } else {
-    note_turn_without_params(w, r, r.stream->captured_params());
-    ex.finish();
-  }
-  client.expires_after(w.cfg.client_idle_timeout);
-  auto [ec, n] = co_await net::async_write(client, http::make_chunk_last(), use_tuple);
-  co_return !ec && req.keep_alive();
+  spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure.detail);
+  note_failure(w, *r.decode, failure.detail);
+  trace_error(r.span, upstream_failure(Stage::decode, failure));
+  const std::string why = w.cfg.verbose_errors ? failure.detail : public_reason(failure.kind);
+  const std::string ev = sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));
+  if (!co_await write_chunk(client, ev, w.cfg, true))
+    co_return false;
+  scope.count_sent(ev.size());
+  co_return req.keep_alive();
 }
 
 // A whole decode answer, through the filter (its own frame, so the filter
@@ -302,7 +305,12 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
                                         const std::string& request_id) {
   http::response<http::string_body> res{static_cast<http::status>(ex.status()), req.version()};
   res.set(http::field::server, "pdgate");
-  copy_answer_headers(ex.header(), res);
+  // Only what describes the body travels: hop-by-hop and framing headers
+  // belong to the upstream connection, not to the client's.
+  if (!ex.content_type().empty())
+    res.set(http::field::content_type, ex.content_type());
+  if (!ex.cache_control().empty())
+    res.set(http::field::cache_control, ex.cache_control());
   res.set("X-Request-Id", request_id);
   res.keep_alive(req.keep_alive());
   res.body() = std::move(body);
@@ -310,12 +318,13 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 
+// Not a coroutine itself: a held stream's chain of frames is one shorter.
 net::awaitable<bool> relay_answer(WorkerContext& w, MaybeTlsStream& client,
                                   const http::request<http::string_body>& req, DecodeRelay& r,
                                   RequestScope& scope) {
   if (r.stream)
-    co_return co_await relay_stream(w, client, req, r, scope);
-  co_return co_await relay_whole(w, client, req, r, scope);
+    return relay_stream(w, client, req, r, scope);
+  return relay_whole(w, client, req, r, scope);
 }
 
 }  // namespace pdgate

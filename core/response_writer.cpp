@@ -24,8 +24,7 @@ net::awaitable<bool> write_response(MaybeTlsStream& client,
   }
   const std::string head = render_head(res.base());
   const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(res.body())};
-  auto [ec, n] = co_await net::async_write(client, parts, use_tuple);
-  co_return !ec;
+  co_return !co_await client.write_all(parts);
 }
 
 }  // namespace pdgate

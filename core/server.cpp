@@ -627,7 +627,8 @@ void Gateway::begin_drain() {
 
 net::awaitable<void> Gateway::accept_loop(Worker& w) {
   for (;;) {
-    auto [ec, socket] = co_await w.acceptor->async_accept(use_tuple);
+    tcp::endpoint peer;
+    auto [ec, socket] = co_await w.acceptor->async_accept(peer, use_tuple);
     if (ec) {
       if (ec == net::error::operation_aborted || !w.acceptor->is_open())
         co_return;
@@ -639,7 +640,7 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
     }
     beast::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    net::co_spawn(w.ioc, serve_client(session_env_, w.ctx, std::move(socket)), net::detached);
+    net::co_spawn(w.ioc, serve_client(session_env_, w.ctx, std::move(socket), peer), net::detached);
   }
 }
 

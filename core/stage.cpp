@@ -49,18 +49,12 @@ ForwardedHeaders forwarded_headers(const WorkerContext& w,
   f.traceparent = trace.traceparent();
   f.tracestate = trace.tracestate();
   f.baggage = trace.baggage();
-  beast::error_code ec;
-  auto peer = client.socket().remote_endpoint(ec);
-  if (!ec) {
-    auto addr = peer.address();
-    if (addr.is_v6() && addr.to_v6().is_v4_mapped())
-      addr = net::ip::make_address_v4(net::ip::v4_mapped, addr.to_v6());
-    const std::string ip = addr.to_string();
+  if (const std::string& ip = client.peer_address(); !ip.empty()) {
     f.x_forwarded_for = appended(joined_values(req, "x-forwarded-for"), ip);
     // RFC 7239: an IPv6 node is quoted and bracketed.
-    f.forwarded =
-        appended(joined_values(req, "forwarded"),
-                 addr.is_v6() ? "for=\"[" + ip + "]\";proto=http" : "for=" + ip + ";proto=http");
+    f.forwarded = appended(joined_values(req, "forwarded"), client.peer_is_v6()
+                                                                ? "for=\"[" + ip + "]\";proto=http"
+                                                                : "for=" + ip + ";proto=http");
   }
   for (const auto& name : w.cfg.forward_headers) {
     if (req.find(name) != req.end())
@@ -331,9 +325,8 @@ net::awaitable<GatewayError> engine_status_error(Stage stage, UpstreamExchange& 
     g.detail = std::string(g.stage) + " stage:" + named;
     if (!err && !body.empty()) {
       g.passthrough_body = std::move(body);
-      auto ct = ex.header().find(http::field::content_type);
-      if (ct != ex.header().end())
-        g.passthrough_content_type = std::string(ct->value());
+      if (!ex.content_type().empty())
+        g.passthrough_content_type = ex.content_type();
     }
     co_return g;
   }

@@ -3,10 +3,9 @@
 #include <tuple>
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
-#include <boost/beast/core/buffers_range.hpp>
-#include <boost/beast/core/read_size.hpp>
 
 #include "core/http_head.hpp"
 #include "core/tls_context.hpp"
@@ -111,7 +110,7 @@ void UpstreamPool::give_back(std::unique_ptr<UpstreamConnection> c) {
   // Whatever read_all grew it to: a connection reused for a stream that
   // idles for minutes must not hold it. The first read's room is kept
   // (idle connections are bounded), so a request does not pay for it.
-  if (c->buffer.capacity() > kWholeAnswerRead)
+  if (c->buffer.capacity() > kFirstRead)
     c->buffer.shrink_to_fit();
   idle_.push_back(std::move(c));
 }
@@ -283,7 +282,7 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 
 net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> UpstreamExchange::start(
     UpstreamPool& pool, std::string_view head, const std::vector<net::const_buffer>& body,
-    RequestScope& scope, UpstreamTimeouts timeouts, std::size_t first_read) {
+    RequestScope& scope, UpstreamTimeouts timeouts) {
   // The head, then the body's pieces: one gathering write.
   std::vector<net::const_buffer> out;
   out.reserve(body.size() + 1);
@@ -306,23 +305,18 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     const bool reused = conn->reused;
     std::unique_ptr<UpstreamExchange> ex(
         new UpstreamExchange(pool, std::move(conn), scope, timeouts));
-    ex->parser_ = std::make_unique<http::response_parser<http::buffer_body>>();
-    ex->parser_->body_limit(boost::none);
+    ex->parser_ = std::make_unique<EngineResponseParser>();
 
-    auto& stream = ex->conn_->stream;
-    // Room for a whole small answer in the first read: at the buffer's
-    // idle size (512 B) a ~700-byte completion took two system calls.
-    ex->conn_->buffer.reserve(first_read);
-    stream.expires_after(timeouts.first_byte);
-    auto [wec, wn] = co_await net::async_write(stream, out, use_tuple);
-    beast::error_code ec = wec;
-    if (!ec) {
-      auto [rec, rn] =
-          co_await http::async_read_header(stream, ex->conn_->buffer, *ex->parser_, use_tuple);
-      ec = rec;
-    }
+    ex->conn_->stream.expires_after(timeouts.first_byte);
+    beast::error_code ec = co_await ex->conn_->stream.write_all(out);
     if (!ec)
+      ec = co_await ex->read_header();
+    if (!ec) {
+      // From here on one parse takes every chunk the buffer holds, so
+      // events that arrived together leave together.
+      ex->parser_->eager(true);
       co_return std::pair{UpstreamError{}, std::move(ex)};
+    }
 
     // The engine may close an idle keep-alive connection at any moment; if
     // it did so before answering anything, the request never started there.
@@ -336,70 +330,155 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
   }
 }
 
-net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std::size_t max) {
-  if (parser_->is_done())
-    co_return UpstreamError{};
-  conn_->stream.expires_after(timeouts_.first_byte);
-  // Wait for bytes in the connection's own buffer before sizing `out`: a
-  // stream that idles between tokens then holds no body buffer while it
-  // waits (10,000 held streams would otherwise pin 10,000 × `max` bytes),
-  // and a short event costs a short copy instead of zero-filling `max`.
-  // End of stream is left to the parser, which knows whether it ends the
-  // body or cuts it short.
-  if (conn_->buffer.size() == 0) {
-    auto [ec, n] = co_await conn_->stream.async_read_some(
-        conn_->buffer.prepare(beast::read_size(conn_->buffer, max)), use_tuple);
-    conn_->buffer.commit(n);
-    if (ec == net::error::eof) {
-      // The end of the stream is told to the parser here, never waited
-      // for again: with edge-triggered epoll a second read after EOF has
-      // no readiness edge left to wake it, and would sit until the
-      // first-byte timeout (an engine that died right after its header
-      // held requests for 600 s). put_eof() ends a body framed by the
-      // connection's close, and reports any other body as cut short.
-      beast::error_code pec;
-      parser_->put_eof(pec);
-      co_return pec ? classify(http::error::partial_message, "while reading the response body")
-                    : UpstreamError{};
-    }
-    if (ec)
-      co_return classify(ec, "while reading the response body");
+// Waits until the socket has bytes (or its end, or an error) without a
+// read buffer, bounded by the first-byte timeout: on expiry the socket is
+// closed, as tcp_stream's own timeout does, and beast::error::timeout
+// returned. The group completes only once both waits have: no handler
+// outlives it.
+net::awaitable<beast::error_code> UpstreamExchange::wait_readable() {
+  auto& c = *conn_;
+  c.wait_timer.expires_after(timeouts_.first_byte);
+  auto [order, wait_ec, timer_ec] =
+      co_await net::experimental::make_parallel_group(
+          c.stream.socket().async_wait(tcp::socket::wait_read, net::deferred),
+          c.wait_timer.async_wait(net::deferred))
+          .async_wait(net::experimental::wait_for_one(), net::use_awaitable);
+  if (order[0] == 1) {
+    beast::error_code ignored;
+    c.stream.socket().close(ignored);
+    co_return beast::error::timeout;
   }
-  // The body bytes parsed from the buffer are fewer than the buffer holds
-  // (chunk framing). A floor keeps a call that must read again (a partial
-  // chunk header) useful; it is small because `out` keeps its capacity
-  // for as long as the stream lasts.
-  max = std::min(max, std::max<std::size_t>(conn_->buffer.size(), 256));
-  const std::size_t old = out.size();
-  out.resize(old + max);
-  auto& body = parser_->get().body();
-  body.data = out.data() + old;
-  body.size = max;
-  auto [ec, n] = co_await http::async_read_some(conn_->stream, conn_->buffer, *parser_, use_tuple);
-  const std::size_t got = max - body.size;
-  out.resize(old + got);
-  body.data = nullptr;
-  body.size = 0;
-  if (ec == http::error::need_buffer)
-    ec = {};
-  if (ec)
+  if (!wait_ec)
+    c.drained = false;
+  co_return wait_ec;
+}
+
+bool UpstreamExchange::must_wait() const {
+  return !parser_->is_done() && (conn_->buffer.size() == 0 || needs_more_) && conn_->drained &&
+         !conn_->stream.is_tls();
+}
+
+net::awaitable<UpstreamError> UpstreamExchange::wait_bytes() {
+  if (auto ec = co_await wait_readable(); ec)
     co_return classify(ec, "while reading the response body");
   co_return UpstreamError{};
 }
 
+net::awaitable<beast::error_code> UpstreamExchange::fill(std::size_t room) {
+  auto& c = *conn_;
+  room = std::min(room, c.buffer.max_size() - c.buffer.size());
+  if (room == 0)
+    co_return http::error::buffer_overflow;
+  if (c.stream.is_tls()) {
+    // Bytes may wait inside the TLS layer with none on the socket: the
+    // read itself waits (its room allocated meanwhile).
+    c.stream.expires_after(timeouts_.first_byte);
+    auto [ec, n] = co_await c.stream.async_read_some(c.buffer.prepare(room),
+                                                     net::as_tuple(net::use_awaitable));
+    c.buffer.commit(n);
+    co_return ec;
+  }
+  auto& socket = c.stream.socket();
+  for (;;) {
+    if (c.drained) {
+      if (auto ec = co_await wait_readable())
+        co_return ec;
+    }
+    beast::error_code ec;
+    if (!socket.non_blocking())
+      socket.non_blocking(true, ec);
+    const std::size_t n = ec ? 0 : socket.read_some(c.buffer.prepare(room), ec);
+    if (ec == net::error::would_block) {
+      c.drained = true;
+      continue;
+    }
+    c.buffer.commit(n);
+    c.drained = n < room;
+    co_return ec;
+  }
+}
+
+beast::error_code UpstreamExchange::parse_buffered() {
+  beast::error_code ec;
+  const std::size_t used = parser_->put(conn_->buffer.data(), ec);
+  conn_->buffer.consume(used);
+  return ec;
+}
+
+net::awaitable<beast::error_code> UpstreamExchange::read_header() {
+  // The engine has sent nothing it was not asked for: wait before reading.
+  conn_->drained = true;
+  while (!parser_->is_header_done()) {
+    if (conn_->buffer.size() > 0) {
+      const auto ec = parse_buffered();
+      if (!ec)
+        continue;
+      if (ec != http::error::need_more)
+        co_return ec;
+    }
+    if (auto ec = co_await fill(kFirstRead))
+      co_return ec;
+  }
+  co_return beast::error_code{};
+}
+
+net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std::size_t max) {
+  if (parser_->is_done())
+    co_return UpstreamError{};
+  bool wanted = conn_->buffer.size() == 0 || needs_more_;
+  for (;;) {
+    if (wanted) {
+      // Room is allocated only once bytes are there (fill), so a stream
+      // idling between tokens holds no read buffer while it waits.
+      if (auto ec = co_await fill(max); ec) {
+        if (ec == net::error::eof) {
+          // The end of the stream is told to the parser here, never waited
+          // for again: a second wait after EOF could sit until the
+          // first-byte timeout (an engine that died right after its header
+          // held requests for 600 s). put_eof() ends a body framed by the
+          // connection's close, and reports any other body as cut short.
+          beast::error_code pec;
+          parser_->put_eof(pec);
+          co_return pec ? classify(http::error::partial_message, "while reading the response body")
+                        : UpstreamError{};
+        }
+        co_return classify(ec, "while reading the response body");
+      }
+    }
+    // The body bytes parsed from the buffer are fewer than the buffer
+    // holds (chunk framing). A floor keeps a parse that ends in a partial
+    // chunk header useful; `out` keeps its capacity meanwhile.
+    const std::size_t room = std::min(max, std::max<std::size_t>(conn_->buffer.size(), 256));
+    const std::size_t old = out.size();
+    out.resize(old + room);
+    parser_->lend(out.data() + old, room);
+    auto ec = parse_buffered();
+    const std::size_t got = room - parser_->room_left();
+    out.resize(old + got);
+    parser_->lend(nullptr, 0);
+    // need_more: the buffer is used up (its bytes were body or framing; a
+    // chunk's closing CRLF stays until the next size line is there);
+    // need_buffer: `out` is full and the rest stays buffered.
+    needs_more_ = ec == http::error::need_more;
+    if (needs_more_ && got == 0 && !parser_->is_done()) {
+      wanted = true;
+      continue;
+    }
+    if (ec == http::error::need_more || ec == http::error::need_buffer)
+      ec = {};
+    if (ec)
+      co_return classify(ec, "while reading the response body");
+    co_return UpstreamError{};
+  }
+}
+
 net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::size_t limit) {
   // A whole body is wanted (a prefill's answer carries a block id per 16
-  // tokens: ~100 KiB for a 1 MiB prompt), so the buffer gets room for big
-  // reads: at its idle size (512 B per read) that was ~200 system calls.
-  // It is shrunk again before the connection goes back to the pool.
-  // Not when the rest of the body is already buffered (a small answer
-  // arrives with its header): 64 KiB for nothing was a malloc, a free and
-  // often a malloc_consolidate per request.
-  if (!parser_->is_done()) {
-    const auto remaining = parser_->content_length_remaining();
-    if (!remaining || *remaining > conn_->buffer.size())
-      conn_->buffer.reserve(std::min<std::size_t>(64 * 1024, conn_->buffer.max_size()));
-  }
+  // tokens: ~100 KiB for a 1 MiB prompt), so reads get room for big
+  // pieces: at a small read's room that was ~200 system calls. The room
+  // is allocated only when bytes must be read (a small answer arrives
+  // with its header), and the buffer shrinks again before the connection
+  // goes back to the pool.
   while (!parser_->is_done()) {
     auto err = co_await read_some(out, 64 * 1024);
     if (err)
@@ -414,7 +493,10 @@ net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::
 }
 
 void UpstreamExchange::release_idle_memory() {
-  if (conn_ && conn_->buffer.size() == 0 && conn_->buffer.capacity() > kStreamRead)
+  // Often not quite empty: a chunk's closing CRLF is parsed with the next
+  // chunk's size line, so it waits here for it. Shrinking keeps just those
+  // bytes.
+  if (conn_ && conn_->buffer.capacity() - conn_->buffer.size() >= 256)
     conn_->buffer.shrink_to_fit();
 }
 

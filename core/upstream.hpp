@@ -18,6 +18,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/engine_response_parser.hpp"
 #include "core/instance.hpp"
 #include "core/maybe_tls_stream.hpp"
 #include "core/request_scope.hpp"
@@ -82,21 +83,25 @@ struct UpstreamError {
   explicit operator bool() const { return kind != UpstreamFailure::none; }
 };
 
-// A response's first read: a whole non-streaming completion or prefill
-// answer for a short prompt, header included, fits.
-inline constexpr std::size_t kWholeAnswerRead = 4096;
-// Beast's smallest read: a stream's header, and what a stream keeps
-// between events.
-inline constexpr std::size_t kStreamRead = 512;
+// The room a read from an engine gets: a whole non-streaming completion or
+// prefill answer for a short prompt, header included, or a burst of
+// stream events, fits in one read. It is allocated only once bytes are
+// there to read (UpstreamExchange waits for them without a buffer).
+inline constexpr std::size_t kFirstRead = 4096;
 
 struct UpstreamConnection {
-  explicit UpstreamConnection(const net::any_io_executor& ex) : stream(ex) {}
+  explicit UpstreamConnection(const net::any_io_executor& ex) : stream(ex), wait_timer(ex) {}
   // TLS for an https:// engine; a pooled TLS connection is reused as a
   // plain one is, its session already established.
   MaybeTlsStream stream;
   // Bounded: engine response headers are small, and body bytes pass
   // through it on their way to the relay.
   beast::flat_buffer buffer{64 * 1024};
+  // Bounds a wait for bytes on a plain connection (see
+  // UpstreamExchange::fill).
+  net::steady_timer wait_timer;
+  // The last read emptied the socket: the next one waits for bytes first.
+  bool drained = true;
   std::chrono::steady_clock::time_point idle_since{};
   bool reused = false;
 };
@@ -187,29 +192,38 @@ class UpstreamExchange {
   // core/json_body.hpp), written in one gathering write: a large body is
   // never copied. `head` must carry the body's Content-Length; its bytes
   // and the buffers' must stay valid until this completes.
-  // `first_read` is the room for the answer's first read: enough for a
-  // whole small answer (kWholeAnswerRead), or kStreamRead where a stream
-  // is expected (10,000 streams each allocating 4 KiB for their header
-  // fragmented the heap by ~2 KiB per stream even though it was freed).
   static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
       UpstreamPool& pool, std::string_view head, const std::vector<net::const_buffer>& body,
-      RequestScope& scope, UpstreamTimeouts timeouts, std::size_t first_read = kWholeAnswerRead);
+      RequestScope& scope, UpstreamTimeouts timeouts);
 
-  unsigned status() const { return parser_->get().result_int(); }
-  const http::response_header<>& header() const { return parser_->get().base(); }
+  unsigned status() const { return parser_->status(); }
+  // The answer's Content-Type and Cache-Control (empty when not sent).
+  const std::string& content_type() const { return parser_->content_type(); }
+  const std::string& cache_control() const { return parser_->cache_control(); }
   bool done() const { return parser_->is_done(); }
   // Frees the response's header fields once they have been copied (a relay
   // that lasts minutes does not keep them); status() stays valid.
-  void drop_header_fields() { parser_->get().base().clear(); }
+  void drop_header_fields() { parser_->drop_header_values(); }
 
-  // Appends whatever body bytes are available now (at least one unless the
-  // body is done) to `out`, up to `max` bytes.
-  net::awaitable<UpstreamError> read_some(std::string& out, std::size_t max = 16 * 1024);
+  // Appends whatever body bytes are available now to `out`, up to `max`
+  // bytes: all the events of a stream that arrived together, however many
+  // chunks they came in. Waits for bytes only when none are buffered;
+  // may append nothing (a read that ended inside a chunk's framing).
+  net::awaitable<UpstreamError> read_some(std::string& out, std::size_t max = kFirstRead);
+  // Whether the next read must wait for the engine (nothing usable
+  // buffered, the socket emptied by the last read, a plain connection). A relay waits
+  // with wait_bytes() itself, so that an idle stream's wait is not nested
+  // inside the frames of a read.
+  bool must_wait() const;
+  // Waits for bytes without a read buffer, bounded by the first-byte
+  // timeout; a failure is told as read_some would tell it.
+  net::awaitable<UpstreamError> wait_bytes();
+
   // Reads the rest of the body into `out`, failing past `limit` bytes.
   net::awaitable<UpstreamError> read_all(std::string& out, std::size_t limit);
-  // Between a stream's events: gives back the connection buffer's room
-  // beyond a small read's (the first read's 4 KiB), so a stream idling
-  // for minutes holds ~512 bytes here.
+  // Between a stream's events: gives back the connection buffer's free
+  // room, so a stream idling for minutes holds none (the next read
+  // allocates it once bytes are there).
   void release_idle_memory();
 
   // Hands the connection back to the pool when the response completed and
@@ -227,14 +241,27 @@ class UpstreamExchange {
   UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
                    RequestScope& scope, UpstreamTimeouts timeouts);
   UpstreamError classify(const beast::error_code& ec, const char* during) const;
+  // The wait of wait_bytes(), its error as the socket tells it.
+  net::awaitable<beast::error_code> wait_readable();
+  // Reads what the engine sent into the connection's buffer, at most
+  // `room` bytes; on a plain connection it first waits for bytes without
+  // a buffer (bounded by the first-byte timeout). net::error::eof at the
+  // connection's end.
+  net::awaitable<beast::error_code> fill(std::size_t room);
+  // Sends nothing; reads and parses until the response header is complete.
+  net::awaitable<beast::error_code> read_header();
+  // Feeds the buffered bytes to the parser (into the body buffer it was
+  // given); returns the parser's verdict (need_more: it wants more bytes).
+  beast::error_code parse_buffered();
 
   UpstreamPool& pool_;
   std::unique_ptr<UpstreamConnection> conn_;
   RequestScope& scope_;
   UpstreamTimeouts timeouts_;
-  std::unique_ptr<http::response_parser<http::buffer_body>> parser_;
-  bool waiting_ = true;   // registered with the pool (see committed())
-  bool ejected_ = false;  // cut off by abort_ejected()
+  std::unique_ptr<EngineResponseParser> parser_;
+  bool needs_more_ = false;  // the parser wants bytes the buffer does not hold
+  bool waiting_ = true;      // registered with the pool (see committed())
+  bool ejected_ = false;     // cut off by abort_ejected()
 };
 
 }  // namespace pdgate

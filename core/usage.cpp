@@ -1,6 +1,6 @@
 #include "core/usage.hpp"
 
-#include <nlohmann/json.hpp>
+#include <charconv>
 
 namespace pdgate {
 
@@ -42,11 +42,57 @@ std::size_t object_end(std::string_view s, std::size_t open, bool in_events) {
   return std::string_view::npos;
 }
 
-std::optional<std::uint64_t> count(const nlohmann::json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_number_unsigned())
+// The counts among the usage object's own members (nested objects such
+// as prompt_tokens_details skipped), read in place: a DOM parse of these
+// few bytes cost ~9,000 instructions and a dozen allocations per answer.
+// A count is a plain unsigned integer; anything else (negative, a
+// fraction, an exponent, out of range) leaves it unread, as a missing one.
+std::optional<TokenUsage> read_counts(std::string_view o) {
+  std::optional<std::uint64_t> prompt;
+  std::optional<std::uint64_t> completion;
+  int depth = 0;
+  std::size_t i = 0;
+  while (i < o.size()) {
+    const char c = o[i];
+    if (c != '"') {
+      if (c == '{' || c == '[')
+        ++depth;
+      else if (c == '}' || c == ']')
+        --depth;
+      ++i;
+      continue;
+    }
+    std::size_t j = i + 1;
+    while (j < o.size() && o[j] != '"')
+      j += o[j] == '\\' ? 2 : 1;
+    if (j >= o.size())
+      return std::nullopt;
+    const std::string_view name = o.substr(i + 1, j - i - 1);
+    i = j + 1;
+    if (depth != 1)
+      continue;
+    std::size_t k = skip_blanks(o, i);
+    if (k >= o.size() || o[k] != ':')
+      continue;  // a string value, not a member's name
+    k = skip_blanks(o, k + 1);
+    i = k;
+    std::optional<std::uint64_t>* slot = name == "prompt_tokens"       ? &prompt
+                                         : name == "completion_tokens" ? &completion
+                                                                       : nullptr;
+    if (slot == nullptr)
+      continue;
+    std::uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(o.data() + k, o.data() + o.size(), v);
+    const std::size_t after = static_cast<std::size_t>(end - o.data());
+    const std::size_t next = skip_blanks(o, after);
+    if (ec == std::errc() && next < o.size() && (o[next] == ',' || o[next] == '}'))
+      *slot = v;
+    else
+      *slot = std::nullopt;
+  }
+  if (!prompt || !completion)
     return std::nullopt;
-  return it->get<std::uint64_t>();
+  return TokenUsage{*prompt, *completion};
 }
 
 }  // namespace
@@ -64,14 +110,7 @@ std::optional<TokenUsage> last_usage(std::string_view text, bool in_events) {
   const std::size_t end = object_end(text, i, in_events);
   if (end == std::string_view::npos)
     return std::nullopt;
-  const auto j = nlohmann::json::parse(text.substr(i, end - i), nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return std::nullopt;
-  const auto prompt = count(j, "prompt_tokens");
-  const auto completion = count(j, "completion_tokens");
-  if (!prompt || !completion)
-    return std::nullopt;
-  return TokenUsage{*prompt, *completion};
+  return read_counts(text.substr(i, end - i));
 }
 
 }  // namespace pdgate

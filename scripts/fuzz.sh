@@ -8,7 +8,7 @@
 #   --seconds N   time per target (default 60)
 #   --target NAME only this target (repeatable): request, redis_reply,
 #                 json_body, sse, command_line, lua_sandbox, kv_index_record,
-#                 dns_answer, trace_context, kv_events
+#                 dns_answer, trace_context, kv_events, url, engine_response
 #   --merge       fold new coverage-increasing inputs back into the
 #                 checked-in corpora (never done otherwise)
 # A longer run, e.g. before a release: bash scripts/fuzz.sh --seconds 3600
@@ -32,7 +32,7 @@ while (($#)); do
   shift
 done
 ((${#targets[@]})) || targets=(request redis_reply json_body sse command_line lua_sandbox kv_index_record dns_answer
-  trace_context kv_events url)
+  trace_context kv_events url engine_response)
 
 # Target -> corpus folder under tests/fuzz/corpus.
 corpus_of() {

@@ -1,8 +1,10 @@
-// The keep-alive pool (core/upstream.*), against an engine played by a
-// thread in this process: a pooled connection the engine closed while it
-// sat idle is retried once on a fresh one (the request never started
-// there), but a fresh connection that fails, or one that had begun to
-// answer, is not.
+// The keep-alive pool and the exchange (core/upstream.*), against an
+// engine played by a thread in this process: a pooled connection the
+// engine closed while it sat idle is retried once on a fresh one (the
+// request never started there), but a fresh connection that fails, or
+// one that had begun to answer, is not; chunks that arrived together are
+// read together; an engine that goes quiet is cut off at the first-byte
+// timeout, before its header or between two events.
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>
@@ -29,12 +31,19 @@ namespace http = boost::beast::http;
 
 // What the fake engine does on each connection it accepts, in order.
 enum class Plan {
-  answer_then_close,  // answers one request with keep-alive, then closes
-  answer_keep_open,   // answers every request, keep-alive
-  close_unanswered,   // reads the request, closes without a byte
-  answer_then_break,  // answers one request; to the next sends half a
-                      // status line and closes
+  answer_then_close,      // answers one request with keep-alive, then closes
+  answer_keep_open,       // answers every request, keep-alive
+  close_unanswered,       // reads the request, closes without a byte
+  answer_then_break,      // answers one request; to the next sends half a
+                          // status line and closes
+  chunked_burst,          // answers with three chunks and the last one, all in
+                          // one send
+  silent,                 // reads the request, never answers
+  one_chunk_then_silent,  // a chunked header and one chunk, then nothing
 };
+
+// What chunked_burst sends: three SSE events in three chunks.
+constexpr const char* kBurstEvents = "data: 1\n\ndata: 2\n\ndata: 3\n\n";
 
 class FakeEngine {
  public:
@@ -102,6 +111,29 @@ class FakeEngine {
           if (read_request(c))
             (void)::send(c, "HTTP/1.1 2", 10, MSG_NOSIGNAL);
           break;
+        case Plan::chunked_burst:
+          if (read_request(c)) {
+            static const std::string burst =
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n"
+                "9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n9\r\ndata: 3\n\n\r\n0\r\n\r\n";
+            (void)::send(c, burst.data(), burst.size(), MSG_NOSIGNAL);
+            read_request(c);  // until the client closes
+          }
+          break;
+        case Plan::silent:
+          if (read_request(c))
+            read_request(c);  // until the client gives up and closes
+          break;
+        case Plan::one_chunk_then_silent:
+          if (read_request(c)) {
+            static const std::string first =
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n";
+            (void)::send(c, first.data(), first.size(), MSG_NOSIGNAL);
+            read_request(c);
+          }
+          break;
       }
       ::close(c);
     }
@@ -120,6 +152,29 @@ struct Client {
       : inst(std::make_shared<Instance>(
             1, *parse_upstream(Role::decode, "127.0.0.1:" + std::to_string(port)))),
         pool(io.get_executor(), inst, 8, idle_timeout) {}
+
+  // Runs `body` (a coroutine taking the client) to its end.
+  template <class Body>
+  void run(Body body) {
+    bool done = false;
+    net::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+          co_await body();
+          done = true;
+        },
+        net::detached);
+    io.restart();
+    io.run();
+    EXPECT_TRUE(done);
+  }
+
+  http::request<http::string_body> get_request() const {
+    http::request<http::string_body> req{http::verb::get, "/v1/models", 11};
+    req.set(http::field::host, inst->host_port);
+    req.keep_alive(true);
+    return req;
+  }
 
   // One GET through the pool: the error, and the body when it succeeded.
   std::pair<UpstreamError, std::string> exchange() {
@@ -212,6 +267,79 @@ TEST(UpstreamPool, RefusedIsAConnectFailure) {
   Client client(port);
   auto [err, body] = client.exchange();
   EXPECT_EQ(err.kind, UpstreamFailure::connect) << err.detail;
+}
+
+// Three chunks that arrived in one piece come out of one read_some, with
+// the stream's end: a relay writes them to its client at once.
+TEST(UpstreamExchange, ChunksThatArrivedTogetherAreReadTogether) {
+  FakeEngine engine({Plan::chunked_burst});
+  Client client(engine.port());
+  std::string got;
+  UpstreamError err;
+  bool done_after_one_read = false;
+  client.run([&]() -> net::awaitable<void> {
+    auto req = client.get_request();
+    RequestScope scope;
+    auto [e, ex] = co_await UpstreamExchange::start(
+        client.pool, req, scope, {std::chrono::seconds(2), std::chrono::seconds(2)});
+    err = e;
+    if (e)
+      co_return;
+    err = co_await ex->read_some(got);
+    done_after_one_read = ex->done();
+  });
+  ASSERT_FALSE(err) << err.detail;
+  EXPECT_EQ(got, kBurstEvents);
+  EXPECT_TRUE(done_after_one_read) << "the last chunk was parsed with the others";
+}
+
+// An engine that never answers is cut off at the first-byte timeout (the
+// exchange waits for its first byte without a read buffer).
+TEST(UpstreamExchange, SilentEngineTimesOutBeforeItsHeader) {
+  FakeEngine engine({Plan::silent});
+  Client client(engine.port());
+  UpstreamError err;
+  const auto t0 = std::chrono::steady_clock::now();
+  client.run([&]() -> net::awaitable<void> {
+    auto req = client.get_request();
+    RequestScope scope;
+    auto [e, ex] = co_await UpstreamExchange::start(
+        client.pool, req, scope, {std::chrono::seconds(2), std::chrono::milliseconds(200)});
+    err = e;
+  });
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(err.kind, UpstreamFailure::timeout) << err.detail;
+  EXPECT_GE(took, std::chrono::milliseconds(190));
+  EXPECT_LT(took, std::chrono::seconds(10));
+}
+
+// A stream whose engine goes quiet after its first event: the wait for
+// the next bytes (wait_bytes, as a relay makes it) ends at the first-byte
+// timeout with `timeout`.
+TEST(UpstreamExchange, QuietStreamTimesOutBetweenEvents) {
+  FakeEngine engine({Plan::one_chunk_then_silent});
+  Client client(engine.port());
+  std::string got;
+  UpstreamError first, waited;
+  bool had_to_wait = false;
+  client.run([&]() -> net::awaitable<void> {
+    auto req = client.get_request();
+    RequestScope scope;
+    auto [e, ex] = co_await UpstreamExchange::start(
+        client.pool, req, scope, {std::chrono::seconds(2), std::chrono::milliseconds(200)});
+    first = e;
+    if (e)
+      co_return;
+    while (got.empty() && !first)
+      first = co_await ex->read_some(got);
+    ex->release_idle_memory();
+    had_to_wait = ex->must_wait();
+    waited = co_await ex->wait_bytes();
+  });
+  ASSERT_FALSE(first) << first.detail;
+  EXPECT_EQ(got, "data: 1\n\n");
+  EXPECT_TRUE(had_to_wait);
+  EXPECT_EQ(waited.kind, UpstreamFailure::timeout) << waited.detail;
 }
 
 // Idle connections older than the idle timeout are dropped by sweep()

@@ -62,5 +62,25 @@ TEST(LastUsage, StringsInsideTheObject) {
   EXPECT_EQ(u->completion_tokens, 0u);
 }
 
+// Only the usage object's own members count: a nested object's keys of the
+// same name do not, whatever their order; exponents and counts past 64
+// bits are no counts (the scan reads them in place, without a JSON parse).
+TEST(LastUsage, OwnMembersOnly) {
+  const auto u = last_usage(
+      R"({"usage": {"prompt_tokens_details": {"prompt_tokens": 99, "completion_tokens": 98},)"
+      R"( "prompt_tokens": 7, "x": [{"completion_tokens": 1}], "completion_tokens" : 3 }})");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 7u);
+  EXPECT_EQ(u->completion_tokens, 3u);
+  EXPECT_FALSE(last_usage(R"({"usage": {"prompt_tokens": 1e3, "completion_tokens": 2}})"));
+  EXPECT_FALSE(
+      last_usage(R"({"usage": {"prompt_tokens": 18446744073709551616, "completion_tokens": 2}})"));
+  EXPECT_FALSE(last_usage(R"({"usage": {"prompt_tokens": "1", "completion_tokens": 2}})"));
+  const auto max =
+      last_usage(R"({"usage": {"prompt_tokens": 18446744073709551615, "completion_tokens": 0}})");
+  ASSERT_TRUE(max);
+  EXPECT_EQ(max->prompt_tokens, 18446744073709551615u);
+}
+
 }  // namespace
 }  // namespace pdgate
