@@ -1,5 +1,7 @@
 #include "core/relay.hpp"
 
+#include <array>
+
 #include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -32,10 +34,14 @@ net::awaitable<bool> write_chunk(MaybeTlsStream& client, std::string_view data, 
   co_return !ec;
 }
 
-// The stream's response head, written directly: only the status, the
-// engine's Content-Type and Cache-Control, the request id and the framing.
-std::string stream_head(const http::request<http::string_body>& req, const UpstreamExchange& ex,
-                        const std::string& request_id) {
+// The head of decode's answer as the client gets it, written directly:
+// only the status, the engine's Content-Type and Cache-Control (what
+// describes the body; hop-by-hop and framing headers belong to the
+// upstream connection), the request id and the framing (`framing`: a
+// "Transfer-Encoding: chunked" or "Content-Length: N" line).
+std::string answer_head(const http::request<http::string_body>& req, const UpstreamExchange& ex,
+                        const std::string& request_id, std::string_view default_type,
+                        std::string_view framing) {
   std::string h;
   h.reserve(192 + request_id.size());
   h += req.version() == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
@@ -43,10 +49,13 @@ std::string stream_head(const http::request<http::string_body>& req, const Upstr
   h += ' ';
   h += http::obsolete_reason(static_cast<http::status>(ex.status()));
   h += "\r\nServer: pdgate\r\n";
-  h += "Content-Type: ";
-  h += ex.content_type().empty() ? std::string_view("text/event-stream")
-                                 : std::string_view(ex.content_type());
-  h += "\r\n";
+  const std::string_view type =
+      ex.content_type().empty() ? default_type : std::string_view(ex.content_type());
+  if (!type.empty()) {
+    h += "Content-Type: ";
+    h += type;
+    h += "\r\n";
+  }
   if (!ex.cache_control().empty()) {
     h += "Cache-Control: ";
     h += ex.cache_control();
@@ -54,7 +63,9 @@ std::string stream_head(const http::request<http::string_body>& req, const Upstr
   }
   h += "X-Request-Id: ";
   h += request_id;
-  h += "\r\nTransfer-Encoding: chunked\r\n";
+  h += "\r\n";
+  h += framing;
+  h += "\r\n";
   if (!req.keep_alive())
     h += "Connection: close\r\n";
   else if (req.version() == 10)
@@ -71,7 +82,8 @@ net::awaitable<bool> write_stream_start(const Config& cfg, MaybeTlsStream& clien
                                         const http::request<http::string_body>& req,
                                         UpstreamExchange& ex, const std::string& request_id,
                                         std::string_view first, bool last) {
-  const std::string head = stream_head(req, ex, request_id);
+  const std::string head =
+      answer_head(req, ex, request_id, "text/event-stream", "Transfer-Encoding: chunked");
   client.expires_after(cfg.client_idle_timeout);
   const auto end = http::make_chunk_last();
   beast::error_code ec;
@@ -303,19 +315,30 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
                                         const http::request<http::string_body>& req,
                                         const UpstreamExchange& ex, std::string body,
                                         const std::string& request_id) {
-  http::response<http::string_body> res{static_cast<http::status>(ex.status()), req.version()};
-  res.set(http::field::server, "pdgate");
-  // Only what describes the body travels: hop-by-hop and framing headers
-  // belong to the upstream connection, not to the client's.
-  if (!ex.content_type().empty())
-    res.set(http::field::content_type, ex.content_type());
-  if (!ex.cache_control().empty())
-    res.set(http::field::cache_control, ex.cache_control());
-  res.set("X-Request-Id", request_id);
-  res.keep_alive(req.keep_alive());
-  res.body() = std::move(body);
-  res.prepare_payload();
-  co_return co_await write_response(client, res) && req.keep_alive();
+  const unsigned status = ex.status();
+  if (status < 200 || status == 204 || status == 304) {
+    // Answers that carry no body by definition: Beast's framing rules.
+    http::response<http::string_body> res{static_cast<http::status>(status), req.version()};
+    res.set(http::field::server, "pdgate");
+    if (!ex.content_type().empty())
+      res.set(http::field::content_type, ex.content_type());
+    if (!ex.cache_control().empty())
+      res.set(http::field::cache_control, ex.cache_control());
+    res.set("X-Request-Id", request_id);
+    res.keep_alive(req.keep_alive());
+    res.body() = std::move(body);
+    res.prepare_payload();
+    co_return co_await write_response(client, res) && req.keep_alive();
+  }
+  // The head rendered directly, head and body in one write: a Beast
+  // message allocated each of its fields first.
+  const std::string head =
+      answer_head(req, ex, request_id, {}, "Content-Length: " + std::to_string(body.size()));
+  const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(body)};
+  // A client that stops reading must not pin the connection forever (as
+  // write_response).
+  client.expires_after(std::chrono::seconds(60));
+  co_return !co_await client.write_all(parts) && req.keep_alive();
 }
 
 // Not a coroutine itself: a held stream's chain of frames is one shorter.
