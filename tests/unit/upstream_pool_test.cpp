@@ -169,11 +169,14 @@ struct Client {
     EXPECT_TRUE(done);
   }
 
-  http::request<http::string_body> get_request() const {
+  // Starts a GET through the pool, `first_byte` its first-byte timeout.
+  net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(
+      RequestScope& scope, Millis first_byte) {
     http::request<http::string_body> req{http::verb::get, "/v1/models", 11};
     req.set(http::field::host, inst->host_port);
     req.keep_alive(true);
-    return req;
+    co_return co_await UpstreamExchange::start(pool, req, scope,
+                                               {std::chrono::seconds(2), first_byte});
   }
 
   // One GET through the pool: the error, and the body when it succeeded.
@@ -278,10 +281,8 @@ TEST(UpstreamExchange, ChunksThatArrivedTogetherAreReadTogether) {
   UpstreamError err;
   bool done_after_one_read = false;
   client.run([&]() -> net::awaitable<void> {
-    auto req = client.get_request();
     RequestScope scope;
-    auto [e, ex] = co_await UpstreamExchange::start(
-        client.pool, req, scope, {std::chrono::seconds(2), std::chrono::seconds(2)});
+    auto [e, ex] = co_await client.start(scope, std::chrono::seconds(2));
     err = e;
     if (e)
       co_return;
@@ -301,10 +302,8 @@ TEST(UpstreamExchange, SilentEngineTimesOutBeforeItsHeader) {
   UpstreamError err;
   const auto t0 = std::chrono::steady_clock::now();
   client.run([&]() -> net::awaitable<void> {
-    auto req = client.get_request();
     RequestScope scope;
-    auto [e, ex] = co_await UpstreamExchange::start(
-        client.pool, req, scope, {std::chrono::seconds(2), std::chrono::milliseconds(200)});
+    auto [e, ex] = co_await client.start(scope, std::chrono::milliseconds(200));
     err = e;
   });
   const auto took = std::chrono::steady_clock::now() - t0;
@@ -323,10 +322,8 @@ TEST(UpstreamExchange, QuietStreamTimesOutBetweenEvents) {
   UpstreamError first, waited;
   bool had_to_wait = false;
   client.run([&]() -> net::awaitable<void> {
-    auto req = client.get_request();
     RequestScope scope;
-    auto [e, ex] = co_await UpstreamExchange::start(
-        client.pool, req, scope, {std::chrono::seconds(2), std::chrono::milliseconds(200)});
+    auto [e, ex] = co_await client.start(scope, std::chrono::milliseconds(200));
     first = e;
     if (e)
       co_return;
