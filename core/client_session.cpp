@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 
+#include <tuple>
+
 #include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -170,7 +172,23 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
   parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
   parser.body_limit(cfg.max_body_bytes);
   stream.expires_after(cfg.header_timeout);
-  if (auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple); ec) {
+  // The header usually came whole with the connection's last read: it is
+  // parsed here, from the buffer, without an asynchronous read (whose
+  // completion goes through the event loop even when it reads nothing).
+  beast::error_code header_ec;
+  while (!parser.is_header_done() && buffer.size() > 0 && !header_ec) {
+    const std::size_t used = parser.put(buffer.data(), header_ec);
+    buffer.consume(used);
+    if (used == 0)
+      break;
+  }
+  if (header_ec == http::error::need_more)
+    header_ec = {};
+  if (!header_ec && !parser.is_header_done()) {
+    auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple);
+    header_ec = ec;
+  }
+  if (const auto ec = header_ec) {
     if (ec == http::error::body_limit) {
       // Beast checks Content-Length against the body limit as soon as the
       // header is complete.
@@ -216,9 +234,15 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
     read = co_await read_sized_body(stream, buffer, parser.get().body(),
                                     static_cast<std::size_t>(*len), charge);
   } else if (!parser.is_done()) {
-    // The whole body came with the header: parsed from the buffer, no I/O.
-    auto [ec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
-    if (ec)
+    // The whole body came with the header: parsed from the buffer, no I/O
+    // (the asynchronous read stays for whatever that parse leaves).
+    beast::error_code ec;
+    parser.eager(true);
+    buffer.consume(parser.put(buffer.data(), ec));
+    if ((!ec || ec == http::error::need_more) && !parser.is_done()) {
+      std::tie(ec, std::ignore) = co_await http::async_read(stream, buffer, parser, use_tuple);
+    }
+    if (ec && ec != http::error::need_more)
       read = BodyRead::gone;
   }
   switch (read) {

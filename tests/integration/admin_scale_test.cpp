@@ -257,7 +257,12 @@ TEST(AdminScale, ThousandAddsAreFastAndDoNotSlowDown) {
             << " s; median add of the first 100: " << first * 1e6
             << " us, of the last 100: " << last * 1e6 << " us\n";
   EXPECT_LT(total, 5.0);
-  EXPECT_LT(last, 2 * first + 50e-6);
+  // What this guards against is an add that scans every instance: at
+  // 1,000 that costs milliseconds. A median of 100 adds measured ~120 us
+  // either way on an idle machine, but under the suite's parallel load
+  // one median moved by a few hundred us (2x + 50 us failed once there),
+  // so the bound leaves room for that.
+  EXPECT_LT(last, 3 * first + 300e-6);
   EXPECT_EQ(g.instances().size(), 1002u);
 }
 
