@@ -5,6 +5,10 @@
 
 #include <thread>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "tests/integration/harness.hpp"
 
 namespace pdgate::test {
@@ -403,6 +407,110 @@ TEST(Limits, HeaderTimeout) {
   c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
   EXPECT_TRUE(c.peer_closed(std::chrono::seconds(5)));
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+// An engine whose three SSE events (in three HTTP chunks) and its end
+// arrive in one piece: the client gets them in one HTTP chunk, followed by
+// the end, i.e. one write (before, one chunk and one write per engine
+// chunk). The engine is a thread on a raw socket, so the bytes go out in
+// exactly one send.
+TEST(Streaming, EventsThatArriveTogetherLeaveInOneChunk) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t alen = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen);
+  const std::uint16_t engine_port = ntohs(a.sin_port);
+  const std::string events = "data: {\"n\":1}\n\ndata: {\"n\":2}\n\ndata: [DONE]\n\n";
+  // Serves connections until the listener closes: the completion gets
+  // the burst, anything else (a probe) an empty JSON object.
+  std::thread engine([lfd] {
+    for (;;) {
+      const int c = ::accept(lfd, nullptr, nullptr);
+      if (c < 0)
+        return;
+      std::string got;
+      char buf[4096];
+      for (;;) {
+        // One request: its head, then Content-Length bytes of body.
+        std::size_t need = std::string::npos;
+        while (need == std::string::npos || got.size() < need) {
+          const auto n = ::recv(c, buf, sizeof buf, 0);
+          if (n <= 0)
+            break;
+          got.append(buf, static_cast<std::size_t>(n));
+          const auto end = got.find("\r\n\r\n");
+          if (need == std::string::npos && end != std::string::npos) {
+            const auto cl = got.find("Content-Length: ");
+            need = end + 4 +
+                   (cl == std::string::npos || cl > end ? 0 : std::stoul(got.substr(cl + 16)));
+          }
+        }
+        if (need == std::string::npos || got.size() < need)
+          break;
+        const bool completion = got.starts_with("POST /v1/chat/completions");
+        got.erase(0, need);
+        auto chunk = [](const std::string& data) {
+          char size[16];
+          std::snprintf(size, sizeof size, "%zx", data.size());
+          return std::string(size) + "\r\n" + data + "\r\n";
+        };
+        const std::string answer =
+            completion ? "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         "Transfer-Encoding: chunked\r\n\r\n" +
+                             chunk("data: {\"n\":1}\n\n") + chunk("data: {\"n\":2}\n\n") +
+                             chunk("data: [DONE]\n\n") + "0\r\n\r\n"
+                       : "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 2\r\n\r\n{}";
+        (void)::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+      }
+      ::close(c);
+    }
+  });
+  {
+    Gateway gw({"--decode", "127.0.0.1:" + std::to_string(engine_port), "--prefill-servers-urls",
+                "disable", "--health-interval", "off"});
+    const std::string body =
+        R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true})";
+    const int c = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in g{};
+    g.sin_family = AF_INET;
+    g.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    g.sin_port = htons(gw.port());
+    EXPECT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&g), sizeof g), 0);
+    const std::string req =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    EXPECT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    timeval tv{10, 0};
+    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string raw;
+    char buf[4096];
+    while (raw.find("\r\n0\r\n\r\n") == std::string::npos) {
+      const auto n = ::recv(c, buf, sizeof buf, 0);
+      if (n <= 0)
+        break;
+      raw.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(c);
+    const auto head_end = raw.find("\r\n\r\n");
+    EXPECT_EQ(raw.substr(0, 15), "HTTP/1.1 200 OK") << raw;
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx", events.size());
+    // The body: exactly one chunk holding all three events, then the end.
+    if (head_end != std::string::npos) {
+      EXPECT_EQ(raw.substr(head_end + 4), std::string(size) + "\r\n" + events + "\r\n0\r\n\r\n");
+    } else {
+      ADD_FAILURE() << "no response head: " << raw;
+    }
+  }
+  ::shutdown(lfd, SHUT_RDWR);
+  ::close(lfd);
+  engine.join();
 }
 
 }  // namespace
