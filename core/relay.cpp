@@ -3,12 +3,8 @@
 #include <array>
 
 #include <spdlog/spdlog.h>
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
 #include <boost/beast/core/buffers_cat.hpp>
 
-#include "core/http_head.hpp"
 #include "core/response_writer.hpp"
 #include "core/usage.hpp"
 
