@@ -7,6 +7,7 @@
 // (five or six per request) only for the gateway to look at two.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

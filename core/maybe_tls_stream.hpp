@@ -9,7 +9,6 @@
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -86,11 +85,8 @@ class MaybeTlsStream {
     std::size_t sent = 0;
     if (!tls_) {
       boost::beast::error_code ec;
-      auto& s = tcp_.socket();
-      if (!s.non_blocking())
-        s.non_blocking(true, ec);
-      if (!ec)
-        sent = s.write_some(buffers, ec);
+      if (make_non_blocking(ec))
+        sent = tcp_.socket().write_some(buffers, ec);
       if (!ec && sent == boost::asio::buffer_size(buffers))
         co_return ec;
       if (ec && ec != boost::asio::error::would_block)
@@ -101,6 +97,15 @@ class MaybeTlsStream {
     auto [ec, n] = co_await boost::asio::async_write(
         *this, rest, boost::asio::as_tuple(boost::asio::use_awaitable));
     co_return ec;
+  }
+
+  // What a plain connection's socket holds now, read without waiting
+  // (would_block when it holds nothing; eof at its end): the caller waited
+  // for readiness itself, with no buffer allocated meanwhile. Not for TLS,
+  // whose bytes may wait inside the TLS layer.
+  template <class MutableBufferSequence>
+  std::size_t read_now(const MutableBufferSequence& buffers, boost::beast::error_code& ec) {
+    return make_non_blocking(ec) ? tcp_.socket().read_some(buffers, ec) : 0;
   }
 
   template <class MutableBufferSequence, class Token>
@@ -132,6 +137,15 @@ class MaybeTlsStream {
   }
 
  private:
+  // The immediate reads and writes above need the socket in non-blocking
+  // mode (Asio's own operations do not); set once per connection.
+  bool make_non_blocking(boost::beast::error_code& ec) {
+    auto& s = tcp_.socket();
+    if (!s.non_blocking())
+      s.non_blocking(true, ec);
+    return !ec;
+  }
+
   // One TLS record's worth of plaintext.
   static constexpr std::size_t kRecord = 16 * 1024;
 

@@ -1,14 +1,8 @@
 #include "core/relay.hpp"
 
-#include <array>
-
 #include <spdlog/spdlog.h>
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
 #include <boost/beast/core/buffers_cat.hpp>
 
-#include "core/http_head.hpp"
 #include "core/response_writer.hpp"
 #include "core/usage.hpp"
 
@@ -334,11 +328,7 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
   // message allocated each of its fields first.
   const std::string head =
       answer_head(req, ex, request_id, {}, "Content-Length: " + std::to_string(body.size()));
-  const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(body)};
-  // A client that stops reading must not pin the connection forever (as
-  // write_response).
-  client.expires_after(std::chrono::seconds(60));
-  co_return !co_await client.write_all(parts) && req.keep_alive();
+  co_return co_await write_head_and_body(client, head, body) && req.keep_alive();
 }
 
 // Not a coroutine itself: a held stream's chain of frames is one shorter.

@@ -13,17 +13,26 @@ namespace pdgate {
 namespace net = boost::asio;
 namespace http = boost::beast::http;
 
+namespace {
+// A client that stops reading must not pin the connection forever.
+constexpr auto kStalledClient = std::chrono::seconds(60);
+}  // namespace
+
 net::awaitable<bool> write_response(MaybeTlsStream& client,
                                     http::response<http::string_body>& res) {
-  constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
-  // A client that stops reading must not pin the connection forever.
-  client.expires_after(std::chrono::seconds(60));
   if (!head_renders_message(res)) {
-    auto [ec, n] = co_await http::async_write(client, res, use_tuple);
+    client.expires_after(kStalledClient);
+    auto [ec, n] = co_await http::async_write(client, res, net::as_tuple(net::use_awaitable));
     co_return !ec;
   }
   const std::string head = render_head(res.base());
-  const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(res.body())};
+  co_return co_await write_head_and_body(client, head, res.body());
+}
+
+net::awaitable<bool> write_head_and_body(MaybeTlsStream& client, std::string_view head,
+                                         std::string_view body) {
+  client.expires_after(kStalledClient);
+  const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(body)};
   co_return !co_await client.write_all(parts);
 }
 

@@ -373,21 +373,17 @@ net::awaitable<beast::error_code> UpstreamExchange::fill(std::size_t room) {
     // Bytes may wait inside the TLS layer with none on the socket: the
     // read itself waits (its room allocated meanwhile).
     c.stream.expires_after(timeouts_.first_byte);
-    auto [ec, n] = co_await c.stream.async_read_some(c.buffer.prepare(room),
-                                                     net::as_tuple(net::use_awaitable));
+    auto [ec, n] = co_await c.stream.async_read_some(c.buffer.prepare(room), use_tuple);
     c.buffer.commit(n);
     co_return ec;
   }
-  auto& socket = c.stream.socket();
   for (;;) {
     if (c.drained) {
       if (auto ec = co_await wait_readable())
         co_return ec;
     }
     beast::error_code ec;
-    if (!socket.non_blocking())
-      socket.non_blocking(true, ec);
-    const std::size_t n = ec ? 0 : socket.read_some(c.buffer.prepare(room), ec);
+    const std::size_t n = c.stream.read_now(c.buffer.prepare(room), ec);
     if (ec == net::error::would_block) {
       c.drained = true;
       continue;
