@@ -51,6 +51,21 @@ void tune_malloc() {
   mallopt(M_TRIM_THRESHOLD, 32 << 20);
 }
 
+// Whether the engines' TLS context is made at start: a TLS file is named,
+// or an engine given at start is https://. Otherwise it waits for the
+// first https:// engine (added through the admin API, Redis or DNS).
+bool wants_engine_tls(const pdgate::Config& c) {
+  if (!c.upstream_ca.empty() || !c.upstream_cert.empty())
+    return true;
+  for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
+    for (const auto& spec : *list) {
+      if (spec.tls)
+        return true;
+    }
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   tune_malloc();
   auto parsed = pdgate::parse_command_line(argc, argv);
@@ -212,13 +227,16 @@ int main(int argc, char** argv) {
         pdgate::make_kv_connector(cfg.kv_connector);
     // How https:// engines are reached: every engine connection, probe
     // and scrape shares this context (core/tls_context.hpp).
-    auto engine_ctx = pdgate::make_engine_tls(cfg);
-    if (!engine_ctx) {
-      spdlog::critical("{}", engine_ctx.error());
-      return 2;
+    // Made at start when it will be needed (a file that does not load
+    // stops the start), else when an https:// engine is first added.
+    auto engine_tls =
+        std::make_shared<const pdgate::EngineTls>(pdgate::EngineTlsOptions::from(cfg));
+    if (wants_engine_tls(cfg)) {
+      if (auto err = engine_tls->make_now(); !err.empty()) {
+        spdlog::critical("{}", err);
+        return 2;
+      }
     }
-    auto engine_tls = std::make_shared<const pdgate::EngineTls>(
-        pdgate::EngineTls{std::move(*engine_ctx), !cfg.upstream_insecure});
     if (cfg.upstream_insecure) {
       spdlog::warn(
           "--upstream-insecure: https:// engines' certificates and names are NOT verified; "

@@ -72,41 +72,58 @@ Result<std::shared_ptr<ssl::context>> make_listener_tls(const Config& c) {
   return ctx;
 }
 
-Result<std::shared_ptr<ssl::context>> make_engine_tls(const Config& c) {
+EngineTlsOptions EngineTlsOptions::from(const Config& c) {
+  return {c.upstream_ca, c.upstream_cert, c.upstream_key, c.upstream_insecure};
+}
+
+Result<std::shared_ptr<ssl::context>> make_engine_tls(const EngineTlsOptions& c) {
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
   SSL_CTX* h = ctx->native_handle();
   SSL_CTX_set_min_proto_version(h, TLS1_2_VERSION);
   SSL_CTX_set_options(h, kCommonOptions);
   boost::system::error_code ec;
-  if (c.upstream_ca.empty()) {
+  if (c.ca.empty()) {
     ctx->set_default_verify_paths(ec);
     if (ec)
       return fail("cannot load the system's CA certificates: " + ec.message());
   } else {
-    ctx->load_verify_file(c.upstream_ca, ec);
+    ctx->load_verify_file(c.ca, ec);
     if (ec)
-      return fail(failed("--upstream-ca: cannot load", c.upstream_ca, ec));
+      return fail(failed("--upstream-ca: cannot load", c.ca, ec));
   }
-  if (!c.upstream_cert.empty()) {
-    if (auto err =
-            load_pair(*ctx, c.upstream_cert, c.upstream_key, "--upstream-cert", "--upstream-key");
+  if (!c.cert.empty()) {
+    if (auto err = load_pair(*ctx, c.cert, c.key, "--upstream-cert", "--upstream-key");
         !err.empty()) {
       return fail(err);
     }
   }
-  ctx->set_verify_mode(c.upstream_insecure ? ssl::verify_none : ssl::verify_peer);
+  ctx->set_verify_mode(c.insecure ? ssl::verify_none : ssl::verify_peer);
   return ctx;
+}
+
+ssl::context* EngineTls::context() const {
+  std::call_once(made_, [this] {
+    auto made = make_engine_tls(options_);
+    if (made)
+      ctx_ = std::move(*made);
+    else
+      error_ = made.error();
+  });
+  return ctx_.get();
 }
 
 net::awaitable<std::pair<boost::beast::error_code, std::string>> engine_handshake(
     MaybeTlsStream& stream, const EngineTls& tls, const std::string& host) {
-  auto& t = stream.start_tls(*tls.ctx);
+  ssl::context* ctx = tls.context();
+  if (ctx == nullptr)
+    co_return std::pair{boost::beast::error_code(net::error::operation_not_supported), tls.why()};
+  auto& t = stream.start_tls(*ctx);
   SSL* s = t.native_handle();
   boost::system::error_code not_ip;
   (void)net::ip::make_address(host, not_ip);
   if (not_ip)
     SSL_set_tlsext_host_name(s, host.c_str());
-  if (tls.verify) {
+  if (tls.verify()) {
     X509_VERIFY_PARAM* param = SSL_get0_param(s);
     X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
     if (not_ip)

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <boost/asio/awaitable.hpp>
@@ -25,10 +26,19 @@ namespace pdgate {
 // not parse, is an error naming the file.
 Result<std::shared_ptr<boost::asio::ssl::context>> make_listener_tls(const Config& c);
 
-// The engines' context: TLS 1.2+, peers verified against --upstream-ca or
-// the system store (unless --upstream-insecure), with --upstream-cert and
-// --upstream-key presented when set.
-Result<std::shared_ptr<boost::asio::ssl::context>> make_engine_tls(const Config& c);
+// What the engines' context is made from.
+struct EngineTlsOptions {
+  std::string ca;    // --upstream-ca; empty: the system's store
+  std::string cert;  // --upstream-cert and --upstream-key: presented when set
+  std::string key;
+  bool insecure = false;  // --upstream-insecure
+  static EngineTlsOptions from(const Config& c);
+};
+
+// The engines' context: TLS 1.2+, peers verified against the CA file or
+// the system store (unless insecure), the client certificate presented
+// when set.
+Result<std::shared_ptr<boost::asio::ssl::context>> make_engine_tls(const EngineTlsOptions& o);
 
 // The listener's current context. Workers take it for each new connection;
 // a reload swaps it, and connections already established keep the one they
@@ -44,10 +54,28 @@ class ListenerTls {
 };
 
 // How engine connections are secured: the context, and whether names and
-// chains are checked (off only with --upstream-insecure).
-struct EngineTls {
-  std::shared_ptr<boost::asio::ssl::context> ctx;
-  bool verify = true;
+// chains are checked (off only with --upstream-insecure). The context is
+// made when first needed: OpenSSL's tables and the system's CA store cost
+// a gateway ~4 MiB of memory, which one whose engines all speak plain HTTP
+// never needs. make_now() makes it at start instead, so that a file that
+// does not load stops the start (main does so when an engine is https://
+// or a TLS file is named).
+class EngineTls {
+ public:
+  explicit EngineTls(EngineTlsOptions options) : options_(std::move(options)) {}
+  // The context; null when it cannot be made, why() then says why. Made
+  // once, by whichever thread asks first (the others wait for it).
+  boost::asio::ssl::context* context() const;
+  const std::string& why() const { return error_; }
+  bool verify() const { return !options_.insecure; }
+  // Makes the context now; its error, empty when made.
+  std::string make_now() const { return context() != nullptr ? std::string() : why(); }
+
+ private:
+  EngineTlsOptions options_;
+  mutable std::once_flag made_;
+  mutable std::shared_ptr<boost::asio::ssl::context> ctx_;
+  mutable std::string error_;
 };
 
 // Turns a connected stream to `host` into TLS and shakes hands within the

@@ -154,7 +154,7 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
   auto ec = co_await connect_stream(conn->stream.tcp(), *resolved_);
   std::string tls_error;
   if (!ec && spec.tls) {
-    if (tls_ == nullptr || !tls_->ctx) {
+    if (tls_ == nullptr) {
       tls_error = "no TLS context for https:// engines";
       ec = net::error::operation_not_supported;
     } else {

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
 
 namespace pdgate::test {
@@ -456,6 +457,25 @@ TEST(TlsEngines, HostnameMismatchIsRefused) {
   // The certificate names engine.example only.
   auto d = tls_sim("both", "elsewhere");
   expect_certificate_refused(*d);
+}
+
+// A gateway whose engines all speak plain HTTP makes no TLS context at
+// start; the first https:// engine added at run time gets one made then,
+// and is reached through it (with --upstream-insecure: the tests' CA is
+// not in the system store the context would otherwise trust).
+TEST(TlsEngines, ContextIsMadeForTheFirstHttpsEngineAdded) {
+  ASSERT_TRUE(pki->ok());
+  Sim plain("both");
+  auto secure = tls_sim("both");
+  AdminGateway g({"--decode", plain.url(), "--prefill-servers-urls", "disable",
+                  "--upstream-insecure", "true", "--health-interval", "off"});
+  auto r = g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", https_url(*secure)}});
+  ASSERT_EQ(r.status, 201) << r.body;
+  const auto plain_id = g.instance_by_url(plain.url())["id"].get<int>();
+  ASSERT_EQ(g.call("POST", "/admin/instances/" + std::to_string(plain_id) + "/drain").status, 200);
+  auto a = post_json(g.port(), "/v1/completions", Json::parse(kCompletion));
+  EXPECT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(sim_requests(*secure).size(), 1u);
 }
 
 // Engines that require client certificates (the sim does not, so the
