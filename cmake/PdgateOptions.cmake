@@ -18,10 +18,12 @@ target_compile_definitions(pdgate_options INTERFACE
   BOOST_BEAST_SEPARATE_COMPILATION
   BOOST_ASIO_NO_DEPRECATED
   BOOST_ASIO_DISABLE_BOOST_COROUTINE
-  # Coroutine frames and handlers come from a per-thread cache of freed
-  # blocks; at its default of 2 blocks per purpose a request (a dozen nested
-  # coroutines) fell through to malloc for most of them.
-  BOOST_ASIO_RECYCLING_ALLOCATOR_CACHE_SIZE=16)
+  # Coroutine frames and handlers straight from malloc (glibc's per-thread
+  # cache), not from Asio's cache of freed blocks: that cache hands out the
+  # first block big enough, so an idle stream's small frames sat in blocks
+  # freed by routing's big ones (massif showed frames of 100-250 bytes in
+  # blocks of 330-670). Without it a request costs no more CPU (bench/).
+  BOOST_ASIO_RECYCLING_ALLOCATOR_CACHE_SIZE=0)
 if(PDGATE_SANITIZE)
   # With sanitizer instrumentation GCC 12 reports -Wmaybe-uninitialized
   # inside Beast's own code (asio_impl.cpp); the warning is not actionable

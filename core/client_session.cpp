@@ -277,23 +277,26 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
 
 // Routes one request: refused when it came back round (508), else its
 // handler, else 405 (with Allow) or 404.
-net::awaitable<bool> dispatch(const ClientSessionEnv& env, WorkerContext& w, MaybeTlsStream& stream,
-                              http::request<http::string_body>& req, RequestScope& scope,
-                              std::string_view path, const RouteTable::Match& route) {
-  if (const auto via = req.find(http::field::via); via != req.end()) {
-    if (auto loop = env.loop_guard.refusal(via->value()); !loop.empty()) {
-      // Sent round again by this gateway (or a chain of them): 508, so the
-      // sender counts its engine as failed instead of recursing.
-      scope.status = 508;
-      auto res = make_error_response(gateway_error(ErrorKind::loop, std::move(loop)), req.version(),
-                                     false);
-      co_await write_response(stream, res);
-      co_return false;
-    }
-  }
-  if (route.handler != nullptr) {
-    RouteCall call{w, stream, req, scope};
-    co_return co_await (*route.handler)(call);
+// Why the gateway refuses the request before any route sees it: it was
+// sent round again by this gateway (or a chain of them). Empty otherwise.
+std::string loop_refusal(const ClientSessionEnv& env, const http::request<http::string_body>& req) {
+  if (const auto via = req.find(http::field::via); via != req.end())
+    return env.loop_guard.refusal(via->value());
+  return {};
+}
+
+// The answers the gateway gives without a route handler: 508 for a loop
+// (so the sender counts its engine as failed instead of recursing), 404
+// or 405 for a request no route takes.
+net::awaitable<bool> refuse(MaybeTlsStream& stream, const http::request<http::string_body>& req,
+                            RequestScope& scope, std::string_view path,
+                            const RouteTable::Match& route, std::string loop) {
+  if (!loop.empty()) {
+    scope.status = 508;
+    auto res =
+        make_error_response(gateway_error(ErrorKind::loop, std::move(loop)), req.version(), false);
+    co_await write_response(stream, res);
+    co_return false;
   }
   const bool known = !route.allow.empty();
   auto res =
@@ -411,7 +414,15 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
     const auto route = env.routes.find(req.method(), path);
     if (route.counted && env.access_log)
       scope.record = start_record(req, path);
-    const bool keep_alive = co_await dispatch(env, w, stream, req, scope, path, route);
+    // The handler is awaited from this frame: a streamed answer holds no
+    // dispatching frame between the session and the handler for its life.
+    bool keep_alive = false;
+    if (std::string loop = loop_refusal(env, req); !loop.empty() || route.handler == nullptr) {
+      keep_alive = co_await refuse(stream, req, scope, path, route, std::move(loop));
+    } else {
+      RouteCall call{w, stream, req, scope};
+      keep_alive = co_await (*route.handler)(call);
+    }
     watched->done = true;
     scope.watch_cancel().emit(net::cancellation_type::all);
     if (route.counted) {

@@ -181,6 +181,35 @@ net::awaitable<bool> finish(WorkerContext& w, MaybeTlsStream& client,
   co_return co_await write_response(client, res) && req.keep_alive();
 }
 
+namespace {
+
+// Admission, then the routing phases; a refusal or failure is answered
+// here. Its own frame, so that what routing held (the request context, an
+// error's strings) is gone while the answer relays, often for minutes.
+// Returns no relay when the request was answered (`keep`: whether the
+// connection may be reused).
+net::awaitable<std::unique_ptr<DecodeRelay>> admit_and_route(
+    WorkerContext& w, MaybeTlsStream& client, http::request<http::string_body>& req,
+    RequestScope& scope, RequestTrace& trace, ClientAdmission& admission, bool is_chat,
+    bool& keep) {
+  auto rc = std::make_unique<RequestContext>(w, client, req, scope, trace, is_chat);
+  rc->view->request_id = request_id_for(w, req);
+  if (trace.recording())
+    name_server_span(trace, req, rc->request_id());
+  if (auto e = co_await admit_client(w, req, rc->request_id(), admission)) {
+    keep = co_await finish(w, client, req, rc->request_id(), scope, *e);
+    co_return nullptr;
+  }
+  rc->client_key = admission.key();
+  Routed routed = co_await route(*rc);
+  note_routing(*rc, routed.relay ? routed.relay->view->request_id : rc->request_id());
+  if (!routed.relay)
+    keep = co_await finish(w, client, req, rc->request_id(), scope, routed.error);
+  co_return std::move(routed.relay);
+}
+
+}  // namespace
+
 net::awaitable<bool> serve_completion(WorkerContext& w, MaybeTlsStream& client,
                                       http::request<http::string_body>& req, RequestScope& scope,
                                       bool is_chat) {
@@ -188,27 +217,12 @@ net::awaitable<bool> serve_completion(WorkerContext& w, MaybeTlsStream& client,
   RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
   // Held until the answer is written: the key's concurrency slot.
   ClientAdmission admission;
-  std::unique_ptr<DecodeRelay> relay;
   bool keep = false;
-  {
-    auto rc = std::make_unique<RequestContext>(w, client, req, scope, trace, is_chat);
-    rc->view->request_id = request_id_for(w, req);
-    if (trace.recording())
-      name_server_span(trace, req, rc->request_id());
-    if (auto e = co_await admit_client(w, req, rc->request_id(), admission)) {
-      keep = co_await finish(w, client, req, rc->request_id(), scope, *e);
-      trace.finish(scope.status, scope.stage);
-      co_return keep;
-    }
-    rc->client_key = admission.key();
-    Routed routed = co_await route(*rc);
-    note_routing(*rc, routed.relay ? routed.relay->view->request_id : rc->request_id());
-    if (!routed.relay) {
-      keep = co_await finish(w, client, req, rc->request_id(), scope, routed.error);
-      trace.finish(scope.status, scope.stage);
-      co_return keep;
-    }
-    relay = std::move(routed.relay);
+  std::unique_ptr<DecodeRelay> relay =
+      co_await admit_and_route(w, client, req, scope, trace, admission, is_chat, keep);
+  if (!relay) {
+    trace.finish(scope.status, scope.stage);
+    co_return keep;
   }
   scope.status = relay->ex->status();
   scope.stage = "decode";

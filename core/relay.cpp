@@ -126,6 +126,17 @@ void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage, Re
     scope.record->usage = usage;
 }
 
+// Decode broke off mid-stream: noted against the instance and the trace;
+// returns the in-band error event the client gets. (Not in the relay's
+// coroutine: its strings would take room in every idle stream's frame.)
+std::string broke_off(WorkerContext& w, DecodeRelay& r, const UpstreamError& failure) {
+  spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure.detail);
+  note_failure(w, *r.decode, failure.detail);
+  trace_error(r.span, upstream_failure(Stage::decode, failure));
+  const std::string why = w.cfg.verbose_errors ? failure.detail : public_reason(failure.kind);
+  return sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));
+}
+
 // The rest of decode's stream after its first events went out with the
 // header. If decode breaks off now, the client gets an in-band error event
 // and the stream ends: never an invented finish_reason or [DONE].
@@ -193,11 +204,7 @@ net::awaitable<bool> relay_stream(WorkerContext& w, MaybeTlsStream& client,
       co_return req.keep_alive();
     std::string().swap(out);
   }
-  spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure.detail);
-  note_failure(w, *r.decode, failure.detail);
-  trace_error(r.span, upstream_failure(Stage::decode, failure));
-  const std::string why = w.cfg.verbose_errors ? failure.detail : public_reason(failure.kind);
-  const std::string ev = sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));
+  const std::string ev = broke_off(w, r, failure);
   if (!co_await write_chunk(client, ev, w.cfg, true))
     co_return false;
   scope.count_sent(ev.size());

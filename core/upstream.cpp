@@ -331,26 +331,34 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 }
 
 // Waits until the socket has bytes (or its end, or an error) without a
-// read buffer, bounded by the first-byte timeout: on expiry the socket is
-// closed, as tcp_stream's own timeout does, and beast::error::timeout
-// returned. The group completes only once both waits have: no handler
-// outlives it.
-net::awaitable<beast::error_code> UpstreamExchange::wait_readable() {
+// read buffer, bounded by the first-byte timeout. The group completes only
+// once both waits have: no handler outlives it. Not a coroutine: awaited
+// directly, it adds no frame to an idle stream's chain.
+net::awaitable<UpstreamExchange::ReadableOrTimeout> UpstreamExchange::readable_or_timeout() {
   auto& c = *conn_;
   c.wait_timer.expires_after(timeouts_.first_byte);
-  auto [order, wait_ec, timer_ec] =
-      co_await net::experimental::make_parallel_group(
-          c.stream.socket().async_wait(tcp::socket::wait_read, net::deferred),
-          c.wait_timer.async_wait(net::deferred))
-          .async_wait(net::experimental::wait_for_one(), net::use_awaitable);
+  return net::experimental::make_parallel_group(
+             c.stream.socket().async_wait(tcp::socket::wait_read, net::deferred),
+             c.wait_timer.async_wait(net::deferred))
+      .async_wait(net::experimental::wait_for_one(), net::use_awaitable);
+}
+
+// On expiry the socket is closed, as tcp_stream's own timeout does, and
+// beast::error::timeout returned.
+beast::error_code UpstreamExchange::after_wait(const ReadableOrTimeout& r) {
+  const auto& [order, wait_ec, timer_ec] = r;
   if (order[0] == 1) {
     beast::error_code ignored;
-    c.stream.socket().close(ignored);
-    co_return beast::error::timeout;
+    conn_->stream.socket().close(ignored);
+    return beast::error::timeout;
   }
   if (!wait_ec)
-    c.drained = false;
-  co_return wait_ec;
+    conn_->drained = false;
+  return wait_ec;
+}
+
+net::awaitable<beast::error_code> UpstreamExchange::wait_readable() {
+  co_return after_wait(co_await readable_or_timeout());
 }
 
 bool UpstreamExchange::must_wait() const {
@@ -359,7 +367,7 @@ bool UpstreamExchange::must_wait() const {
 }
 
 net::awaitable<UpstreamError> UpstreamExchange::wait_bytes() {
-  if (auto ec = co_await wait_readable(); ec)
+  if (auto ec = after_wait(co_await readable_or_timeout()); ec)
     co_return classify(ec, "while reading the response body");
   co_return UpstreamError{};
 }

@@ -3,12 +3,14 @@
 // worker has its own pool per instance.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -241,6 +243,11 @@ class UpstreamExchange {
   UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
                    RequestScope& scope, UpstreamTimeouts timeouts);
   UpstreamError classify(const beast::error_code& ec, const char* during) const;
+  // Which of readiness and the timer ended the wait, and how each did.
+  using ReadableOrTimeout =
+      std::tuple<std::array<std::size_t, 2>, beast::error_code, beast::error_code>;
+  net::awaitable<ReadableOrTimeout> readable_or_timeout();
+  beast::error_code after_wait(const ReadableOrTimeout& r);
   // The wait of wait_bytes(), its error as the socket tells it.
   net::awaitable<beast::error_code> wait_readable();
   // Reads what the engine sent into the connection's buffer, at most
