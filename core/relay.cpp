@@ -242,9 +242,16 @@ StreamRelay::StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance&
       decode_(decode),
       request_id_(request_id),
       conversation_(conversation),
-      filter_(decode.spec.host, w.cfg.expose_kv_params,
-              conversation ? &conversation->recorder : nullptr),
       want_usage_(want_usage) {}
+
+StreamRelay::Filtering& StreamRelay::filtering() {
+  if (!filtering_) {
+    filtering_.reset(new Filtering{
+        SseEvent{}, DecodeOutputFilter(decode_.spec.host, w_.cfg.expose_kv_params,
+                                       conversation_ ? &conversation_->recorder : nullptr)});
+  }
+  return *filtering_;
+}
 
 void StreamRelay::time_events(std::string_view ready, std::size_t events) {
   // The closing [DONE] is no token.
@@ -293,21 +300,24 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
     out.append(ready);
     scanner_.drop_ready();
   } else {
-    while (scanner_.next(event_))
-      out += filter_.on_event(event_);
+    Filtering& f = filtering();
+    while (scanner_.next(f.event))
+      out += f.filter.on_event(f.event);
   }
   // Stored before the client sees the end of the turn, so a client that
   // sends its next turn at once (to any replica) finds them.
-  if (filter_.take_new_capture() && conversation_ && w_.conversations) {
-    co_await remember_turn(*w_.conversations, *conversation_, *filter_.captured(),
+  if (filtering_ && filtering_->filter.take_new_capture() && conversation_ && w_.conversations) {
+    co_await remember_turn(*w_.conversations, *conversation_, *filtering_->filter.captured(),
                            w_.cfg.conversation_ttl, request_id_);
   }
   // Between events a stream may idle for minutes: it holds no event
   // buffers meanwhile (a few small allocations per event instead).
   // swap, not assignment: a moved-in short string keeps the old buffer.
   std::string().swap(in_);
-  std::string().swap(event_.raw);
-  std::string().swap(event_.data);
+  if (filtering_) {
+    std::string().swap(filtering_->event.raw);
+    std::string().swap(filtering_->event.data);
+  }
   scanner_.release_idle_memory();
   co_return UpstreamError{};
 }

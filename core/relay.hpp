@@ -37,7 +37,7 @@ class StreamRelay {
   // (possibly none).
   net::awaitable<UpstreamError> read_into(std::string& out);
   // Whether decode's kv_transfer_params for the next turn were seen.
-  bool captured_params() const { return filter_.captured().has_value(); }
+  bool captured_params() const { return filtering_ && filtering_->filter.captured().has_value(); }
 
   // When the first data event arrived (once one did).
   std::optional<std::chrono::steady_clock::time_point> first_event_at() const {
@@ -57,10 +57,18 @@ class StreamRelay {
   UpstreamExchange& ex_;
   const Instance& decode_;
   const std::string& request_id_;
-  const OptionalTurn& conversation_;
+  OptionalTurn& conversation_;
+  // Events are looked at one by one only when a turn's answer is recorded
+  // or an event names kv_transfer_params; until then (most streams, for
+  // their whole life) the filter and its event take no memory.
+  struct Filtering {
+    SseEvent event;
+    DecodeOutputFilter filter;
+  };
+  Filtering& filtering();
+
   SseScanner scanner_;
-  SseEvent event_;
-  DecodeOutputFilter filter_;
+  std::unique_ptr<Filtering> filtering_;
   std::string in_;
   const bool want_usage_;
   std::optional<TokenUsage> usage_;
