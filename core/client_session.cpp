@@ -275,8 +275,6 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
   co_return true;
 }
 
-// Routes one request: refused when it came back round (508), else its
-// handler, else 405 (with Allow) or 404.
 // Why the gateway refuses the request before any route sees it: it was
 // sent round again by this gateway (or a chain of them). Empty otherwise.
 std::string loop_refusal(const ClientSessionEnv& env, const http::request<http::string_body>& req) {

@@ -330,8 +330,8 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
   }
 }
 
-// Waits until the socket has bytes (or its end, or an error) without a
-// read buffer, bounded by the first-byte timeout. The group completes only
+// The wait until the socket has bytes (or its end, or an error), without
+// a read buffer, bounded by the first-byte timeout. The group completes only
 // once both waits have: no handler outlives it. Not a coroutine: awaited
 // directly, it adds no frame to an idle stream's chain.
 net::awaitable<UpstreamExchange::ReadableOrTimeout> UpstreamExchange::readable_or_timeout() {
