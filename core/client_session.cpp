@@ -6,7 +6,6 @@
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -22,47 +21,6 @@ namespace pdgate {
 namespace {
 
 constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
-
-// One client request's scope and whether it is over, in one allocation:
-// the watch below may outlive the request.
-struct WatchedRequest {
-  RequestScope scope;
-  bool done = false;
-  char peek = 0;  // the watch's receive buffer (it must outlive the wait)
-};
-
-// Watches the client's socket while its request is being served: the
-// client must not send anything until it has its answer, so readability
-// means it closed the connection (or pipelined a request, which we leave
-// in the socket). On close, every upstream connection of the request is
-// closed at once so the engines abort.
-//
-// The watch is a 1-byte MSG_PEEK receive rather than an async_wait: Asio
-// queues a wait with an epoll_ctl that re-arms the descriptor (a system
-// call per request), while a receive is queued for free when the last
-// read left the socket empty, which is the usual case right after the
-// request was read. Peeked bytes stay in the socket for the next read.
-//
-// Over TLS the peeked byte is a record's content type: an alert (a
-// close_notify, or a fatal alert) means the client is leaving; application
-// data is a pipelined request.
-constexpr char kTlsAlert = 0x15;
-
-void watch_client(tcp::socket& socket, std::shared_ptr<WatchedRequest> req, bool tls) {
-  auto slot = req->scope.watch_cancel().slot();
-  auto& peek = req->peek;
-  socket.async_receive(
-      net::buffer(&peek, 1), tcp::socket::message_peek,
-      net::bind_cancellation_slot(slot, [req, tls](const beast::error_code& ec, std::size_t n) {
-        // `done` is checked first: once the request completed, the session
-        // may already have moved on.
-        if (req->done || ec == net::error::operation_aborted)
-          return;
-        if (!ec && n > 0 && !(tls && req->peek == kTlsAlert))
-          return;                     // pipelined bytes: the client is still there
-        req->scope.on_client_gone();  // end of stream or a reset
-      }));
-}
 
 // The first room a body that is still arriving gets; it doubles as the
 // bytes come, up to the declared length. A client that declares 64 MiB and
@@ -406,8 +364,11 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
     env.active_requests.fetch_add(1);
     auto watched = std::make_shared<WatchedRequest>();
     RequestScope& scope = watched->scope;
+    // Unless the client pipelined (then its bytes would look like a
+    // watch's answer), its socket is watched once the request has lasted
+    // a moment.
     if (buffer.size() == 0)
-      watch_client(stream.socket(), watched, stream.is_tls());
+      w.client_watches.watch_later(watched, stream.socket(), stream.is_tls());
     const std::string_view path = path_of(req.target());
     const auto route = env.routes.find(req.method(), path);
     if (route.counted && env.access_log)
@@ -421,8 +382,7 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
       RouteCall call{w, stream, req, scope};
       keep_alive = co_await (*route.handler)(call);
     }
-    watched->done = true;
-    scope.watch_cancel().emit(net::cancellation_type::all);
+    ClientWatches::end(*watched);
     if (route.counted) {
       // 499 (as nginx logs it): the client left before an answer was written.
       if (scope.record)

@@ -10,6 +10,7 @@
 #include <boost/uuid/random_generator.hpp>
 
 #include "core/client_keys.hpp"
+#include "core/client_watch.hpp"
 #include "core/config.hpp"
 #include "core/conversation_store.hpp"
 #include "core/instance.hpp"
@@ -31,7 +32,8 @@ struct WorkerContext {
         registry(r),
         picker_owner(std::move(p)),
         picker(*picker_owner),
-        pools(std::move(ex), c.upstream_max_idle, c.upstream_idle_timeout),
+        pools(ex, c.upstream_max_idle, c.upstream_idle_timeout),
+        client_watches(ex),
         default_authorization(std::move(default_auth)),
         active_requests(active) {}
 
@@ -41,6 +43,8 @@ struct WorkerContext {
   std::unique_ptr<InstancePicker> picker_owner;
   InstancePicker& picker;
   UpstreamPools pools;
+  // Requests whose client is not watched yet (core/client_watch.hpp).
+  ClientWatches client_watches;
   // Request ids. Seeded once from the OS; boost's default random_generator
   // would make a getrandom system call for every request.
   boost::uuids::random_generator_mt19937 uuids;

@@ -1,0 +1,121 @@
+// The client watch (core/client_watch.*): a request is watched only once
+// it has lasted a tick, so one answered sooner costs no watch at all; a
+// request that lasts notices its client leaving (before or after its watch
+// started), and bytes a client pipelines are not taken for a close.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+
+#include "core/client_watch.hpp"
+
+namespace pdgate {
+namespace {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using namespace std::chrono_literals;
+
+constexpr auto kTick = 10ms;
+
+// A connected pair on loopback: `server` is the gateway's side.
+struct Pair {
+  explicit Pair(net::io_context& ioc) : server(ioc), client(ioc) {
+    tcp::acceptor acc(ioc, tcp::endpoint(net::ip::address_v4::loopback(), 0));
+    client.connect(acc.local_endpoint());
+    acc.accept(server);
+  }
+  tcp::socket server;
+  tcp::socket client;
+};
+
+TEST(ClientWatches, RequestEndedBeforeItsTickIsNeverWatched) {
+  net::io_context ioc;
+  Pair p(ioc);
+  ClientWatches watches(ioc.get_executor(), kTick);
+  auto req = std::make_shared<WatchedRequest>();
+  watches.watch_later(req, p.server, false);
+  EXPECT_EQ(watches.waiting(), 1u);
+  ClientWatches::end(*req);
+  EXPECT_EQ(watches.waiting(), 0u);
+  // The client leaves afterwards: no watch was started, nothing notices.
+  p.client.close();
+  ioc.run_for(5 * kTick);
+  EXPECT_FALSE(req->scope.client_gone());
+  // Only `req` itself holds it: no receive was ever queued with it.
+  EXPECT_EQ(req.use_count(), 1);
+}
+
+TEST(ClientWatches, LastingRequestNoticesTheClientLeaving) {
+  net::io_context ioc;
+  Pair p(ioc);
+  ClientWatches watches(ioc.get_executor(), kTick);
+  auto req = std::make_shared<WatchedRequest>();
+  watches.watch_later(req, p.server, false);
+  ioc.run_for(3 * kTick);
+  EXPECT_EQ(watches.waiting(), 0u);  // its watch has started
+  EXPECT_FALSE(req->scope.client_gone());
+  const auto closed = std::chrono::steady_clock::now();
+  p.client.close();
+  while (!req->scope.client_gone() && std::chrono::steady_clock::now() - closed < 2s)
+    ioc.run_for(1ms);
+  EXPECT_TRUE(req->scope.client_gone());
+  ClientWatches::end(*req);
+}
+
+TEST(ClientWatches, ClientThatLeftBeforeTheWatchStartedIsNoticedWhenItStarts) {
+  net::io_context ioc;
+  Pair p(ioc);
+  ClientWatches watches(ioc.get_executor(), kTick);
+  auto req = std::make_shared<WatchedRequest>();
+  watches.watch_later(req, p.server, false);
+  p.client.close();
+  const auto start = std::chrono::steady_clock::now();
+  while (!req->scope.client_gone() && std::chrono::steady_clock::now() - start < 2s)
+    ioc.run_for(1ms);
+  EXPECT_TRUE(req->scope.client_gone());
+  // Within two ticks of joining (and not before the first).
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, kTick);
+  EXPECT_LT(took, 20 * kTick);
+  ClientWatches::end(*req);
+}
+
+TEST(ClientWatches, PipelinedBytesAreNotAClose) {
+  net::io_context ioc;
+  Pair p(ioc);
+  ClientWatches watches(ioc.get_executor(), kTick);
+  auto req = std::make_shared<WatchedRequest>();
+  watches.watch_later(req, p.server, false);
+  net::write(p.client, net::buffer(std::string_view("GET /health HTTP/1.1\r\n\r\n")));
+  ioc.run_for(5 * kTick);
+  EXPECT_FALSE(req->scope.client_gone());
+  ClientWatches::end(*req);
+  // The peeked bytes are still there for the session's next read.
+  char buf[64];
+  p.server.non_blocking(true);
+  boost::system::error_code ec;
+  const std::size_t n = p.server.read_some(net::buffer(buf), ec);
+  EXPECT_FALSE(ec);
+  EXPECT_EQ(std::string_view(buf, n), "GET /health HTTP/1.1\r\n\r\n");
+}
+
+TEST(ClientWatches, TimerStopsWhenNothingWaits) {
+  net::io_context ioc;
+  Pair p(ioc);
+  ClientWatches watches(ioc.get_executor(), kTick);
+  auto req = std::make_shared<WatchedRequest>();
+  watches.watch_later(req, p.server, false);
+  ClientWatches::end(*req);
+  // One tick finds the list empty and does not re-arm: run() returns.
+  const auto start = std::chrono::steady_clock::now();
+  ioc.run();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+}  // namespace
+}  // namespace pdgate
