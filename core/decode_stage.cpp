@@ -31,16 +31,16 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
                                                     rc.scope, w.timeouts());
   if (err) {
     out.error = upstream_failure(Stage::decode, err);
-    blame(w, *decode, out.error);
-    trace_error(r->span, out.error);
+    blame(w, *decode, *out.error);
+    trace_error(r->span, *out.error);
     co_return out;
   }
   r->report->header(ex->status());
   r->span.status(ex->status());
   if (ex->status() < 200 || ex->status() >= 300) {
     out.error = co_await engine_status_error(Stage::decode, *ex, *decode);
-    blame(w, *decode, out.error);
-    trace_error(r->span, out.error);
+    blame(w, *decode, *out.error);
+    trace_error(r->span, *out.error);
     co_return out;
   }
   UpstreamError rerr;
@@ -59,8 +59,8 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   }
   if (rerr) {
     out.error = upstream_failure(Stage::decode, rerr);
-    blame(w, *decode, out.error);
-    trace_error(r->span, out.error);
+    blame(w, *decode, *out.error);
+    trace_error(r->span, *out.error);
     co_return out;
   }
   decode->note_request_success();
@@ -115,15 +115,15 @@ net::awaitable<Routed> decode_phase(RequestContext& rc) {
       a.relay->view = std::move(rc.view);
       co_return a;
     }
-    if (a.error.kind == ErrorKind::client_gone)
+    if (a.error->kind == ErrorKind::client_gone)
       co_return a;
     rc.tried_decode.push_back(rc.decode.get());
     if (rc.connector.names_peers() || !has_alternative(rc.set->decode, rc.tried_decode) ||
-        !rc.failover.may_retry(Stage::decode, a.error))
+        !rc.failover.may_retry(Stage::decode, *a.error))
       co_return a;
     spdlog::info("request {}: decode on {} failed before its first byte ({}), retrying",
-                 rc.request_id(), rc.decode->spec.url, to_string(a.error.kind));
-    if (rc.one_hop || !a.error.reached_engine)
+                 rc.request_id(), rc.decode->spec.url, to_string(a.error->kind));
+    if (rc.one_hop || !a.error->reached_engine)
       continue;
     // The first prefill's blocks were meant for (and may have been pulled
     // by) the failed decode: the next one gets fresh ones.

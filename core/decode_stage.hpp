@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include <boost/asio/awaitable.hpp>
 
@@ -18,7 +19,9 @@ namespace pdgate {
 // answers the request.
 struct Routed {
   std::unique_ptr<DecodeRelay> relay;
-  GatewayError error;
+  // Set when there is no relay. Optional, so that a routed request does
+  // not carry (and move, phase by phase) an empty error's strings.
+  std::optional<GatewayError> error;
 };
 
 // Runs the phase, failing over to other decodes: one the request never

@@ -204,7 +204,7 @@ net::awaitable<std::unique_ptr<DecodeRelay>> admit_and_route(
   Routed routed = co_await route(*rc);
   note_routing(*rc, routed.relay ? routed.relay->view->request_id : rc->request_id());
   if (!routed.relay)
-    keep = co_await finish(w, client, req, rc->request_id(), scope, routed.error);
+    keep = co_await finish(w, client, req, rc->request_id(), scope, *routed.error);
   co_return std::move(routed.relay);
 }
 
