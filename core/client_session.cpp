@@ -27,6 +27,9 @@ constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 // sends ten bytes holds this much, not 64 MiB.
 constexpr std::size_t kFirstBodyRoom = 64 * 1024;
 
+// The room a request's first read gets: a whole header, usually.
+constexpr std::size_t kRequestRead = 4096;
+
 enum class BodyRead { complete, over_budget, too_large, malformed, gone };
 
 // Reads a Content-Length body of `len` bytes into `body`, straight from
@@ -333,8 +336,12 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
     // Between requests a keep-alive connection may idle; once bytes of a
     // request arrive, the whole header must follow within header_timeout.
     if (buffer.size() == 0) {
+      // A buffer that grew for a large header does not keep that size
+      // while the connection idles.
+      if (buffer.capacity() > 2 * kRequestRead)
+        buffer.shrink_to_fit();
       stream.expires_after(first ? cfg.header_timeout : cfg.client_idle_timeout);
-      auto [ec, n] = co_await stream.async_read_some(buffer.prepare(4096), use_tuple);
+      auto [ec, n] = co_await stream.async_read_some(buffer.prepare(kRequestRead), use_tuple);
       if (ec)
         break;
       buffer.commit(n);
@@ -355,20 +362,16 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
       }
       break;
     }
-    // The read buffer is empty unless the client pipelined; a streamed
-    // answer can last minutes, so it does not keep its 4 KiB+ meanwhile
-    // (with 10,000 open streams that is 40 MiB of nothing).
-    if (buffer.size() == 0)
-      buffer.shrink_to_fit();
-
     env.active_requests.fetch_add(1);
     auto watched = std::make_shared<WatchedRequest>();
     RequestScope& scope = watched->scope;
     // Unless the client pipelined (then its bytes would look like a
     // watch's answer), its socket is watched once the request has lasted
-    // a moment.
+    // a moment. The read buffer, empty then, is released at that moment
+    // too: a streamed answer can last minutes, and need not keep 4 KiB
+    // meanwhile (with 10,000 open streams that is 40 MiB of nothing).
     if (buffer.size() == 0)
-      w.client_watches.watch_later(watched, stream.socket(), stream.is_tls());
+      w.client_watches.watch_later(watched, stream.socket(), stream.is_tls(), &buffer);
     const std::string_view path = path_of(req.target());
     const auto route = env.routes.find(req.method(), path);
     if (route.counted && env.access_log)

@@ -37,9 +37,11 @@ ClientWatches::ClientWatches(boost::asio::any_io_executor ex, std::chrono::milli
     : timer_(std::move(ex)), delay_(delay) {}
 
 void ClientWatches::watch_later(const std::shared_ptr<WatchedRequest>& req,
-                                boost::asio::ip::tcp::socket& socket, bool tls) {
+                                boost::asio::ip::tcp::socket& socket, bool tls,
+                                boost::beast::flat_buffer* idle_buffer) {
   req->socket = &socket;
   req->tls = tls;
+  req->idle_buffer = idle_buffer;
   req->joined_tick = tick_;
   waiting_.push_back(*req);
   if (!armed_)
@@ -48,6 +50,7 @@ void ClientWatches::watch_later(const std::shared_ptr<WatchedRequest>& req,
 
 void ClientWatches::end(WatchedRequest& req) {
   req.done = true;
+  req.idle_buffer = nullptr;
   req.hook.unlink();
   req.scope.watch_cancel().emit(boost::asio::cancellation_type::all);
 }
@@ -70,6 +73,9 @@ void ClientWatches::tick() {
   while (!waiting_.empty() && waiting_.front().joined_tick < tick_) {
     WatchedRequest& req = waiting_.front();
     waiting_.pop_front();
+    if (req.idle_buffer != nullptr && req.idle_buffer->size() == 0)
+      req.idle_buffer->shrink_to_fit();
+    req.idle_buffer = nullptr;
     watch_client(req.shared_from_this());
   }
   ++tick_;

@@ -16,6 +16,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
 #include <boost/intrusive/list.hpp>
 
 #include "core/request_scope.hpp"
@@ -41,6 +42,12 @@ struct WatchedRequest : std::enable_shared_from_this<WatchedRequest> {
   std::uint64_t joined_tick = 0;
   boost::asio::ip::tcp::socket* socket = nullptr;
   bool tls = false;
+  // The connection's read buffer, empty while the request is served:
+  // released when the watch starts, so that a request that lasts (a
+  // stream, for minutes) does not hold it, while the many that are
+  // answered sooner reuse it for the next request without a new
+  // allocation. Null: nothing to release.
+  boost::beast::flat_buffer* idle_buffer = nullptr;
 };
 
 // One worker's requests waiting for their watch, oldest first. A timer
@@ -56,7 +63,7 @@ class ClientWatches {
   // Watches `socket` for `req` once the request has lasted `delay`. The
   // request ends with end(): its watch, started or not, is then over.
   void watch_later(const std::shared_ptr<WatchedRequest>& req, boost::asio::ip::tcp::socket& socket,
-                   bool tls);
+                   bool tls, boost::beast::flat_buffer* idle_buffer = nullptr);
   static void end(WatchedRequest& req);
 
   // Requests whose watch has not started yet (for tests).

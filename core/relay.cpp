@@ -172,9 +172,10 @@ net::awaitable<bool> relay_stream(WorkerContext& w, MaybeTlsStream& client,
   std::string out;
   UpstreamError failure;
   while (!r.stream->done()) {
-    // An idle stream waits here, its read's frames not yet allocated.
-    ex.release_idle_memory();
+    // An idle stream waits here, its read's frames not yet allocated and
+    // its read buffer released.
     if (ex.must_wait()) {
+      ex.release_idle_memory();
       if (auto err = co_await ex.wait_bytes(); err) {
         if (err.kind == UpstreamFailure::aborted)
           co_return false;
@@ -277,7 +278,6 @@ void StreamRelay::time_events(std::string_view ready, std::size_t events) {
 
 net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
   in_.clear();
-  ex_.release_idle_memory();  // before each wait, the first included
   if (auto err = co_await ex_.read_some(in_); err)
     co_return err;
   if (!scanner_.feed(in_)) {

@@ -387,6 +387,12 @@ net::awaitable<beast::error_code> UpstreamExchange::fill(std::size_t room) {
   }
   for (;;) {
     if (c.drained) {
+      // A wait between two pieces of the body (a stream's events) may
+      // last minutes: the buffer's room is released first. The wait for
+      // the header keeps it (the connection brought it from the pool, and
+      // the answer's first bytes go there).
+      if (parser_->is_header_done())
+        release_idle_memory();
       if (auto ec = co_await wait_readable())
         co_return ec;
     }

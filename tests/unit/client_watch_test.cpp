@@ -104,6 +104,27 @@ TEST(ClientWatches, PipelinedBytesAreNotAClose) {
   EXPECT_EQ(std::string_view(buf, n), "GET /health HTTP/1.1\r\n\r\n");
 }
 
+// The connection's read buffer: kept by a request answered before its
+// tick (the next request reuses it), released by one that lasts.
+TEST(ClientWatches, LastingRequestReleasesTheReadBuffer) {
+  net::io_context ioc;
+  Pair p(ioc);
+  ClientWatches watches(ioc.get_executor(), kTick);
+  boost::beast::flat_buffer quick_buffer;
+  quick_buffer.prepare(4096);
+  auto quick = std::make_shared<WatchedRequest>();
+  watches.watch_later(quick, p.server, false, &quick_buffer);
+  ClientWatches::end(*quick);
+  boost::beast::flat_buffer lasting_buffer;
+  lasting_buffer.prepare(4096);
+  auto lasting = std::make_shared<WatchedRequest>();
+  watches.watch_later(lasting, p.server, false, &lasting_buffer);
+  ioc.run_for(3 * kTick);
+  EXPECT_GE(quick_buffer.capacity(), 4096u);
+  EXPECT_EQ(lasting_buffer.capacity(), 0u);
+  ClientWatches::end(*lasting);
+}
+
 TEST(ClientWatches, TimerStopsWhenNothingWaits) {
   net::io_context ioc;
   Pair p(ioc);
