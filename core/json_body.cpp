@@ -1,5 +1,6 @@
 #include "core/json_body.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -674,9 +675,14 @@ std::string json_quote(std::string_view s) {
 }
 
 JsonBodyEditor::JsonBodyEditor(std::string_view text, const JsonObjectIndex& index)
-    : text_(text), index_(&index) {
-  // The connectors' bodies make up to eight edits: one allocation.
-  edits_.reserve(8);
+    : text_(text), index_(&index) {}
+
+void JsonBodyEditor::add(Edit e) {
+  // The connectors' bodies make up to eight edits: one allocation, made
+  // only when an edit is (a body passed through unchanged makes none).
+  if (edits_.empty())
+    edits_.reserve(8);
+  edits_.push_back(std::move(e));
 }
 
 void JsonBodyEditor::set(std::string_view key, std::string raw_value) {
@@ -686,7 +692,7 @@ void JsonBodyEditor::set(std::string_view key, std::string raw_value) {
       return;
     }
   }
-  edits_.push_back(Edit{std::string(key), std::move(raw_value)});
+  add(Edit{std::string(key), std::move(raw_value)});
 }
 
 void JsonBodyEditor::remove(std::string_view key) {
@@ -696,7 +702,12 @@ void JsonBodyEditor::remove(std::string_view key) {
       return;
     }
   }
-  edits_.push_back(Edit{std::string(key), std::nullopt});
+  // Removing a member the body does not have changes nothing: no edit.
+  const auto& members = index_->members;
+  if (std::none_of(members.begin(), members.end(),
+                   [key](const JsonMember& m) { return m.key == key; }))
+    return;
+  add(Edit{std::string(key), std::nullopt});
 }
 
 const JsonBodyEditor::Edit* JsonBodyEditor::find_edit(std::string_view key) const {
@@ -709,6 +720,10 @@ const JsonBodyEditor::Edit* JsonBodyEditor::find_edit(std::string_view key) cons
 
 template <class Original, class Fragment>
 void JsonBodyEditor::walk(Original&& original, Fragment&& fragment) const {
+  if (edits_.empty()) {
+    original(0, text_.size());  // unchanged: no per-member bookkeeping
+    return;
+  }
   const auto& members = index_->members;
   // What happens to each original member: kept verbatim, kept with a new
   // value (first occurrence of a set key) or dropped.

@@ -163,6 +163,7 @@ class JsonBodyEditor {
     std::optional<std::string> value;  // nullopt: remove
   };
   const Edit* find_edit(std::string_view key) const;
+  void add(Edit e);
   // Walks the edited layout: `original(begin, end)` for a slice of the
   // text, `fragment(bytes)` for new bytes (valid only during the call).
   template <class Original, class Fragment>

@@ -32,11 +32,17 @@ bool parse_hex(std::string_view text, std::array<std::uint8_t, N>& out) {
   return true;
 }
 
+// Written in place after one resize: appending a character at a time
+// checked the capacity 2N times (a traceparent is made for every request
+// and every stage).
 template <std::size_t N>
 void append_hex(std::string& out, const std::array<std::uint8_t, N>& id) {
+  const std::size_t at = out.size();
+  out.resize(at + 2 * N);
+  char* p = out.data() + at;
   for (std::uint8_t b : id) {
-    out += kHex[b >> 4];
-    out += kHex[b & 0xf];
+    *p++ = kHex[b >> 4];
+    *p++ = kHex[b & 0xf];
   }
 }
 

@@ -505,6 +505,26 @@ TEST(JsonEdit, LastEditWins) {
   EXPECT_EQ(e.render(), R"({"b":6,"c":8})");
 }
 
+// Removing members the body does not have leaves it one untouched slice
+// (the decode body of a request without conversation_id or params); an
+// absent key removed, then set, is appended; one set, then removed, is gone.
+TEST(JsonEdit, AbsentKeysRemovedKeepTheBodyWhole) {
+  const std::string text = R"( {"model":"m", "prompt":"hi"} )";
+  const auto r = index_json_object(text);
+  ASSERT_TRUE(r.ok());
+  JsonBodyEditor e(text, *r);
+  e.remove("conversation_id");
+  e.remove("kv_transfer_params");
+  const SplicedText spliced = e.splice();
+  EXPECT_EQ(spliced.piece_count(), 1u);
+  EXPECT_EQ(spliced.str(), text);
+  e.remove("x");
+  e.set("x", "1");
+  e.set("y", "2");
+  e.remove("y");
+  EXPECT_EQ(e.render(), R"( {"model":"m", "prompt":"hi","x":1} )");
+}
+
 // A multi-megabyte string value is copied verbatim and the edits around it still land.
 TEST(JsonEdit, HugeStringValue) {
   std::string big(10u << 20, 'x');
