@@ -67,6 +67,51 @@ TEST(RoundRobin, EvenSpread) {
     EXPECT_EQ(s.at(k), 100);
 }
 
+// The shipped round_robin runs natively (policies/lua_vm.cpp): it answers
+// what its script answers, pick for pick, with instances going unhealthy
+// and back and sets of different sizes, and keeps the same counter in the
+// shared store. The script's own text, loaded from a file, runs in the
+// interpreter.
+TEST(RoundRobin, NativeAnswersAsTheScript) {
+  const ShippedPolicy* rr = nullptr;
+  for (const auto& sp : shipped_policies()) {
+    if (std::string_view(sp.name) == "round_robin")
+      rr = &sp;
+  }
+  ASSERT_NE(rr, nullptr);
+  test::TempScript copy(rr->text, "round_robin_copy");
+  auto native = engine_for("round_robin");
+  auto script = engine_for(copy.path());
+  ASSERT_TRUE(native && script);
+  auto pn = native->make_picker(0);
+  auto ps = script->make_picker(0);
+  auto inst = fake_instances(5);
+  auto few = std::vector<InstancePtr>(inst.begin(), inst.begin() + 3);
+  for (int i = 0; i < 200; ++i) {
+    inst[static_cast<std::size_t>(i % 5)]->healthy = (i / 5) % 3 != 0;
+    const bool all_down = i % 37 == 0;
+    if (all_down) {
+      for (auto& x : inst)
+        x->healthy = false;
+    }
+    const auto& set = i % 4 == 0 ? few : inst;
+    const Stage stage = i % 3 == 0 ? Stage::prefill : Stage::decode;
+    EXPECT_EQ(pn->pick(set, ctx_for(stage)), ps->pick(set, ctx_for(stage))) << "pick " << i;
+    if (all_down) {
+      for (auto& x : inst)
+        x->healthy = true;
+    }
+  }
+  for (const char* key : {"round_robin:prefill", "round_robin:decode"}) {
+    auto a = native->kv().get(key, 0);
+    auto b = script->kv().get(key, 0);
+    ASSERT_TRUE(a.has_value() && b.has_value()) << key;
+    EXPECT_EQ(*a, *b) << key;
+  }
+  EXPECT_EQ(native->stats().picks.load(), script->stats().picks.load());
+  EXPECT_EQ(native->stats().fallbacks(), script->stats().fallbacks());
+}
+
 // round_robin keeps a separate rotation per stage.
 TEST(RoundRobin, PerStageRotation) {
   auto e = engine_for("round_robin");
