@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -75,27 +76,42 @@ class MaybeTlsStream {
   void expires_never() { tcp_.expires_never(); }
   void close() { tcp_.close(); }
 
-  // Writes all of `buffers`. A plain connection's kernel buffer usually
-  // takes a whole answer at once, so the write is tried here first, as a
-  // non-blocking gathering send: no asynchronous operation, handler, timer
-  // or coroutine frame for it. What the socket does not take (a slow
-  // client, a large body) is written asynchronously, within the expiry.
+  // Writes what of `buffers` the socket takes now, and returns the write
+  // of the rest to be awaited, if any. A plain connection's kernel buffer
+  // usually takes a whole answer at once, so the write is tried here
+  // first, as a non-blocking gathering send: no asynchronous operation,
+  // handler, timer or coroutine frame for it. What the socket does not
+  // take (a slow client, a large body), and everything over TLS, is
+  // written asynchronously, within the expiry, by the returned awaitable
+  // (it holds its own copy of the buffer sequence; the bytes must outlive
+  // it). Nullopt when nothing is left: all was sent, or `ec` says why not.
+  //
+  //   beast::error_code ec;
+  //   if (auto rest = stream.write(buffers, ec))
+  //     ec = co_await std::move(*rest);
   template <class ConstBufferSequence>
-  boost::asio::awaitable<boost::beast::error_code> write_all(const ConstBufferSequence& buffers) {
+  std::optional<boost::asio::awaitable<boost::beast::error_code>> write(
+      const ConstBufferSequence& buffers, boost::beast::error_code& ec) {
+    ec = {};
     std::size_t sent = 0;
     if (!tls_) {
-      boost::beast::error_code ec;
       if (make_non_blocking(ec))
         sent = tcp_.socket().write_some(buffers, ec);
       if (!ec && sent == boost::asio::buffer_size(buffers))
-        co_return ec;
+        return std::nullopt;
       if (ec && ec != boost::asio::error::would_block)
-        co_return ec;
+        return std::nullopt;
+      ec = {};
     }
-    boost::beast::buffers_suffix<ConstBufferSequence> rest(buffers);
-    rest.consume(sent);
-    auto [ec, n] = co_await boost::asio::async_write(
-        *this, rest, boost::asio::as_tuple(boost::asio::use_awaitable));
+    return write_rest(buffers, sent);
+  }
+
+  // write() and the rest awaited, for callers off the hot path.
+  template <class ConstBufferSequence>
+  boost::asio::awaitable<boost::beast::error_code> write_all(ConstBufferSequence buffers) {
+    boost::beast::error_code ec;
+    if (auto rest = write(buffers, ec))
+      ec = co_await std::move(*rest);
     co_return ec;
   }
 
@@ -144,6 +160,17 @@ class MaybeTlsStream {
     if (!s.non_blocking())
       s.non_blocking(true, ec);
     return !ec;
+  }
+
+  // The rest of a write() that the socket did not take at once.
+  template <class ConstBufferSequence>
+  boost::asio::awaitable<boost::beast::error_code> write_rest(ConstBufferSequence buffers,
+                                                              std::size_t sent) {
+    boost::beast::buffers_suffix<ConstBufferSequence> rest(buffers);
+    rest.consume(sent);
+    auto [ec, n] = co_await boost::asio::async_write(
+        *this, rest, boost::asio::as_tuple(boost::asio::use_awaitable));
+    co_return ec;
   }
 
   // One TLS record's worth of plaintext.

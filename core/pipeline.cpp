@@ -196,9 +196,13 @@ net::awaitable<std::unique_ptr<DecodeRelay>> admit_and_route(
   rc->view->request_id = request_id_for(w, req);
   if (trace.recording())
     name_server_span(trace, req, rc->request_id());
-  if (auto e = co_await admit_client(w, req, rc->request_id(), admission)) {
-    keep = co_await finish(w, client, req, rc->request_id(), scope, *e);
-    co_return nullptr;
+  // (Without --api-keys there is nothing to admit, and the phase's frame
+  // is not allocated.)
+  if (w.client_keys != nullptr) {
+    if (auto e = co_await admit_client(w, req, rc->request_id(), admission)) {
+      keep = co_await finish(w, client, req, rc->request_id(), scope, *e);
+      co_return nullptr;
+    }
   }
   rc->client_key = admission.key();
   Routed routed = co_await route(*rc);

@@ -17,14 +17,17 @@ net::awaitable<bool> write_chunk(MaybeTlsStream& client, std::string_view data, 
                                  bool last = false) {
   client.expires_after(cfg.client_idle_timeout);
   beast::error_code ec;
+  std::optional<net::awaitable<beast::error_code>> rest;
   if (!last) {
-    ec = co_await client.write_all(http::make_chunk(net::buffer(data)));
+    rest = client.write(http::make_chunk(net::buffer(data)), ec);
   } else if (data.empty()) {
-    ec = co_await client.write_all(http::make_chunk_last());
+    rest = client.write(http::make_chunk_last(), ec);
   } else {
-    ec = co_await client.write_all(
-        beast::buffers_cat(http::make_chunk(net::buffer(data)), http::make_chunk_last()));
+    rest = client.write(
+        beast::buffers_cat(http::make_chunk(net::buffer(data)), http::make_chunk_last()), ec);
   }
+  if (rest)
+    ec = co_await std::move(*rest);
   co_return !ec;
 }
 
@@ -81,17 +84,20 @@ net::awaitable<bool> write_stream_start(const Config& cfg, MaybeTlsStream& clien
   client.expires_after(cfg.client_idle_timeout);
   const auto end = http::make_chunk_last();
   beast::error_code ec;
+  std::optional<net::awaitable<beast::error_code>> rest;
   if (first.empty() && !last) {
-    ec = co_await client.write_all(net::buffer(head));
+    rest = client.write(net::buffer(head), ec);
   } else if (first.empty()) {
-    ec = co_await client.write_all(beast::buffers_cat(net::buffer(head), end));
+    rest = client.write(beast::buffers_cat(net::buffer(head), end), ec);
   } else if (!last) {
-    ec = co_await client.write_all(
-        beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first))));
+    rest = client.write(beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first))),
+                        ec);
   } else {
-    ec = co_await client.write_all(
-        beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first)), end));
+    rest = client.write(
+        beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first)), end), ec);
   }
+  if (rest)
+    ec = co_await std::move(*rest);
   co_return !ec;
 }
 

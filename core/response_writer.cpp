@@ -33,7 +33,10 @@ net::awaitable<bool> write_head_and_body(MaybeTlsStream& client, std::string_vie
                                          std::string_view body) {
   client.expires_after(kStalledClient);
   const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(body)};
-  co_return !co_await client.write_all(parts);
+  boost::beast::error_code ec;
+  if (auto rest = client.write(parts, ec))
+    ec = co_await std::move(*rest);
+  co_return !ec;
 }
 
 }  // namespace pdgate

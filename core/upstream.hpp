@@ -248,9 +248,6 @@ class UpstreamExchange {
       std::tuple<std::array<std::size_t, 2>, beast::error_code, beast::error_code>;
   net::awaitable<ReadableOrTimeout> readable_or_timeout();
   beast::error_code after_wait(const ReadableOrTimeout& r);
-  // fill()'s wait: readable_or_timeout() and after_wait() in one
-  // coroutine, its error as the socket tells it.
-  net::awaitable<beast::error_code> wait_readable();
   // Reads what the engine sent into the connection's buffer, at most
   // `room` bytes; on a plain connection it first waits for bytes without
   // a buffer (bounded by the first-byte timeout). net::error::eof at the

@@ -33,11 +33,24 @@ struct Pair {
   tcp::socket client;
 };
 
-TEST(ClientWatches, RequestEndedBeforeItsTickIsNeverWatched) {
+// A worker's watches, one client connection and one request on it.
+class ClientWatchesTest : public ::testing::Test {
+ protected:
+  // Runs the loop until the request knows its client left, at most 2 s.
+  bool wait_gone() {
+    const auto start = std::chrono::steady_clock::now();
+    while (!req->scope.client_gone() && std::chrono::steady_clock::now() - start < 2s)
+      ioc.run_for(1ms);
+    return req->scope.client_gone();
+  }
+
   net::io_context ioc;
-  Pair p(ioc);
-  ClientWatches watches(ioc.get_executor(), kTick);
-  auto req = std::make_shared<WatchedRequest>();
+  Pair p{ioc};
+  ClientWatches watches{ioc.get_executor(), kTick};
+  std::shared_ptr<WatchedRequest> req = std::make_shared<WatchedRequest>();
+};
+
+TEST_F(ClientWatchesTest, RequestEndedBeforeItsTickIsNeverWatched) {
   watches.watch_later(req, p.server, false);
   EXPECT_EQ(watches.waiting(), 1u);
   ClientWatches::end(*req);
@@ -50,34 +63,21 @@ TEST(ClientWatches, RequestEndedBeforeItsTickIsNeverWatched) {
   EXPECT_EQ(req.use_count(), 1);
 }
 
-TEST(ClientWatches, LastingRequestNoticesTheClientLeaving) {
-  net::io_context ioc;
-  Pair p(ioc);
-  ClientWatches watches(ioc.get_executor(), kTick);
-  auto req = std::make_shared<WatchedRequest>();
+TEST_F(ClientWatchesTest, LastingRequestNoticesTheClientLeaving) {
   watches.watch_later(req, p.server, false);
   ioc.run_for(3 * kTick);
   EXPECT_EQ(watches.waiting(), 0u);  // its watch has started
   EXPECT_FALSE(req->scope.client_gone());
-  const auto closed = std::chrono::steady_clock::now();
   p.client.close();
-  while (!req->scope.client_gone() && std::chrono::steady_clock::now() - closed < 2s)
-    ioc.run_for(1ms);
-  EXPECT_TRUE(req->scope.client_gone());
+  EXPECT_TRUE(wait_gone());
   ClientWatches::end(*req);
 }
 
-TEST(ClientWatches, ClientThatLeftBeforeTheWatchStartedIsNoticedWhenItStarts) {
-  net::io_context ioc;
-  Pair p(ioc);
-  ClientWatches watches(ioc.get_executor(), kTick);
-  auto req = std::make_shared<WatchedRequest>();
+TEST_F(ClientWatchesTest, ClientThatLeftBeforeTheWatchStartedIsNoticedWhenItStarts) {
   watches.watch_later(req, p.server, false);
   p.client.close();
   const auto start = std::chrono::steady_clock::now();
-  while (!req->scope.client_gone() && std::chrono::steady_clock::now() - start < 2s)
-    ioc.run_for(1ms);
-  EXPECT_TRUE(req->scope.client_gone());
+  EXPECT_TRUE(wait_gone());
   // Within two ticks of joining (and not before the first).
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_GE(took, kTick);
@@ -85,11 +85,7 @@ TEST(ClientWatches, ClientThatLeftBeforeTheWatchStartedIsNoticedWhenItStarts) {
   ClientWatches::end(*req);
 }
 
-TEST(ClientWatches, PipelinedBytesAreNotAClose) {
-  net::io_context ioc;
-  Pair p(ioc);
-  ClientWatches watches(ioc.get_executor(), kTick);
-  auto req = std::make_shared<WatchedRequest>();
+TEST_F(ClientWatchesTest, PipelinedBytesAreNotAClose) {
   watches.watch_later(req, p.server, false);
   net::write(p.client, net::buffer(std::string_view("GET /health HTTP/1.1\r\n\r\n")));
   ioc.run_for(5 * kTick);
@@ -106,10 +102,7 @@ TEST(ClientWatches, PipelinedBytesAreNotAClose) {
 
 // The connection's read buffer: kept by a request answered before its
 // tick (the next request reuses it), released by one that lasts.
-TEST(ClientWatches, LastingRequestReleasesTheReadBuffer) {
-  net::io_context ioc;
-  Pair p(ioc);
-  ClientWatches watches(ioc.get_executor(), kTick);
+TEST_F(ClientWatchesTest, LastingRequestReleasesTheReadBuffer) {
   boost::beast::flat_buffer quick_buffer;
   quick_buffer.prepare(4096);
   auto quick = std::make_shared<WatchedRequest>();
@@ -125,11 +118,7 @@ TEST(ClientWatches, LastingRequestReleasesTheReadBuffer) {
   ClientWatches::end(*lasting);
 }
 
-TEST(ClientWatches, TimerStopsWhenNothingWaits) {
-  net::io_context ioc;
-  Pair p(ioc);
-  ClientWatches watches(ioc.get_executor(), kTick);
-  auto req = std::make_shared<WatchedRequest>();
+TEST_F(ClientWatchesTest, TimerStopsWhenNothingWaits) {
   watches.watch_later(req, p.server, false);
   ClientWatches::end(*req);
   // One tick finds the list empty and does not re-arm: run() returns.
