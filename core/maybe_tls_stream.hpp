@@ -106,15 +106,6 @@ class MaybeTlsStream {
     return write_rest(buffers, sent);
   }
 
-  // write() and the rest awaited, for callers off the hot path.
-  template <class ConstBufferSequence>
-  boost::asio::awaitable<boost::beast::error_code> write_all(ConstBufferSequence buffers) {
-    boost::beast::error_code ec;
-    if (auto rest = write(buffers, ec))
-      ec = co_await std::move(*rest);
-    co_return ec;
-  }
-
   // What a plain connection's socket holds now, read without waiting
   // (would_block when it holds nothing; eof at its end): the caller waited
   // for readiness itself, with no buffer allocated meanwhile. Not for TLS,
