@@ -1,6 +1,5 @@
 #include "core/json_body.hpp"
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -703,9 +702,7 @@ void JsonBodyEditor::remove(std::string_view key) {
     }
   }
   // Removing a member the body does not have changes nothing: no edit.
-  const auto& members = index_->members;
-  if (std::none_of(members.begin(), members.end(),
-                   [key](const JsonMember& m) { return m.key == key; }))
+  if (!raw_member(text_, *index_, key))
     return;
   add(Edit{std::string(key), std::nullopt});
 }

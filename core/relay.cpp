@@ -181,7 +181,6 @@ net::awaitable<bool> relay_stream(WorkerContext& w, MaybeTlsStream& client,
     // An idle stream waits here, its read's frames not yet allocated and
     // its read buffer released.
     if (ex.must_wait()) {
-      ex.release_idle_memory();
       if (auto err = co_await ex.wait_bytes(); err) {
         if (err.kind == UpstreamFailure::aborted)
           co_return false;

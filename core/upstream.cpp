@@ -338,6 +338,12 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 // directly, it adds no frame to an idle stream's chain.
 net::awaitable<UpstreamExchange::ReadableOrTimeout> UpstreamExchange::readable_or_timeout() {
   auto& c = *conn_;
+  // A wait between two pieces of the body (a stream's events) may last
+  // minutes: the buffer's room is released first. The wait for the header
+  // keeps it (the connection brought it from the pool, and the answer's
+  // first bytes go there).
+  if (parser_->is_header_done())
+    release_idle_memory();
   c.wait_timer.expires_after(timeouts_.first_byte);
   return net::experimental::make_parallel_group(
              c.stream.socket().async_wait(tcp::socket::wait_read, net::deferred),
@@ -385,12 +391,6 @@ net::awaitable<beast::error_code> UpstreamExchange::fill(std::size_t room) {
   }
   for (;;) {
     if (c.drained) {
-      // A wait between two pieces of the body (a stream's events) may
-      // last minutes: the buffer's room is released first. The wait for
-      // the header keeps it (the connection brought it from the pool, and
-      // the answer's first bytes go there).
-      if (parser_->is_header_done())
-        release_idle_memory();
       // Awaited here, not through a coroutine of its own: one frame less
       // per wait.
       if (auto ec = after_wait(co_await readable_or_timeout()))

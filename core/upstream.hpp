@@ -217,8 +217,9 @@ class UpstreamExchange {
   // with wait_bytes() itself, so that an idle stream's wait is not nested
   // inside the frames of a read.
   bool must_wait() const;
-  // Waits for bytes without a read buffer, bounded by the first-byte
-  // timeout; a failure is told as read_some would tell it.
+  // Waits for bytes without a read buffer (its room is released first),
+  // bounded by the first-byte timeout; a failure is told as read_some
+  // would tell it.
   net::awaitable<UpstreamError> wait_bytes();
 
   // Reads the rest of the body into `out`, failing past `limit` bytes.

@@ -12,6 +12,7 @@
 #include <boost/asio/write.hpp>
 
 #include "core/client_watch.hpp"
+#include "tests/unit/loopback_pair.hpp"
 
 namespace pdgate {
 namespace {
@@ -22,16 +23,7 @@ using namespace std::chrono_literals;
 
 constexpr auto kTick = 10ms;
 
-// A connected pair on loopback: `server` is the gateway's side.
-struct Pair {
-  explicit Pair(net::io_context& ioc) : server(ioc), client(ioc) {
-    tcp::acceptor acc(ioc, tcp::endpoint(net::ip::address_v4::loopback(), 0));
-    client.connect(acc.local_endpoint());
-    acc.accept(server);
-  }
-  tcp::socket server;
-  tcp::socket client;
-};
+using Pair = test::LoopbackPair;
 
 // A worker's watches, one client connection and one request on it.
 class ClientWatchesTest : public ::testing::Test {

@@ -17,6 +17,7 @@
 #include <boost/beast/http/chunk_encode.hpp>
 
 #include "core/maybe_tls_stream.hpp"
+#include "tests/unit/loopback_pair.hpp"
 
 namespace pdgate {
 namespace {
@@ -25,15 +26,7 @@ namespace net = boost::asio;
 namespace beast = boost::beast;
 using tcp = net::ip::tcp;
 
-struct Pair {
-  explicit Pair(net::io_context& ioc) : server(ioc), client(ioc) {
-    tcp::acceptor acc(ioc, tcp::endpoint(net::ip::address_v4::loopback(), 0));
-    client.connect(acc.local_endpoint());
-    acc.accept(server);
-  }
-  tcp::socket server;
-  tcp::socket client;
-};
+using Pair = test::LoopbackPair;
 
 TEST(MaybeTlsStreamWrite, SmallWriteLeavesAtOnce) {
   net::io_context ioc;

@@ -329,7 +329,6 @@ TEST(UpstreamExchange, QuietStreamTimesOutBetweenEvents) {
       co_return;
     while (got.empty() && !first)
       first = co_await ex->read_some(got);
-    ex->release_idle_memory();
     had_to_wait = ex->must_wait();
     waited = co_await ex->wait_bytes();
   });
