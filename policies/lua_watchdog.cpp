@@ -63,7 +63,8 @@ PolicyWatchdog::~PolicyWatchdog() {
     stop_ = true;
   }
   cv_.notify_all();
-  begun_.fetch_add(1);
+  stopping_.store(true, std::memory_order_seq_cst);
+  begun_.fetch_add(1, std::memory_order_seq_cst);
   begun_.notify_all();
   thread_.join();
 }
@@ -127,7 +128,12 @@ void PolicyWatchdog::run() {
       // No call in a whole period: sleep until one begins. A call that
       // began between the sum above and idle_ bumps begun_ only if it
       // sees idle_, so the sum is taken again after announcing it.
-      const auto token = begun_.load(std::memory_order_acquire);
+      // The destructor sets stopping_ before it bumps begun_: a token read
+      // after that bump would be waited on forever, so stopping_ is read
+      // after the token.
+      const auto token = begun_.load(std::memory_order_seq_cst);
+      if (stopping_.load(std::memory_order_seq_cst))
+        break;
       idle_.store(true, std::memory_order_seq_cst);
       std::uint64_t again = 0;
       for (std::size_t i = 0, n = in_use_.load(std::memory_order_acquire); i < n; ++i)
