@@ -5,6 +5,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "core/sha256.hpp"
@@ -168,19 +169,27 @@ TEST(ClientKeys, ConcurrencySharedAcrossReplicas) {
   auto& gw1 = r.gw1;
   auto& gw2 = r.gw2;
 
-  Connection stream(gw1.port());
   Json body = {{"model", "sim-model"},
                {"messages", {{{"role", "user"}, {"content", "long"}}}},
                {"max_tokens", 20},
                {"stream", true}};
-  stream.send_request("POST", "/v1/chat/completions", body.dump(),
-                      {{"Authorization", "Bearer sk-1"}, {"Content-Type", "application/json"}});
-  ASSERT_EQ(stream.read_head().status, 200);
+  // The readiness probes' slots are released after their answers, so the
+  // stream may be refused until the last release has landed in Redis.
+  std::unique_ptr<Connection> stream;
+  ASSERT_TRUE(eventually(
+      [&] {
+        stream = std::make_unique<Connection>(gw1.port());
+        stream->send_request(
+            "POST", "/v1/chat/completions", body.dump(),
+            {{"Authorization", "Bearer sk-1"}, {"Content-Type", "application/json"}});
+        return stream->read_head().status == 200;
+      },
+      5s));
   auto refused = models(gw2.port(), "sk-1");
   EXPECT_EQ(refused.status, 429) << refused.body;
   EXPECT_EQ(refused.json()["error"]["type"], "RateLimitError");
   EXPECT_FALSE(refused.header("retry-after").empty());
-  while (!stream.read_body_some().empty()) {
+  while (!stream->read_body_some().empty()) {
   }
   EXPECT_TRUE(eventually([&] { return models(gw2.port(), "sk-1").status == 200; }, 5s));
 }
