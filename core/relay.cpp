@@ -1,8 +1,8 @@
 #include "core/relay.hpp"
 
 #include <spdlog/spdlog.h>
-#include <boost/beast/core/buffers_cat.hpp>
 
+#include "core/chunk_framing.hpp"
 #include "core/response_writer.hpp"
 #include "core/usage.hpp"
 
@@ -16,17 +16,9 @@ namespace {
 net::awaitable<bool> write_chunk(MaybeTlsStream& client, std::string_view data, const Config& cfg,
                                  bool last = false) {
   client.expires_after(cfg.client_idle_timeout);
+  const ChunkFraming piece({}, data, last);
   beast::error_code ec;
-  std::optional<net::awaitable<beast::error_code>> rest;
-  if (!last) {
-    rest = client.write(http::make_chunk(net::buffer(data)), ec);
-  } else if (data.empty()) {
-    rest = client.write(http::make_chunk_last(), ec);
-  } else {
-    rest = client.write(
-        beast::buffers_cat(http::make_chunk(net::buffer(data)), http::make_chunk_last()), ec);
-  }
-  if (rest)
+  if (auto rest = client.write(piece.buffers(), ec))
     ec = co_await std::move(*rest);
   co_return !ec;
 }
@@ -82,21 +74,9 @@ net::awaitable<bool> write_stream_start(const Config& cfg, MaybeTlsStream& clien
   const std::string head =
       answer_head(req, ex, request_id, "text/event-stream", "Transfer-Encoding: chunked");
   client.expires_after(cfg.client_idle_timeout);
-  const auto end = http::make_chunk_last();
+  const ChunkFraming piece(head, first, last);
   beast::error_code ec;
-  std::optional<net::awaitable<beast::error_code>> rest;
-  if (first.empty() && !last) {
-    rest = client.write(net::buffer(head), ec);
-  } else if (first.empty()) {
-    rest = client.write(beast::buffers_cat(net::buffer(head), end), ec);
-  } else if (!last) {
-    rest = client.write(beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first))),
-                        ec);
-  } else {
-    rest = client.write(
-        beast::buffers_cat(net::buffer(head), http::make_chunk(net::buffer(first)), end), ec);
-  }
-  if (rest)
+  if (auto rest = client.write(piece.buffers(), ec))
     ec = co_await std::move(*rest);
   co_return !ec;
 }
