@@ -13,6 +13,8 @@ PACKAGES=(
   # Libraries (see cmake/PdgateDeps.cmake).
   libboost1.81-dev libboost-url1.81-dev libluajit-5.1-dev nlohmann-json3-dev
   libhiredis-dev libspdlog-dev libyaml-cpp-dev libssl-dev
+  # The gateway's allocator (cmake/PdgateDeps.cmake).
+  libmimalloc-dev
   # ZeroMQ: KV cache events, as vLLM publishes them.
   libzmq3-dev cppzmq-dev
   # Tests and benchmarks.
