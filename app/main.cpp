@@ -46,6 +46,8 @@
 // again: a quarter of the CPU time of a 1 MiB prompt went to that. Bodies
 // up to 8 MiB come from the heap and up to 32 MiB of free top is kept per
 // arena (one per worker); larger bodies still get their own mappings.
+// This tunes glibc's malloc, which a default build does not use (it links
+// mimalloc, cmake/PdgateDeps.cmake); it matters with -DPDGATE_MIMALLOC=OFF.
 void tune_malloc() {
   mallopt(M_MMAP_THRESHOLD, 8 << 20);
   mallopt(M_TRIM_THRESHOLD, 32 << 20);
