@@ -3,8 +3,6 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/this_coro.hpp>
 
-#include <boost/uuid/uuid_io.hpp>
-
 #include "core/child_group.hpp"
 #include "core/errors.hpp"
 #include "core/stage.hpp"
@@ -53,7 +51,7 @@ net::awaitable<std::vector<FanOutReply>> fan_out(WorkerContext& w,
     co_return replies;
   auto executor = co_await net::this_coro::executor;
   ChildGroup children(executor);
-  const std::string request_id = boost::uuids::to_string(w.uuids());
+  const std::string request_id = w.request_ids.uuid();
   for (std::size_t i = 0; i < targets.size(); ++i) {
     auto up = upstream_request(method, *targets[i], target, body, request_id, fwd);
     children.spawn(ask_one(w, targets[i], std::move(up), timeouts, scope, replies[i]));

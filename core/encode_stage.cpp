@@ -4,7 +4,6 @@
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/this_coro.hpp>
-#include <boost/uuid/uuid.hpp>
 
 #include "core/child_group.hpp"
 #include "core/stage.hpp"
@@ -70,17 +69,6 @@ std::vector<std::string_view> array_elements(std::string_view raw) {
 
 bool is_media_type(std::string_view t) {
   return t == "image_url" || t == "audio_url" || t == "input_audio";
-}
-
-std::string short_hex(decltype(WorkerContext::uuids)& gen) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  const boost::uuids::uuid u = gen();
-  std::string s;
-  for (std::size_t i = 0; i < 3; ++i) {
-    s += kHex[u.data[i] >> 4];
-    s += kHex[u.data[i] & 0xf];
-  }
-  return s;
 }
 
 // The fan-out's shared state; lives in run_encode_stage's frame, which
@@ -218,7 +206,7 @@ net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
   scope.add_child(&fan.scope);
   ChildGroup children(executor, [&fan] { fan.scope.on_client_gone(); });
   for (std::size_t i = 0; i < items.size(); ++i) {
-    const std::string child_id = request_id + ":" + std::to_string(i) + ":" + short_hex(w.uuids);
+    const std::string child_id = request_id + ":" + std::to_string(i) + ":" + w.request_ids.hex(6);
     StageSpan span = rc.trace.stage("encode", chosen[i]->spec.url, 0);
     span.attribute("pdgate.encode.item", static_cast<std::int64_t>(i));
     auto up = upstream_request(http::verb::post, *chosen[i], "/v1/chat/completions",

@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 #include <boost/beast/core/string.hpp>
-#include <boost/uuid/uuid_io.hpp>
 
 #include "core/client_admission.hpp"
 #include "core/conversation.hpp"
@@ -33,16 +32,21 @@ bool is_json_content_type(std::string_view ct) {
 // The client's X-Request-Id when it is a sane token, else a new UUID.
 // Engines key requests by it, so it must be unique and printable.
 std::string request_id_for(WorkerContext& w, const http::request<http::string_body>& req) {
-  auto it = req.find("x-request-id");
-  if (it != req.end()) {
-    std::string_view v = it->value();
+  // The first X-Request-Id, found by a pass over the fields rather than
+  // find(): Beast has no enum for it, so find() hashed the name and walked
+  // the field set on every request, most of which do not send one.
+  for (const auto& f : req) {
+    if (f.name_string().size() != 12 || !beast::iequals(f.name_string(), "x-request-id"))
+      continue;
+    const std::string_view v = f.value();
     bool ok = !v.empty() && v.size() <= kMaxRequestIdLength;
     for (char c : v)
       ok = ok && c > 0x20 && c < 0x7f;
     if (ok)
       return std::string(v);
+    break;
   }
-  return boost::uuids::to_string(w.uuids());
+  return w.request_ids.uuid();
 }
 
 // PickContext::for_each_header over the client's request: every header but

@@ -1,9 +1,6 @@
 #include "core/prefill_stage.hpp"
 
-#include <algorithm>
-
 #include <spdlog/spdlog.h>
-#include <boost/uuid/uuid_io.hpp>
 
 #include "core/conversation.hpp"
 #include "core/kv_params.hpp"
@@ -16,13 +13,6 @@ namespace {
 // A prefill answer is one token of JSON plus the transfer params; anything
 // near this size is not a prefill answer.
 constexpr std::size_t kMaxPrefillResponse = 16u << 20;
-
-// 32 hex digits of a fresh UUID (p2p-nccl request ids).
-std::string uuid_hex(WorkerContext& w) {
-  std::string s = boost::uuids::to_string(w.uuids());
-  s.erase(std::remove(s.begin(), s.end(), '-'), s.end());
-  return s;
-}
 
 // p2p-nccl names each peer by its ZMQ address, which only the instance's
 // configuration can give.
@@ -73,8 +63,8 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
     span.attribute("pdgate.conversation.cache", "miss");
   }
   const UpstreamSpec* decode_spec = rc.decode ? &rc.decode->spec : nullptr;
-  r.request_id =
-      rc.connector.stage_request_id(rc.request_id(), &r.instance->spec, decode_spec, uuid_hex(w));
+  r.request_id = rc.connector.stage_request_id(rc.request_id(), &r.instance->spec, decode_spec,
+                                               w.request_ids.uuid_hex());
   // Slices of the client's body plus the few edited bytes: the prompt is
   // written from where it was received, never copied.
   const SplicedText body = rc.connector.prefill_body(rc.body, rc.index, params);

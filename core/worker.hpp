@@ -7,8 +7,6 @@
 #include <atomic>
 #include <string>
 
-#include <boost/uuid/random_generator.hpp>
-
 #include "core/client_keys.hpp"
 #include "core/client_watch.hpp"
 #include "core/config.hpp"
@@ -17,6 +15,7 @@
 #include "core/kv_connector.hpp"
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
+#include "core/request_ids.hpp"
 #include "core/trace_context.hpp"
 #include "core/upstream.hpp"
 
@@ -45,9 +44,8 @@ struct WorkerContext {
   UpstreamPools pools;
   // Requests whose client is not watched yet (core/client_watch.hpp).
   ClientWatches client_watches;
-  // Request ids. Seeded once from the OS; boost's default random_generator
-  // would make a getrandom system call for every request.
-  boost::uuids::random_generator_mt19937 uuids;
+  // Request ids (core/request_ids.hpp).
+  RequestIds request_ids;
   // "Bearer $OPENAI_API_KEY" when the variable was set at start-up and the
   // client sent no Authorization of its own.
   const std::string default_authorization;
