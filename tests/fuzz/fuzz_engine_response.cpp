@@ -6,13 +6,19 @@
 //
 // Invariants beyond "no crash": neither the piece size nor the room
 // changes the outcome (status, Content-Type, whether it completed, the
-// body), and a parse never writes past the room it was lent.
+// body), and a parse never writes past the room it was lent. And what it
+// accepts Beast's HTTP parser (which the gateway used before) accepts too,
+// with the same status, body and keep-alive: the parser may be stricter
+// than Beast's, never more lenient or different.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
 
 #include "core/engine_response_parser.hpp"
 
@@ -30,6 +36,7 @@ void check(bool ok, const char* what) {
 struct Outcome {
   bool failed = false;
   bool done = false;
+  bool keep_alive = false;
   unsigned status = 0;
   std::string content_type;
   std::string body;
@@ -85,10 +92,49 @@ Outcome read(std::string_view bytes, std::size_t piece, std::size_t room) {
   }
   (void)eof;
   out.done = p.is_done();
+  out.keep_alive = out.done && p.keep_alive();
   if (p.is_header_done()) {
     out.status = p.status();
     out.content_type = p.content_type();
   }
+  return out;
+}
+
+// The same bytes through Beast's response parser, all at once.
+Outcome read_with_beast(std::string_view bytes) {
+  http::response_parser<http::string_body> p;
+  p.header_limit(4096);
+  p.body_limit(boost::none);
+  p.eager(true);
+  Outcome out;
+  boost::beast::error_code ec;
+  std::size_t fed = 0;
+  while (!p.is_done() && fed < bytes.size()) {
+    const std::size_t used = p.put(boost::asio::buffer(bytes.data() + fed, bytes.size() - fed), ec);
+    fed += used;
+    if (ec == http::error::need_more) {
+      ec = {};
+      if (used == 0)
+        break;
+      continue;
+    }
+    if (ec) {
+      out.failed = true;
+      return out;
+    }
+    if (used == 0)
+      break;
+  }
+  if (!p.is_done() && p.got_some()) {
+    p.put_eof(ec);
+    out.failed = static_cast<bool>(ec);
+  }
+  out.done = p.is_done();
+  out.keep_alive = out.done && p.keep_alive();
+  if (p.is_header_done())
+    out.status = p.get().result_int();
+  if (out.done)
+    out.body = p.get().body();
   return out;
 }
 
@@ -107,5 +153,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check(split.status == whole.status, "pieces changed the status");
   check(split.content_type == whole.content_type, "pieces changed the Content-Type");
   check(split.body == whole.body, "pieces or room changed the body");
+  check(split.keep_alive == whole.keep_alive, "pieces changed keep-alive");
+  if (whole.done && !whole.failed) {
+    const Outcome beast = read_with_beast(bytes);
+    check(beast.done && !beast.failed, "accepted an answer Beast's parser refuses");
+    check(beast.status == whole.status, "a status other than Beast's");
+    check(beast.body == whole.body, "a body other than Beast's");
+    check(beast.keep_alive == whole.keep_alive, "keep-alive other than Beast's");
+  }
   return 0;
 }
