@@ -95,6 +95,10 @@ bool SseScanner::feed(std::string_view bytes) {
       const std::size_t len = scan - event_begin_;
       if (len > max_event_bytes_)
         break;
+      // A read usually completes a few events at once: room for eight
+      // from the start, not growth through 1, 2 and 4.
+      if (ready_.capacity() == 0)
+        ready_.reserve(8);
       ready_.push_back(len);
       event_begin_ = scan;
     }
