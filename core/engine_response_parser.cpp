@@ -123,6 +123,7 @@ bool valid_chunk_extension(std::string_view s) {
     skip_ows();
     if (!token())
       return false;
+    const std::size_t after_name = i;
     skip_ows();
     if (i < s.size() && s[i] == '=') {
       ++i;
@@ -145,6 +146,8 @@ bool valid_chunk_extension(std::string_view s) {
       } else if (!token()) {
         return false;
       }
+    } else {
+      i = after_name;  // the whitespace must lead to another ';'
     }
   }
 }

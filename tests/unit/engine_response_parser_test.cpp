@@ -208,6 +208,8 @@ TEST(EngineResponseParser, Refusals) {
       {"bad chunk extension", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;;\r\nx\r\n"},
       {"space after a chunk size",
        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0  \r\n\r\n"},
+      {"space after a chunk extension",
+       "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0;a \r\n\r\n"},
       {"no CRLF after chunk data",
        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nxy\r\n0\r\n\r\n"},
       {"framing field in trailers",
