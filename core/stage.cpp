@@ -36,25 +36,49 @@ ForwardedHeaders forwarded_headers(const WorkerContext& w,
                                    const http::request<http::string_body>& req,
                                    const MaybeTlsStream& client, const RequestTrace& trace) {
   ForwardedHeaders f;
-  auto it = req.find(http::field::authorization);
+  // The client's fields that are passed on or extended, in one pass (the
+  // first Authorization and Via, as find() gives them; every line of
+  // X-Forwarded-For and Forwarded, in order). Beast has no enum for the
+  // last two, so each lookup by name hashed it and walked the field set.
+  const http::fields::value_type* authorization = nullptr;
+  std::string_view incoming_via;
+  bool has_via = false;
+  std::string client_xff;
+  std::string client_forwarded;
+  for (const auto& field : req) {
+    const http::field name = field.name();
+    if (name == http::field::authorization) {
+      if (authorization == nullptr)
+        authorization = &field;
+    } else if (name == http::field::via) {
+      if (!has_via)
+        incoming_via = field.value();
+      has_via = true;
+    } else {
+      const std::string_view s = field.name_string();
+      if (s.size() == 15 && beast::iequals(s, "x-forwarded-for")) {
+        client_xff = appended(std::move(client_xff), field.value());
+      } else if (s.size() == 9 && beast::iequals(s, "forwarded")) {
+        client_forwarded = appended(std::move(client_forwarded), field.value());
+      }
+    }
+  }
   // With gateway API keys the client's key is the gateway's to check, not
   // the engines' to see: engines get OPENAI_API_KEY's (or nothing).
-  f.authorization = it != req.end() && w.client_keys == nullptr ? std::string(it->value())
-                                                                : w.default_authorization;
-  const auto via = req.find(http::field::via);
-  const std::string_view incoming =
-      via != req.end() ? std::string_view(via->value()) : std::string_view();
+  f.authorization = authorization != nullptr && w.client_keys == nullptr
+                        ? std::string(authorization->value())
+                        : w.default_authorization;
   if (w.loop_guard != nullptr)
-    f.via = w.loop_guard->via_for_upstream(incoming);
+    f.via = w.loop_guard->via_for_upstream(incoming_via);
   f.traceparent = trace.traceparent();
   f.tracestate = trace.tracestate();
   f.baggage = trace.baggage();
   if (const std::string& ip = client.peer_address(); !ip.empty()) {
-    f.x_forwarded_for = appended(joined_values(req, "x-forwarded-for"), ip);
+    f.x_forwarded_for = appended(std::move(client_xff), ip);
     // RFC 7239: an IPv6 node is quoted and bracketed.
-    f.forwarded = appended(joined_values(req, "forwarded"), client.peer_is_v6()
-                                                                ? "for=\"[" + ip + "]\";proto=http"
-                                                                : "for=" + ip + ";proto=http");
+    f.forwarded = appended(std::move(client_forwarded), client.peer_is_v6()
+                                                            ? "for=\"[" + ip + "]\";proto=http"
+                                                            : "for=" + ip + ";proto=http");
   }
   for (const auto& name : w.cfg.forward_headers) {
     if (req.find(name) != req.end())
