@@ -83,4 +83,20 @@ TEST(LastUsage, OwnMembersOnly) {
 }
 
 }  // namespace
+// The last "usage" is the one read, wherever it is: at the very start of
+// the text, or with others before it.
+TEST(LastUsage, LastKeyWherever) {
+  const auto first = last_usage(R"("usage":{"prompt_tokens":1,"completion_tokens":2})");
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->prompt_tokens, 1u);
+  const auto last = last_usage(
+      R"({"usage":{"prompt_tokens":1,"completion_tokens":2},"x":{"usage":{"prompt_tokens":7,)"
+      R"("completion_tokens":9}}})");
+  ASSERT_TRUE(last);
+  EXPECT_EQ(last->prompt_tokens, 7u);
+  EXPECT_EQ(last->completion_tokens, 9u);
+  EXPECT_FALSE(last_usage("\"usage\""));
+  EXPECT_FALSE(last_usage("usage\""));
+}
+
 }  // namespace pdgate
