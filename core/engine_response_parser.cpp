@@ -6,47 +6,17 @@
 
 #include <boost/beast/http/error.hpp>
 
+#include "core/http_tokens.hpp"
+
 namespace pdgate {
 
 namespace {
 
 using http_error = boost::beast::http::error;
-
-// Character classes, one table lookup per byte: kToken for RFC 9110's
-// tchar (a field name, a list item), kValue for a field value's characters
-// (VCHAR, obs-text, SP, HTAB).
-constexpr unsigned char kToken = 1;
-constexpr unsigned char kValue = 2;
-
-constexpr std::array<unsigned char, 256> make_classes() {
-  std::array<unsigned char, 256> t{};
-  for (int c = 0; c < 256; ++c) {
-    if (c == '\t' || (c >= 0x20 && c != 0x7f))
-      t[c] |= kValue;
-  }
-  for (const char c : std::string_view("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
-                                       "ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
-    t[static_cast<unsigned char>(c)] |= kToken;
-  return t;
-}
-constexpr std::array<unsigned char, 256> kClasses = make_classes();
-
-constexpr bool is_tchar(unsigned char c) {
-  return (kClasses[c] & kToken) != 0;
-}
-constexpr bool is_value_char(unsigned char c) {
-  return (kClasses[c] & kValue) != 0;
-}
-
-bool is_token(std::string_view s) {
-  if (s.empty())
-    return false;
-  for (const char c : s) {
-    if (!is_tchar(static_cast<unsigned char>(c)))
-      return false;
-  }
-  return true;
-}
+using http_tokens::is_tchar;
+using http_tokens::is_token;
+using http_tokens::is_value_char;
+using http_tokens::trim_ows;
 
 // Whether token `a` equals `lower` (lower-case letters, digits and '-')
 // ignoring case, eight bytes at a time. Setting bit 0x20 lower-cases a
@@ -69,14 +39,6 @@ bool iequals(std::string_view a, std::string_view lower) {
       return false;
   }
   return true;
-}
-
-std::string_view trim_ows(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
-    s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
-    s.remove_suffix(1);
-  return s;
 }
 
 // Calls `f(item)` for each item of a comma-separated list (empty items,
@@ -109,7 +71,7 @@ bool valid_chunk_extension(std::string_view s) {
   };
   auto token = [&] {
     const std::size_t start = i;
-    while (i < s.size() && is_tchar(static_cast<unsigned char>(s[i])))
+    while (i < s.size() && is_tchar(s[i]))
       ++i;
     return i > start;
   };
@@ -131,9 +93,9 @@ bool valid_chunk_extension(std::string_view s) {
       if (i < s.size() && s[i] == '"') {
         ++i;
         while (i < s.size() && s[i] != '"') {
-          const auto c = static_cast<unsigned char>(s[i]);
+          const char c = s[i];
           if (c == '\\') {
-            if (++i == s.size() || !is_value_char(static_cast<unsigned char>(s[i])))
+            if (++i == s.size() || !is_value_char(s[i]))
               return false;
           } else if (!is_value_char(c)) {
             return false;
@@ -163,7 +125,7 @@ std::size_t read_field(std::string_view s, std::size_t at, std::string_view& nam
   const char* const end = base + s.size();
   const char* p = base + at;
   const char* const name_begin = p;
-  while (p != end && is_tchar(static_cast<unsigned char>(*p)))
+  while (p != end && is_tchar(*p))
     ++p;
   if (p == name_begin || p == end || *p != ':')
     return std::string_view::npos;
@@ -172,7 +134,7 @@ std::size_t read_field(std::string_view s, std::size_t at, std::string_view& nam
   while (p != end && (*p == ' ' || *p == '\t'))
     ++p;
   const char* const value_begin = p;
-  while (p != end && is_value_char(static_cast<unsigned char>(*p)))
+  while (p != end && is_value_char(*p))
     ++p;
   const char* value_end = p;
   while (value_end != value_begin && (value_end[-1] == ' ' || value_end[-1] == '\t'))
@@ -333,7 +295,7 @@ std::size_t EngineResponseParser::parse_header(std::string_view s, error_code& e
     return 0;
   }
   for (const char c : start.substr(13)) {
-    if (!is_value_char(static_cast<unsigned char>(c))) {
+    if (!is_value_char(c)) {
       ec = http_error::bad_reason;
       return 0;
     }

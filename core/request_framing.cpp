@@ -5,26 +5,16 @@
 
 #include <boost/beast/core/string.hpp>
 
+#include "core/http_tokens.hpp"
+
 namespace pdgate {
 
 namespace http = boost::beast::http;
 
 namespace {
 
-bool is_tchar(char c) {
-  // RFC 9110 section 5.6.2.
-  if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
-    return true;
-  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
-std::string_view trim_ows(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
-    s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
-    s.remove_suffix(1);
-  return s;
-}
+using http_tokens::is_tchar;
+using http_tokens::trim_ows;
 
 }  // namespace
 
