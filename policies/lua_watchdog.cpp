@@ -59,11 +59,12 @@ PolicyWatchdog::PolicyWatchdog(std::chrono::microseconds period) : period_(perio
 
 PolicyWatchdog::~PolicyWatchdog() {
   {
+    // Under the mutex, so the thread's timed wait cannot miss it; before
+    // begun_ is bumped, so its idle wait cannot either (see run()).
     std::lock_guard lock(mu_);
-    stop_ = true;
+    stopping_.store(true, std::memory_order_seq_cst);
   }
   cv_.notify_all();
-  stopping_.store(true, std::memory_order_seq_cst);
   begun_.fetch_add(1, std::memory_order_seq_cst);
   begun_.notify_all();
   thread_.join();
@@ -118,7 +119,7 @@ void PolicyWatchdog::end(Slot& s) {
 void PolicyWatchdog::run() {
   std::unique_lock lock(mu_);
   std::uint64_t calls_seen = 0;
-  while (!stop_) {
+  while (!stopping_.load(std::memory_order_relaxed)) {
     lock.unlock();
     const bool busy = scan();
     std::uint64_t calls = 0;
@@ -144,7 +145,7 @@ void PolicyWatchdog::run() {
     }
     calls_seen = calls;
     lock.lock();
-    cv_.wait_for(lock, period_, [this] { return stop_; });
+    cv_.wait_for(lock, period_, [this] { return stopping_.load(std::memory_order_relaxed); });
   }
 }
 

@@ -84,12 +84,12 @@ class PolicyWatchdog {
   // Calls begun (bumped only while the thread is idle) and whether it is.
   std::atomic<std::uint32_t> begun_{0};
   std::atomic<bool> idle_{false};
-  // Set by the destructor before it bumps begun_: the thread checks it
-  // after reading begun_, so a bump it read too late cannot be waited on.
+  // Set by the destructor (under mu_, before it bumps begun_): the thread
+  // checks it in its timed wait, and after reading begun_, so a bump it
+  // read too late cannot be waited on.
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;
   std::thread thread_;
 };
 
