@@ -231,10 +231,6 @@ void EngineResponseParser::put_eof(error_code& ec) {
 }
 
 std::size_t EngineResponseParser::take(const char* p, std::size_t n, error_code& ec) {
-  if (n == 0) {
-    ec = {};
-    return 0;
-  }
   if (dst_ == nullptr || room_ == 0) {
     ec = http_error::need_buffer;
     return 0;
@@ -300,7 +296,7 @@ std::size_t EngineResponseParser::parse_header(std::string_view s, error_code& e
       return 0;
     }
   }
-  version_ = start[7] == '1' ? 11 : 10;
+  const bool http11 = start[7] == '1';
   status_ = code;
 
   // The fields, each line read in one pass, up to the empty line.
@@ -320,7 +316,7 @@ std::size_t EngineResponseParser::parse_header(std::string_view s, error_code& e
   }
 
   // The framing (RFC 9112 6.3): no body for 1xx, 204 and 304 answers.
-  keep_alive_ = version_ >= 11 ? !close_ : keep_token_;
+  keep_alive_ = http11 ? !close_ : keep_token_;
   if (status_ / 100 == 1 || status_ == 204 || status_ == 304) {
     state_ = State::done;
   } else if (has_length_) {

@@ -35,8 +35,8 @@ class EngineResponseParser {
   // - need_more: nothing more can be parsed until more bytes come (some of
   //   these may have been used: body bytes, a chunk's framing);
   // - need_buffer: the lent room is full (lend more and call again);
-  // - a parse error (bad_version, bad_status, bad_field, bad_value,
-  //   bad_content_length, bad_transfer_encoding, bad_chunk, bad_line_ending,
+  // - a parse error (bad_version, bad_status, bad_reason, bad_field,
+  //   bad_value, bad_content_length, bad_transfer_encoding, bad_chunk,
   //   header_limit): the answer is unusable;
   // - none: the header was parsed (and not eager), or the answer is done.
   std::size_t put(boost::asio::const_buffer bytes, error_code& ec);
@@ -94,7 +94,7 @@ class EngineResponseParser {
   // Each returns the bytes used from `s`; `ec` as put()'s.
   std::size_t parse_header(std::string_view s, error_code& ec);
   std::size_t parse_chunk_size(std::string_view s, error_code& ec);
-  // Copies up to `n` body bytes into the lent room.
+  // Copies up to `n` (at least one) body bytes into the lent room.
   std::size_t take(const char* p, std::size_t n, error_code& ec);
   // One header field; false (with ec set) if it is malformed.
   bool on_field(std::string_view name, std::string_view value, error_code& ec);
@@ -108,7 +108,6 @@ class EngineResponseParser {
   bool has_encoding_ = false;
   bool close_ = false;       // Connection: close
   bool keep_token_ = false;  // Connection: keep-alive
-  unsigned version_ = 11;
   unsigned status_ = 0;
   std::uint32_t header_limit_ = 8 * 1024;
   std::size_t header_scanned_ = 0;  // where the search for the header's end resumes
