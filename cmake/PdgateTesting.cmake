@@ -16,6 +16,16 @@ function(pdgate_add_test)
   # binaries find the build and source trees through compile definitions
   # (see tests/integration/harness.cpp) instead of ENVIRONMENT.
   list(GET T_LABELS 0 label)
+  # A test that links none of the gateway's or the sim's libraries only
+  # drives processes (cmake/PdgateOptions.cmake): no sanitizer
+  # instrumentation of its own, and -O1 -g1.
+  set(driver ON)
+  foreach(lib IN LISTS T_LIBS)
+    if(lib MATCHES "^pdgate::|^pdgate_(logic|core|plugins|policies|sim)")
+      set(driver OFF)
+    endif()
+  endforeach()
+  set_target_properties(${T_NAME} PROPERTIES PDGATE_PROCESS_DRIVER ${driver})
   target_compile_definitions(${T_NAME} PRIVATE
     PDGATE_DEFAULT_BUILD_DIR="${CMAKE_BINARY_DIR}"
     PDGATE_DEFAULT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
