@@ -23,7 +23,16 @@ target_compile_definitions(pdgate_options INTERFACE
   # first block big enough, so an idle stream's small frames sat in blocks
   # freed by routing's big ones (massif showed frames of 100-250 bytes in
   # blocks of 330-670). Without it a request costs no more CPU (bench/).
-  BOOST_ASIO_RECYCLING_ALLOCATOR_CACHE_SIZE=0)
+  BOOST_ASIO_RECYCLING_ALLOCATOR_CACHE_SIZE=0
+  # ...and through operator new rather than aligned_alloc: Asio asks for
+  # the default alignment (16 bytes, what operator new gives) for every
+  # frame and handler pdgate has, and mimalloc's aligned path cost ~100
+  # instructions a call against ~30, ~24 calls a request (bench/README.md).
+  # With both disabled Asio's aligned_new falls back to operator new, which
+  # ignores a larger alignment: a handler type declared alignas(32) or more
+  # would need these two lines removed (pdgate declares none).
+  BOOST_ASIO_DISABLE_STD_ALIGNED_ALLOC
+  BOOST_ASIO_DISABLE_BOOST_ALIGN)
 if(PDGATE_SANITIZE)
   # With sanitizer instrumentation GCC 12 reports -Wmaybe-uninitialized
   # inside Beast's own code (asio_impl.cpp); the warning is not actionable
