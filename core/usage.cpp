@@ -1,6 +1,7 @@
 #include "core/usage.hpp"
 
 #include <charconv>
+#include <cstring>
 
 namespace pdgate {
 
@@ -14,6 +15,45 @@ bool is_blank(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
+// Where the last `"usage"` key starts, or npos. Its 'g' is searched from
+// the end (memrchr): the counts after the key (prompt_tokens, total_tokens,
+// completion_tokens, prompt_tokens_details) hold none, so the first 'g'
+// found is usually the key's. rfind compared the key at every position.
+std::size_t find_last_key(std::string_view text) {
+  constexpr std::size_t kG = 4;  // the 'g' in "usage", quote included
+  std::size_t n = text.size();
+  while (n > kG) {
+    const void* g = ::memrchr(text.data() + kG, 'g', n - kG);
+    if (g == nullptr)
+      return std::string_view::npos;
+    const std::size_t at = static_cast<std::size_t>(static_cast<const char*>(g) - text.data());
+    if (text.substr(at - kG, kKey.size()) == kKey)
+      return at - kG;
+    n = at;
+  }
+  return std::string_view::npos;
+}
+
+// The end of the string whose opening quote is at `open`: the index of its
+// closing quote (one not escaped by an odd run of backslashes) before
+// `limit`, or npos.
+std::size_t string_end(std::string_view s, std::size_t open, std::size_t limit) {
+  std::size_t j = open + 1;
+  while (j < limit) {
+    const void* q = std::memchr(s.data() + j, '"', limit - j);
+    if (q == nullptr)
+      return std::string_view::npos;
+    j = static_cast<std::size_t>(static_cast<const char*>(q) - s.data());
+    std::size_t b = j;
+    while (b > open + 1 && s[b - 1] == '\\')
+      --b;
+    if ((j - b) % 2 == 0)
+      return j;
+    ++j;
+  }
+  return std::string_view::npos;
+}
+
 // The usage object starting at `open` (its '{'), read in one pass: its own
 // members' counts (nested objects such as prompt_tokens_details skipped)
 // and its closing brace. nullopt when it is cut off, longer than
@@ -24,18 +64,22 @@ bool is_blank(char c) {
 // (negative, a fraction, an exponent, out of range) leaves it unread, as a
 // missing one.
 std::optional<TokenUsage> read_usage(std::string_view s, std::size_t open, bool in_events) {
-  const std::size_t limit = std::min(s.size(), open + kMaxUsageBytes);
-  // In events a data line never holds a line break: one means the object
-  // was cut off (and must not be completed by what follows the events).
-  const auto breaks_line = [in_events](char c) { return in_events && (c == '\n' || c == '\r'); };
+  std::size_t limit = std::min(s.size(), open + kMaxUsageBytes);
+  // In events a data line never holds a line break: the object must close
+  // before the first one (and must not be completed by what follows the
+  // events).
+  if (in_events) {
+    for (const char brk : {'\n', '\r'}) {
+      if (const void* p = std::memchr(s.data() + open, brk, limit - open))
+        limit = static_cast<std::size_t>(static_cast<const char*>(p) - s.data());
+    }
+  }
   std::optional<std::uint64_t> prompt;
   std::optional<std::uint64_t> completion;
   int depth = 0;
   std::size_t i = open;
   while (i < limit) {
     const char c = s[i];
-    if (breaks_line(c))
-      return std::nullopt;
     if (c == '{' || c == '[') {
       ++depth;
       ++i;
@@ -54,13 +98,8 @@ std::optional<TokenUsage> read_usage(std::string_view s, std::size_t open, bool 
       ++i;
       continue;
     }
-    std::size_t j = i + 1;
-    while (j < limit && s[j] != '"') {
-      if (breaks_line(s[j]))
-        return std::nullopt;
-      j += s[j] == '\\' ? 2 : 1;
-    }
-    if (j >= limit)
+    const std::size_t j = string_end(s, i, limit);
+    if (j == std::string_view::npos)
       return std::nullopt;
     const std::string_view name = s.substr(i + 1, j - i - 1);
     i = j + 1;
@@ -72,18 +111,18 @@ std::optional<TokenUsage> read_usage(std::string_view s, std::size_t open, bool 
     if (slot == nullptr)
       continue;  // another member, or a string value: scanned on
     std::size_t k = i;
-    while (k < limit && is_blank(s[k]) && !breaks_line(s[k]))
+    while (k < limit && is_blank(s[k]))
       ++k;
     if (k >= limit || s[k] != ':')
       continue;  // a string value, not a member's name
     ++k;
-    while (k < limit && is_blank(s[k]) && !breaks_line(s[k]))
+    while (k < limit && is_blank(s[k]))
       ++k;
     i = k;
     std::uint64_t v = 0;
     const auto [end, ec] = std::from_chars(s.data() + k, s.data() + limit, v);
     std::size_t next = static_cast<std::size_t>(end - s.data());
-    while (next < limit && is_blank(s[next]) && !breaks_line(s[next]))
+    while (next < limit && is_blank(s[next]))
       ++next;
     if (ec == std::errc() && next < limit && (s[next] == ',' || s[next] == '}'))
       *slot = v;
@@ -96,7 +135,7 @@ std::optional<TokenUsage> read_usage(std::string_view s, std::size_t open, bool 
 }  // namespace
 
 std::optional<TokenUsage> last_usage(std::string_view text, bool in_events) {
-  const std::size_t key = text.rfind(kKey);
+  const std::size_t key = find_last_key(text);
   if (key == std::string_view::npos)
     return std::nullopt;
   std::size_t i = key + kKey.size();

@@ -62,6 +62,23 @@ TEST(LastUsage, StringsInsideTheObject) {
   EXPECT_EQ(u->completion_tokens, 0u);
 }
 
+// A string's end is its first quote not escaped by an odd run of
+// backslashes; a 'g' after the key (reasoning_tokens) does not hide it.
+TEST(LastUsage, BackslashRunsAndLettersAfterTheKey) {
+  const auto u = last_usage(
+      R"({"usage": {"a": "ends in a backslash \\", "b": "\\\" } {", "prompt_tokens": 2, )"
+      R"("completion_tokens_details": {"reasoning_tokens": 1}, "completion_tokens": 3}})");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 2u);
+  EXPECT_EQ(u->completion_tokens, 3u);
+  // The last "usage" is a string value: no counts, whatever came before.
+  EXPECT_FALSE(
+      last_usage(R"({"usage": {"prompt_tokens": 1, "completion_tokens": 2}, "x": "usage"})"));
+  // In events a carriage return inside the object cuts it off too.
+  EXPECT_FALSE(
+      last_usage("data: {\"usage\": {\"prompt_tokens\": 1,\r\"completion_tokens\": 2}}", true));
+}
+
 // Only the usage object's own members count: a nested object's keys of the
 // same name do not, whatever their order; exponents and counts past 64
 // bits are no counts (the scan reads them in place, without a JSON parse).
