@@ -99,7 +99,6 @@ TEST(LastUsage, OwnMembersOnly) {
   EXPECT_EQ(max->prompt_tokens, 18446744073709551615u);
 }
 
-}  // namespace
 // The last "usage" is the one read, wherever it is: at the very start of
 // the text, or with others before it.
 TEST(LastUsage, LastKeyWherever) {
@@ -116,4 +115,5 @@ TEST(LastUsage, LastKeyWherever) {
   EXPECT_FALSE(last_usage("usage\""));
 }
 
+}  // namespace
 }  // namespace pdgate
