@@ -53,12 +53,13 @@ if(PDGATE_SANITIZE)
   target_link_options(pdgate_options INTERFACE -fsanitize=address,undefined)
   # For the few tests whose conditions the sanitizers cannot run under.
   target_compile_definitions(pdgate_options INTERFACE PDGATE_SANITIZED=1)
+else()
+  # A process driver is test code that links no pdgate library: it starts
+  # pdgate, pdgate-sim or redis-server as processes and checks them over
+  # sockets (cmake/PdgateTesting.cmake sets the property). Its own
+  # optimisation level changes nothing the tests measure, and -O1 -g1
+  # (what the sanitizer build uses for everything) compiles it in about
+  # two thirds of the time -O2 -g takes.
+  target_compile_options(pdgate_options INTERFACE
+    $<$<BOOL:$<TARGET_PROPERTY:PDGATE_PROCESS_DRIVER>>:-O1;-g1>)
 endif()
-
-# A process driver is test code that links no pdgate library: it starts
-# pdgate, pdgate-sim or redis-server as processes and checks them over
-# sockets (cmake/PdgateTesting.cmake sets the property). Its own
-# optimisation level changes nothing the tests measure, and -O1 -g1
-# compiles it in about two thirds of the time -O2 -g takes.
-target_compile_options(pdgate_options INTERFACE
-  $<$<BOOL:$<TARGET_PROPERTY:PDGATE_PROCESS_DRIVER>>:-O1;-g1>)

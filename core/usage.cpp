@@ -11,8 +11,11 @@ constexpr std::string_view kKey = "\"usage\"";
 // A usage object is a few counters and details: past this, it is not one.
 constexpr std::size_t kMaxUsageBytes = 4096;
 
-bool is_blank(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+// The first index from `i` that is not JSON whitespace, or `limit`.
+std::size_t skip_blanks(std::string_view s, std::size_t i, std::size_t limit) {
+  while (i < limit && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+    ++i;
+  return i;
 }
 
 // Where the last `"usage"` key starts, or npos. Its 'g' is searched from
@@ -110,20 +113,14 @@ std::optional<TokenUsage> read_usage(std::string_view s, std::size_t open, bool 
                                                                        : nullptr;
     if (slot == nullptr)
       continue;  // another member, or a string value: scanned on
-    std::size_t k = i;
-    while (k < limit && is_blank(s[k]))
-      ++k;
+    std::size_t k = skip_blanks(s, i, limit);
     if (k >= limit || s[k] != ':')
       continue;  // a string value, not a member's name
-    ++k;
-    while (k < limit && is_blank(s[k]))
-      ++k;
+    k = skip_blanks(s, k + 1, limit);
     i = k;
     std::uint64_t v = 0;
     const auto [end, ec] = std::from_chars(s.data() + k, s.data() + limit, v);
-    std::size_t next = static_cast<std::size_t>(end - s.data());
-    while (next < limit && is_blank(s[next]))
-      ++next;
+    const std::size_t next = skip_blanks(s, static_cast<std::size_t>(end - s.data()), limit);
     if (ec == std::errc() && next < limit && (s[next] == ',' || s[next] == '}'))
       *slot = v;
     else
@@ -138,14 +135,10 @@ std::optional<TokenUsage> last_usage(std::string_view text, bool in_events) {
   const std::size_t key = find_last_key(text);
   if (key == std::string_view::npos)
     return std::nullopt;
-  std::size_t i = key + kKey.size();
-  while (i < text.size() && is_blank(text[i]))
-    ++i;
+  std::size_t i = skip_blanks(text, key + kKey.size(), text.size());
   if (i >= text.size() || text[i] != ':')
     return std::nullopt;
-  ++i;
-  while (i < text.size() && is_blank(text[i]))
-    ++i;
+  i = skip_blanks(text, i + 1, text.size());
   if (i >= text.size() || text[i] != '{')
     return std::nullopt;
   return read_usage(text, i, in_events);
