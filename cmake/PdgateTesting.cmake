@@ -26,6 +26,11 @@ function(pdgate_add_test)
     endif()
   endforeach()
   set_target_properties(${T_NAME} PROPERTIES PDGATE_PROCESS_DRIVER ${driver})
+  # Test code compiles in unity batches when the tree asks for it
+  # (cmake/PdgateOptions.cmake).
+  if(PDGATE_UNITY_BUILD)
+    set_target_properties(${T_NAME} PROPERTIES UNITY_BUILD ON)
+  endif()
   target_compile_definitions(${T_NAME} PRIVATE
     PDGATE_DEFAULT_BUILD_DIR="${CMAKE_BINARY_DIR}"
     PDGATE_DEFAULT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -22,6 +22,7 @@
 #include "core/maybe_tls_stream.hpp"
 #include "core/response_writer.hpp"
 #include "core/text.hpp"
+#include "core/use_tuple.hpp"
 
 namespace pdgate {
 
@@ -436,7 +437,6 @@ namespace {
 // closes, idles past `idle_timeout` or sends something unreadable.
 net::awaitable<void> admin_session(tcp::socket socket, std::shared_ptr<AdminApi> api,
                                    std::chrono::milliseconds idle_timeout) {
-  constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
   // Plain HTTP: the admin listener is meant for loopback or a private
   // network (docs/tls.md).
   MaybeTlsStream stream(std::move(socket));
@@ -462,7 +462,6 @@ net::awaitable<void> admin_session(tcp::socket socket, std::shared_ptr<AdminApi>
 
 net::awaitable<void> serve_admin(tcp::acceptor& acceptor, std::shared_ptr<AdminApi> api,
                                  std::chrono::milliseconds idle_timeout) {
-  constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
   for (;;) {
     auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
     if (ec) {

@@ -15,12 +15,11 @@
 #include "core/http_head.hpp"
 #include "core/request_framing.hpp"
 #include "core/response_writer.hpp"
+#include "core/use_tuple.hpp"
 
 namespace pdgate {
 
 namespace {
-
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 
 // The first room a body that is still arriving gets; it doubles as the
 // bytes come, up to the declared length. A client that declares 64 MiB and

@@ -15,6 +15,7 @@
 #include "core/probe_rounds.hpp"
 #include "core/tls_context.hpp"
 #include "core/upstream.hpp"
+#include "core/use_tuple.hpp"
 
 namespace pdgate {
 
@@ -24,7 +25,6 @@ namespace http = beast::http;
 using tcp = net::ip::tcp;
 
 namespace {
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 // How often removed instances are forgotten and, with checks off, ejected
 // ones re-admitted.
 constexpr auto kHousekeeping = std::chrono::milliseconds(250);

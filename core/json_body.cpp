@@ -1,5 +1,7 @@
 #include "core/json_body.hpp"
 
+#include "core/hex.hpp"
+
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -618,7 +620,6 @@ std::optional<std::string> decode_json_string(std::string_view literal) {
 }
 
 std::string json_quote(std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(s.size() + 2);
   out.push_back('"');
@@ -661,8 +662,8 @@ std::string json_quote(std::string_view s) {
       default:
         if (c < 0x20) {
           out += "\\u00";
-          out.push_back(kHex[c >> 4]);
-          out.push_back(kHex[c & 0xF]);
+          out.push_back(kHexDigits[c >> 4]);
+          out.push_back(kHexDigits[c & 0xF]);
         } else {
           out.push_back(static_cast<char>(c));
         }

@@ -1,4 +1,5 @@
 #include "core/probe_rounds.hpp"
+#include "core/use_tuple.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +16,6 @@
 namespace pdgate {
 
 namespace net = boost::asio;
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 
 std::chrono::milliseconds probe_offset(std::uint64_t id, std::chrono::milliseconds interval) {
   // Weyl sequence: frac(id * phi) for consecutive ids fills [0, 1) evenly.

@@ -2,13 +2,9 @@
 
 #include <cstring>
 
+#include "core/hex.hpp"
+
 namespace pdgate {
-
-namespace {
-
-constexpr char kHex[] = "0123456789abcdef";
-
-}  // namespace
 
 RequestIds::RequestIds()
     : rng_(std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32)) {}
@@ -26,24 +22,22 @@ std::array<std::uint8_t, 16> RequestIds::next_uuid_bytes() {
 
 std::string RequestIds::uuid() {
   const auto b = next_uuid_bytes();
+  char digits[32];
+  hex_encode(b.data(), b.size(), digits);
+  // 8-4-4-4-12 digits.
   std::string s(36, '-');
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10)
-      ++at;  // the dash already there
-    s[at++] = kHex[b[i] >> 4];
-    s[at++] = kHex[b[i] & 0xf];
-  }
+  std::memcpy(s.data(), digits, 8);
+  std::memcpy(s.data() + 9, digits + 8, 4);
+  std::memcpy(s.data() + 14, digits + 12, 4);
+  std::memcpy(s.data() + 19, digits + 16, 4);
+  std::memcpy(s.data() + 24, digits + 20, 12);
   return s;
 }
 
 std::string RequestIds::uuid_hex() {
   const auto b = next_uuid_bytes();
   std::string s(32, '0');
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    s[2 * i] = kHex[b[i] >> 4];
-    s[2 * i + 1] = kHex[b[i] & 0xf];
-  }
+  hex_encode(b.data(), b.size(), s.data());
   return s;
 }
 
@@ -55,7 +49,7 @@ std::string RequestIds::hex(std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     if (i % 16 == 0)
       bits = rng_();
-    s[i] = kHex[bits & 0xf];
+    s[i] = kHexDigits[bits & 0xf];
     bits >>= 4;
   }
   return s;

@@ -28,12 +28,12 @@
 #include "core/process_metrics.hpp"
 #include "core/prometheus.hpp"
 #include "core/request_framing.hpp"
+#include "core/use_tuple.hpp"
 
 namespace pdgate {
 
 namespace {
 
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 using reuse_port = net::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
 constexpr auto kSweepInterval = std::chrono::seconds(5);
 

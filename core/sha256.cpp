@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "core/hex.hpp"
+
 namespace pdgate {
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
@@ -70,12 +72,8 @@ std::optional<Sha256Digest> Sha256::finish() {
 }
 
 std::string to_hex(const Sha256Digest& d) {
-  static constexpr char kDigits[] = "0123456789abcdef";
   std::string out(d.size() * 2, '0');
-  for (std::size_t i = 0; i < d.size(); ++i) {
-    out[2 * i] = kDigits[d[i] >> 4];
-    out[2 * i + 1] = kDigits[d[i] & 0xf];
-  }
+  hex_encode(d.data(), d.size(), out.data());
   return out;
 }
 

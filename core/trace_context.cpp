@@ -1,12 +1,12 @@
 #include "core/trace_context.hpp"
 
+#include "core/hex.hpp"
+
 #include <cstring>
 
 namespace pdgate {
 
 namespace {
-
-constexpr char kHex[] = "0123456789abcdef";
 
 // The value of a lowercase hex digit, -1 otherwise (the spec allows no
 // uppercase).
@@ -39,11 +39,7 @@ template <std::size_t N>
 void append_hex(std::string& out, const std::array<std::uint8_t, N>& id) {
   const std::size_t at = out.size();
   out.resize(at + 2 * N);
-  char* p = out.data() + at;
-  for (std::uint8_t b : id) {
-    *p++ = kHex[b >> 4];
-    *p++ = kHex[b & 0xf];
-  }
+  hex_encode(id.data(), N, out.data() + at);
 }
 
 template <std::size_t N>

@@ -9,12 +9,12 @@
 
 #include "core/http_head.hpp"
 #include "core/tls_context.hpp"
+#include "core/use_tuple.hpp"
 
 namespace pdgate {
 
 namespace {
 
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 // Resolved addresses are reused for a while so a request does not pay a
 // DNS round trip, but re-resolved often enough to follow a moved engine.
 constexpr auto kResolveTtl = std::chrono::seconds(30);

@@ -16,6 +16,7 @@
 #include "core/health.hpp"
 #include "core/text.hpp"
 #include "core/upstream.hpp"
+#include "core/use_tuple.hpp"
 
 namespace pdgate {
 
@@ -24,11 +25,7 @@ namespace beast = boost::beast;
 using tcp = net::ip::tcp;
 using json = nlohmann::json;
 
-namespace {
-
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
-
-}  // namespace
+namespace {}  // namespace
 
 bool Cidr::contains(const net::ip::address& a) const {
   net::ip::address addr = a;

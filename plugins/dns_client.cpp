@@ -1,4 +1,5 @@
 #include "plugins/dns_client.hpp"
+#include "core/use_tuple.hpp"
 
 #include <array>
 #include <random>
@@ -23,7 +24,6 @@ net::awaitable<Result<DnsAnswer>> dns_lookup(net::any_io_executor ex, std::strin
                                              std::uint16_t port, std::string name, DnsType type,
                                              std::chrono::milliseconds timeout) {
   using namespace net::experimental::awaitable_operators;
-  constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
   boost::system::error_code ec;
   const auto address = net::ip::make_address(server, ec);
   if (ec)

@@ -9,6 +9,8 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/clock.hpp"
+#include "core/use_tuple.hpp"
 #include "plugins/otlp_json.hpp"
 
 namespace pdgate {
@@ -19,18 +21,11 @@ namespace http = beast::http;
 
 namespace {
 
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 // A receiver's answer is a short status document.
 constexpr std::uint64_t kMaxAnswer = 1u << 20;
 // At shutdown, what is queued gets this long at most per export request,
 // so a receiver that hangs cannot hold the process up.
 constexpr std::chrono::milliseconds kFinalFlush{1000};
-
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -159,7 +154,7 @@ net::awaitable<bool> OtlpExporter::post(std::string body) {
     conn_.reset();
     buffer_.clear();
     std::uint64_t held = 0;
-    if (warn_.allow(now_ms(), held)) {
+    if (warn_.allow(steady_now_ms(), held)) {
       spdlog::warn("OTLP export to {}:{}{} failed: {} ({} more failures not logged)",
                    options_.endpoint.host, options_.endpoint.port, options_.endpoint.target, what,
                    held);

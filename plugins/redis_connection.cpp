@@ -9,6 +9,7 @@
 // redisAsyncHandleWrite. hiredis owns the fd and closes it, so the
 // descriptor is release()d, never closed.
 #include "plugins/redis_connection.hpp"
+#include "core/use_tuple.hpp"
 
 #include <sys/socket.h>
 
@@ -30,7 +31,6 @@ namespace pdgate {
 
 namespace {
 
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 using Clock = std::chrono::steady_clock;
 
 // The socket watch of one hiredis context. Shared by the pending waits so
@@ -125,12 +125,6 @@ void attach(redisAsyncContext* ac, const net::any_io_executor& ex) {
   ac->ev.addWrite = ev_add_write;
   ac->ev.delWrite = ev_del_write;
   ac->ev.cleanup = ev_cleanup;
-}
-
-RedisReply no_reply(std::string why) {
-  RedisReply r;
-  r.text = std::move(why);
-  return r;
 }
 
 // A command waiting for its reply. The waiter sleeps on `timer` until the

@@ -1,4 +1,5 @@
 #include "plugins/redis_conversation_store.hpp"
+#include "core/clock.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -9,12 +10,6 @@ namespace {
 // GET then DEL as one script: atomic like GETDEL, for servers before 6.2.
 constexpr std::string_view kTakeScript =
     "local v = redis.call('GET', KEYS[1]) if v then redis.call('DEL', KEYS[1]) end return v";
-
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 class RedisConversationStore final : public ConversationStore {
  public:
@@ -83,7 +78,7 @@ class RedisConversationStore final : public ConversationStore {
 
   void warn(const char* op, const std::string& why) {
     std::uint64_t suppressed = 0;
-    if (!shared_.warnings().allow(now_ms(), suppressed))
+    if (!shared_.warnings().allow(steady_now_ms(), suppressed))
       return;
     spdlog::warn(
         "conversation store {} on redis {} failed: {}; the turn proceeds as a cache miss "

@@ -12,6 +12,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "core/clock.hpp"
 #include "plugins/redis_connection.hpp"
 
 namespace pdgate {
@@ -22,12 +23,6 @@ using Type = RedisReply::Type;
 std::int64_t wall_now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -283,7 +278,7 @@ net::awaitable<void> RedisKvIndex::read_loop() {
       continue;
     }
     failing = false;
-    const std::int64_t wall = wall_now_ms(), steady = steady_ms();
+    const std::int64_t wall = wall_now_ms(), steady = steady_now_ms();
     for (const auto& e : *entries) {
       last = e.id;
       auto batch = kv_wire::decode_batch(e.payload);

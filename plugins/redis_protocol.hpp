@@ -71,6 +71,13 @@ struct RedisReply {
   std::vector<RedisReply> elements;  // of an array (e.g. a pub/sub message)
 };
 
+// No reply at all, saying why (a timeout, a lost connection).
+inline RedisReply no_reply(std::string why) {
+  RedisReply r;
+  r.text = std::move(why);
+  return r;
+}
+
 // Limits on what a Redis server's replies may make pdgate hold. pdgate's
 // own replies are small (a stored turn is a few hundred bytes, the shared
 // registry's document about 150 bytes per instance): these only stop a

@@ -13,20 +13,14 @@
 #include <boost/beast/core/tcp_stream.hpp>
 
 #include "core/upstream.hpp"
+#include "core/use_tuple.hpp"
 
 namespace pdgate {
 
 namespace {
 
 namespace beast = boost::beast;
-constexpr auto use_tuple = net::as_tuple(net::use_awaitable);
 using Clock = std::chrono::steady_clock;
-
-RedisReply no_reply(std::string why) {
-  RedisReply r;
-  r.text = std::move(why);
-  return r;
-}
 
 // Whole RESP replies from one socket, parsed by hiredis's reader with
 // pdgate's bounds (a sentinel is as untrusted as any server).

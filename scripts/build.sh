@@ -10,6 +10,13 @@
 #   -- ARGS          extra arguments for the CMake configure step, e.g.
 #                    -- -DPDGATE_BUILD_TESTS=OFF
 # Environment: JOBS overrides the parallelism (default: nproc).
+#
+# A tree configured here for the first time is a unity build
+# (-DPDGATE_UNITY_BUILD=ON: the tests, and with --sanitize everything,
+# compiled eight sources to a batch; cmake/PdgateOptions.cmake says why not
+# pdgate itself); a tree configured before keeps its setting. While
+# editing, -- -DPDGATE_UNITY_BUILD=OFF makes a one-file change recompile
+# only that file.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,10 +61,13 @@ if [[ -f "$cache" ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$cache"; t
   rm -rf "$cache" "$build_dir/CMakeFiles"
 fi
 
+fresh=()
+[[ -f "$cache" ]] || fresh=(-DPDGATE_UNITY_BUILD=ON)
+
 echo "build.sh: configuring $build_dir (sanitize=$sanitize)" >&2
 cmake -S "$ROOT" -B "$build_dir" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPDGATE_SANITIZE="$sanitize" \
-  "${extra[@]}"
+  "${fresh[@]}" "${extra[@]}"
 echo "build.sh: building with -j$jobs" >&2
 cmake --build "$build_dir" -j "$jobs" "${targets[@]}"

@@ -4,13 +4,14 @@
 # target finds a crash, a leak, a timeout or an out-of-memory input, and
 # prints where the reproducer is.
 #
-# Usage: bash scripts/fuzz.sh [--seconds N] [--target NAME]... [--merge] [--no-deps]
+# Usage: bash scripts/fuzz.sh [--seconds N] [--target NAME]... [--merge] [--jobs N] [--no-deps]
 #   --seconds N   time per target (default 60)
 #   --target NAME only this target (repeatable): request, redis_reply,
 #                 json_body, sse, command_line, lua_sandbox, kv_index_record,
 #                 dns_answer, trace_context, kv_events, url, engine_response
 #   --merge       fold new coverage-increasing inputs back into the
 #                 checked-in corpora (never done otherwise)
+#   --jobs N      targets fuzzed at once (default: the number of cores)
 # A longer run, e.g. before a release: bash scripts/fuzz.sh --seconds 3600
 # Reproduce a finding: build-fuzz/tests/fuzz/fuzz_NAME path/to/crash-file
 set -euo pipefail
@@ -20,12 +21,14 @@ cd "$ROOT"
 seconds=60
 merge=0
 deps=1
+jobs=$(nproc)
 targets=()
 while (($#)); do
   case "$1" in
     --seconds) seconds=$2; shift ;;
     --target) targets+=("$2"); shift ;;
     --merge) merge=1 ;;
+    --jobs) jobs=$2; shift ;;
     --no-deps) deps=0 ;;
     *) echo "fuzz.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -66,25 +69,45 @@ ninja -C "$BUILD" $(printf 'fuzz_%s ' "${targets[@]}")
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+
+# run_one T: fuzzes target T; its exit status says whether it found nothing.
+run_one() {
+  local t=$1
+  local bin="$BUILD/tests/fuzz/fuzz_$t"
+  local corpus="$work/$t"
+  mkdir -p "$corpus" "$work/$t-artifacts"
+  cp "$ROOT/tests/fuzz/corpus/$(corpus_of "$t")"/* "$corpus"/
+  # -timeout: one input may take at most 10 s (a hang is a finding);
+  # -rss_limit_mb: the process stays under 2 GiB; -max_len: inputs the
+  # size of real requests and replies.
+  "$bin" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -max_len=8192 -print_final_stats=1 -artifact_prefix="$work/$t-artifacts/" \
+    > "$work/$t.log" 2>&1
+}
+
+# Targets run side by side, one per core: each is one process fuzzing one
+# parser for the whole time, so running them together gives each target
+# the same time and the run as a whole a fraction of it. Reports follow in
+# the targets' order once all are done.
+echo "fuzz.sh: ${#targets[@]} target(s), ${seconds}s each, $jobs at a time"
+declare -A pid_of
+for t in "${targets[@]}"; do
+  while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
+  run_one "$t" &
+  pid_of[$t]=$!
+done
+
 passed=0
 failed=0
 for t in "${targets[@]}"; do
   bin="$BUILD/tests/fuzz/fuzz_$t"
   seeds="$ROOT/tests/fuzz/corpus/$(corpus_of "$t")"
-  corpus="$work/$t"
-  mkdir -p "$corpus" "$work/$t-artifacts"
-  cp "$seeds"/* "$corpus"/
-  echo "== fuzz_$t: ${seconds}s over $(ls "$corpus" | wc -l) seed(s)"
-  # -timeout: one input may take at most 10 s (a hang is a finding);
-  # -rss_limit_mb: the process stays under 2 GiB; -max_len: inputs the
-  # size of real requests and replies.
-  if "$bin" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-       -max_len=8192 -print_final_stats=1 -artifact_prefix="$work/$t-artifacts/" \
-       > "$work/$t.log" 2>&1; then
+  echo "== fuzz_$t: ${seconds}s over $(ls "$seeds" | wc -l) seed(s)"
+  if wait "${pid_of[$t]}"; then
     grep -E '^#[0-9]+ *DONE|stat::number_of_executed_units' "$work/$t.log" | tail -2
     passed=$((passed + 1))
     if ((merge)); then
-      "$bin" -merge=1 "$seeds" "$corpus" > /dev/null 2>&1
+      "$bin" -merge=1 "$seeds" "$work/$t" > /dev/null 2>&1
       echo "   merged into $seeds"
     fi
   else

@@ -9,7 +9,7 @@
 namespace pdgate::test {
 namespace {
 
-Json chat(bool stream) {
+Json kv_chat(bool stream) {
   return {{"model", "sim-model"},
           {"messages", {{{"role", "user"}, {"content", "Tell me about KV connectors."}}}},
           {"max_tokens", 4},
@@ -25,7 +25,7 @@ TEST(Connectors, LmCacheSendsNoParams) {
   for (bool stream : {false, true}) {
     p.clear();
     d.clear();
-    const Json body = chat(stream);
+    const Json body = kv_chat(stream);
     auto r = post_json(gw.port(), "/v1/chat/completions", body, {{"X-Request-Id", "lm-1"}});
     ASSERT_EQ(r.status, 200) << r.body;
     auto pre = p.requests();
@@ -49,12 +49,13 @@ TEST(Connectors, LmCacheSendsNoParams) {
 // connector would not get: params under lmcache, a plain id under p2p-nccl.
 TEST(Connectors, SimConnectorSwitchChecksRequests) {
   Sim lm("decode", {"--kv-connector", "lmcache"}), p2p("prefill", {"--kv-connector", "p2p-nccl"});
-  Json body = chat(false);
+  Json body = kv_chat(false);
   body["kv_transfer_params"] = {{"do_remote_prefill", true}};
   EXPECT_EQ(post_json(lm.port(), "/v1/chat/completions", body).status, 400);
-  EXPECT_EQ(post_json(p2p.port(), "/v1/chat/completions", chat(false), {{"X-Request-Id", "plain"}})
-                .status,
-            400);
+  EXPECT_EQ(
+      post_json(p2p.port(), "/v1/chat/completions", kv_chat(false), {{"X-Request-Id", "plain"}})
+          .status,
+      400);
 }
 
 // p2p-nccl: both stages carry the same request id naming the chosen
@@ -68,7 +69,7 @@ TEST(Connectors, P2pNcclNamesBothPeers) {
     for (int i = 0; i < 2; ++i) {
       for (auto* s : {&p, &d1, &d2})
         s->clear();
-      const Json body = chat(stream);
+      const Json body = kv_chat(stream);
       auto r = post_json(gw.port(), "/v1/chat/completions", body);
       ASSERT_EQ(r.status, 200) << r.body;
       auto pre = p.requests();
@@ -100,7 +101,7 @@ TEST(Connectors, P2pNcclNeedsZmqAddresses) {
   Sim p("prefill"), d("decode");
   Gateway gw({"--kv-connector", "p2p-nccl", "--prefill", p.hostport(), "--decode",
               d.hostport() + "@127.0.0.1:22001"});
-  auto r = post_json(gw.port(), "/v1/chat/completions", chat(false));
+  auto r = post_json(gw.port(), "/v1/chat/completions", kv_chat(false));
   ASSERT_EQ(r.status, 503) << r.body;
   EXPECT_NE(r.body.find("@zmqhost:zmqport"), std::string::npos) << r.body;
   EXPECT_TRUE(p.requests().empty());
@@ -111,7 +112,7 @@ TEST(Connectors, P2pNcclNeedsZmqAddresses) {
 TEST(Connectors, NoneIsOneHop) {
   Sim p("prefill"), pd("both");
   Gateway gw({"--kv-connector", "none", "--prefill", p.hostport(), "--decode", pd.hostport()});
-  const Json body = chat(false);
+  const Json body = kv_chat(false);
   auto r = post_json(gw.port(), "/v1/chat/completions", body);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_TRUE(p.requests().empty());

@@ -15,7 +15,7 @@
 namespace pdgate::test {
 namespace {
 
-Json chat(const std::string& content, int max_tokens = 4) {
+Json user_chat(const std::string& content, int max_tokens = 4) {
   return {{"model", "sim-model"},
           {"messages", Json::array({{{"role", "user"}, {"content", content}}})},
           {"max_tokens", max_tokens}};
@@ -79,8 +79,8 @@ TEST(PolicyV2, TenantSplitExampleAsDocumented) {
               example("keys.yaml"), "--workers", "2", "--health-interval", "200ms"});
 
   for (int i = 0; i < 6; ++i) {
-    auto r = post_json(gw.port(), "/v1/chat/completions", chat("gold " + std::to_string(i), 2000),
-                       with_key("gold-tenant-key"));
+    auto r = post_json(gw.port(), "/v1/chat/completions",
+                       user_chat("gold " + std::to_string(i), 2000), with_key("gold-tenant-key"));
     ASSERT_EQ(r.status, 200) << r.body;
   }
   EXPECT_EQ(gold.requests().size(), 6u);
@@ -92,8 +92,9 @@ TEST(PolicyV2, TenantSplitExampleAsDocumented) {
   }
 
   for (int i = 0; i < 6; ++i) {
-    auto r = post_json(gw.port(), "/v1/chat/completions", chat("std " + std::to_string(i), 2000),
-                       with_key("standard-tenant-key"));
+    auto r =
+        post_json(gw.port(), "/v1/chat/completions", user_chat("std " + std::to_string(i), 2000),
+                  with_key("standard-tenant-key"));
     ASSERT_EQ(r.status, 200) << r.body;
   }
   EXPECT_EQ(gold.requests().size(), 6u);
@@ -112,13 +113,13 @@ TEST(PolicyV2, TenantSplitExampleAsDocumented) {
 
   // A key without a tier: 429 in OpenAI's shape, before any engine.
   const auto before = prefill.requests().size();
-  auto r = post_json(gw.port(), "/v1/chat/completions", chat("who"), with_key("no-tier-key"));
+  auto r = post_json(gw.port(), "/v1/chat/completions", user_chat("who"), with_key("no-tier-key"));
   EXPECT_EQ(r.status, 429);
   EXPECT_EQ(r.json()["error"]["message"], "this API key belongs to no tenant tier");
   EXPECT_EQ(r.json()["error"]["type"], "RateLimitError");
   EXPECT_EQ(prefill.requests().size(), before);
   // No key at all: the key check's 401 comes first.
-  EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", chat("anon")).status, 401);
+  EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat("anon")).status, 401);
 
   EXPECT_EQ(metric(gw.port(),
                    "pdgate_policy_custom_total{policy=\"tenant_split\",name=\"unknown_"
@@ -137,20 +138,20 @@ TEST(PolicyV2, TenantSplitExampleAsDocumented) {
   std2.reset();
   ASSERT_TRUE(eventually(
       [&] {
-        auto a = post_json(gw.port(), "/v1/chat/completions", chat("late"),
+        auto a = post_json(gw.port(), "/v1/chat/completions", user_chat("late"),
                            with_key("standard-tenant-key"));
         return a.status == 503;
       },
       std::chrono::seconds(20)));
-  auto late = post_json(gw.port(), "/v1/chat/completions", chat("late again"),
+  auto late = post_json(gw.port(), "/v1/chat/completions", user_chat("late again"),
                         with_key("standard-tenant-key"));
   EXPECT_EQ(late.status, 503) << late.body;
   EXPECT_EQ(gold.requests().size(), 6u);
   // Gold still served.
-  EXPECT_EQ(
-      post_json(gw.port(), "/v1/chat/completions", chat("gold again"), with_key("gold-tenant-key"))
-          .status,
-      200);
+  EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat("gold again"),
+                      with_key("gold-tenant-key"))
+                .status,
+            200);
 }
 
 // --- The request hook ------------------------------------------------------------
@@ -185,18 +186,18 @@ TEST(PolicyV2, RequestHookRejectsAndEdits) {
   Script f(kEditingHook);
   Gateway gw({"--model", "sim-model", "--workers", "1", "--policy", f.path(), "--set-header",
               "X-Configured: yes", "--prefill", p.hostport(), "--decode", d.hostport()});
-  Json blocked = chat("hi");
+  Json blocked = user_chat("hi");
   blocked["user"] = "blocked";
   auto r = post_json(gw.port(), "/v1/chat/completions", blocked);
   EXPECT_EQ(r.status, 403);
   EXPECT_EQ(r.json()["error"]["message"], "user blocked is blocked");
-  Json many = chat("hi");
+  Json many = user_chat("hi");
   for (int i = 0; i < 3; ++i)
     many["messages"].push_back({{"role", "user"}, {"content", "more"}});
   EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", many).status, 413);
   EXPECT_EQ(p.requests().size() + d.requests().size(), 0u);
 
-  r = post_json(gw.port(), "/v1/chat/completions", chat("edit me", 40));
+  r = post_json(gw.port(), "/v1/chat/completions", user_chat("edit me", 40));
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json()["usage"]["completion_tokens"], 5);
   for (Sim* s : {&p, &d}) {
@@ -211,7 +212,8 @@ TEST(PolicyV2, RequestHookRejectsAndEdits) {
   // A refused edit (a hop-by-hop header) is the hook's error: the request
   // goes on as configured, unedited, and the error is counted.
   d.clear();
-  r = post_json(gw.port(), "/v1/chat/completions", chat("bad", 40), {{"x-mode", "bad-header"}});
+  r = post_json(gw.port(), "/v1/chat/completions", user_chat("bad", 40),
+                {{"x-mode", "bad-header"}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(body_of(d.requests()[0])["max_tokens"], 40);
   EXPECT_TRUE(d.requests()[0]["headers"].contains("x-configured"));
@@ -248,14 +250,14 @@ TEST(PolicyV2, BrokenHooksAreContained) {
                 f.path(), "--policy-memory", "16MiB", "--decode", d.hostport()});
     for (const char* mode : {"loop", "alloc", "error", "garbage", "status", "os"}) {
       const auto t0 = Clock::now();
-      auto r = post_json(gw.port(), "/v1/chat/completions", chat("x"), {{"x-mode", mode}});
+      auto r = post_json(gw.port(), "/v1/chat/completions", user_chat("x"), {{"x-mode", mode}});
       EXPECT_EQ(r.status, closed ? 503 : 200) << mode << ": " << r.body;
       EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5)) << mode;
       if (closed) {
         EXPECT_EQ(r.json()["error"]["message"], "the request policy failed") << mode;
       }
     }
-    EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", chat("fine")).status, 200);
+    EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat("fine")).status, 200);
     const std::string calls =
         "pdgate_policy_calls_total{policy=\"hook\",stage=\"request\",outcome=";
     EXPECT_GE(metric(gw.port(), calls + "\"budget\"}"), 1);
@@ -282,7 +284,7 @@ TEST(PolicyV2, FailClosedPick) {
     Gateway gw({"--model", "sim-model", "--workers", "1", "--kv-connector", "none", "--policy",
                 f.path(), "--decode", d1.hostport(), d2.hostport()});
     for (const char* mode : {"error", "none"}) {
-      auto r = post_json(gw.port(), "/v1/chat/completions", chat("x"), {{"x-mode", mode}});
+      auto r = post_json(gw.port(), "/v1/chat/completions", user_chat("x"), {{"x-mode", mode}});
       EXPECT_EQ(r.status, closed ? 503 : 200) << mode << ": " << r.body;
       if (closed) {
         EXPECT_NE(r.json()["error"]["message"].get<std::string>().find("fail-closed"),
@@ -293,7 +295,7 @@ TEST(PolicyV2, FailClosedPick) {
         metric(gw.port(),
                "pdgate_policy_calls_total{policy=\"hook\",stage=\"decode\",outcome=\"error\"}"),
         1);
-    EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", chat("fine")).status, 200);
+    EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat("fine")).status, 200);
   }
 }
 
@@ -317,7 +319,7 @@ return {
   Gateway gw({"--model", "sim-model", "--workers", "1", "--kv-connector", "none", "--policy",
               f.path(), "--decode", d.hostport()});
   for (int i = 0; i < 3; ++i)
-    ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", chat("x")).status, 200);
+    ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat("x")).status, 200);
   // 150 lines against a burst of 20 refilled at 10/s: even 9 s of slow
   // (sanitized) requests leave 40 dropped.
   EXPECT_GE(metric(gw.port(), "pdgate_policy_log_dropped_total{policy=\"hook\",kind=\"log\"}"), 40);
@@ -340,11 +342,11 @@ TEST(PolicyV2, HookReloads) {
                           pick = function(ctx, instances) return 1 end })lua");
   Gateway gw({"--model", "sim-model", "--workers", "2", "--kv-connector", "none", "--policy",
               f.path(), "--policy-poll-interval", "100ms", "--decode", d.hostport()});
-  EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", chat("x")).status, 418);
+  EXPECT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat("x")).status, 418);
   f.write(R"lua(return { on_request = function(req) end,
                          pick = function(ctx, instances) return 1 end })lua");
   EXPECT_TRUE(eventually(
-      [&] { return post_json(gw.port(), "/v1/chat/completions", chat("x")).status == 200; }));
+      [&] { return post_json(gw.port(), "/v1/chat/completions", user_chat("x")).status == 200; }));
 }
 
 // --- Per-request one hop --------------------------------------------------------------
@@ -371,9 +373,9 @@ TEST(PolicyV2, ConditionalPdPerConnector) {
       args.insert(args.end(), {"--prefill", p.hostport() + p_peer});
     args.insert(args.end(), {"--decode", d.hostport() + d_peer});
     Gateway gw(args);
-    auto r = post_json(gw.port(), "/v1/chat/completions", chat("short"));
+    auto r = post_json(gw.port(), "/v1/chat/completions", user_chat("short"));
     ASSERT_EQ(r.status, 200) << r.body;
-    r = post_json(gw.port(), "/v1/chat/completions", chat(long_prompt));
+    r = post_json(gw.port(), "/v1/chat/completions", user_chat(long_prompt));
     ASSERT_EQ(r.status, 200) << r.body;
     const Json dec = d.requests();
     ASSERT_EQ(dec.size(), 2u);
@@ -403,9 +405,9 @@ TEST(PolicyV2, ConditionalPdFollowsTheDecodeCache) {
   Gateway gw({"--model", "sim-model", "--workers", "1", "--policy", "conditional_pd", "--prefill",
               p.hostport(), "--decode", d.hostport()});
   const std::string prompt(4000, 'q');
-  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", chat(prompt)).status, 200);
+  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat(prompt)).status, 200);
   ASSERT_EQ(p.requests().size(), 1u);
-  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", chat(prompt)).status, 200);
+  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat(prompt)).status, 200);
   EXPECT_EQ(p.requests().size(), 1u);
   const Json dec = d.requests();
   ASSERT_EQ(dec.size(), 2u);
@@ -428,8 +430,8 @@ TEST(PolicyV2, OneHopDecodePrefillsLocally) {
     const Json r = d.requests()[i];
     return r["ended_at_ms"].get<std::int64_t>() - r["received_at_ms"].get<std::int64_t>();
   };
-  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", chat(prompt, 1)).status, 200);
-  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", chat(prompt, 1)).status, 200);
+  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat(prompt, 1)).status, 200);
+  ASSERT_EQ(post_json(gw.port(), "/v1/chat/completions", user_chat(prompt, 1)).status, 200);
   EXPECT_EQ(p.requests().size(), 0u);
   const Json first = d.requests()[0], second = d.requests()[1];
   const auto tokens = first["prompt_tokens"].get<std::int64_t>();
