@@ -16,6 +16,7 @@ using http_error = boost::beast::http::error;
 using http_tokens::is_tchar;
 using http_tokens::is_token;
 using http_tokens::is_value_char;
+using http_tokens::skip_value_chars;
 using http_tokens::trim_ows;
 
 // Whether token `a` equals `lower` (lower-case letters, digits and '-')
@@ -134,8 +135,7 @@ std::size_t read_field(std::string_view s, std::size_t at, std::string_view& nam
   while (p != end && (*p == ' ' || *p == '\t'))
     ++p;
   const char* const value_begin = p;
-  while (p != end && is_value_char(*p))
-    ++p;
+  p = skip_value_chars(p, end);
   const char* value_end = p;
   while (value_end != value_begin && (value_end[-1] == ' ' || value_end[-1] == '\t'))
     --value_end;
@@ -290,11 +290,10 @@ std::size_t EngineResponseParser::parse_header(std::string_view s, error_code& e
     ec = http_error::bad_status;
     return 0;
   }
-  for (const char c : start.substr(13)) {
-    if (!is_value_char(c)) {
-      ec = http_error::bad_reason;
-      return 0;
-    }
+  if (skip_value_chars(start.data() + 13, start.data() + start.size()) !=
+      start.data() + start.size()) {
+    ec = http_error::bad_reason;
+    return 0;
   }
   const bool http11 = start[7] == '1';
   status_ = code;

@@ -7,6 +7,8 @@
 // core/upstream.cpp.)
 #pragma once
 
+#include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -14,12 +16,43 @@
 
 namespace pdgate {
 
+// The value of the first field called `name`, or nullopt. A pass over the
+// few fields a request has, comparing the enum Beast stored for each: its
+// find() walks an ordered set comparing names letter by letter without
+// case, ~550 instructions for Content-Type on every request.
+inline std::optional<std::string_view> first_field(const boost::beast::http::fields& fields,
+                                                   boost::beast::http::field name) {
+  for (const auto& f : fields) {
+    if (f.name() == name)
+      return std::string_view(f.value());
+  }
+  return std::nullopt;
+}
+
 // The path of a request target: what routes match on, without the query.
 inline std::string_view path_of(std::string_view target) {
   return target.substr(0, target.find('?'));
 }
 
 std::string render_head(const boost::beast::http::response_header<>& res);
+
+// A head assembled from pieces: `build(put)` calls put(std::string_view)
+// for each piece in order, and is run twice, once to measure and once to
+// copy. One allocation, and a plain copy per piece rather than an append
+// that checks the capacity: the gateway writes a head for every stage of
+// every request and for every answer.
+template <class Build>
+std::string assemble_head(Build&& build) {
+  std::size_t size = 0;
+  build([&size](std::string_view piece) { size += piece.size(); });
+  std::string out(size, '\0');
+  char* p = out.data();
+  build([&p](std::string_view piece) {
+    std::memcpy(p, piece.data(), piece.size());
+    p += piece.size();
+  });
+  return out;
+}
 
 // The request line and header fields of an HTTP/1.1 request, as Beast
 // writes them, then the empty line.

@@ -7,6 +7,7 @@
 #include "core/conversation.hpp"
 #include "core/decode_stage.hpp"
 #include "core/encode_stage.hpp"
+#include "core/http_head.hpp"
 #include "core/prefill_stage.hpp"
 #include "core/relay.hpp"
 #include "core/request_context.hpp"
@@ -82,8 +83,8 @@ void name_server_span(RequestTrace& trace, const http::request<http::string_body
 // Phase 1: the request is one pdgate can route. Reads what the later
 // phases and the policies need.
 std::optional<GatewayError> validate(RequestContext& rc) {
-  auto ct = rc.req.find(http::field::content_type);
-  if (ct == rc.req.end() || !is_json_content_type(ct->value())) {
+  const auto ct = first_field(rc.req, http::field::content_type);
+  if (!ct || !is_json_content_type(*ct)) {
     return client_error(ErrorKind::unsupported_media_type,
                         "Unsupported Media Type: Content-Type must be application/json");
   }

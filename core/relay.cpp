@@ -1,8 +1,11 @@
 #include "core/relay.hpp"
 
+#include <charconv>
+
 #include <spdlog/spdlog.h>
 
 #include "core/chunk_framing.hpp"
+#include "core/http_head.hpp"
 #include "core/response_writer.hpp"
 #include "core/usage.hpp"
 
@@ -31,36 +34,42 @@ net::awaitable<bool> write_chunk(MaybeTlsStream& client, std::string_view data, 
 std::string answer_head(const http::request<http::string_body>& req, const UpstreamExchange& ex,
                         const std::string& request_id, std::string_view default_type,
                         std::string_view framing) {
-  std::string h;
-  h.reserve(192 + request_id.size());
-  h += req.version() == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
-  h += std::to_string(ex.status());
-  h += ' ';
-  h += http::obsolete_reason(static_cast<http::status>(ex.status()));
-  h += "\r\nServer: pdgate\r\n";
+  char digits[8];
+  const std::string_view status(
+      digits, static_cast<std::size_t>(
+                  std::to_chars(digits, digits + sizeof digits, ex.status()).ptr - digits));
   const std::string_view type =
       ex.content_type().empty() ? default_type : std::string_view(ex.content_type());
-  if (!type.empty()) {
-    h += "Content-Type: ";
-    h += type;
-    h += "\r\n";
-  }
-  if (!ex.cache_control().empty()) {
-    h += "Cache-Control: ";
-    h += ex.cache_control();
-    h += "\r\n";
-  }
-  h += "X-Request-Id: ";
-  h += request_id;
-  h += "\r\n";
-  h += framing;
-  h += "\r\n";
-  if (!req.keep_alive())
-    h += "Connection: close\r\n";
-  else if (req.version() == 10)
-    h += "Connection: keep-alive\r\n";
-  h += "\r\n";
-  return h;
+  const std::string_view cache_control = ex.cache_control();
+  const bool http10 = req.version() == 10;
+  const bool keep_alive = req.keep_alive();
+  return assemble_head([&](auto&& put) {
+    put(http10 ? "HTTP/1.0 " : "HTTP/1.1 ");
+    put(status);
+    put(" ");
+    put(http::obsolete_reason(static_cast<http::status>(ex.status())));
+    put("\r\nServer: pdgate\r\n");
+    if (!type.empty()) {
+      put("Content-Type: ");
+      put(type);
+      put("\r\n");
+    }
+    if (!cache_control.empty()) {
+      put("Cache-Control: ");
+      put(cache_control);
+      put("\r\n");
+    }
+    put("X-Request-Id: ");
+    put(request_id);
+    put("\r\n");
+    put(framing);
+    put("\r\n");
+    if (!keep_alive)
+      put("Connection: close\r\n");
+    else if (http10)
+      put("Connection: keep-alive\r\n");
+    put("\r\n");
+  });
 }
 
 // The stream's response head and its first events, in one write; with
@@ -328,8 +337,11 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
   }
   // The head rendered directly, head and body in one write: a Beast
   // message allocated each of its fields first.
+  char framing[48] = "Content-Length: ";
+  char* const digits = framing + 16;
+  const char* const framing_end = std::to_chars(digits, framing + sizeof framing, body.size()).ptr;
   const std::string head =
-      answer_head(req, ex, request_id, {}, "Content-Length: " + std::to_string(body.size()));
+      answer_head(req, ex, request_id, {}, std::string_view(framing, framing_end - framing));
   co_return co_await write_head_and_body(client, head, body) && req.keep_alive();
 }
 

@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/http_head.hpp"
+
 namespace pdgate {
 
 namespace {
@@ -126,29 +128,32 @@ void upstream_fields(Sink&& add, const Instance& inst, const std::string& reques
 std::string upstream_head(http::verb method, const Instance& inst, std::string_view target,
                           std::size_t body_size, const std::string& request_id,
                           const ForwardedHeaders& fwd, std::string_view traceparent) {
-  std::string h;
-  h.reserve(256 + target.size() + request_id.size() + fwd.authorization.size() + fwd.via.size() +
-            fwd.tracestate.size() + fwd.baggage.size() + fwd.x_forwarded_for.size() +
-            fwd.forwarded.size());
-  h += http::to_string(method);
-  h += ' ';
-  h += target;
-  h += " HTTP/1.1\r\n";
-  upstream_fields(
-      [&h](std::string_view name, std::string_view value) {
-        h += name;
-        h += ": ";
-        h += value;
-        h += "\r\n";
-      },
-      inst, request_id, fwd, traceparent);
-  if (method == http::verb::post) {
-    h += "Content-Type: application/json\r\nContent-Length: ";
-    h += std::to_string(body_size);
-    h += "\r\n";
-  }
-  h += "\r\n";
-  return h;
+  const bool post = method == http::verb::post;
+  char digits[24];
+  const std::string_view length(
+      digits, post ? static_cast<std::size_t>(
+                         std::to_chars(digits, digits + sizeof digits, body_size).ptr - digits)
+                   : 0);
+  return assemble_head([&](auto&& put) {
+    put(http::to_string(method));
+    put(" ");
+    put(target);
+    put(" HTTP/1.1\r\n");
+    upstream_fields(
+        [&put](std::string_view name, std::string_view value) {
+          put(name);
+          put(": ");
+          put(value);
+          put("\r\n");
+        },
+        inst, request_id, fwd, traceparent);
+    if (post) {
+      put("Content-Type: application/json\r\nContent-Length: ");
+      put(length);
+      put("\r\n");
+    }
+    put("\r\n");
+  });
 }
 
 http::request<http::string_body> upstream_request(http::verb method, const Instance& inst,

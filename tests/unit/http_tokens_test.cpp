@@ -1,0 +1,51 @@
+// HTTP's character classes (core/http_tokens.hpp): the block scan for
+// field-value characters stops exactly where a byte-by-byte scan stops,
+// wherever the stopping byte is and whatever it is, and never reads past
+// the end it is given (the buffers here are exactly as long as the text,
+// so the sanitizer build would see a read past them).
+#include "core/http_tokens.hpp"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+namespace pdgate::http_tokens {
+namespace {
+
+const char* byte_by_byte(const char* p, const char* end) {
+  while (p != end && is_value_char(*p))
+    ++p;
+  return p;
+}
+
+TEST(HttpTokens, ValueScanStopsWhereTheByteLoopStops) {
+  for (std::size_t len = 0; len <= 40; ++len) {
+    const std::unique_ptr<char[]> buf(new char[len]);
+    for (std::size_t at = 0; at < len; ++at) {
+      for (int b = 0; b < 256; ++b) {
+        for (std::size_t i = 0; i < len; ++i)
+          buf[i] = static_cast<char>('a' + i % 26);
+        buf[at] = static_cast<char>(b);
+        const char* end = buf.get() + len;
+        ASSERT_EQ(skip_value_chars(buf.get(), end), byte_by_byte(buf.get(), end))
+            << "length " << len << ", byte " << b << " at " << at;
+      }
+    }
+    // No stopping byte: the scan runs to the end.
+    for (std::size_t i = 0; i < len; ++i)
+      buf[i] = static_cast<char>(i % 2 ? '\t' : '\x80');
+    EXPECT_EQ(skip_value_chars(buf.get(), buf.get() + len), buf.get() + len);
+  }
+}
+
+TEST(HttpTokens, ValueScanKeepsTabsAndObsText) {
+  const std::string_view line = "text/plain;\tq=1 \xff\xfe tail\r\nNext: x";
+  const char* stop = skip_value_chars(line.data(), line.data() + line.size());
+  EXPECT_EQ(std::string_view(line.data(), static_cast<std::size_t>(stop - line.data())),
+            "text/plain;\tq=1 \xff\xfe tail");
+  const std::string_view del = "abcdefghijklmnopqrstuvw\x7fxyz";
+  EXPECT_EQ(skip_value_chars(del.data(), del.data() + del.size()) - del.data(), 23);
+}
+
+}  // namespace
+}  // namespace pdgate::http_tokens
