@@ -1,10 +1,10 @@
-// The status line and header fields of an HTTP/1.x response, rendered the
-// way Beast's serializer writes them (fields in order, then the empty
-// line), so that an answer with a string body can go out as one gather
-// write of head and body: for the small messages most answers are, Beast's
-// generic serializer costs more CPU than the rest of sending them.
-// (Upstream requests are gathered from Beast's own fields writer instead:
-// core/upstream.cpp.)
+// HTTP/1.x heads written as text. A Beast message's head is rendered the
+// way Beast's serializer writes it (fields in order, then the empty line),
+// so that a message with a string body can go out as one gather write of
+// head and body: for the small messages most answers are, Beast's generic
+// serializer costs more CPU than the rest of sending them. Heads that never
+// were Beast messages (each stage's engine request, core/stage.cpp; the
+// relayed answer, core/relay.cpp) are put together by assemble_head.
 #pragma once
 
 #include <cstring>
