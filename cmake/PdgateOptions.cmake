@@ -31,9 +31,9 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # In a unity batch every source but the batch file counts as an included
   # file, and GCC then flags each coroutine frame that holds a type from an
   # anonymous namespace; within one batch that is exactly what is meant.
-  if(PDGATE_UNITY_BUILD)
-    target_compile_options(pdgate_options INTERFACE -Wno-subobject-linkage)
-  endif()
+  # Only targets compiled in batches drop the warning.
+  target_compile_options(pdgate_options INTERFACE
+    $<$<BOOL:$<TARGET_PROPERTY:UNITY_BUILD>>:-Wno-subobject-linkage>)
 endif()
 # Asio and Beast are compiled once (core/asio_impl.cpp) rather than in every
 # translation unit: this roughly halves build time on a 2-core machine.

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "core/http_tokens.hpp"
 #include "core/json_body.hpp"
 
 namespace pdgate {
@@ -12,16 +13,6 @@ namespace pdgate {
 namespace {
 
 constexpr std::string_view kParamsKey = "kv_transfer_params";
-
-// A header value without the spaces and tabs around it (HTTP's optional
-// whitespace; nothing else is stripped).
-std::string_view trim_blanks(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
-    s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
-    s.remove_suffix(1);
-  return s;
-}
 
 // Where `json` ends in `,"kv_transfer_params":null}` and names the key
 // nowhere else: the compact form engines send on every answer without
@@ -61,7 +52,7 @@ std::optional<std::string> conversation_key(
   auto it = req.find("x-conversation-id");
   if (it == req.end())
     return std::nullopt;
-  return bounded(trim_blanks(it->value()));
+  return bounded(http_tokens::trim_ows(it->value()));
 }
 
 std::optional<std::string> conversation_scope(
@@ -72,7 +63,7 @@ std::optional<std::string> conversation_scope(
   if (!scope_header.empty()) {
     name = scope_header;
     auto it = req.find(scope_header);
-    value = it == req.end() ? std::string_view() : trim_blanks(it->value());
+    value = it == req.end() ? std::string_view() : http_tokens::trim_ows(it->value());
   }
   if (value.empty())
     return std::nullopt;

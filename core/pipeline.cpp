@@ -8,6 +8,7 @@
 #include "core/decode_stage.hpp"
 #include "core/encode_stage.hpp"
 #include "core/http_head.hpp"
+#include "core/http_tokens.hpp"
 #include "core/prefill_stage.hpp"
 #include "core/relay.hpp"
 #include "core/request_context.hpp"
@@ -22,12 +23,7 @@ constexpr std::size_t kMaxRequestIdLength = 256;
 
 // "application/json", optionally with parameters ("; charset=utf-8").
 bool is_json_content_type(std::string_view ct) {
-  ct = ct.substr(0, ct.find(';'));
-  while (!ct.empty() && (ct.front() == ' ' || ct.front() == '\t'))
-    ct.remove_prefix(1);
-  while (!ct.empty() && (ct.back() == ' ' || ct.back() == '\t'))
-    ct.remove_suffix(1);
-  return beast::iequals(ct, "application/json");
+  return beast::iequals(http_tokens::trim_ows(ct.substr(0, ct.find(';'))), "application/json");
 }
 
 // The client's X-Request-Id when it is a sane token, else a new UUID.

@@ -25,8 +25,6 @@ namespace beast = boost::beast;
 using tcp = net::ip::tcp;
 using json = nlohmann::json;
 
-namespace {}  // namespace
-
 bool Cidr::contains(const net::ip::address& a) const {
   net::ip::address addr = a;
   if (addr.is_v6() && network.is_v4() && addr.to_v6().is_v4_mapped()) {
