@@ -2,7 +2,8 @@
 // up: clients on a --tls-cert listener, engines at https:// URLs. It models
 // Asio's AsyncReadStream and AsyncWriteStream, so Beast's http::async_read
 // and async_write, and Asio's composed operations, run on it unchanged; the
-// timeout, close and socket calls go to the TCP layer underneath either way.
+// timeout, close and socket calls go to the TCP layer underneath either way
+// (a DeadlineSocket: core/deadline_socket.hpp).
 //
 // A plain connection pays one branch per read or write: the TLS layer is
 // only allocated (and OpenSSL only entered) when start_tls() is called.
@@ -24,13 +25,14 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/core/error.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
+
+#include "core/deadline_socket.hpp"
 
 namespace pdgate {
 
 class MaybeTlsStream {
  public:
-  using tcp_type = boost::beast::tcp_stream;
+  using tcp_type = DeadlineSocket;
   using tls_type = boost::asio::ssl::stream<tcp_type&>;
   using executor_type = tcp_type::executor_type;
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include <boost/asio/cancellation_signal.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 
+#include "core/deadline_socket.hpp"
 #include "core/request_record.hpp"
 
 namespace pdgate {
@@ -47,8 +47,8 @@ class RequestScope {
     children_.erase(std::remove(children_.begin(), children_.end(), c), children_.end());
   }
 
-  void add(boost::beast::tcp_stream* s) { streams_.push_back(s); }
-  void remove(boost::beast::tcp_stream* s) {
+  void add(DeadlineSocket* s) { streams_.push_back(s); }
+  void remove(DeadlineSocket* s) {
     streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
   }
   std::size_t open_upstreams() const { return streams_.size(); }
@@ -74,7 +74,7 @@ class RequestScope {
 
  private:
   bool client_gone_ = false;
-  std::vector<boost::beast::tcp_stream*> streams_;
+  std::vector<DeadlineSocket*> streams_;
   std::vector<RequestScope*> children_;
   boost::asio::cancellation_signal watch_cancel_;
 };

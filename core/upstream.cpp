@@ -3,8 +3,6 @@
 #include <tuple>
 
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/deferred.hpp>
-#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include "core/http_head.hpp"
@@ -62,7 +60,7 @@ net::awaitable<std::pair<beast::error_code, tcp::resolver::results_type>> resolv
   co_return std::pair{ec, std::move(results)};
 }
 
-net::awaitable<beast::error_code> connect_stream(beast::tcp_stream& stream,
+net::awaitable<beast::error_code> connect_stream(DeadlineSocket& stream,
                                                  const tcp::resolver::results_type& endpoints) {
   beast::error_code last = net::error::host_not_found;
   for (const auto& entry : endpoints) {
@@ -333,10 +331,10 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
 }
 
 // The wait until the socket has bytes (or its end, or an error), without
-// a read buffer, bounded by the first-byte timeout. The group completes only
-// once both waits have: no handler outlives it. Not a coroutine: awaited
+// a read buffer, bounded by the first-byte timeout: on expiry the socket is
+// closed and beast::error::timeout returned. Not a coroutine: awaited
 // directly, it adds no frame to an idle stream's chain.
-net::awaitable<UpstreamExchange::ReadableOrTimeout> UpstreamExchange::readable_or_timeout() {
+net::awaitable<std::tuple<beast::error_code>> UpstreamExchange::readable_or_timeout() {
   auto& c = *conn_;
   // A wait between two pieces of the body (a stream's events) may last
   // minutes: the buffer's room is released first. The wait for the header
@@ -344,25 +342,15 @@ net::awaitable<UpstreamExchange::ReadableOrTimeout> UpstreamExchange::readable_o
   // first bytes go there).
   if (parser_->is_header_done())
     release_idle_memory();
-  c.wait_timer.expires_after(timeouts_.first_byte);
-  return net::experimental::make_parallel_group(
-             c.stream.socket().async_wait(tcp::socket::wait_read, net::deferred),
-             c.wait_timer.async_wait(net::deferred))
-      .async_wait(net::experimental::wait_for_one(), net::use_awaitable);
+  c.stream.expires_after(timeouts_.first_byte);
+  return c.stream.tcp().async_wait_readable(use_tuple);
 }
 
-// On expiry the socket is closed, as tcp_stream's own timeout does, and
-// beast::error::timeout returned.
-beast::error_code UpstreamExchange::after_wait(const ReadableOrTimeout& r) {
-  const auto& [order, wait_ec, timer_ec] = r;
-  if (order[0] == 1) {
-    beast::error_code ignored;
-    conn_->stream.socket().close(ignored);
-    return beast::error::timeout;
-  }
-  if (!wait_ec)
+beast::error_code UpstreamExchange::after_wait(const std::tuple<beast::error_code>& r) {
+  const auto& [ec] = r;
+  if (!ec)
     conn_->drained = false;
-  return wait_ec;
+  return ec;
 }
 
 bool UpstreamExchange::must_wait() const {

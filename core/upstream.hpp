@@ -17,7 +17,6 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
 #include "core/engine_response_parser.hpp"
@@ -76,8 +75,7 @@ resolve_until(boost::asio::any_io_executor ex, const std::string& host, std::uin
               std::chrono::steady_clock::time_point deadline);
 
 boost::asio::awaitable<boost::system::error_code> connect_stream(
-    boost::beast::tcp_stream& stream,
-    const boost::asio::ip::tcp::resolver::results_type& endpoints);
+    DeadlineSocket& stream, const boost::asio::ip::tcp::resolver::results_type& endpoints);
 
 struct UpstreamError {
   UpstreamFailure kind = UpstreamFailure::none;
@@ -92,16 +90,13 @@ struct UpstreamError {
 inline constexpr std::size_t kFirstRead = 4096;
 
 struct UpstreamConnection {
-  explicit UpstreamConnection(const net::any_io_executor& ex) : stream(ex), wait_timer(ex) {}
+  explicit UpstreamConnection(const net::any_io_executor& ex) : stream(ex) {}
   // TLS for an https:// engine; a pooled TLS connection is reused as a
   // plain one is, its session already established.
   MaybeTlsStream stream;
   // Bounded: engine response headers are small, and body bytes pass
   // through it on their way to the relay.
   beast::flat_buffer buffer{64 * 1024};
-  // Bounds a wait for bytes on a plain connection (see
-  // UpstreamExchange::fill).
-  net::steady_timer wait_timer;
   // The last read emptied the socket: the next one waits for bytes first.
   bool drained = true;
   std::chrono::steady_clock::time_point idle_since{};
@@ -244,11 +239,10 @@ class UpstreamExchange {
   UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamConnection> conn,
                    RequestScope& scope, UpstreamTimeouts timeouts);
   UpstreamError classify(const beast::error_code& ec, const char* during) const;
-  // Which of readiness and the timer ended the wait, and how each did.
-  using ReadableOrTimeout =
-      std::tuple<std::array<std::size_t, 2>, beast::error_code, beast::error_code>;
-  net::awaitable<ReadableOrTimeout> readable_or_timeout();
-  beast::error_code after_wait(const ReadableOrTimeout& r);
+  // The wait for bytes on a plain connection, bounded by the first-byte
+  // timeout (see fill), and its outcome.
+  net::awaitable<std::tuple<beast::error_code>> readable_or_timeout();
+  beast::error_code after_wait(const std::tuple<beast::error_code>& r);
   // Reads what the engine sent into the connection's buffer, at most
   // `room` bytes; on a plain connection it first waits for bytes without
   // a buffer (bounded by the first-byte timeout). net::error::eof at the

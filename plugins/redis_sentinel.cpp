@@ -10,8 +10,8 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 
+#include "core/deadline_socket.hpp"
 #include "core/upstream.hpp"
 #include "core/use_tuple.hpp"
 
@@ -39,7 +39,7 @@ class RespReader {
 
   // The next reply; one of type none saying why when the socket fails, its
   // deadline passes or the bytes are not RESP.
-  net::awaitable<RedisReply> next(beast::tcp_stream& s) {
+  net::awaitable<RedisReply> next(DeadlineSocket& s) {
     if (r_ == nullptr)
       co_return no_reply("out of memory");
     for (;;) {
@@ -66,7 +66,7 @@ class RespReader {
 
 // Connects `stream` to the sentinel and sends AUTH when the URL gave a
 // sentinel password; an empty string on success, else why not.
-net::awaitable<std::string> open_sentinel(beast::tcp_stream& stream, RespReader& reader,
+net::awaitable<std::string> open_sentinel(DeadlineSocket& stream, RespReader& reader,
                                           const RedisEndpoint& ep, const SentinelAddress& s,
                                           Clock::time_point deadline) {
   auto [rec, endpoints] = co_await resolve_until(stream.get_executor(), s.host, s.port, deadline);
@@ -95,7 +95,7 @@ std::string where(const SentinelAddress& s) {
 net::awaitable<Result<SentinelAddress>> ask_one(net::any_io_executor ex, const RedisEndpoint& ep,
                                                 const SentinelAddress& s,
                                                 std::chrono::milliseconds budget) {
-  beast::tcp_stream stream(ex);
+  DeadlineSocket stream(ex);
   RespReader reader;
   const auto deadline = Clock::now() + budget;
   if (std::string why = co_await open_sentinel(stream, reader, ep, s, deadline); !why.empty())
@@ -162,7 +162,7 @@ class Watch final : public SentinelWatch, public std::enable_shared_from_this<Wa
   }
 
  private:
-  beast::tcp_stream stream_;
+  DeadlineSocket stream_;
   const RedisEndpoint ep_;
   const std::size_t index_;
   const std::chrono::milliseconds connect_timeout_;
