@@ -157,7 +157,7 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
       co_await refuse(431,
                       "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes");
     } else if (ec == beast::error::timeout) {
-      // tcp_stream's timeout has closed the socket: as nginx does on its
+      // The expiry has closed the socket: as nginx does on its
       // client_header_timeout, the connection ends without an answer.
     } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
                ec != net::error::connection_reset) {
@@ -362,6 +362,7 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
       break;
     }
     env.active_requests.fetch_add(1);
+    ++w.requests_started;
     auto watched = std::make_shared<WatchedRequest>();
     RequestScope& scope = watched->scope;
     // Unless the client pipelined (then its bytes would look like a

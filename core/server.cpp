@@ -35,7 +35,9 @@ namespace pdgate {
 namespace {
 
 using reuse_port = net::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
-constexpr auto kSweepInterval = std::chrono::seconds(5);
+// How often a worker drops expired idle engine connections, forgets the
+// pools of removed instances, and hands its allocator's freed memory back.
+constexpr auto kHousekeepingInterval = std::chrono::seconds(1);
 
 std::string default_authorization() {
   const char* key = std::getenv("OPENAI_API_KEY");
@@ -523,6 +525,10 @@ void Gateway::reload_refused(std::string why) {
     });
 }
 
+void Gateway::set_allocator_trim(std::function<void()> trim) {
+  trim_allocator_ = std::move(trim);
+}
+
 void Gateway::set_span_sink(std::shared_ptr<SpanSink> sink) {
   span_sink_ = std::move(sink);
   for (auto& worker : workers_)
@@ -542,17 +548,26 @@ void Gateway::start() {
   for (auto& wp : workers_) {
     Worker& w = *wp;
     net::co_spawn(w.ioc, accept_loop(w), net::detached);
-    std::function<void()> arm_sweep;
     net::co_spawn(
         w.ioc,
-        [&w]() -> net::awaitable<void> {
+        [&w, trim = trim_allocator_]() -> net::awaitable<void> {
+          std::uint64_t seen = 0, trimmed = 0;
           for (;;) {
-            w.sweep_timer.expires_after(kSweepInterval);
+            w.sweep_timer.expires_after(kHousekeepingInterval);
             auto [ec] = co_await w.sweep_timer.async_wait(use_tuple);
             if (ec)
               co_return;
             w.ctx.pools.sweep();
             w.ctx.pools.retain(*w.ctx.registry.snapshot());
+            // Once per lull: a whole interval without a new request after
+            // some. The allocator returns only pages freed longer ago than
+            // its delay, and while requests come it does so on its own.
+            const std::uint64_t now_seen = w.ctx.requests_started;
+            if (trim && now_seen == seen && now_seen != trimmed) {
+              trim();
+              trimmed = now_seen;
+            }
+            seen = now_seen;
           }
         },
         net::detached);

@@ -68,6 +68,13 @@ class Gateway {
   // counters), both from main(); set before run().
   void set_policy_hooks(std::function<Result<bool>()> reload,
                         std::function<void(PrometheusText&)> metrics);
+  // What hands the memory a worker's allocator holds freed back to the
+  // system, called by each worker on its own thread once a second (the
+  // allocator keeps a heap per thread); from main(), set before start().
+  // A burst of requests leaves freed pages behind that an allocator
+  // returns only on its next frees: a worker that then holds 10,000 idle
+  // streams makes none.
+  void set_allocator_trim(std::function<void()> trim);
   // Where the workers hand finished spans (docs/tracing.md); set before
   // start(). Without one, no spans are made.
   void set_span_sink(std::shared_ptr<SpanSink> sink);
@@ -123,6 +130,7 @@ class Gateway {
   std::function<Result<bool>()> reload_policy_;
   std::function<void(PrometheusText&)> policy_metrics_;
   std::shared_ptr<SpanSink> span_sink_;
+  std::function<void()> trim_allocator_;
   std::shared_ptr<AdminApi> admin_;
   // The admin listener and the health checks run on their own thread, so
   // neither competes with client traffic on a worker's loop.

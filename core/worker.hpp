@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "core/client_keys.hpp"
@@ -50,6 +51,9 @@ struct WorkerContext {
   // client sent no Authorization of its own.
   const std::string default_authorization;
   std::atomic<std::int64_t>& active_requests;
+  // Requests this worker has begun: its housekeeping tells a worker that
+  // went quiet by it.
+  std::uint64_t requests_started = 0;
   // Multi-turn KV reuse: this worker's handle on the conversation store
   // (null: reuse off, e.g. in tests that build a bare WorkerContext).
   std::unique_ptr<ConversationStore> conversations;
