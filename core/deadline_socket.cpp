@@ -117,8 +117,10 @@ void Deadlines::shutdown() {
   shut_down_ = true;
   // The hooks are reset, so sockets destroyed later do not touch the order.
   order_.clear();
-  if (timer_)
-    timer_->cancel();
+  // The timer goes now, while every service of the context is still
+  // there: its own service was made after this one (with the first
+  // socket watched), so it is destroyed before this one is.
+  timer_.reset();
 }
 
 }  // namespace pdgate
