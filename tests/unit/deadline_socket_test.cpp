@@ -47,13 +47,20 @@ net::awaitable<void> read_one(DeadlineSocket& s, ReadResult& r) {
   r.took = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
 }
 
-TEST(DeadlineSocket, PendingReadEndsWithTimeoutAtItsExpiry) {
+// One connection whose gateway side is a DeadlineSocket, and a read on it.
+class DeadlineSocketRead : public ::testing::Test {
+ protected:
+  void start_read() { net::co_spawn(ioc, read_one(s, r), net::detached); }
+
   net::io_context ioc;
-  Pair p(ioc);
-  DeadlineSocket s(std::move(p.server));
-  s.expires_after(milliseconds(60));
+  Pair p{ioc};
+  DeadlineSocket s{std::move(p.server)};
   ReadResult r;
-  net::co_spawn(ioc, read_one(s, r), net::detached);
+};
+
+TEST_F(DeadlineSocketRead, PendingReadEndsWithTimeoutAtItsExpiry) {
+  s.expires_after(milliseconds(60));
+  start_read();
   ioc.run();
   EXPECT_EQ(r.ec, beast::error::timeout);
   EXPECT_GE(r.took, milliseconds(55));
@@ -62,13 +69,9 @@ TEST(DeadlineSocket, PendingReadEndsWithTimeoutAtItsExpiry) {
   EXPECT_EQ(Deadlines::of(ioc.get_executor()).watched(), 0u);
 }
 
-TEST(DeadlineSocket, ReadThatCompletesInTimeIsNotCutAndLeavesTheService) {
-  net::io_context ioc;
-  Pair p(ioc);
-  DeadlineSocket s(std::move(p.server));
+TEST_F(DeadlineSocketRead, ReadThatCompletesInTimeIsNotCutAndLeavesTheService) {
   s.expires_after(milliseconds(150));
-  ReadResult r;
-  net::co_spawn(ioc, read_one(s, r), net::detached);
+  start_read();
   // The peer writes well before the expiry.
   net::steady_timer t(ioc, milliseconds(10));
   t.async_wait([&](auto) { net::write(p.client, net::buffer(std::string_view("abc"))); });
@@ -85,10 +88,7 @@ TEST(DeadlineSocket, ReadThatCompletesInTimeIsNotCutAndLeavesTheService) {
 // The expiry bounds operations, not the connection: once it has passed
 // with nothing pending, the socket is still open, and the next operation
 // started fails at once with timeout (as with tcp_stream).
-TEST(DeadlineSocket, ExpiryPassingWhileIdleCutsNothingUntilTheNextOperation) {
-  net::io_context ioc;
-  Pair p(ioc);
-  DeadlineSocket s(std::move(p.server));
+TEST_F(DeadlineSocketRead, ExpiryPassingWhileIdleCutsNothingUntilTheNextOperation) {
   s.expires_after(milliseconds(20));
   net::steady_timer t(ioc, milliseconds(80));
   t.wait();
@@ -96,8 +96,7 @@ TEST(DeadlineSocket, ExpiryPassingWhileIdleCutsNothingUntilTheNextOperation) {
   ioc.restart();
   EXPECT_TRUE(s.socket().is_open());
 
-  ReadResult r;
-  net::co_spawn(ioc, read_one(s, r), net::detached);
+  start_read();
   ioc.run();
   EXPECT_EQ(r.ec, beast::error::timeout);
   EXPECT_LT(r.took, milliseconds(50));
@@ -147,13 +146,9 @@ TEST(DeadlineSocket, SocketsExpireInTheOrderOfTheirExpiries) {
   EXPECT_LT(ended[1], ended[2]);
 }
 
-TEST(DeadlineSocket, NewExpiryAppliesToThePendingOperation) {
-  net::io_context ioc;
-  Pair p(ioc);
-  DeadlineSocket s(std::move(p.server));
+TEST_F(DeadlineSocketRead, NewExpiryAppliesToThePendingOperation) {
   s.expires_after(std::chrono::seconds(30));
-  ReadResult r;
-  net::co_spawn(ioc, read_one(s, r), net::detached);
+  start_read();
   net::steady_timer t(ioc, milliseconds(20));
   t.async_wait([&](auto) { s.expires_after(milliseconds(30)); });
   ioc.run();
@@ -162,13 +157,9 @@ TEST(DeadlineSocket, NewExpiryAppliesToThePendingOperation) {
   EXPECT_LT(r.took, milliseconds(2000));
 }
 
-TEST(DeadlineSocket, ExpiresNeverLeavesThePendingOperationUnbounded) {
-  net::io_context ioc;
-  Pair p(ioc);
-  DeadlineSocket s(std::move(p.server));
+TEST_F(DeadlineSocketRead, ExpiresNeverLeavesThePendingOperationUnbounded) {
   s.expires_after(milliseconds(30));
-  ReadResult r;
-  net::co_spawn(ioc, read_one(s, r), net::detached);
+  start_read();
   net::steady_timer t1(ioc, milliseconds(5));
   t1.async_wait([&](auto) { s.expires_never(); });
   net::steady_timer t2(ioc, milliseconds(100));
