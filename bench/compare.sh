@@ -372,21 +372,27 @@ syscalls whole pd "$g_spd_whole" "$g_spd_whole_pid" --chat --concurrency 32
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 hold() {
   local target=$1 p=$2 pid=$3
-  local before during held
+  local before early during held
   before=$(rss_kib "$pid")
   : >"$tmp/hold-$target.out"
-  "$lg" --url "http://127.0.0.1:$p" --concurrency "$streams" --hold 4 >"$tmp/hold-$target.out" 2>&1 &
+  "$lg" --url "http://127.0.0.1:$p" --concurrency "$streams" --hold 8 >"$tmp/hold-$target.out" 2>&1 &
   local lpid=$!
   pids+=("$lpid")
   for _ in $(seq 1 1200); do
     grep -q HOLDING "$tmp/hold-$target.out" && break
     sleep 0.05
   done
+  # RSS 1 s after the last stream opened, and 4 s after: by then the
+  # memory the burst of openings freed has been handed back (pdgate's
+  # workers do so once a second of quiet has passed), and what is left is
+  # what the held streams cost.
   sleep 1
+  early=$(rss_kib "$pid")
+  sleep 3
   during=$(rss_kib "$pid")
   held=$(sed -n 's/HOLDING \([0-9]*\) streams.*/\1/p' "$tmp/hold-$target.out")
   wait "$lpid" || true
-  echo "{\"workload\":\"hold\",\"target\":\"$target\",\"streams\":${held:-0},\"rss_before_kib\":$before,\"rss_during_kib\":$during}" >>"$raw"
+  echo "{\"workload\":\"hold\",\"target\":\"$target\",\"streams\":${held:-0},\"rss_before_kib\":$before,\"rss_early_kib\":$early,\"rss_during_kib\":$during}" >>"$raw"
 }
 hold pdgate "$g_hold" "$gw_hold_pid"
 [[ -n $nginx_worker ]] && hold nginx "$n_hold" "$nginx_worker"
