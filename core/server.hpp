@@ -69,11 +69,11 @@ class Gateway {
   void set_policy_hooks(std::function<Result<bool>()> reload,
                         std::function<void(PrometheusText&)> metrics);
   // What hands the memory a worker's allocator holds freed back to the
-  // system, called by each worker on its own thread once a second (the
-  // allocator keeps a heap per thread); from main(), set before start().
-  // A burst of requests leaves freed pages behind that an allocator
-  // returns only on its next frees: a worker that then holds 10,000 idle
-  // streams makes none.
+  // system, called by each worker on its own thread (the allocator keeps a
+  // heap per thread) once it has gone quiet: a second without a new
+  // request, after some. From main(), set before start(). A burst of
+  // requests leaves freed pages behind that an allocator returns only on
+  // its next frees: a worker that then holds 10,000 idle streams makes none.
   void set_allocator_trim(std::function<void()> trim);
   // Where the workers hand finished spans (docs/tracing.md); set before
   // start(). Without one, no spans are made.
