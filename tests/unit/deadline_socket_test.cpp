@@ -70,7 +70,7 @@ TEST_F(DeadlineSocketRead, PendingReadEndsWithTimeoutAtItsExpiry) {
 }
 
 TEST_F(DeadlineSocketRead, ReadThatCompletesInTimeIsNotCutAndLeavesTheService) {
-  s.expires_after(milliseconds(150));
+  s.expires_after(std::chrono::seconds(2));
   start_read();
   // The peer writes well before the expiry.
   net::steady_timer t(ioc, milliseconds(10));
@@ -78,7 +78,7 @@ TEST_F(DeadlineSocketRead, ReadThatCompletesInTimeIsNotCutAndLeavesTheService) {
   const auto start = Clock::now();
   ioc.run();
   // No wait of the service's timer is left to hold run() until the expiry.
-  EXPECT_LT(Clock::now() - start, milliseconds(120));
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));
   EXPECT_FALSE(r.ec) << r.ec.message();
   EXPECT_EQ(r.n, 3u);
   EXPECT_EQ(Deadlines::of(ioc.get_executor()).watched(), 0u);
@@ -99,7 +99,7 @@ TEST_F(DeadlineSocketRead, ExpiryPassingWhileIdleCutsNothingUntilTheNextOperatio
   start_read();
   ioc.run();
   EXPECT_EQ(r.ec, beast::error::timeout);
-  EXPECT_LT(r.took, milliseconds(50));
+  EXPECT_LT(r.took, milliseconds(1000));  // at once: no expiry is ahead
 
   // A new expiry, far away, on a new connection: reads work again.
   ioc.restart();
@@ -158,11 +158,11 @@ TEST_F(DeadlineSocketRead, NewExpiryAppliesToThePendingOperation) {
 }
 
 TEST_F(DeadlineSocketRead, ExpiresNeverLeavesThePendingOperationUnbounded) {
-  s.expires_after(milliseconds(30));
+  s.expires_after(milliseconds(300));
   start_read();
   net::steady_timer t1(ioc, milliseconds(5));
   t1.async_wait([&](auto) { s.expires_never(); });
-  net::steady_timer t2(ioc, milliseconds(100));
+  net::steady_timer t2(ioc, milliseconds(600));
   t2.async_wait([&](auto) { net::write(p.client, net::buffer(std::string_view("late"))); });
   ioc.run();
   EXPECT_FALSE(r.ec) << r.ec.message();
