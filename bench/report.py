@@ -164,6 +164,16 @@ target("nginx: gateway CPU per 1 MiB request − per 1 KiB request, for scale (m
        per_round(lambda r: (val("prompt_1m", "nginx", "cpu_us", r) - val("prompt_1k", "nginx", "cpu_us", r)) / 1000),
        "{:+.3f}", "—", lambda m: True)
 # 5. Idle streams.
+
+
+def early_rss(h):
+    """The RSS read 1 s after the last stream opened, as a note (runs from
+    before it was read say nothing)."""
+    if "rss_early_kib" not in h:
+        return ""
+    return f"; {h['rss_early_kib'] / 1024:.1f} MiB 1 s after the last opened"
+
+
 h = holds.get("pdgate")
 if h:
     held = max(h["streams"], 1)
@@ -173,18 +183,14 @@ if h:
     at_goal = (h["rss_before_kib"] + per * int(streams)) / 1024
     met = "**met**" if at_goal <= 100 else "**missed**"
     proj = "" if h["streams"] >= int(streams) else f"; projected to {streams}: {at_goal:.1f} MiB"
-    early = (f"; {h['rss_early_kib'] / 1024:.1f} MiB 1 s after the last opened"
-             if "rss_early_kib" in h else "")
     rows.append(f"| pdgate RSS with {h['streams']} idle streams held, 4 s after the last opened | — | "
                 f"{h['rss_during_kib'] / 1024:.1f} MiB ({per:.2f} KiB/stream over "
-                f"{h['rss_before_kib'] / 1024:.1f} MiB idle{proj}{early}) | ≤ 100 MiB at {streams} | {met} |")
+                f"{h['rss_before_kib'] / 1024:.1f} MiB idle{proj}{early_rss(h)}) | ≤ 100 MiB at {streams} | {met} |")
 h = holds.get("nginx")
 if h:
     per = (h["rss_during_kib"] - h["rss_before_kib"]) / max(h["streams"], 1)
-    early = (f"; {h['rss_early_kib'] / 1024:.1f} MiB 1 s after the last opened"
-             if "rss_early_kib" in h else "")
     rows.append(f"| nginx worker RSS, {h['streams']} idle streams, for scale | — | "
-                f"{h['rss_during_kib'] / 1024:.1f} MiB ({per:.2f} KiB/stream{early}) | — | — |")
+                f"{h['rss_during_kib'] / 1024:.1f} MiB ({per:.2f} KiB/stream{early_rss(h)}) | — | — |")
 
 # 6. Against engines that cost nothing (static answers): the proxy's own
 # CPU per request, and its system calls.

@@ -26,9 +26,7 @@ void DeadlineSocket::expires_at(clock::time_point t) {
 }
 
 void DeadlineSocket::expires_never() {
-  if (is_linked())
-    deadlines_.forget(*this);
-  expiry_ = clock::time_point::max();
+  expires_at(clock::time_point::max());
 }
 
 void DeadlineSocket::close() {
@@ -60,8 +58,6 @@ void DeadlineSocket::expire() {
   timed_out_ = true;
   close();
 }
-
-Deadlines::~Deadlines() = default;
 
 Deadlines& Deadlines::of(const boost::asio::any_io_executor& ex) {
   return boost::asio::use_service<Deadlines>(

@@ -27,8 +27,6 @@
 #include <cstdint>
 #include <optional>
 
-#include <boost/asio/associated_executor.hpp>
-#include <boost/asio/async_result.hpp>
 #include <boost/asio/compose.hpp>
 #include <boost/asio/execution_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -73,8 +71,6 @@ class DeadlineSocket : public boost::intrusive::set_base_hook<
   void expires_never();
   // Closes the socket: pending operations complete with operation_aborted.
   void close();
-
-  clock::time_point expiry() const { return expiry_; }
 
   template <class MutableBufferSequence, class Token>
   auto async_read_some(const MutableBufferSequence& buffers, Token&& token) {
@@ -188,7 +184,6 @@ class Deadlines : public boost::asio::execution_context::service {
   static inline boost::asio::execution_context::id id;
 
   explicit Deadlines(boost::asio::execution_context& ctx) : service(ctx) {}
-  ~Deadlines() override;
 
   // The service of the context `ex` runs on.
   static Deadlines& of(const boost::asio::any_io_executor& ex);
