@@ -3,6 +3,7 @@
 #include "core/hex.hpp"
 
 #include <array>
+#include <bitset>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -153,6 +154,21 @@ void append_utf8(std::string& out, std::uint32_t cp) {
   }
 }
 
+// The open containers of a scan, innermost last: a bit each (set for an
+// object), at most kMaxJsonDepth.
+class ContainerStack {
+ public:
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  bool back() const { return bits_[size_ - 1]; }
+  void push_back(bool is_object) { bits_[size_++] = is_object; }
+  void pop_back() { --size_; }
+
+ private:
+  std::bitset<kMaxJsonDepth> bits_;
+  std::size_t size_ = 0;
+};
+
 // A strict single-pass JSON scanner. It keeps its own container stack
 // instead of recursing, so a hostile body cannot exhaust the (possibly
 // small) stack of the thread or coroutine that validates it.
@@ -263,7 +279,9 @@ class Scanner {
   // the container holding it (0 at the top level).
   bool value(std::size_t depth) {
     // One entry per open container: true for objects, false for arrays.
-    std::vector<bool> stack;
+    // A fixed set of bits (64 bytes), as deep as any body may nest: no
+    // allocation for the few containers a request body opens.
+    ContainerStack stack;
     while (true) {
       // Expecting a value here.
       skip_ws();

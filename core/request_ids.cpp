@@ -6,9 +6,6 @@
 
 namespace pdgate {
 
-RequestIds::RequestIds()
-    : rng_(std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32)) {}
-
 std::array<std::uint8_t, 16> RequestIds::next_uuid_bytes() {
   std::array<std::uint8_t, 16> b;
   const std::uint64_t hi = rng_();

@@ -9,14 +9,15 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <string>
+
+#include "core/id_rng.hpp"
 
 namespace pdgate {
 
 class RequestIds {
  public:
-  RequestIds();
+  RequestIds() = default;
   explicit RequestIds(std::uint64_t seed) : rng_(seed) {}
 
   // "xxxxxxxx-xxxx-4xxx-Nxxx-xxxxxxxxxxxx", lower-case, N one of 8 9 a b.
@@ -29,7 +30,7 @@ class RequestIds {
  private:
   std::array<std::uint8_t, 16> next_uuid_bytes();
 
-  std::mt19937_64 rng_;
+  IdRng rng_;
 };
 
 }  // namespace pdgate

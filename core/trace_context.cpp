@@ -63,7 +63,7 @@ bool printable(std::string_view text) {
 }
 
 template <std::size_t N>
-void fill(std::mt19937_64& rng, std::array<std::uint8_t, N>& id) {
+void fill(IdRng& rng, std::array<std::uint8_t, N>& id) {
   do {
     for (std::size_t i = 0; i < N; i += 8) {
       const std::uint64_t r = rng();
@@ -166,9 +166,6 @@ bool sampled_at_ratio(const TraceId& id, double ratio) {
   const auto bound = static_cast<std::uint64_t>(ratio * 9007199254740992.0);  // 2^53
   return (low >> 11) < bound;
 }
-
-TraceIdSource::TraceIdSource()
-    : rng_(std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32)) {}
 
 TraceId TraceIdSource::trace_id() {
   TraceId id;

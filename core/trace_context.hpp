@@ -9,9 +9,10 @@
 #include <array>
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
+
+#include "core/id_rng.hpp"
 
 namespace pdgate {
 
@@ -72,13 +73,13 @@ bool sampled_at_ratio(const TraceId& id, double ratio);
 // Never returns an all-zero id (invalid in the spec).
 class TraceIdSource {
  public:
-  TraceIdSource();
+  TraceIdSource() = default;
   explicit TraceIdSource(std::uint64_t seed) : rng_(seed) {}
   TraceId trace_id();
   SpanId span_id();
 
  private:
-  std::mt19937_64 rng_;
+  IdRng rng_;
 };
 
 }  // namespace pdgate
