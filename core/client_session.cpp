@@ -14,6 +14,7 @@
 #include "core/http_body.hpp"
 #include "core/http_head.hpp"
 #include "core/request_framing.hpp"
+#include "core/request_head.hpp"
 #include "core/response_writer.hpp"
 #include "core/use_tuple.hpp"
 
@@ -126,60 +127,78 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
       drained += n;
     }
   };
-  const std::string too_large =
-      "request body exceeds the limit of " + std::to_string(cfg.max_body_bytes) + " bytes";
+  // (Built only when refused: a string made for every request costs a
+  // formatting and an allocation.)
+  auto too_large = [&cfg] {
+    return "request body exceeds the limit of " + std::to_string(cfg.max_body_bytes) + " bytes";
+  };
 
-  parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
-  parser.body_limit(cfg.max_body_bytes);
   stream.expires_after(cfg.header_timeout);
-  // The header usually came whole with the connection's last read: it is
-  // parsed here, from the buffer, without an asynchronous read (whose
-  // completion goes through the event loop even when it reads nothing).
-  beast::error_code header_ec;
-  while (!parser.is_header_done() && buffer.size() > 0 && !header_ec) {
-    const std::size_t used = parser.put(buffer.data(), header_ec);
-    buffer.consume(used);
-    if (used == 0)
-      break;
-  }
-  if (header_ec == http::error::need_more)
-    header_ec = {};
-  if (!header_ec && !parser.is_header_done()) {
-    auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple);
-    header_ec = ec;
-  }
-  if (const auto ec = header_ec) {
-    if (ec == http::error::body_limit) {
-      // Beast checks Content-Length against the body limit as soon as the
-      // header is complete.
-      co_await refuse(413, too_large);
-    } else if (ec == http::error::header_limit) {
-      co_await refuse(431,
-                      "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes");
-    } else if (ec == beast::error::timeout) {
-      // The expiry has closed the socket: as nginx does on its
-      // client_header_timeout, the connection ends without an answer.
-    } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
-               ec != net::error::connection_reset) {
-      co_await refuse(400, "malformed HTTP request: " + ec.message());
+  // A plain header that came whole with the connection's last read is
+  // parsed without Beast's parser, straight into `req`
+  // (core/request_head.hpp); every other is read by Beast's.
+  const auto plain = parse_plain_request_head(
+      std::string_view(static_cast<const char*>(buffer.data().data()), buffer.size()),
+      RequestHeadLimits{cfg.max_header_bytes, cfg.max_body_bytes}, req);
+  if (plain) {
+    buffer.consume(plain->size);
+  } else {
+    parser.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes));
+    parser.body_limit(cfg.max_body_bytes);
+    // The rest of the header may be in the buffer already: parsed from
+    // there without an asynchronous read (whose completion goes through
+    // the event loop even when it reads nothing).
+    beast::error_code header_ec;
+    while (!parser.is_header_done() && buffer.size() > 0 && !header_ec) {
+      const std::size_t used = parser.put(buffer.data(), header_ec);
+      buffer.consume(used);
+      if (used == 0)
+        break;
     }
-    co_return false;
+    if (header_ec == http::error::need_more)
+      header_ec = {};
+    if (!header_ec && !parser.is_header_done()) {
+      auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple);
+      header_ec = ec;
+    }
+    if (const auto ec = header_ec) {
+      if (ec == http::error::body_limit) {
+        // Beast checks Content-Length against the body limit as soon as
+        // the header is complete.
+        co_await refuse(413, too_large());
+      } else if (ec == http::error::header_limit) {
+        co_await refuse(
+            431, "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes");
+      } else if (ec == beast::error::timeout) {
+        // The expiry has closed the socket: as nginx does on its
+        // client_header_timeout, the connection ends without an answer.
+      } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
+                 ec != net::error::connection_reset) {
+        co_await refuse(400, "malformed HTTP request: " + ec.message());
+      }
+      co_return false;
+    }
   }
+  const http::request_header<>& head = plain ? req.base() : parser.get().base();
   // Before a byte of the body is read: a body framed in a way a proxy in
   // front could read differently is never read at all.
-  if (auto bad = check_request_framing(parser.get().base())) {
+  if (auto bad = check_request_framing(head)) {
     co_await refuse(bad->status, bad->message);
     co_return false;
   }
-  const auto len = parser.content_length();
+  std::optional<std::uint64_t> len;
+  if (plain)
+    len = plain->content_length;
+  else if (const auto parsed = parser.content_length())
+    len = *parsed;
   if (len && *len > cfg.max_body_bytes) {
     co_await refuse(413, "request body of " + std::to_string(*len) +
                              " bytes exceeds the limit of " + std::to_string(cfg.max_body_bytes) +
                              " bytes");
     co_return false;
   }
-  if (auto it = parser.get().find(http::field::expect);
-      it != parser.get().end() && beast::iequals(it->value(), "100-continue")) {
+  if (auto it = head.find(http::field::expect);
+      it != head.end() && beast::iequals(it->value(), "100-continue")) {
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     auto [ec, n] = co_await net::async_write(stream, net::buffer(kContinue), use_tuple);
     if (ec)
@@ -188,11 +207,16 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
   stream.expires_after(cfg.client_idle_timeout);
   BodyCharge charge(env.body_budget);
   BodyRead read = BodyRead::complete;
-  if (parser.chunked()) {
+  std::string& body = plain ? req.body() : parser.get().body();
+  if (!plain && parser.chunked()) {
     read = co_await read_chunked_body(stream, buffer, parser, charge);
   } else if (len && *len > buffer.size()) {
-    read = co_await read_sized_body(stream, buffer, parser.get().body(),
-                                    static_cast<std::size_t>(*len), charge);
+    read = co_await read_sized_body(stream, buffer, body, static_cast<std::size_t>(*len), charge);
+  } else if (plain) {
+    // The whole body came with the header.
+    const auto n = static_cast<std::size_t>(*len);
+    body.assign(static_cast<const char*>(buffer.data().data()), n);
+    buffer.consume(n);
   } else if (!parser.is_done()) {
     // The whole body came with the header: parsed from the buffer, no I/O
     // (the asynchronous read stays for whatever that parse leaves).
@@ -214,7 +238,7 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
                       "later");
       co_return false;
     case BodyRead::too_large:
-      co_await refuse(413, too_large);
+      co_await refuse(413, too_large());
       co_return false;
     case BodyRead::malformed:
       co_await refuse(400, "malformed chunked request body");
@@ -226,12 +250,14 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
       co_return false;
   }
   stream.expires_never();
-  // Moved into the string_body message the handlers take (the body type
-  // only changes how it was read).
-  req = [&parser] {
-    auto parsed = parser.release();
-    return http::request<http::string_body>(std::move(parsed.base()), std::move(parsed.body()));
-  }();
+  if (!plain) {
+    // Moved into the string_body message the handlers take (the body type
+    // only changes how it was read).
+    req = [&parser] {
+      auto parsed = parser.release();
+      return http::request<http::string_body>(std::move(parsed.base()), std::move(parsed.body()));
+    }();
+  }
   co_return true;
 }
 

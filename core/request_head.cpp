@@ -1,0 +1,189 @@
+#include "core/request_head.hpp"
+
+#include <array>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include <boost/beast/http/field.hpp>
+#include <boost/beast/http/verb.hpp>
+
+#include "core/http_tokens.hpp"
+
+namespace pdgate {
+
+namespace {
+
+namespace http = boost::beast::http;
+using http_tokens::is_tchar;
+
+// More fields than this and Beast reads the header (no request pdgate
+// serves needs half as many; the bound keeps the field list on the stack).
+constexpr std::size_t kMaxPlainFields = 64;
+
+// (No member initializers: the list is not zeroed for every request.)
+struct FieldView {
+  http::field name;
+  std::string_view name_string;
+  std::string_view value;
+};
+
+// Printable ASCII: what a plain field value or target holds.
+constexpr bool is_visible(char c) {
+  return c > 0x20 && c < 0x7f;
+}
+
+// The first byte from `p` on that is neither printable ASCII nor SP nor
+// HTAB, or `end`; sixteen bytes at a time where SSE2 is there.
+const char* skip_plain_value(const char* p, const char* end) {
+#if defined(__SSE2__)
+  const __m128i space = _mm_set1_epi8(0x20);
+  const __m128i tab = _mm_set1_epi8('\t');
+  const __m128i del = _mm_set1_epi8(0x7f);
+  while (end - p >= 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    // Signed, bytes from 0x80 up are negative: below SP with the controls.
+    const __m128i low = _mm_andnot_si128(_mm_cmpeq_epi8(v, tab), _mm_cmplt_epi8(v, space));
+    const auto stop =
+        static_cast<unsigned>(_mm_movemask_epi8(_mm_or_si128(low, _mm_cmpeq_epi8(v, del))));
+    if (stop != 0)
+      return p + __builtin_ctz(stop);
+    p += 16;
+  }
+#endif
+  while (p != end && (is_visible(*p) || *p == ' ' || *p == '\t'))
+    ++p;
+  return p;
+}
+
+// Whether a Connection value is a list of tokens (empty items allowed,
+// as Beast allows them) that Beast's validation accepts.
+bool plain_token_list(std::string_view v) {
+  std::size_t i = 0;
+  while (i < v.size()) {
+    while (i < v.size() && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+      ++i;
+    const std::size_t start = i;
+    while (i < v.size() && is_tchar(v[i]))
+      ++i;
+    if (i == start)
+      return i == v.size();
+    while (i < v.size() && (v[i] == ' ' || v[i] == '\t'))
+      ++i;
+    if (i < v.size() && v[i] != ',')
+      return false;
+  }
+  return true;
+}
+
+// A Content-Length of 1 to 19 digits (no list: "5, 5" goes to Beast).
+std::optional<std::uint64_t> plain_length(std::string_view v) {
+  if (v.empty() || v.size() > 19)
+    return std::nullopt;
+  std::uint64_t n = 0;
+  for (const char c : v) {
+    if (c < '0' || c > '9')
+      return std::nullopt;
+    n = n * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
+std::optional<PlainRequestHead> parse_plain_request_head(std::string_view bytes,
+                                                         const RequestHeadLimits& limits,
+                                                         http::request<http::string_body>& req) {
+  const std::size_t end = bytes.find("\r\n\r\n");
+  if (end == std::string_view::npos)
+    return std::nullopt;
+  const std::size_t header_size = end + 4;
+  if (header_size >= limits.header_bytes)
+    return std::nullopt;
+  const char* p = bytes.data();
+  const char* const last = p + end + 2;  // after the last field's CRLF
+
+  // request-line = method SP request-target SP HTTP-version CRLF
+  const char* const method_begin = p;
+  while (is_tchar(*p))
+    ++p;
+  if (p == method_begin || *p != ' ')
+    return std::nullopt;
+  const std::string_view method(method_begin, static_cast<std::size_t>(p - method_begin));
+  const http::verb verb = http::string_to_verb(method);
+  if (verb == http::verb::unknown)
+    return std::nullopt;
+  const char* const target_begin = ++p;
+  while (is_visible(*p))
+    ++p;
+  if (p == target_begin || *p != ' ')
+    return std::nullopt;
+  const std::string_view target(target_begin, static_cast<std::size_t>(p - target_begin));
+  ++p;
+  if (last - p < 10 || std::string_view(p, 7) != "HTTP/1." || (p[7] != '0' && p[7] != '1') ||
+      p[8] != '\r' || p[9] != '\n')
+    return std::nullopt;
+  const unsigned version = p[7] == '1' ? 11 : 10;
+  p += 10;
+
+  // field-line = field-name ":" OWS field-value OWS CRLF, every byte of
+  // the value printable ASCII or inner SP / HTAB.
+  std::array<FieldView, kMaxPlainFields> fields;
+  std::size_t count = 0;
+  std::optional<std::uint64_t> length;
+  while (p != last) {
+    if (count == kMaxPlainFields)
+      return std::nullopt;
+    const char* const name_begin = p;
+    while (is_tchar(*p))
+      ++p;
+    if (p == name_begin || *p != ':')
+      return std::nullopt;
+    FieldView& f = fields[count++];
+    f.name_string = std::string_view(name_begin, static_cast<std::size_t>(p - name_begin));
+    ++p;
+    while (*p == ' ' || *p == '\t')
+      ++p;
+    const char* const value_begin = p;
+    p = skip_plain_value(p, last);
+    const char* value_end = p;
+    while (value_end != value_begin && (value_end[-1] == ' ' || value_end[-1] == '\t'))
+      --value_end;
+    // A CRLF followed by SP or HTAB would be obs-fold: the next line then
+    // does not start with a token, and the header goes to Beast.
+    if (p[0] != '\r' || p[1] != '\n')
+      return std::nullopt;
+    p += 2;
+    f.value = std::string_view(value_begin, static_cast<std::size_t>(value_end - value_begin));
+    f.name = http::string_to_field(f.name_string);
+    switch (f.name) {
+      case http::field::content_length:
+        if (length)
+          return std::nullopt;  // a repeat: Beast compares the values
+        length = plain_length(f.value);
+        if (!length || *length > limits.body_bytes)
+          return std::nullopt;
+        break;
+      case http::field::connection:
+      case http::field::proxy_connection:
+        if (!plain_token_list(f.value))
+          return std::nullopt;
+        break;
+      case http::field::transfer_encoding:
+      case http::field::upgrade:
+        return std::nullopt;
+      default:
+        break;
+    }
+  }
+
+  req.method(verb);
+  req.target(target);
+  req.version(version);
+  for (std::size_t i = 0; i < count; ++i)
+    req.insert(fields[i].name, fields[i].name_string, fields[i].value);
+  return PlainRequestHead{header_size, length.value_or(0)};
+}
+
+}  // namespace pdgate
