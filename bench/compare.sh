@@ -7,8 +7,9 @@
 #
 #   bench/compare.sh [BUILD_DIR]        (default: build)
 #
-# Environment: ROUNDS (3), SECONDS_PER_RUN (4), STREAMS (10000), OUT
-# (bench/results). Writes $OUT/results.md, $OUT/raw.jsonl and PNG plots.
+# Environment: ROUNDS (3), SECONDS_PER_RUN (4), STATIC_ROUNDS (8) and
+# STATIC_SECONDS (2) for the CPU-per-request rows against static engines,
+# STREAMS (10000), OUT (bench/results). Writes $OUT/results.md, $OUT/raw.jsonl and PNG plots.
 # Everything runs on loopback; every process started here is stopped on exit.
 set -euo pipefail
 
@@ -18,6 +19,8 @@ build=$(cd "${1:-$root/build}" && pwd)
 out=${OUT:-$root/bench/results}
 rounds=${ROUNDS:-3}
 secs=${SECONDS_PER_RUN:-4}
+static_rounds=${STATIC_ROUNDS:-8}
+static_secs=${STATIC_SECONDS:-2}
 streams=${STREAMS:-10000}
 
 sim=$build/pdgate-sim
@@ -328,7 +331,14 @@ for round in $(seq 1 "$rounds"); do
     run prompt_1m "$t" "$pf" "$cf" "${xf[@]}" --concurrency 1 --max-tokens 1 --prompt-bytes 1048576 \
       --duration "$((secs / 2 + 1))" --warmup 0.3
   done
-  # Against the static engines: the proxies' own CPU per request.
+done
+
+# Against the static engines: the proxies' own CPU per request. Rounds of
+# their own, more and shorter than the rounds above: each ratio pairs runs
+# a few seconds apart, so a burst of load from elsewhere on the machine
+# lands in few rounds, and the median over rounds leaves it out.
+for round in $(seq 1 "$static_rounds"); do
+  echo "static round $round/$static_rounds ($(cut -d' ' -f1 /proc/loadavg) load)" >&2
   mapfile -t order < <(rotate "$round" nginx onehop pd)
   for t in "${order[@]}"; do
     case $t in
@@ -336,8 +346,9 @@ for round in $(seq 1 "$rounds"); do
       onehop) ps=$g_sstream pw=$g_swhole cs=$g_sstream_pid cw=$g_swhole_pid ;;
       pd) ps=$g_spd_stream pw=$g_spd_whole cs=$g_spd_stream_pid cw=$g_spd_whole_pid ;;
     esac
-    run static_stream "$t" "$ps" "$cs" --chat --stream --concurrency 32 --duration "$secs" --warmup 0.5
-    run static_whole "$t" "$pw" "$cw" --chat --concurrency 32 --duration "$secs" --warmup 0.5
+    run static_stream "$t" "$ps" "$cs" --chat --stream --concurrency 32 --duration "$static_secs" \
+      --warmup 0.5
+    run static_whole "$t" "$pw" "$cw" --chat --concurrency 32 --duration "$static_secs" --warmup 0.5
   done
 done
 
@@ -398,7 +409,8 @@ hold pdgate "$g_hold" "$gw_hold_pid"
 [[ -n $nginx_worker ]] && hold nginx "$n_hold" "$nginx_worker"
 
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
-python3 "$here/report.py" "$raw" "$out" "$load_before" "$load_after" "$rounds" "$secs" "$target_streams"
+python3 "$here/report.py" "$raw" "$out" "$load_before" "$load_after" "$rounds" "$secs" "$target_streams" \
+  "$static_rounds" "$static_secs"
 if command -v gnuplot >/dev/null; then
   for g in "$out"/*.gp; do gnuplot "$g"; done
   rm -f "$out"/*.gp

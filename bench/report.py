@@ -13,6 +13,10 @@ from pathlib import Path
 
 raw, out = Path(sys.argv[1]), Path(sys.argv[2])
 load_before, load_after, rounds, secs, streams = sys.argv[3:8]
+# Results written before the static rows had rounds of their own (or given
+# no such arguments) ran them in the main rounds.
+own_static_rounds = len(sys.argv) >= 10
+static_rounds, static_secs = sys.argv[8:10] if own_static_rounds else (rounds, secs)
 TARGETS = ["direct", "directpd", "nginx", "onehop", "pd"]
 NAMES = {"direct": "direct", "directpd": "direct P/D", "nginx": "nginx", "onehop": "pdgate one-hop",
          "pd": "pdgate P/D"}
@@ -241,6 +245,11 @@ lines = [
     "whole chat answer, a prefill answer with kv_transfer_params), so the proxies' own work is",
     "what is measured: CPU time of the proxy process (all threads) per request, and system",
     "calls per request counted by `strace -c` over 4,000 requests.",
+    (f"These rows have rounds of their own: {static_rounds} rounds of {static_secs} s runs, each"
+     if own_static_rounds else f"These rows ran in the {rounds} rounds above ({secs} s runs), each"),
+    "target once per round in a rotated order; a ratio pairs the runs of one round, and the",
+    "table shows the median over rounds (min–max), so a burst of load from elsewhere on the",
+    "machine moves the range more than the median.",
     "",
     "| target | measured | goal | |",
     "| --- | --- | --- | --- |",
