@@ -89,7 +89,8 @@ std::size_t skip_plain(std::string_view t, std::size_t run) {
 }
 
 bool is_ws(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+  // Most bytes are above the space: one comparison decides for them.
+  return static_cast<unsigned char>(c) <= ' ' && (c == ' ' || c == '\t' || c == '\n' || c == '\r');
 }
 bool is_digit(char c) {
   return c >= '0' && c <= '9';
