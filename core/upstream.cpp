@@ -303,7 +303,6 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     const bool reused = conn->reused;
     std::unique_ptr<UpstreamExchange> ex(
         new UpstreamExchange(pool, std::move(conn), scope, timeouts));
-    ex->parser_ = std::make_unique<EngineResponseParser>();
 
     ex->conn_->stream.expires_after(timeouts.first_byte);
     beast::error_code ec;
@@ -314,17 +313,17 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     if (!ec) {
       // From here on one parse takes every chunk the buffer holds, so
       // events that arrived together leave together.
-      ex->parser_->eager(true);
+      ex->parser_.eager(true);
       co_return std::pair{UpstreamError{}, std::move(ex)};
     }
 
     // The engine may close an idle keep-alive connection at any moment; if
     // it did so before answering anything, the request never started there.
-    if (reused && attempt == 0 && is_closed_error(ec) && !ex->parser_->got_some() &&
+    if (reused && attempt == 0 && is_closed_error(ec) && !ex->parser_.got_some() &&
         !scope.client_gone()) {
       continue;
     }
-    co_return std::pair{ex->classify(ec, ex->parser_->got_some() ? "reading the response header"
+    co_return std::pair{ex->classify(ec, ex->parser_.got_some() ? "reading the response header"
                                                                  : "waiting for the first byte"),
                         nullptr};
   }
@@ -340,7 +339,7 @@ net::awaitable<std::tuple<beast::error_code>> UpstreamExchange::readable_or_time
   // minutes: the buffer's room is released first. The wait for the header
   // keeps it (the connection brought it from the pool, and the answer's
   // first bytes go there).
-  if (parser_->is_header_done())
+  if (parser_.is_header_done())
     release_idle_memory();
   c.stream.expires_after(timeouts_.first_byte);
   return c.stream.tcp().async_wait_readable(use_tuple);
@@ -354,7 +353,7 @@ beast::error_code UpstreamExchange::after_wait(const std::tuple<beast::error_cod
 }
 
 bool UpstreamExchange::must_wait() const {
-  return !parser_->is_done() && (conn_->buffer.size() == 0 || needs_more_) && conn_->drained &&
+  return !parser_.is_done() && (conn_->buffer.size() == 0 || needs_more_) && conn_->drained &&
          !conn_->stream.is_tls();
 }
 
@@ -377,7 +376,7 @@ net::awaitable<beast::error_code> UpstreamExchange::fill(std::size_t room) {
     c.buffer.commit(n);
     co_return ec;
   }
-  if (c.drained && !parser_->is_header_done()) {
+  if (c.drained && !parser_.is_header_done()) {
     // The answer's header: read as soon as it comes, into the room the
     // connection keeps while in the pool (the expiry was set with the
     // request). An Asio read is queued on the descriptor's registration
@@ -411,7 +410,7 @@ net::awaitable<beast::error_code> UpstreamExchange::fill(std::size_t room) {
 
 beast::error_code UpstreamExchange::parse_buffered() {
   beast::error_code ec;
-  const std::size_t used = parser_->put(conn_->buffer.data(), ec);
+  const std::size_t used = parser_.put(conn_->buffer.data(), ec);
   conn_->buffer.consume(used);
   return ec;
 }
@@ -419,7 +418,7 @@ beast::error_code UpstreamExchange::parse_buffered() {
 net::awaitable<beast::error_code> UpstreamExchange::read_header() {
   // The engine has sent nothing it was not asked for: wait before reading.
   conn_->drained = true;
-  while (!parser_->is_header_done()) {
+  while (!parser_.is_header_done()) {
     if (conn_->buffer.size() > 0) {
       const auto ec = parse_buffered();
       if (!ec)
@@ -434,7 +433,7 @@ net::awaitable<beast::error_code> UpstreamExchange::read_header() {
 }
 
 net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std::size_t max) {
-  if (parser_->is_done())
+  if (parser_.is_done())
     co_return UpstreamError{};
   bool wanted = conn_->buffer.size() == 0 || needs_more_;
   for (;;) {
@@ -449,7 +448,7 @@ net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std:
           // held requests for 600 s). put_eof() ends a body framed by the
           // connection's close, and reports any other body as cut short.
           beast::error_code pec;
-          parser_->put_eof(pec);
+          parser_.put_eof(pec);
           co_return pec ? classify(http::error::partial_message, "while reading the response body")
                         : UpstreamError{};
         }
@@ -462,16 +461,16 @@ net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std:
     const std::size_t room = std::min(max, std::max<std::size_t>(conn_->buffer.size(), 256));
     const std::size_t old = out.size();
     out.resize(old + room);
-    parser_->lend(out.data() + old, room);
+    parser_.lend(out.data() + old, room);
     auto ec = parse_buffered();
-    const std::size_t got = room - parser_->room_left();
+    const std::size_t got = room - parser_.room_left();
     out.resize(old + got);
-    parser_->lend(nullptr, 0);
+    parser_.lend(nullptr, 0);
     // need_more: the buffer is used up (its bytes were body or framing; a
     // chunk's closing CRLF stays until the next size line is there);
     // need_buffer: `out` is full and the rest stays buffered.
     needs_more_ = ec == http::error::need_more;
-    if (needs_more_ && got == 0 && !parser_->is_done()) {
+    if (needs_more_ && got == 0 && !parser_.is_done()) {
       wanted = true;
       continue;
     }
@@ -490,7 +489,7 @@ net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::
   // is allocated only when bytes must be read (a small answer arrives
   // with its header), and the buffer shrinks again before the connection
   // goes back to the pool.
-  while (!parser_->is_done()) {
+  while (!parser_.is_done()) {
     auto err = co_await read_some(out, 64 * 1024);
     if (err)
       co_return err;
@@ -515,7 +514,7 @@ void UpstreamExchange::finish() {
   if (!conn_)
     return;
   scope_.remove(&conn_->stream.tcp());
-  if (parser_->is_done() && parser_->keep_alive() && conn_->buffer.size() == 0 &&
+  if (parser_.is_done() && parser_.keep_alive() && conn_->buffer.size() == 0 &&
       !scope_.client_gone()) {
     conn_->stream.expires_never();
     pool_.give_back(std::move(conn_));

@@ -193,14 +193,14 @@ class UpstreamExchange {
       UpstreamPool& pool, std::string_view head, const std::vector<net::const_buffer>& body,
       RequestScope& scope, UpstreamTimeouts timeouts);
 
-  unsigned status() const { return parser_->status(); }
+  unsigned status() const { return parser_.status(); }
   // The answer's Content-Type and Cache-Control (empty when not sent).
-  const std::string& content_type() const { return parser_->content_type(); }
-  const std::string& cache_control() const { return parser_->cache_control(); }
-  bool done() const { return parser_->is_done(); }
+  const std::string& content_type() const { return parser_.content_type(); }
+  const std::string& cache_control() const { return parser_.cache_control(); }
+  bool done() const { return parser_.is_done(); }
   // Frees the response's header fields once they have been copied (a relay
   // that lasts minutes does not keep them); status() stays valid.
-  void drop_header_fields() { parser_->drop_header_values(); }
+  void drop_header_fields() { parser_.drop_header_values(); }
 
   // Appends whatever body bytes are available now to `out`, up to `max`
   // bytes: all the events of a stream that arrived together, however many
@@ -258,7 +258,7 @@ class UpstreamExchange {
   std::unique_ptr<UpstreamConnection> conn_;
   RequestScope& scope_;
   UpstreamTimeouts timeouts_;
-  std::unique_ptr<EngineResponseParser> parser_;
+  EngineResponseParser parser_;
   bool needs_more_ = false;  // the parser wants bytes the buffer does not hold
   bool waiting_ = true;      // registered with the pool (see committed())
   bool ejected_ = false;     // cut off by abort_ejected()
