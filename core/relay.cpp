@@ -272,7 +272,13 @@ void StreamRelay::time_events(std::string_view ready, std::size_t events) {
 
 net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
   in_.clear();
-  if (auto err = co_await ex_.read_some(in_); err)
+  // Events buffered already (the first ones usually come with the
+  // header) are taken without the frame of a read_some.
+  bool wanted = true;
+  UpstreamError err = ex_.take_buffered(in_, kFirstRead, wanted);
+  if (!err && wanted)
+    err = co_await ex_.read_some(in_);
+  if (err)
     co_return err;
   if (!scanner_.feed(in_)) {
     co_return UpstreamError{UpstreamFailure::protocol, "decode stream from " + decode_.spec.url +

@@ -308,8 +308,22 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
     beast::error_code ec;
     if (auto rest = ex->conn_->stream.write(out, ec))
       ec = co_await std::move(*rest);
-    if (!ec)
-      ec = co_await ex->read_header();
+    // The header, read and parsed here (a coroutine of its own would cost
+    // a frame per engine call). The engine has sent nothing it was not
+    // asked for: wait before reading.
+    ex->conn_->drained = true;
+    while (!ec && !ex->parser_.is_header_done()) {
+      if (ex->conn_->buffer.size() > 0) {
+        const auto pec = ex->parse_buffered();
+        if (!pec)
+          continue;
+        if (pec != http::error::need_more) {
+          ec = pec;
+          break;
+        }
+      }
+      ec = co_await ex->fill(kFirstRead);
+    }
     if (!ec) {
       // From here on one parse takes every chunk the buffer holds, so
       // events that arrived together leave together.
@@ -324,7 +338,7 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
       continue;
     }
     co_return std::pair{ex->classify(ec, ex->parser_.got_some() ? "reading the response header"
-                                                                 : "waiting for the first byte"),
+                                                                : "waiting for the first byte"),
                         nullptr};
   }
 }
@@ -415,23 +429,6 @@ beast::error_code UpstreamExchange::parse_buffered() {
   return ec;
 }
 
-net::awaitable<beast::error_code> UpstreamExchange::read_header() {
-  // The engine has sent nothing it was not asked for: wait before reading.
-  conn_->drained = true;
-  while (!parser_.is_header_done()) {
-    if (conn_->buffer.size() > 0) {
-      const auto ec = parse_buffered();
-      if (!ec)
-        continue;
-      if (ec != http::error::need_more)
-        co_return ec;
-    }
-    if (auto ec = co_await fill(kFirstRead))
-      co_return ec;
-  }
-  co_return beast::error_code{};
-}
-
 net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std::size_t max) {
   if (parser_.is_done())
     co_return UpstreamError{};
@@ -455,31 +452,43 @@ net::awaitable<UpstreamError> UpstreamExchange::read_some(std::string& out, std:
         co_return classify(ec, "while reading the response body");
       }
     }
-    // The body bytes parsed from the buffer are fewer than the buffer
-    // holds (chunk framing). A floor keeps a parse that ends in a partial
-    // chunk header useful; `out` keeps its capacity meanwhile.
-    const std::size_t room = std::min(max, std::max<std::size_t>(conn_->buffer.size(), 256));
-    const std::size_t old = out.size();
-    out.resize(old + room);
-    parser_.lend(out.data() + old, room);
-    auto ec = parse_buffered();
-    const std::size_t got = room - parser_.room_left();
-    out.resize(old + got);
-    parser_.lend(nullptr, 0);
-    // need_more: the buffer is used up (its bytes were body or framing; a
-    // chunk's closing CRLF stays until the next size line is there);
-    // need_buffer: `out` is full and the rest stays buffered.
-    needs_more_ = ec == http::error::need_more;
-    if (needs_more_ && got == 0 && !parser_.is_done()) {
-      wanted = true;
-      continue;
-    }
-    if (ec == http::error::need_more || ec == http::error::need_buffer)
-      ec = {};
-    if (ec)
-      co_return classify(ec, "while reading the response body");
-    co_return UpstreamError{};
+    auto err = parse_into(out, max, wanted);
+    if (!wanted)
+      co_return err;
   }
+}
+
+UpstreamError UpstreamExchange::take_buffered(std::string& out, std::size_t max, bool& wanted) {
+  wanted = !parser_.is_done() && (conn_->buffer.size() == 0 || needs_more_);
+  if (wanted || parser_.is_done())
+    return UpstreamError{};
+  return parse_into(out, max, wanted);
+}
+
+UpstreamError UpstreamExchange::parse_into(std::string& out, std::size_t max, bool& wanted) {
+  // The body bytes parsed from the buffer are fewer than the buffer
+  // holds (chunk framing). A floor keeps a parse that ends in a partial
+  // chunk header useful; `out` keeps its capacity meanwhile.
+  const std::size_t room = std::min(max, std::max<std::size_t>(conn_->buffer.size(), 256));
+  const std::size_t old = out.size();
+  out.resize(old + room);
+  parser_.lend(out.data() + old, room);
+  auto ec = parse_buffered();
+  const std::size_t got = room - parser_.room_left();
+  out.resize(old + got);
+  parser_.lend(nullptr, 0);
+  // need_more: the buffer is used up (its bytes were body or framing; a
+  // chunk's closing CRLF stays until the next size line is there);
+  // need_buffer: `out` is full and the rest stays buffered.
+  needs_more_ = ec == http::error::need_more;
+  wanted = needs_more_ && got == 0 && !parser_.is_done();
+  if (wanted)
+    return UpstreamError{};
+  if (ec == http::error::need_more || ec == http::error::need_buffer)
+    ec = {};
+  if (ec)
+    return classify(ec, "while reading the response body");
+  return UpstreamError{};
 }
 
 net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::size_t limit) {
@@ -490,7 +499,12 @@ net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::
   // with its header), and the buffer shrinks again before the connection
   // goes back to the pool.
   while (!parser_.is_done()) {
-    auto err = co_await read_some(out, 64 * 1024);
+    // Bytes already buffered (a small answer came with its header) are
+    // parsed here, without the frame of a read_some.
+    bool wanted = true;
+    UpstreamError err = take_buffered(out, 64 * 1024, wanted);
+    if (!err && wanted)
+      err = co_await read_some(out, 64 * 1024);
     if (err)
       co_return err;
     if (out.size() > limit) {

@@ -207,6 +207,10 @@ class UpstreamExchange {
   // chunks they came in. Waits for bytes only when none are buffered;
   // may append nothing (a read that ended inside a chunk's framing).
   net::awaitable<UpstreamError> read_some(std::string& out, std::size_t max = kFirstRead);
+  // What read_some does when bytes are buffered, without its coroutine
+  // frame: appends the body bytes the buffer holds. `wanted` when that
+  // needs a read (nothing usable buffered): then read_some.
+  UpstreamError take_buffered(std::string& out, std::size_t max, bool& wanted);
   // Whether the next read must wait for the engine (nothing usable
   // buffered, the socket emptied by the last read, a plain connection). A relay waits
   // with wait_bytes() itself, so that an idle stream's wait is not nested
@@ -248,8 +252,10 @@ class UpstreamExchange {
   // a buffer (bounded by the first-byte timeout). net::error::eof at the
   // connection's end.
   net::awaitable<beast::error_code> fill(std::size_t room);
-  // Sends nothing; reads and parses until the response header is complete.
-  net::awaitable<beast::error_code> read_header();
+  // Parses the buffered bytes into `out` (at most `max` more bytes of
+  // body). `wanted`: the parser needs bytes the buffer does not hold (it
+  // gave none); then the caller reads and calls again.
+  UpstreamError parse_into(std::string& out, std::size_t max, bool& wanted);
   // Feeds the buffered bytes to the parser (into the body buffer it was
   // given); returns the parser's verdict (need_more: it wants more bytes).
   beast::error_code parse_buffered();
