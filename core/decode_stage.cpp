@@ -50,7 +50,9 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
       rerr = co_await r->stream->read_into(r->first);
     r->first_token_at = r->stream->first_event_at();
   } else {
-    rerr = co_await ex->read_all(r->first, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20));
+    if (auto rest =
+            ex->read_all(r->first, std::max<std::size_t>(w.cfg.max_body_bytes, 64u << 20), rerr))
+      rerr = co_await std::move(*rest);
     if (!rerr) {
       ex->finish();
       r->first_token_at = std::chrono::steady_clock::now();

@@ -88,7 +88,10 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
     co_return r;
   }
   std::string answer;
-  if (auto rerr = co_await ex->read_all(answer, kMaxPrefillResponse); rerr) {
+  UpstreamError rerr;
+  if (auto rest = ex->read_all(answer, kMaxPrefillResponse, rerr))
+    rerr = co_await std::move(*rest);
+  if (rerr) {
     r.error = upstream_failure(Stage::prefill, rerr);
     blame(w, *r.instance, *r.error);
     trace_error(span, *r.error);

@@ -72,6 +72,22 @@ std::string answer_head(const http::request<http::string_body>& req, const Upstr
   });
 }
 
+// Answers that carry no body by definition (RFC 9110 6.4.1).
+bool carries_no_body(unsigned status) {
+  return status < 200 || status == 204 || status == 304;
+}
+
+// The head of a whole answer with a body, rendered directly: a Beast
+// message allocated each of its fields first.
+std::string whole_answer_head(const http::request<http::string_body>& req,
+                              const UpstreamExchange& ex, const std::string& request_id,
+                              std::size_t body_size) {
+  char framing[48] = "Content-Length: ";
+  char* const digits = framing + 16;
+  const char* const framing_end = std::to_chars(digits, framing + sizeof framing, body_size).ptr;
+  return answer_head(req, ex, request_id, {}, std::string_view(framing, framing_end - framing));
+}
+
 // The stream's response head and its first events, in one write; with
 // the last chunk too when the stream already ended (a short answer is one
 // write). Its own coroutine, so that the head is gone while the stream
@@ -222,8 +238,18 @@ net::awaitable<bool> relay_whole(WorkerContext& w, MaybeTlsStream& client,
                            w.cfg.conversation_ttl, r.view->request_id);
   }
   const std::size_t size = r.first.size();
-  const bool reuse =
-      co_await write_whole_answer(client, req, *r.ex, std::move(r.first), r.view->request_id);
+  bool reuse = false;
+  if (carries_no_body(r.ex->status())) {
+    reuse = co_await write_whole_answer(client, req, *r.ex, std::move(r.first), r.view->request_id);
+  } else {
+    // Written from here, not in write_whole_answer's frame: what the
+    // socket takes at once costs no coroutine.
+    const std::string head = whole_answer_head(req, *r.ex, r.view->request_id, size);
+    beast::error_code ec;
+    if (auto rest = write_head_and_body(client, head, r.first, ec))
+      ec = co_await std::move(*rest);
+    reuse = !ec && req.keep_alive();
+  }
   scope.count_sent(size);
   co_return reuse;
 }
@@ -327,8 +353,8 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
                                         const UpstreamExchange& ex, std::string body,
                                         const std::string& request_id) {
   const unsigned status = ex.status();
-  if (status < 200 || status == 204 || status == 304) {
-    // Answers that carry no body by definition: Beast's framing rules.
+  if (carries_no_body(status)) {
+    // Beast's framing rules.
     http::response<http::string_body> res{static_cast<http::status>(status), req.version()};
     res.set(http::field::server, "pdgate");
     if (!ex.content_type().empty())
@@ -341,14 +367,11 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
     res.prepare_payload();
     co_return co_await write_response(client, res) && req.keep_alive();
   }
-  // The head rendered directly, head and body in one write: a Beast
-  // message allocated each of its fields first.
-  char framing[48] = "Content-Length: ";
-  char* const digits = framing + 16;
-  const char* const framing_end = std::to_chars(digits, framing + sizeof framing, body.size()).ptr;
-  const std::string head =
-      answer_head(req, ex, request_id, {}, std::string_view(framing, framing_end - framing));
-  co_return co_await write_head_and_body(client, head, body) && req.keep_alive();
+  const std::string head = whole_answer_head(req, ex, request_id, body.size());
+  beast::error_code ec;
+  if (auto rest = write_head_and_body(client, head, body, ec))
+    ec = co_await std::move(*rest);
+  co_return !ec && req.keep_alive();
 }
 
 // Not a coroutine itself: a held stream's chain of frames is one shorter.

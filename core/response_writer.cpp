@@ -26,17 +26,18 @@ net::awaitable<bool> write_response(MaybeTlsStream& client,
     co_return !ec;
   }
   const std::string head = render_head(res.base());
-  co_return co_await write_head_and_body(client, head, res.body());
-}
-
-net::awaitable<bool> write_head_and_body(MaybeTlsStream& client, std::string_view head,
-                                         std::string_view body) {
-  client.expires_after(kStalledClient);
-  const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(body)};
   boost::beast::error_code ec;
-  if (auto rest = client.write(parts, ec))
+  if (auto rest = write_head_and_body(client, head, res.body(), ec))
     ec = co_await std::move(*rest);
   co_return !ec;
+}
+
+std::optional<net::awaitable<boost::beast::error_code>> write_head_and_body(
+    MaybeTlsStream& client, std::string_view head, std::string_view body,
+    boost::beast::error_code& ec) {
+  client.expires_after(kStalledClient);
+  const std::array<net::const_buffer, 2> parts{net::buffer(head), net::buffer(body)};
+  return client.write(parts, ec);
 }
 
 }  // namespace pdgate

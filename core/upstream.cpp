@@ -322,7 +322,11 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> Upst
           break;
         }
       }
-      ec = co_await ex->fill(kFirstRead);
+      // The first read of the answer is awaited here, not in fill's frame.
+      if (ex->reads_header_directly() && ex->conn_->buffer.size() == 0)
+        ec = ex->after_header_read(co_await ex->header_read(kFirstRead), kFirstRead);
+      else
+        ec = co_await ex->fill(kFirstRead);
     }
     if (!ec) {
       // From here on one parse takes every chunk the buffer holds, so
@@ -390,19 +394,8 @@ net::awaitable<beast::error_code> UpstreamExchange::fill(std::size_t room) {
     c.buffer.commit(n);
     co_return ec;
   }
-  if (c.drained && !parser_.is_header_done()) {
-    // The answer's header: read as soon as it comes, into the room the
-    // connection keeps while in the pool (the expiry was set with the
-    // request). An Asio read is queued on the descriptor's registration
-    // as it stands, where a wait for readiness costs an epoll_ctl every
-    // time; and after a read that emptied the socket, Asio does not try a
-    // read that would find nothing before waiting. One system call per
-    // answer, as nginx makes.
-    auto [ec, n] = co_await c.stream.async_read_some(c.buffer.prepare(room), use_tuple);
-    c.buffer.commit(n);
-    c.drained = n < room;
-    co_return ec;
-  }
+  if (reads_header_directly())
+    co_return after_header_read(co_await header_read(room), room);
   for (;;) {
     if (c.drained) {
       // Awaited here, not through a coroutine of its own: one frame less
@@ -420,6 +413,30 @@ net::awaitable<beast::error_code> UpstreamExchange::fill(std::size_t room) {
     c.drained = n < room;
     co_return ec;
   }
+}
+
+bool UpstreamExchange::reads_header_directly() const {
+  return conn_->drained && !parser_.is_header_done() && !conn_->stream.is_tls();
+}
+
+// The answer's header is read as soon as it comes, into the room the
+// connection keeps while in the pool (the expiry was set with the
+// request). An Asio read is queued on the descriptor's registration as it
+// stands, where a wait for readiness costs an epoll_ctl every time; and
+// after a read that emptied the socket, Asio does not try a read that
+// would find nothing before waiting. One system call per answer, as nginx
+// makes.
+net::awaitable<std::tuple<beast::error_code, std::size_t>> UpstreamExchange::header_read(
+    std::size_t room) {
+  return conn_->stream.async_read_some(conn_->buffer.prepare(room), use_tuple);
+}
+
+beast::error_code UpstreamExchange::after_header_read(
+    const std::tuple<beast::error_code, std::size_t>& r, std::size_t room) {
+  const auto& [ec, n] = r;
+  conn_->buffer.commit(n);
+  conn_->drained = n < room;
+  return ec;
 }
 
 beast::error_code UpstreamExchange::parse_buffered() {
@@ -491,27 +508,49 @@ UpstreamError UpstreamExchange::parse_into(std::string& out, std::size_t max, bo
   return UpstreamError{};
 }
 
-net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::size_t limit) {
-  // A whole body is wanted (a prefill's answer carries a block id per 16
-  // tokens: ~100 KiB for a 1 MiB prompt), so reads get room for big
-  // pieces: at a small read's room that was ~200 system calls. The room
-  // is allocated only when bytes must be read (a small answer arrives
-  // with its header), and the buffer shrinks again before the connection
-  // goes back to the pool.
+// A whole body is wanted (a prefill's answer carries a block id per 16
+// tokens: ~100 KiB for a 1 MiB prompt), so reads get room for big pieces:
+// at a small read's room that was ~200 system calls. The room is
+// allocated only when bytes must be read (a small answer arrives with its
+// header), and the buffer shrinks again before the connection goes back
+// to the pool.
+constexpr std::size_t kWholeBodyRead = 64 * 1024;
+
+UpstreamError UpstreamExchange::over_limit(std::size_t limit) const {
+  return UpstreamError{UpstreamFailure::too_large, "response body from " +
+                                                       pool_.instance()->spec.url + " exceeds " +
+                                                       std::to_string(limit) + " bytes"};
+}
+
+std::optional<net::awaitable<UpstreamError>> UpstreamExchange::read_all(std::string& out,
+                                                                        std::size_t limit,
+                                                                        UpstreamError& err) {
+  err = UpstreamError{};
   while (!parser_.is_done()) {
-    // Bytes already buffered (a small answer came with its header) are
-    // parsed here, without the frame of a read_some.
     bool wanted = true;
-    UpstreamError err = take_buffered(out, 64 * 1024, wanted);
+    err = take_buffered(out, kWholeBodyRead, wanted);
+    if (!err && out.size() > limit)
+      err = over_limit(limit);
+    if (err)
+      return std::nullopt;
+    if (wanted)
+      return read_all(out, limit);
+  }
+  return std::nullopt;
+}
+
+net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::size_t limit) {
+  while (!parser_.is_done()) {
+    // Bytes already buffered are parsed here, without the frame of a
+    // read_some.
+    bool wanted = true;
+    UpstreamError err = take_buffered(out, kWholeBodyRead, wanted);
     if (!err && wanted)
-      err = co_await read_some(out, 64 * 1024);
+      err = co_await read_some(out, kWholeBodyRead);
     if (err)
       co_return err;
-    if (out.size() > limit) {
-      co_return UpstreamError{UpstreamFailure::too_large,
-                              "response body from " + pool_.instance()->spec.url + " exceeds " +
-                                  std::to_string(limit) + " bytes"};
-    }
+    if (out.size() > limit)
+      co_return over_limit(limit);
   }
   co_return UpstreamError{};
 }

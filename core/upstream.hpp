@@ -223,6 +223,15 @@ class UpstreamExchange {
 
   // Reads the rest of the body into `out`, failing past `limit` bytes.
   net::awaitable<UpstreamError> read_all(std::string& out, std::size_t limit);
+  // The same without a coroutine frame when the buffer holds the rest of
+  // the body (a small answer comes with its header): nullopt, and `err`
+  // tells how it ended. Otherwise the read_all that reads the rest.
+  //
+  //   UpstreamError err;
+  //   if (auto rest = ex->read_all(out, limit, err))
+  //     err = co_await std::move(*rest);
+  std::optional<net::awaitable<UpstreamError>> read_all(std::string& out, std::size_t limit,
+                                                        UpstreamError& err);
   // Between a stream's events: gives back the connection buffer's free
   // room, so a stream idling for minutes holds none (the next read
   // allocates it once bytes are there).
@@ -256,6 +265,14 @@ class UpstreamExchange {
   // body). `wanted`: the parser needs bytes the buffer does not hold (it
   // gave none); then the caller reads and calls again.
   UpstreamError parse_into(std::string& out, std::size_t max, bool& wanted);
+  UpstreamError over_limit(std::size_t limit) const;
+  // The read of a header's bytes on a plain connection that the last read
+  // emptied (see fill), in two halves so that start() awaits it without
+  // fill's frame.
+  bool reads_header_directly() const;
+  net::awaitable<std::tuple<beast::error_code, std::size_t>> header_read(std::size_t room);
+  beast::error_code after_header_read(const std::tuple<beast::error_code, std::size_t>& r,
+                                      std::size_t room);
   // Feeds the buffered bytes to the parser (into the body buffer it was
   // given); returns the parser's verdict (need_more: it wants more bytes).
   beast::error_code parse_buffered();
