@@ -116,33 +116,13 @@ bool valid_chunk_extension(std::string_view s) {
 }
 
 // Reads one header or trailer field line starting at `at` in `s` (the
-// caller knows a CRLF-terminated line is there) in one pass: `token ":"
-// OWS value OWS CRLF`, the value of value characters only. Returns the
-// offset after its CRLF, or npos if the line is malformed (a bare CR or LF,
-// an obs-fold, a name that is no token, a control character).
+// caller knows a CRLF-terminated line is there): see read_field_line.
+// Returns the offset after its CRLF, or npos if the line is malformed.
 std::size_t read_field(std::string_view s, std::size_t at, std::string_view& name,
                        std::string_view& value) {
-  const char* const base = s.data();
-  const char* const end = base + s.size();
-  const char* p = base + at;
-  const char* const name_begin = p;
-  while (p != end && is_tchar(*p))
-    ++p;
-  if (p == name_begin || p == end || *p != ':')
-    return std::string_view::npos;
-  name = std::string_view(name_begin, static_cast<std::size_t>(p - name_begin));
-  ++p;
-  while (p != end && (*p == ' ' || *p == '\t'))
-    ++p;
-  const char* const value_begin = p;
-  p = skip_value_chars(p, end);
-  const char* value_end = p;
-  while (value_end != value_begin && (value_end[-1] == ' ' || value_end[-1] == '\t'))
-    --value_end;
-  if (end - p < 2 || p[0] != '\r' || p[1] != '\n')
-    return std::string_view::npos;
-  value = std::string_view(value_begin, static_cast<std::size_t>(value_end - value_begin));
-  return static_cast<std::size_t>(p + 2 - base);
+  const char* const next =
+      http_tokens::read_field_line(s.data() + at, s.data() + s.size(), name, value);
+  return next == nullptr ? std::string_view::npos : static_cast<std::size_t>(next - s.data());
 }
 
 }  // namespace

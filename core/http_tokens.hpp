@@ -37,17 +37,26 @@ constexpr bool is_value_char(char c) {
 
 // The first byte from `p` on that is no field-value character (a control
 // character other than HTAB, or DEL), or `end`. Sixteen bytes at a time
-// where SSE2 is there: an engine's header is mostly field values.
+// where SSE2 is there: an engine's header is mostly field values. With
+// `kObsText` false, bytes from 0x80 up stop it too (printable ASCII, SP
+// and HTAB only).
+template <bool kObsText = true>
 inline const char* skip_value_chars(const char* p, const char* end) {
 #if defined(__SSE2__)
-  const __m128i below_space = _mm_set1_epi8(0x1f);
   const __m128i tab = _mm_set1_epi8('\t');
   const __m128i del = _mm_set1_epi8(0x7f);
   while (end - p >= 16) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    // Unsigned v <= 0x1f exactly where min(v, 0x1f) == v.
-    const __m128i control =
-        _mm_andnot_si128(_mm_cmpeq_epi8(v, tab), _mm_cmpeq_epi8(_mm_min_epu8(v, below_space), v));
+    __m128i control;
+    if constexpr (kObsText) {
+      // Unsigned v <= 0x1f exactly where min(v, 0x1f) == v.
+      const __m128i below_space = _mm_set1_epi8(0x1f);
+      control = _mm_cmpeq_epi8(_mm_min_epu8(v, below_space), v);
+    } else {
+      // Signed, bytes from 0x80 up are negative: below SP with the controls.
+      control = _mm_cmplt_epi8(v, _mm_set1_epi8(0x20));
+    }
+    control = _mm_andnot_si128(_mm_cmpeq_epi8(v, tab), control);
     const auto stop =
         static_cast<unsigned>(_mm_movemask_epi8(_mm_or_si128(control, _mm_cmpeq_epi8(v, del))));
     if (stop != 0)
@@ -55,9 +64,37 @@ inline const char* skip_value_chars(const char* p, const char* end) {
     p += 16;
   }
 #endif
-  while (p != end && is_value_char(*p))
+  while (p != end && is_value_char(*p) && (kObsText || static_cast<unsigned char>(*p) < 0x80))
     ++p;
   return p;
+}
+
+// Reads one header or trailer field line starting at `p`, before `end`,
+// in one pass: `token ":" OWS value OWS CRLF`, the value of value
+// characters only (see skip_value_chars for `kObsText`). Returns where
+// the next line starts, or nullptr if the line is malformed (a bare CR or
+// LF, an obs-fold, a name that is no token, a control character).
+template <bool kObsText = true>
+inline const char* read_field_line(const char* p, const char* end, std::string_view& name,
+                                   std::string_view& value) {
+  const char* const name_begin = p;
+  while (p != end && is_tchar(*p))
+    ++p;
+  if (p == name_begin || p == end || *p != ':')
+    return nullptr;
+  name = std::string_view(name_begin, static_cast<std::size_t>(p - name_begin));
+  ++p;
+  while (p != end && (*p == ' ' || *p == '\t'))
+    ++p;
+  const char* const value_begin = p;
+  p = skip_value_chars<kObsText>(p, end);
+  const char* value_end = p;
+  while (value_end != value_begin && (value_end[-1] == ' ' || value_end[-1] == '\t'))
+    --value_end;
+  if (end - p < 2 || p[0] != '\r' || p[1] != '\n')
+    return nullptr;
+  value = std::string_view(value_begin, static_cast<std::size_t>(value_end - value_begin));
+  return p + 2;
 }
 
 constexpr bool is_token(std::string_view s) {

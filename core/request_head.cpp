@@ -2,10 +2,6 @@
 
 #include <array>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
@@ -29,32 +25,9 @@ struct FieldView {
   std::string_view value;
 };
 
-// Printable ASCII: what a plain field value or target holds.
+// Printable ASCII: what a plain request target holds.
 constexpr bool is_visible(char c) {
   return c > 0x20 && c < 0x7f;
-}
-
-// The first byte from `p` on that is neither printable ASCII nor SP nor
-// HTAB, or `end`; sixteen bytes at a time where SSE2 is there.
-const char* skip_plain_value(const char* p, const char* end) {
-#if defined(__SSE2__)
-  const __m128i space = _mm_set1_epi8(0x20);
-  const __m128i tab = _mm_set1_epi8('\t');
-  const __m128i del = _mm_set1_epi8(0x7f);
-  while (end - p >= 16) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    // Signed, bytes from 0x80 up are negative: below SP with the controls.
-    const __m128i low = _mm_andnot_si128(_mm_cmpeq_epi8(v, tab), _mm_cmplt_epi8(v, space));
-    const auto stop =
-        static_cast<unsigned>(_mm_movemask_epi8(_mm_or_si128(low, _mm_cmpeq_epi8(v, del))));
-    if (stop != 0)
-      return p + __builtin_ctz(stop);
-    p += 16;
-  }
-#endif
-  while (p != end && (is_visible(*p) || *p == ' ' || *p == '\t'))
-    ++p;
-  return p;
 }
 
 // Whether a Connection value is a list of tokens (empty items allowed,
@@ -135,27 +108,13 @@ std::optional<PlainRequestHead> parse_plain_request_head(std::string_view bytes,
   while (p != last) {
     if (count == kMaxPlainFields)
       return std::nullopt;
-    const char* const name_begin = p;
-    while (is_tchar(*p))
-      ++p;
-    if (p == name_begin || *p != ':')
-      return std::nullopt;
+    // A value byte outside printable ASCII, or a CRLF followed by SP or
+    // HTAB (obs-fold: the next line then starts with no token), and the
+    // header goes to Beast.
     FieldView& f = fields[count++];
-    f.name_string = std::string_view(name_begin, static_cast<std::size_t>(p - name_begin));
-    ++p;
-    while (*p == ' ' || *p == '\t')
-      ++p;
-    const char* const value_begin = p;
-    p = skip_plain_value(p, last);
-    const char* value_end = p;
-    while (value_end != value_begin && (value_end[-1] == ' ' || value_end[-1] == '\t'))
-      --value_end;
-    // A CRLF followed by SP or HTAB would be obs-fold: the next line then
-    // does not start with a token, and the header goes to Beast.
-    if (p[0] != '\r' || p[1] != '\n')
+    p = http_tokens::read_field_line<false>(p, last, f.name_string, f.value);
+    if (p == nullptr)
       return std::nullopt;
-    p += 2;
-    f.value = std::string_view(value_begin, static_cast<std::size_t>(value_end - value_begin));
     f.name = http::string_to_field(f.name_string);
     switch (f.name) {
       case http::field::content_length:
