@@ -18,13 +18,13 @@ namespace http = boost::beast::http;
 
 constexpr RequestHeadLimits kLimits{8192, 1 << 20};
 
-struct Parsed {
+struct PlainParse {
   std::optional<PlainRequestHead> head;
   http::request<http::string_body> req;
 };
 
-Parsed parse(std::string_view bytes, RequestHeadLimits limits = kLimits) {
-  Parsed p;
+PlainParse parse_head(std::string_view bytes, RequestHeadLimits limits = kLimits) {
+  PlainParse p;
   p.head = parse_plain_request_head(bytes, limits, p.req);
   return p;
 }
@@ -38,7 +38,7 @@ TEST(RequestHead, ReadsAPlainPostIntoTheMessage) {
       "Connection: keep-alive, , Foo\r\n"
       "Content-Length: 17\r\n"
       "\r\n";
-  const Parsed p = parse(head + "{\"model\":\"m\"}xxxxNEXT");
+  const PlainParse p = parse_head(head + "{\"model\":\"m\"}xxxxNEXT");
   ASSERT_TRUE(p.head);
   EXPECT_EQ(p.head->size, head.size());
   EXPECT_EQ(p.head->content_length, 17u);
@@ -61,7 +61,7 @@ TEST(RequestHead, ReadsAPlainPostIntoTheMessage) {
 }
 
 TEST(RequestHead, NoContentLengthIsAnEmptyBody) {
-  const Parsed p = parse("GET /metrics HTTP/1.0\r\nConnection: close\r\n\r\n");
+  const PlainParse p = parse_head("GET /metrics HTTP/1.0\r\nConnection: close\r\n\r\n");
   ASSERT_TRUE(p.head);
   EXPECT_EQ(p.head->content_length, 0u);
   EXPECT_EQ(p.req.method(), http::verb::get);
@@ -90,7 +90,7 @@ TEST(RequestHead, LeavesEveryOtherHeaderToBeast) {
       "BREW /pot HTTP/1.1\r\n\r\n",  // a method Beast has no enum for
   };
   for (const auto& bytes : others) {
-    const Parsed p = parse(bytes);
+    const PlainParse p = parse_head(bytes);
     EXPECT_FALSE(p.head) << bytes;
     EXPECT_TRUE(p.req.target().empty()) << bytes;
     EXPECT_EQ(p.req.begin(), p.req.end()) << bytes;
@@ -99,16 +99,16 @@ TEST(RequestHead, LeavesEveryOtherHeaderToBeast) {
 
 TEST(RequestHead, LeavesHeadersAndBodiesOverTheLimitsToBeast) {
   const std::string head = "POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\n";
-  EXPECT_TRUE(parse(head, {head.size() + 1, 100}).head);
+  EXPECT_TRUE(parse_head(head, {head.size() + 1, 100}).head);
   // Beast words the refusals (431, 413).
-  EXPECT_FALSE(parse(head, {head.size(), 100}).head);
-  EXPECT_FALSE(parse(head, {head.size() + 1, 99}).head);
+  EXPECT_FALSE(parse_head(head, {head.size(), 100}).head);
+  EXPECT_FALSE(parse_head(head, {head.size() + 1, 99}).head);
   // More fields than the fast path lists.
   std::string many = "GET / HTTP/1.1\r\n";
   for (int i = 0; i < 65; ++i)
     many += "X-F" + std::to_string(i) + ": v\r\n";
   many += "\r\n";
-  EXPECT_FALSE(parse(many).head);
+  EXPECT_FALSE(parse_head(many).head);
 }
 
 }  // namespace
