@@ -13,6 +13,7 @@ namespace pdgate {
 namespace {
 
 using http_error = boost::beast::http::error;
+using http_tokens::for_each_token;
 using http_tokens::is_tchar;
 using http_tokens::is_token;
 using http_tokens::is_value_char;
@@ -38,26 +39,6 @@ bool iequals(std::string_view a, std::string_view lower) {
   for (; i < a.size(); ++i) {
     if (static_cast<char>(a[i] | 0x20) != lower[i])
       return false;
-  }
-  return true;
-}
-
-// Calls `f(item)` for each item of a comma-separated list (empty items,
-// as "a,,b" has, are skipped, as RFC 9110 5.6.1 asks); false if an item
-// is not a token.
-template <class F>
-bool for_each_token(std::string_view list, F&& f) {
-  while (!list.empty()) {
-    const std::size_t comma = list.find(',');
-    const std::string_view item = trim_ows(list.substr(0, comma));
-    if (!item.empty()) {
-      if (!is_token(item))
-        return false;
-      f(item);
-    }
-    if (comma == std::string_view::npos)
-      break;
-    list.remove_prefix(comma + 1);
   }
   return true;
 }
@@ -340,20 +321,13 @@ bool EngineResponseParser::on_field(std::string_view name, std::string_view valu
         return true;
       // One decimal number, one field: lists and repeats (which Beast
       // takes when they agree) are refused with the conflicting cases.
-      if (has_length_ || has_encoding_ || value.empty() || value.size() > 19) {
+      const auto n = http_tokens::decimal_length(value);
+      if (has_length_ || has_encoding_ || !n) {
         ec = http_error::bad_content_length;
         return false;
       }
-      std::uint64_t n = 0;
-      for (const char c : value) {
-        if (c < '0' || c > '9') {
-          ec = http_error::bad_content_length;
-          return false;
-        }
-        n = n * 10 + static_cast<std::uint64_t>(c - '0');
-      }
       has_length_ = true;
-      remaining_ = n;
+      remaining_ = *n;
       return true;
     }
     case 17: {  // Transfer-Encoding

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
+#include <optional>
 #include <string_view>
 
 #if defined(__SSE2__)
@@ -114,6 +116,40 @@ constexpr std::string_view trim_ows(std::string_view s) {
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
     s.remove_suffix(1);
   return s;
+}
+
+// Calls `f(item)` for each item of a comma-separated list (empty items,
+// as "a,,b" has, are skipped, as RFC 9110 5.6.1 asks); false if an item
+// is not a token.
+template <class F>
+bool for_each_token(std::string_view list, F&& f) {
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    const std::string_view item = trim_ows(list.substr(0, comma));
+    if (!item.empty()) {
+      if (!is_token(item))
+        return false;
+      f(item);
+    }
+    if (comma == std::string_view::npos)
+      break;
+    list.remove_prefix(comma + 1);
+  }
+  return true;
+}
+
+// A Content-Length value as one decimal number of 1 to 19 digits (so it
+// cannot overflow); nullopt for anything else, a list ("5, 5") included.
+constexpr std::optional<std::uint64_t> decimal_length(std::string_view v) {
+  if (v.empty() || v.size() > 19)
+    return std::nullopt;
+  std::uint64_t n = 0;
+  for (const char c : v) {
+    if (c < '0' || c > '9')
+      return std::nullopt;
+    n = n * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  return n;
 }
 
 }  // namespace pdgate::http_tokens

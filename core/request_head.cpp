@@ -30,39 +30,6 @@ constexpr bool is_visible(char c) {
   return c > 0x20 && c < 0x7f;
 }
 
-// Whether a Connection value is a list of tokens (empty items allowed,
-// as Beast allows them) that Beast's validation accepts.
-bool plain_token_list(std::string_view v) {
-  std::size_t i = 0;
-  while (i < v.size()) {
-    while (i < v.size() && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
-      ++i;
-    const std::size_t start = i;
-    while (i < v.size() && is_tchar(v[i]))
-      ++i;
-    if (i == start)
-      return i == v.size();
-    while (i < v.size() && (v[i] == ' ' || v[i] == '\t'))
-      ++i;
-    if (i < v.size() && v[i] != ',')
-      return false;
-  }
-  return true;
-}
-
-// A Content-Length of 1 to 19 digits (no list: "5, 5" goes to Beast).
-std::optional<std::uint64_t> plain_length(std::string_view v) {
-  if (v.empty() || v.size() > 19)
-    return std::nullopt;
-  std::uint64_t n = 0;
-  for (const char c : v) {
-    if (c < '0' || c > '9')
-      return std::nullopt;
-    n = n * 10 + static_cast<std::uint64_t>(c - '0');
-  }
-  return n;
-}
-
 }  // namespace
 
 std::optional<PlainRequestHead> parse_plain_request_head(std::string_view bytes,
@@ -119,14 +86,15 @@ std::optional<PlainRequestHead> parse_plain_request_head(std::string_view bytes,
     switch (f.name) {
       case http::field::content_length:
         if (length)
-          return std::nullopt;  // a repeat: Beast compares the values
-        length = plain_length(f.value);
+          return std::nullopt;                          // a repeat: Beast compares the values
+        length = http_tokens::decimal_length(f.value);  // no list: "5, 5" goes to Beast
         if (!length || *length > limits.body_bytes)
           return std::nullopt;
         break;
       case http::field::connection:
       case http::field::proxy_connection:
-        if (!plain_token_list(f.value))
+        // Tokens, empty items allowed (as Beast allows them).
+        if (!http_tokens::for_each_token(f.value, [](std::string_view) {}))
           return std::nullopt;
         break;
       case http::field::transfer_encoding:

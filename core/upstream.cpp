@@ -541,12 +541,7 @@ std::optional<net::awaitable<UpstreamError>> UpstreamExchange::read_all(std::str
 
 net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::size_t limit) {
   while (!parser_.is_done()) {
-    // Bytes already buffered are parsed here, without the frame of a
-    // read_some.
-    bool wanted = true;
-    UpstreamError err = take_buffered(out, kWholeBodyRead, wanted);
-    if (!err && wanted)
-      err = co_await read_some(out, kWholeBodyRead);
+    auto err = co_await read_some(out, kWholeBodyRead);
     if (err)
       co_return err;
     if (out.size() > limit)

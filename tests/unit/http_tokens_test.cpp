@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace pdgate::http_tokens {
 namespace {
@@ -45,6 +47,31 @@ TEST(HttpTokens, ValueScanKeepsTabsAndObsText) {
             "text/plain;\tq=1 \xff\xfe tail");
   const std::string_view del = "abcdefghijklmnopqrstuvw\x7fxyz";
   EXPECT_EQ(skip_value_chars(del.data(), del.data() + del.size()) - del.data(), 23);
+}
+
+// The ASCII-only scan (plain client headers) stops at obs-text, in the
+// SIMD part and in the tail alike.
+TEST(HttpTokens, AsciiValueScanStopsAtObsText) {
+  const std::string_view line = "text/plain;\tq=1 and more \xff tail\r\n";
+  const char* stop = skip_value_chars<false>(line.data(), line.data() + line.size());
+  EXPECT_EQ(std::string_view(line.data(), static_cast<std::size_t>(stop - line.data())),
+            "text/plain;\tq=1 and more ");
+  const std::string_view tail = "ab\xc3";
+  EXPECT_EQ(skip_value_chars<false>(tail.data(), tail.data() + tail.size()) - tail.data(), 2);
+}
+
+TEST(HttpTokens, TokenListsAndDecimalLengths) {
+  std::vector<std::string> items;
+  EXPECT_TRUE(for_each_token(" keep-alive, ,Upgrade\t",
+                             [&](std::string_view t) { items.emplace_back(t); }));
+  EXPECT_EQ(items, (std::vector<std::string>{"keep-alive", "Upgrade"}));
+  EXPECT_FALSE(for_each_token("a b", [](std::string_view) {}));
+  EXPECT_FALSE(for_each_token("a;b", [](std::string_view) {}));
+
+  EXPECT_EQ(decimal_length("0"), 0u);
+  EXPECT_EQ(decimal_length("9999999999999999999"), 9999999999999999999ull);  // 19 digits
+  for (const std::string_view bad : {"", "12345678901234567890", "5, 5", "+5", "-1", " 5", "0x1"})
+    EXPECT_FALSE(decimal_length(bad)) << bad;
 }
 
 }  // namespace
