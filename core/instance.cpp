@@ -232,6 +232,25 @@ std::shared_ptr<const InstanceSet> Registry::snapshot() const {
   return set_;
 }
 
+InstanceSet& Registry::writable_locked(std::shared_ptr<const InstanceSet>& replaced) {
+  // A reader takes the set only through snapshot(), under mu_, which the
+  // caller holds: when the registry's is the only reference, nobody can
+  // be reading the set or take it before the change is done, and the set
+  // is changed in place. So a run of adds with no request in flight (an
+  // instance list registered at start, or a bulk add through the admin
+  // API) costs each add its own work, not a copy of every instance list;
+  // with readers, an add still copies the lists it changes with the rest.
+  if (set_.use_count() == 1) {
+    // The readers' last releases of the set (acquire-release decrements)
+    // happen before the writes below.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return *set_;
+  }
+  auto next = std::make_shared<InstanceSet>(*set_);
+  replaced = std::exchange(set_, std::move(next));
+  return *set_;
+}
+
 InstancePtr Registry::conflict_locked(Role role, const std::string& url) const {
   const auto it = by_url_.find(url);
   if (it == by_url_.end())
@@ -274,7 +293,7 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
   std::shared_ptr<const InstanceSet> replaced;
   {
     std::lock_guard lock(mu_);
-    std::shared_ptr<InstanceSet> next;
+    InstanceSet* next = nullptr;
     for (std::size_t k = 0; k < batch.size(); ++k) {
       auto& b = batch[k];
       if (auto i = conflict_locked(b.spec.role, b.spec.url)) {
@@ -284,16 +303,14 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
                                    to_string(i->state()) + ")"};
         continue;
       }
-      // One copy of the set for the whole batch, not one per instance.
+      // At most one copy of the set for the whole batch.
       if (!next)
-        next = std::make_shared<InstanceSet>(*set_);
+        next = &writable_locked(replaced);
       auto inst = std::make_shared<Instance>(next_id_++, b.spec, std::move(b.labels), b.weight);
       add_to_lists(*next, inst);
       by_url_[inst->spec.url].push_back(inst);
       out[k].instance = std::move(inst);
     }
-    if (next)
-      replaced = std::exchange(set_, std::move(next));
   }
   for (const auto& o : out) {
     if (!o.instance)
@@ -316,11 +333,10 @@ RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify)
     if (then_remove)
       inst->remove_when_idle.store(true);
     if (!inst->draining.exchange(true)) {
-      auto next = std::make_shared<InstanceSet>(*set_);
-      for (auto* list : {&next->prefill, &next->decode, &next->encode})
+      auto& next = writable_locked(replaced);
+      for (auto* list : {&next.prefill, &next.decode, &next.encode})
         std::erase(*list, inst);
-      next->draining.push_back(inst);
-      replaced = std::exchange(set_, std::move(next));
+      next.draining.push_back(inst);
       inst->record(true, "draining");
     }
   }
@@ -356,11 +372,10 @@ RegistryOutcome Registry::undrain(std::uint64_t id, bool notify) {
     }
     if (!inst->draining.load())
       return {std::nullopt, std::move(inst)};
-    auto next = std::make_shared<InstanceSet>(*set_);
-    std::erase(next->draining, inst);
+    auto& next = writable_locked(replaced);
+    std::erase(next.draining, inst);
     inst->draining.store(false);
-    add_to_lists(*next, inst, /*with_id=*/false);
-    replaced = std::exchange(set_, std::move(next));
+    add_to_lists(next, inst, /*with_id=*/false);
     inst->record(true, "undrained");
   }
   if (notify && on_change)
@@ -401,10 +416,10 @@ std::size_t Registry::forget_idle() {
   auto is_gone = [&](const InstancePtr& i) {
     return std::binary_search(gone.begin(), gone.end(), i, by_id);
   };
-  auto next = std::make_shared<InstanceSet>(*set_);
-  std::erase_if(next->draining, is_gone);
-  std::erase_if(next->by_id, is_gone);
-  std::erase_if(next->named, is_gone);
+  auto& next = writable_locked(replaced);
+  std::erase_if(next.draining, is_gone);
+  std::erase_if(next.by_id, is_gone);
+  std::erase_if(next.named, is_gone);
   for (const auto& i : gone) {
     auto it = by_url_.find(i->spec.url);
     if (it == by_url_.end())
@@ -413,7 +428,6 @@ std::size_t Registry::forget_idle() {
     if (it->second.empty())
       by_url_.erase(it);
   }
-  replaced = std::exchange(set_, std::move(next));
   return gone.size();
 }
 

@@ -267,9 +267,15 @@ class Registry {
 
  private:
   InstancePtr conflict_locked(Role role, const std::string& url) const;
+  // The set a change under mu_ is made to: the published set itself when
+  // no reader holds it, else a copy published in its place (the one it
+  // replaces is moved to `replaced`, to be released after the lock).
+  InstanceSet& writable_locked(std::shared_ptr<const InstanceSet>& replaced);
 
   mutable std::mutex mu_;
-  std::shared_ptr<const InstanceSet> set_;
+  // Published to readers as const; changed in place only by
+  // writable_locked().
+  std::shared_ptr<InstanceSet> set_;
   // URL -> the instances registered with it (at most one per role), under
   // mu_: duplicate checks and lookups by URL without scanning the set.
   std::unordered_map<std::string, std::vector<InstancePtr>> by_url_;

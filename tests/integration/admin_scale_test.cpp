@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -84,7 +85,9 @@ std::vector<std::string> loopback_urls(std::size_t n, std::uint16_t port) {
 // and when each was accepted.
 class ProbeSink {
  public:
-  explicit ProbeSink(bool answer) : answer_(answer) {
+  // `bound`: the most connections pdgate should hold open at once; a count
+  // above it is confirmed before it is believed (see settle_new_maximum).
+  explicit ProbeSink(bool answer, std::size_t bound = SIZE_MAX) : answer_(answer), bound_(bound) {
     listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -136,6 +139,29 @@ class ProbeSink {
     close(fd);
     open_fds_.erase(std::find(open_fds_.begin(), open_fds_.end(), fd));
     --open_;
+  }
+
+  // A new maximum: first forget connections whose close this thread has
+  // not seen yet, so the count is what pdgate holds. pdgate closes a
+  // probe's connection before it opens the next, but on a loaded machine
+  // the kernel may hand the sink the new connection before the old one's
+  // FIN: loopback packets wait in per-CPU queues, and the close and the
+  // connect can be queued on different CPUs. So a maximum still above
+  // the last one is confirmed only after the queues have had 20 ms to
+  // drain (once seen as 33 against a bound of 32 in a loaded suite run).
+  // Only counts above the bound wait: the accept times stay true.
+  void settle_new_maximum() {
+    for (int attempt = 0;; ++attempt) {
+      const auto open_fds = open_fds_;
+      for (int fd : open_fds) {
+        if (peer_closed(fd))
+          drop(fd);
+      }
+      if (open_.load() <= std::max(max_open_.load(), bound_) || attempt == 4)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    max_open_ = std::max(max_open_.load(), open_.load());
   }
 
   // Whether the peer of `fd` has closed it (its FIN is queued).
@@ -200,21 +226,14 @@ class ProbeSink {
         epoll_ctl(epoll_, EPOLL_CTL_ADD, c, &ev);
         open_fds_.push_back(c);
         ++open_;
-        if (open_.load() > max_open_.load()) {
-          // A new maximum: first forget connections whose close this
-          // thread has not seen yet, so the count is what pdgate holds.
-          const auto open_fds = open_fds_;
-          for (int fd : open_fds) {
-            if (peer_closed(fd))
-              drop(fd);
-          }
-          max_open_ = std::max(max_open_.load(), open_.load());
-        }
+        if (open_.load() > max_open_.load())
+          settle_new_maximum();
       }
     }
   }
 
   bool answer_;
+  std::size_t bound_;
   int listener_ = -1;
   int epoll_ = -1;
   std::uint16_t port_ = 0;
@@ -280,12 +299,15 @@ TEST(AdminScale, TenThousandAddsComplete) {
   const double first = sum(took, 0, 1000), last = sum(took, 9000, 10000);
   std::cout << "[ measured ] 10,000 adds: " << total << " s; first 1,000: " << first
             << " s, last 1,000: " << last << " s\n";
-  // The bounds are the issue's, for the normal build. An add still costs
-  // O(n), though little: it publishes a copy of the instance lists (readers
-  // keep the old snapshot), measured 0.15 s for the first thousand and 0.5 s
-  // for the last. ASan+UBSan make that copy (one atomic increment per
-  // instance) relatively dearer: 0.42 s and 2.1 s, so every bound, the
-  // ratio included, is looser there.
+  // The bounds are the issue's, for the normal build. With no request in
+  // flight, nobody holds the instance set and an add changes it in place.
+  // It used to publish a copy of every instance list per add, which made
+  // the last thousand cost 0.55 s against 0.15 s for the first in the
+  // normal build, and 9.6 s against 1.3 s under ASan+UBSan (15.9 s in a
+  // loaded CI run, over the bounds below). Measured since: 0.25 s and 0.40
+  // s (normal), 0.80 s and 0.78 s (ASan). The health checks and scrapes
+  // of more instances still cost more as they accumulate; the sanitized
+  // build's bounds are looser for those.
 #ifdef PDGATE_SANITIZED
   constexpr double kSlower = 3.0;
 #else
@@ -309,7 +331,7 @@ TEST(AdminScale, TenThousandAddsComplete) {
 TEST(AdminScale, HealthChecksHoldAtMostTheBound) {
   raise_fd_limit();
   Sim p("prefill"), d("decode");
-  ProbeSink hung(false);
+  ProbeSink hung(false, 32);
   auto args = quiet_gateway_args(p, d);
   args.insert(args.end(), {"--health-interval", "1s", "--health-max-concurrency", "32",
                            "--metrics-interval", "off"});
@@ -331,7 +353,7 @@ TEST(AdminScale, HealthChecksHoldAtMostTheBound) {
 TEST(AdminScale, MetricsScrapesHoldAtMostTheBound) {
   raise_fd_limit();
   Sim p("prefill"), d("decode");
-  ProbeSink hung(false);
+  ProbeSink hung(false, 32);
   auto args = quiet_gateway_args(p, d);
   args.insert(args.end(), {"--health-interval", "off", "--health-max-concurrency", "32",
                            "--metrics-interval", "1s"});

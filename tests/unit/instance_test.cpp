@@ -185,6 +185,41 @@ TEST(Registry, AddFindAndDuplicates) {
   EXPECT_EQ(r.find(Role::decode, added.instance->spec.url), added.instance);
 }
 
+// A reader's snapshot never changes under it: a change made while one is
+// held publishes a new set. With no snapshot held, adds, drains, undrains
+// and removals change the published set in place (no copy of every list
+// per add), and the next snapshot sees each change.
+TEST(Registry, ChangesCopyTheSetOnlyWhileAReaderHoldsIt) {
+  Registry r(two_and_one());
+  auto held = r.snapshot();
+  const InstanceSet* before = held.get();
+  ASSERT_FALSE(r.add(spec(Role::decode, "127.0.0.1:8201")).error);
+  EXPECT_EQ(held->decode.size(), 1u) << "the held snapshot changed under its reader";
+  EXPECT_EQ(held->by_id.size(), 3u);
+  const InstanceSet* copied = r.snapshot().get();
+  EXPECT_NE(copied, before);
+  held.reset();
+
+  ASSERT_FALSE(r.add(spec(Role::decode, "127.0.0.1:8202")).error);
+  ASSERT_FALSE(r.drain(1, false).error);
+  ASSERT_FALSE(r.undrain(1).error);
+  ASSERT_FALSE(r.drain(2, true).error);  // idle: forgotten at once
+  auto set = r.snapshot();
+  EXPECT_EQ(set.get(), copied) << "changes with no reader copied the set";
+  EXPECT_EQ(set->decode.size(), 3u);
+  ASSERT_EQ(set->prefill.size(), 1u);
+  EXPECT_EQ(set->prefill[0]->id, 1u);
+  EXPECT_TRUE(set->draining.empty());
+  EXPECT_EQ(set->find(2), nullptr);
+  EXPECT_EQ(set->by_id.size(), 4u);
+
+  // Held again: the next change copies, and the holder keeps its view.
+  ASSERT_FALSE(r.drain(3, false).error);
+  EXPECT_EQ(set->draining.size(), 0u);
+  EXPECT_EQ(r.snapshot()->draining.size(), 1u);
+  EXPECT_NE(r.snapshot().get(), set.get());
+}
+
 // Draining takes an instance out of the candidates but keeps it listed;
 // removal waits for its last request; the outcome names the instance even
 // when it was forgotten at once (the admin API's drain crash).
