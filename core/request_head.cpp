@@ -85,9 +85,11 @@ std::optional<PlainRequestHead> parse_plain_request_head(std::string_view bytes,
     f.name = http::string_to_field(f.name_string);
     switch (f.name) {
       case http::field::content_length:
+        // A repeat or a list ("5, 5") goes to Beast, which compares the
+        // values.
         if (length)
-          return std::nullopt;                          // a repeat: Beast compares the values
-        length = http_tokens::decimal_length(f.value);  // no list: "5, 5" goes to Beast
+          return std::nullopt;
+        length = http_tokens::decimal_length(f.value);
         if (!length || *length > limits.body_bytes)
           return std::nullopt;
         break;

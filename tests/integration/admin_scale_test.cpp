@@ -146,10 +146,11 @@ class ProbeSink {
   // probe's connection before it opens the next, but on a loaded machine
   // the kernel may hand the sink the new connection before the old one's
   // FIN: loopback packets wait in per-CPU queues, and the close and the
-  // connect can be queued on different CPUs. So a maximum still above
-  // the last one is confirmed only after the queues have had 20 ms to
-  // drain (once seen as 33 against a bound of 32 in a loaded suite run).
-  // Only counts above the bound wait: the accept times stay true.
+  // connect can be queued on different CPUs. So a count above both the
+  // last maximum and the bound is confirmed only after the queues have had
+  // 20 ms to drain (once seen as 33 against a bound of 32 in a loaded
+  // suite run). Counts at or under the bound never wait, so the accept
+  // times stay true.
   void settle_new_maximum() {
     for (int attempt = 0;; ++attempt) {
       const auto open_fds = open_fds_;
