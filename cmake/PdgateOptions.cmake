@@ -35,7 +35,7 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   target_compile_options(pdgate_options INTERFACE
     $<$<BOOL:$<TARGET_PROPERTY:UNITY_BUILD>>:-Wno-subobject-linkage>)
 endif()
-# Asio and Beast are compiled once (core/asio_impl.cpp) rather than in every
+# Asio and Beast are compiled once (core/base/asio_impl.cpp) rather than in every
 # translation unit: this roughly halves build time on a 2-core machine.
 target_compile_definitions(pdgate_options INTERFACE
   BOOST_ASIO_SEPARATE_COMPILATION

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "core/base/json_body.hpp"
 #include "core/instance.hpp"
-#include "core/json_body.hpp"
 
 namespace pdgate {
 

@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/base/result.hpp"
 #include "core/request_record.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

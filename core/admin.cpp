@@ -16,13 +16,13 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/base/text.hpp"
+#include "core/base/use_tuple.hpp"
 #include "core/errors.hpp"
 #include "core/http_head.hpp"
 #include "core/instance_address.hpp"
 #include "core/maybe_tls_stream.hpp"
 #include "core/response_writer.hpp"
-#include "core/text.hpp"
-#include "core/use_tuple.hpp"
 
 namespace pdgate {
 

@@ -18,10 +18,10 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/base/result.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
-#include "core/result.hpp"
 #include "core/upstream_validator.hpp"
 
 namespace pdgate {

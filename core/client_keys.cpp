@@ -6,8 +6,8 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
-#include "core/sha256.hpp"
-#include "core/text.hpp"
+#include "core/base/sha256.hpp"
+#include "core/base/text.hpp"
 
 namespace pdgate {
 

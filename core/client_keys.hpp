@@ -28,8 +28,8 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
+#include "core/base/result.hpp"
 #include "core/client_key.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

@@ -10,13 +10,13 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
+#include "core/base/use_tuple.hpp"
 #include "core/errors.hpp"
 #include "core/http_body.hpp"
 #include "core/http_head.hpp"
 #include "core/request_framing.hpp"
 #include "core/request_head.hpp"
 #include "core/response_writer.hpp"
-#include "core/use_tuple.hpp"
 
 namespace pdgate {
 

@@ -17,9 +17,9 @@
 #include <system_error>
 #include <utility>
 
+#include "core/base/text.hpp"
+#include "core/base/url.hpp"
 #include "core/kv_events.hpp"
-#include "core/text.hpp"
-#include "core/url.hpp"
 
 namespace pdgate {
 namespace {

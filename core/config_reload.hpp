@@ -18,9 +18,9 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
+#include "core/base/result.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

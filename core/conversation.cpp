@@ -5,8 +5,8 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/json_body.hpp"
 #include "core/http_tokens.hpp"
-#include "core/json_body.hpp"
 
 namespace pdgate {
 

@@ -20,8 +20,8 @@
 #include <boost/beast/http/string_body.hpp>
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/base/json_body.hpp"
 #include "core/conversation_store.hpp"
-#include "core/json_body.hpp"
 #include "core/kv_params.hpp"
 #include "core/request_facts.hpp"
 #include "core/sse.hpp"

@@ -23,8 +23,8 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
-#include "core/result.hpp"
-#include "core/warn_limiter.hpp"
+#include "core/base/result.hpp"
+#include "core/base/warn_limiter.hpp"
 
 namespace pdgate {
 

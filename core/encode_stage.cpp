@@ -5,7 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/this_coro.hpp>
 
-#include "core/child_group.hpp"
+#include "core/base/child_group.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {

@@ -12,11 +12,11 @@
 
 #include <boost/asio/awaitable.hpp>
 
+#include "core/base/json_body.hpp"
+#include "core/base/result.hpp"
 #include "core/errors.hpp"
-#include "core/json_body.hpp"
 #include "core/request_context.hpp"
 #include "core/request_scope.hpp"
-#include "core/result.hpp"
 #include "core/stage.hpp"
 #include "core/worker.hpp"
 

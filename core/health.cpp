@@ -11,11 +11,11 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/base/use_tuple.hpp"
 #include "core/maybe_tls_stream.hpp"
 #include "core/probe_rounds.hpp"
 #include "core/tls_context.hpp"
 #include "core/upstream.hpp"
-#include "core/use_tuple.hpp"
 
 namespace pdgate {
 

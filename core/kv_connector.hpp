@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
+#include "core/base/json_body.hpp"
+#include "core/base/result.hpp"
 #include "core/config.hpp"
-#include "core/json_body.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 
@@ -29,7 +29,7 @@ class KvConnector {
 
   // The prefill's body; `kv_params_raw` is what the gateway asks the
   // prefill to do (NIXL's do_remote_decode), ignored by the others.
-  // Both bodies are slices of `body` plus small edits (core/json_body.hpp):
+  // Both bodies are slices of `body` plus small edits (core/base/json_body.hpp):
   // `body` must outlive them.
   virtual SplicedText prefill_body(std::string_view body, const JsonObjectIndex& index,
                                    std::string_view kv_params_raw) const = 0;

@@ -11,9 +11,9 @@
 #include <variant>
 #include <vector>
 
+#include "core/base/result.hpp"
 #include "core/config.hpp"
 #include "core/kv_location_index.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

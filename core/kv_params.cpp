@@ -1,6 +1,6 @@
 #include "core/kv_params.hpp"
 
-#include "core/json_body.hpp"
+#include "core/base/json_body.hpp"
 
 namespace pdgate {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/result.hpp"
+#include "core/base/result.hpp"
 
 namespace pdgate {
 

@@ -1,5 +1,5 @@
 #include "core/probe_rounds.hpp"
-#include "core/use_tuple.hpp"
+#include "core/base/use_tuple.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -9,8 +9,8 @@
 
 #include <boost/asio/any_io_executor.hpp>
 
+#include "core/base/result.hpp"
 #include "core/config.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

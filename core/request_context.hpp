@@ -17,9 +17,9 @@
 #include <boost/beast/http.hpp>
 #include "core/maybe_tls_stream.hpp"
 
+#include "core/base/json_body.hpp"
 #include "core/client_key.hpp"
 #include "core/conversation.hpp"
-#include "core/json_body.hpp"
 #include "core/kv_connector.hpp"
 #include "core/request_facts.hpp"
 #include "core/request_scope.hpp"

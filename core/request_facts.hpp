@@ -7,8 +7,8 @@
 #include <string>
 #include <string_view>
 
-#include "core/json_body.hpp"
-#include "core/result.hpp"
+#include "core/base/json_body.hpp"
+#include "core/base/result.hpp"
 
 namespace pdgate {
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/json_body.hpp"
+#include "core/base/json_body.hpp"
 
 namespace pdgate {
 

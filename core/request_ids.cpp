@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "core/hex.hpp"
+#include "core/base/hex.hpp"
 
 namespace pdgate {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/id_rng.hpp"
+#include "core/base/id_rng.hpp"
 
 namespace pdgate {
 

@@ -16,6 +16,7 @@
 #include <boost/asio/write.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/base/use_tuple.hpp"
 #include "core/cluster_ops.hpp"
 #include "core/config_reload.hpp"
 #include "core/conversation.hpp"
@@ -28,7 +29,6 @@
 #include "core/process_metrics.hpp"
 #include "core/prometheus.hpp"
 #include "core/request_framing.hpp"
-#include "core/use_tuple.hpp"
 
 namespace pdgate {
 

@@ -15,9 +15,9 @@
 #include <boost/beast/http.hpp>
 #include "core/maybe_tls_stream.hpp"
 
+#include "core/base/json_body.hpp"
 #include "core/errors.hpp"
 #include "core/instance.hpp"
-#include "core/json_body.hpp"
 #include "core/tracing.hpp"
 #include "core/upstream.hpp"
 #include "core/worker.hpp"

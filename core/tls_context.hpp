@@ -14,9 +14,9 @@
 #include <boost/asio/ssl/context.hpp>
 #include <boost/beast/core/error.hpp>
 
+#include "core/base/result.hpp"
 #include "core/config.hpp"
 #include "core/maybe_tls_stream.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

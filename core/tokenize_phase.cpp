@@ -4,7 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/json_body.hpp"
+#include "core/base/json_body.hpp"
 #include "core/stage.hpp"
 #include "core/tokenize_message.hpp"
 #include "core/upstream.hpp"

@@ -1,6 +1,6 @@
 #include "core/trace_context.hpp"
 
-#include "core/hex.hpp"
+#include "core/base/hex.hpp"
 
 #include <cstring>
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/id_rng.hpp"
+#include "core/base/id_rng.hpp"
 
 namespace pdgate {
 

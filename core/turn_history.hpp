@@ -18,8 +18,8 @@
 #include <string>
 #include <string_view>
 
-#include "core/json_body.hpp"
-#include "core/sha256.hpp"
+#include "core/base/json_body.hpp"
+#include "core/base/sha256.hpp"
 
 namespace pdgate {
 

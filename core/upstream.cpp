@@ -5,9 +5,9 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "core/base/use_tuple.hpp"
 #include "core/http_head.hpp"
 #include "core/tls_context.hpp"
-#include "core/use_tuple.hpp"
 
 namespace pdgate {
 

@@ -186,7 +186,7 @@ class UpstreamExchange {
   // The same with the request's head already rendered (request line,
   // fields, empty line: core/stage.hpp upstream_head) and the body given as
   // a buffer sequence (slices of the client's body and edited fragments,
-  // core/json_body.hpp), written in one gathering write: a large body is
+  // core/base/json_body.hpp), written in one gathering write: a large body is
   // never copied. `head` must carry the body's Content-Length; its bytes
   // and the buffers' must stay valid until this completes.
   static net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamExchange>>> start(

@@ -13,10 +13,10 @@
 #include <boost/beast/core/error.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/base/text.hpp"
+#include "core/base/use_tuple.hpp"
 #include "core/health.hpp"
-#include "core/text.hpp"
 #include "core/upstream.hpp"
-#include "core/use_tuple.hpp"
 
 namespace pdgate {
 

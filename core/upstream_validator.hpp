@@ -15,10 +15,10 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/address.hpp>
 
+#include "core/base/result.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

@@ -4,8 +4,8 @@
 
 #include <memory>
 
+#include "core/base/result.hpp"
 #include "core/conversation_store.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

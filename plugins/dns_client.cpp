@@ -1,5 +1,5 @@
 #include "plugins/dns_client.hpp"
-#include "core/use_tuple.hpp"
+#include "core/base/use_tuple.hpp"
 
 #include <array>
 #include <random>

@@ -16,7 +16,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
-#include "core/result.hpp"
+#include "core/base/result.hpp"
 #include "plugins/dns_message.hpp"
 
 namespace pdgate {

@@ -2,14 +2,14 @@
 // exactly as vLLM's proxies build them: a prefill copy that computes one
 // token (and, with NIXL, exports its KV blocks), a decode copy (that, with
 // NIXL, imports them), the one-hop copy. Bodies are edited in place
-// (core/json_body.hpp), never re-serialized.
+// (core/base/json_body.hpp), never re-serialized.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "core/json_body.hpp"
+#include "core/base/json_body.hpp"
 #include "core/kv_params.hpp"
 
 namespace pdgate {
@@ -32,7 +32,7 @@ std::string make_decode_body(std::string_view body, const JsonObjectIndex& index
 std::string make_passthrough_body(std::string_view body, const JsonObjectIndex& index);
 
 // The same three bodies as slices of the client's `body` plus the edited
-// fragments (core/json_body.hpp), for sending without copying the prompt.
+// fragments (core/base/json_body.hpp), for sending without copying the prompt.
 // `body` must outlive the result. Concatenated, each is byte for byte what
 // the make_* function above returns.
 SplicedText splice_prefill_body(std::string_view body, const JsonObjectIndex& index,

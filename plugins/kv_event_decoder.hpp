@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <span>
 
+#include "core/base/result.hpp"
 #include "core/kv_events.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

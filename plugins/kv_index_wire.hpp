@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/base/result.hpp"
 #include "core/kv_location_index.hpp"
-#include "core/result.hpp"
 #include "plugins/redis_protocol.hpp"
 
 namespace pdgate::kv_wire {

@@ -11,7 +11,7 @@
 #include <span>
 #include <string_view>
 
-#include "core/result.hpp"
+#include "core/base/result.hpp"
 
 namespace pdgate {
 

@@ -9,8 +9,8 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/http.hpp>
 
-#include "core/clock.hpp"
-#include "core/use_tuple.hpp"
+#include "core/base/clock.hpp"
+#include "core/base/use_tuple.hpp"
 #include "plugins/otlp_json.hpp"
 
 namespace pdgate {

@@ -21,9 +21,9 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 
+#include "core/base/warn_limiter.hpp"
 #include "core/config.hpp"
 #include "core/tracing.hpp"
-#include "core/warn_limiter.hpp"
 
 namespace pdgate {
 

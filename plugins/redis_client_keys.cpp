@@ -13,7 +13,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
-#include "core/warn_limiter.hpp"
+#include "core/base/warn_limiter.hpp"
 #include "plugins/redis_connection.hpp"
 
 namespace pdgate {

@@ -19,8 +19,8 @@
 #include <memory>
 #include <string>
 
+#include "core/base/result.hpp"
 #include "core/client_keys.hpp"
-#include "core/result.hpp"
 
 namespace pdgate {
 

@@ -9,7 +9,7 @@
 // redisAsyncHandleWrite. hiredis owns the fd and closes it, so the
 // descriptor is release()d, never closed.
 #include "plugins/redis_connection.hpp"
-#include "core/use_tuple.hpp"
+#include "core/base/use_tuple.hpp"
 
 #include <sys/socket.h>
 

@@ -1,5 +1,5 @@
 #include "plugins/redis_conversation_store.hpp"
-#include "core/clock.hpp"
+#include "core/base/clock.hpp"
 
 #include <spdlog/spdlog.h>
 

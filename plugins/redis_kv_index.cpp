@@ -12,7 +12,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
-#include "core/clock.hpp"
+#include "core/base/clock.hpp"
 #include "plugins/redis_connection.hpp"
 
 namespace pdgate {

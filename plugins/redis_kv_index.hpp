@@ -28,9 +28,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "core/base/result.hpp"
 #include "core/kv_location_index.hpp"
 #include "core/prometheus.hpp"
-#include "core/result.hpp"
 #include "plugins/kv_index_wire.hpp"
 #include "plugins/redis_protocol.hpp"
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <charconv>
 
-#include "core/url.hpp"
+#include "core/base/url.hpp"
 
 namespace pdgate {
 

@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include "core/base/result.hpp"
+#include "core/base/warn_limiter.hpp"
 #include "core/conversation_store.hpp"
-#include "core/result.hpp"
-#include "core/warn_limiter.hpp"
 
 struct redisReply;  // hiredis
 struct redisReader;

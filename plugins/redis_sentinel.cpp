@@ -11,9 +11,9 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
+#include "core/base/use_tuple.hpp"
 #include "core/deadline_socket.hpp"
 #include "core/upstream.hpp"
-#include "core/use_tuple.hpp"
 
 namespace pdgate {
 

@@ -19,7 +19,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
-#include "core/result.hpp"
+#include "core/base/result.hpp"
 #include "plugins/redis_protocol.hpp"
 
 namespace pdgate {

@@ -31,11 +31,11 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "core/base/result.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 #include "core/registry_sync.hpp"
-#include "core/result.hpp"
 #include "core/upstream_validator.hpp"
 
 namespace pdgate {

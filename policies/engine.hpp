@@ -20,10 +20,10 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "core/base/result.hpp"
 #include "core/config.hpp"
 #include "core/instance.hpp"
 #include "core/kv_location_index.hpp"
-#include "core/result.hpp"
 #include "policies/lua_vm.hpp"
 #include "policies/lua_watchdog.hpp"
 #include "policies/shared_state.hpp"

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "core/base/result.hpp"
 #include "core/instance.hpp"
 #include "core/kv_block_index.hpp"
 #include "core/kv_location_index.hpp"
 #include "core/request_hook.hpp"
-#include "core/result.hpp"
 #include "core/tokenizer.hpp"
 #include "policies/policy_counters.hpp"
 #include "policies/shared_state.hpp"

@@ -16,7 +16,7 @@
 #include <variant>
 #include <vector>
 
-#include "core/result.hpp"
+#include "core/base/result.hpp"
 
 namespace pdgate::policy {
 

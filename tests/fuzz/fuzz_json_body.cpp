@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/json_body.hpp"
+#include "core/base/json_body.hpp"
 #include "core/kv_params.hpp"
 #include "core/request_facts.hpp"
 #include "core/tokenize_message.hpp"

@@ -26,8 +26,8 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/base/json_body.hpp"
 #include "core/http_body.hpp"
-#include "core/json_body.hpp"
 #include "core/loop_guard.hpp"
 #include "core/request_facts.hpp"
 #include "core/request_framing.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/url.hpp"
+#include "core/base/url.hpp"
 
 namespace {
 

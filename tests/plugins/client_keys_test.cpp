@@ -8,7 +8,7 @@
 #include <memory>
 #include <thread>
 
-#include "core/sha256.hpp"
+#include "core/base/sha256.hpp"
 #include "tests/integration/harness.hpp"
 #include "tests/plugins/redis_server.hpp"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/json_body.hpp"
+#include "core/base/json_body.hpp"
 
 namespace pdgate::test {
 

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/sha256.hpp"
+#include "core/base/sha256.hpp"
 
 namespace pdgate {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "core/id_rng.hpp"
+#include "core/base/id_rng.hpp"
 #include "core/request_ids.hpp"
 
 namespace pdgate {

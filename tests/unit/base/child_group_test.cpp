@@ -1,6 +1,6 @@
 // ChildGroup: a parent waits for every child however it ends, an
 // exception included, and learns what the first one threw.
-#include "core/child_group.hpp"
+#include "core/base/child_group.hpp"
 
 #include <gtest/gtest.h>
 

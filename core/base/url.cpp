@@ -1,4 +1,4 @@
-#include "core/url.hpp"
+#include "core/base/url.hpp"
 
 #include <boost/url/encode.hpp>
 #include <boost/url/parse.hpp>
@@ -11,7 +11,7 @@
 #include <cctype>
 #include <charconv>
 
-#include "core/text.hpp"
+#include "core/base/text.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-#include "core/json_body.hpp"
+#include "core/base/json_body.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "core/url.hpp"
+#include "core/base/url.hpp"
 
 #include <gtest/gtest.h>
 

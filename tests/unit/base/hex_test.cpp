@@ -1,6 +1,6 @@
-// Lowercase hex (core/hex.hpp): the block conversion writes exactly what
+// Lowercase hex (core/base/hex.hpp): the block conversion writes exactly what
 // a digit-table loop writes, for every length and every byte value.
-#include "core/hex.hpp"
+#include "core/base/hex.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-#include "core/sha256.hpp"
+#include "core/base/sha256.hpp"
 
 #include <openssl/evp.h>
 
 #include <utility>
 
-#include "core/hex.hpp"
+#include "core/base/hex.hpp"
 
 namespace pdgate {
 

@@ -1,6 +1,6 @@
-#include "core/json_body.hpp"
+#include "core/base/json_body.hpp"
 
-#include "core/hex.hpp"
+#include "core/base/hex.hpp"
 
 #include <array>
 #include <bitset>
