@@ -19,7 +19,7 @@
 #include <boost/beast/http.hpp>
 
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 #include "core/upstream_validator.hpp"

@@ -14,7 +14,7 @@
 
 #include "core/access_log.hpp"
 #include "core/body_budget.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"
 #include "core/routes.hpp"

@@ -19,7 +19,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 
 namespace pdgate {

@@ -10,7 +10,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 

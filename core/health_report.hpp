@@ -9,7 +9,7 @@
 #include <boost/beast/http/status.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 
 namespace pdgate {

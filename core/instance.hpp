@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/metrics.hpp"
 
 namespace pdgate {

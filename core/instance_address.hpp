@@ -14,7 +14,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/address.hpp>
 
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 
 namespace pdgate {

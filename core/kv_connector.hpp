@@ -10,7 +10,7 @@
 
 #include "core/base/json_body.hpp"
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 
 namespace pdgate {
 

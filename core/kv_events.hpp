@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/kv_location_index.hpp"
 
 namespace pdgate {
@@ -45,10 +45,6 @@ struct KvEventBatch {
   std::optional<std::int64_t> data_parallel_rank;
   std::size_t unknown_events = 0;  // of a type this version does not know: skipped
 };
-
-// `ev` with its endpoints checked (tcp://host:port or ipc://path; the
-// replay one optional), or why not.
-Result<KvEventsEndpoint> check_kv_events_endpoint(KvEventsEndpoint ev);
 
 // One instance whose events are to be received.
 struct KvEventSubscription {

@@ -10,7 +10,7 @@
 #include <boost/asio/any_io_executor.hpp>
 
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 
 namespace pdgate {
 

@@ -22,7 +22,7 @@
 #include "core/body_budget.hpp"
 #include "core/client_keys.hpp"
 #include "core/client_session.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 #include "core/metrics.hpp"

@@ -15,7 +15,7 @@
 #include <boost/beast/core/error.hpp>
 
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/maybe_tls_stream.hpp"
 
 namespace pdgate {

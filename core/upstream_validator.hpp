@@ -16,7 +16,7 @@
 #include <boost/asio/ip/address.hpp>
 
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 

@@ -10,7 +10,7 @@
 
 #include "core/client_keys.hpp"
 #include "core/client_watch.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/conversation_store.hpp"
 #include "core/instance.hpp"
 #include "core/kv_connector.hpp"

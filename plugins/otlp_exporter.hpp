@@ -22,7 +22,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 
 #include "core/base/warn_limiter.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/tracing.hpp"
 
 namespace pdgate {

@@ -32,7 +32,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
 #include "core/registry_sync.hpp"

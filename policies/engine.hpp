@@ -21,7 +21,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "core/base/result.hpp"
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "core/instance.hpp"
 #include "core/kv_location_index.hpp"
 #include "policies/lua_vm.hpp"

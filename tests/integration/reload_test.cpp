@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 #include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
 

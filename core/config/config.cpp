@@ -1,4 +1,4 @@
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 
 #include <yaml-cpp/yaml.h>
 
@@ -19,7 +19,6 @@
 
 #include "core/base/text.hpp"
 #include "core/base/url.hpp"
-#include "core/kv_events.hpp"
 
 namespace pdgate {
 namespace {

@@ -32,6 +32,10 @@ struct KvEventsEndpoint {
   bool operator==(const KvEventsEndpoint&) const = default;
 };
 
+// `ev` with its endpoints checked (tcp://host:port or ipc://path; the
+// replay one optional), or why not.
+Result<KvEventsEndpoint> check_kv_events_endpoint(KvEventsEndpoint ev);
+
 // One engine instance as configured. `url` is normalized to
 // "http://host:port" (no trailing slash, no path).
 struct UpstreamSpec {
