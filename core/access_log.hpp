@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/base/result.hpp"
-#include "core/request_record.hpp"
+#include "core/observability/request_record.hpp"
 
 namespace pdgate {
 

@@ -16,7 +16,7 @@
 #include "core/body_budget.hpp"
 #include "core/config/config.hpp"
 #include "core/loop_guard.hpp"
-#include "core/metrics.hpp"
+#include "core/observability/metrics.hpp"
 #include "core/routes.hpp"
 #include "core/tls_context.hpp"
 #include "core/worker.hpp"

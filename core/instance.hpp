@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/config/config.hpp"
-#include "core/metrics.hpp"
+#include "core/observability/metrics.hpp"
 
 namespace pdgate {
 

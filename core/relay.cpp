@@ -6,8 +6,8 @@
 
 #include "core/chunk_framing.hpp"
 #include "core/http_head.hpp"
+#include "core/observability/usage.hpp"
 #include "core/response_writer.hpp"
-#include "core/usage.hpp"
 
 namespace pdgate {
 

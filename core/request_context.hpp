@@ -21,10 +21,10 @@
 #include "core/client_key.hpp"
 #include "core/conversation.hpp"
 #include "core/kv_connector.hpp"
+#include "core/observability/tracing.hpp"
 #include "core/request_facts.hpp"
 #include "core/request_scope.hpp"
 #include "core/stage.hpp"
-#include "core/tracing.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {

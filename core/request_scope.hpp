@@ -11,7 +11,7 @@
 #include <boost/asio/cancellation_signal.hpp>
 
 #include "core/deadline_socket.hpp"
-#include "core/request_record.hpp"
+#include "core/observability/request_record.hpp"
 
 namespace pdgate {
 

@@ -25,9 +25,9 @@
 #include "core/health_report.hpp"
 #include "core/http_body.hpp"
 #include "core/http_head.hpp"
+#include "core/observability/process_metrics.hpp"
+#include "core/observability/prometheus.hpp"
 #include "core/pipeline.hpp"
-#include "core/process_metrics.hpp"
-#include "core/prometheus.hpp"
 #include "core/request_framing.hpp"
 
 namespace pdgate {

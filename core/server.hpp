@@ -25,12 +25,12 @@
 #include "core/config/config.hpp"
 #include "core/instance.hpp"
 #include "core/loop_guard.hpp"
-#include "core/metrics.hpp"
-#include "core/prometheus.hpp"
+#include "core/observability/metrics.hpp"
+#include "core/observability/prometheus.hpp"
+#include "core/observability/tracing.hpp"
 #include "core/registry_sync.hpp"
 #include "core/routes.hpp"
 #include "core/tls_context.hpp"
-#include "core/tracing.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {

@@ -15,9 +15,9 @@
 #include "core/instance.hpp"
 #include "core/kv_connector.hpp"
 #include "core/loop_guard.hpp"
-#include "core/metrics.hpp"
-#include "core/request_ids.hpp"
-#include "core/trace_context.hpp"
+#include "core/observability/metrics.hpp"
+#include "core/observability/request_ids.hpp"
+#include "core/observability/trace_context.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {
@@ -45,7 +45,7 @@ struct WorkerContext {
   UpstreamPools pools;
   // Requests whose client is not watched yet (core/client_watch.hpp).
   ClientWatches client_watches;
-  // Request ids (core/request_ids.hpp).
+  // Request ids (core/observability/request_ids.hpp).
   RequestIds request_ids;
   // "Bearer $OPENAI_API_KEY" when the variable was set at start-up and the
   // client sent no Authorization of its own.

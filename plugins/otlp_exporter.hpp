@@ -23,7 +23,7 @@
 
 #include "core/base/warn_limiter.hpp"
 #include "core/config/config.hpp"
-#include "core/tracing.hpp"
+#include "core/observability/tracing.hpp"
 
 namespace pdgate {
 

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/tracing.hpp"
+#include "core/observability/tracing.hpp"
 
 namespace pdgate {
 

@@ -30,7 +30,7 @@
 
 #include "core/base/result.hpp"
 #include "core/kv_location_index.hpp"
-#include "core/prometheus.hpp"
+#include "core/observability/prometheus.hpp"
 #include "plugins/kv_index_wire.hpp"
 #include "plugins/redis_protocol.hpp"
 

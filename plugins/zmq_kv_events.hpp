@@ -18,7 +18,7 @@
 
 #include "core/kv_block_index.hpp"
 #include "core/kv_events.hpp"
-#include "core/prometheus.hpp"
+#include "core/observability/prometheus.hpp"
 #include "plugins/kv_event_decoder.hpp"
 
 namespace pdgate {

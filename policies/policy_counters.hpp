@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/prometheus.hpp"
+#include "core/observability/prometheus.hpp"
 
 namespace pdgate::policy {
 

@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "core/trace_context.hpp"
+#include "core/observability/trace_context.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/metrics.hpp"
+#include "core/observability/metrics.hpp"
 
 namespace pdgate {
 

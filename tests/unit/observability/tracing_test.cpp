@@ -1,4 +1,4 @@
-#include "core/tracing.hpp"
+#include "core/observability/tracing.hpp"
 
 #include <gtest/gtest.h>
 

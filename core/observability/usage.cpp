@@ -1,4 +1,4 @@
-#include "core/usage.hpp"
+#include "core/observability/usage.hpp"
 
 #include <charconv>
 #include <cstring>

@@ -1,8 +1,8 @@
-#include "core/prometheus.hpp"
+#include "core/observability/prometheus.hpp"
 
 #include <cstdio>
 
-#include "core/metrics.hpp"
+#include "core/observability/metrics.hpp"
 
 namespace pdgate {
 

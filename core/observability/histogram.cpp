@@ -3,7 +3,7 @@
 // sandbox's fuzz target) constructs them without the rest of metrics.cpp.
 #include <cassert>
 
-#include "core/metrics.hpp"
+#include "core/observability/metrics.hpp"
 
 namespace pdgate {
 

@@ -14,7 +14,7 @@
 
 #include <boost/beast/http/fields.hpp>
 
-#include "core/trace_context.hpp"
+#include "core/observability/trace_context.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-// RequestIds (core/request_ids.hpp): the forms of the ids a worker hands
+// RequestIds (core/observability/request_ids.hpp): the forms of the ids a worker hands
 // out, and that they do not repeat.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <unordered_set>
 
 #include "core/base/id_rng.hpp"
-#include "core/request_ids.hpp"
+#include "core/observability/request_ids.hpp"
 
 namespace pdgate {
 namespace {

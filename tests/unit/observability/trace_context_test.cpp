@@ -1,4 +1,4 @@
-#include "core/trace_context.hpp"
+#include "core/observability/trace_context.hpp"
 
 #include <gtest/gtest.h>
 

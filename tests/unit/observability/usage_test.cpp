@@ -1,5 +1,5 @@
 // last_usage: the token counts an engine reports, found from the end.
-#include "core/usage.hpp"
+#include "core/observability/usage.hpp"
 
 #include <gtest/gtest.h>
 

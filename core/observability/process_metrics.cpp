@@ -1,4 +1,4 @@
-#include "core/process_metrics.hpp"
+#include "core/observability/process_metrics.hpp"
 
 #include <dirent.h>
 #include <sys/resource.h>

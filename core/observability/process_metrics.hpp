@@ -5,7 +5,7 @@
 // procfs reads do not wait on a disk.
 #pragma once
 
-#include "core/prometheus.hpp"
+#include "core/observability/prometheus.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-#include "core/request_ids.hpp"
+#include "core/observability/request_ids.hpp"
 
 #include <cstring>
 

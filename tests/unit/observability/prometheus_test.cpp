@@ -1,9 +1,9 @@
 // PrometheusText: the exposition format every /metrics is written in.
-#include "core/prometheus.hpp"
+#include "core/observability/prometheus.hpp"
 
 #include <gtest/gtest.h>
 
-#include "core/metrics.hpp"
+#include "core/observability/metrics.hpp"
 
 namespace pdgate {
 namespace {

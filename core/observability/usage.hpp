@@ -8,7 +8,7 @@
 #include <optional>
 #include <string_view>
 
-#include "core/metrics.hpp"
+#include "core/observability/metrics.hpp"
 
 namespace pdgate {
 

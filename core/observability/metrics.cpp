@@ -1,4 +1,4 @@
-#include "core/metrics.hpp"
+#include "core/observability/metrics.hpp"
 
 #include <algorithm>
 #include <cassert>
