@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
     std::shared_ptr<const pdgate::KvConnector> connector =
         pdgate::make_kv_connector(cfg.kv_connector);
     // How https:// engines are reached: every engine connection, probe
-    // and scrape shares this context (core/tls_context.hpp).
+    // and scrape shares this context (core/net/tls_context.hpp).
     // Made at start when it will be needed (a file that does not load
     // stops the start), else when an https:// engine is first added.
     auto engine_tls =

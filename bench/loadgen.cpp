@@ -33,7 +33,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 
 namespace net = boost::asio;
 using tcp = net::ip::tcp;

@@ -30,9 +30,9 @@ endif()
 
 # Asio and Beast, compiled once and shared by the gateway, the simulated
 # engine and the tests, with the timed socket built directly on them
-# (core/deadline_socket.hpp: both sides' connections use it).
+# (core/net/deadline_socket.hpp: both sides' connections use it).
 add_library(pdgate_asio STATIC ${PROJECT_SOURCE_DIR}/core/base/asio_impl.cpp
-                               ${PROJECT_SOURCE_DIR}/core/deadline_socket.cpp)
+                               ${PROJECT_SOURCE_DIR}/core/net/deadline_socket.cpp)
 add_library(pdgate::asio ALIAS pdgate_asio)
 target_include_directories(pdgate_asio PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(pdgate_asio PUBLIC pdgate::options Boost::headers Threads::Threads

@@ -12,7 +12,7 @@
 #include <boost/beast/http.hpp>
 
 #include "core/client_keys.hpp"
-#include "core/errors.hpp"
+#include "core/net/errors.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {

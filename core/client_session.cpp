@@ -11,12 +11,12 @@
 #include <boost/asio/write.hpp>
 
 #include "core/base/use_tuple.hpp"
-#include "core/errors.hpp"
-#include "core/http_body.hpp"
-#include "core/http_head.hpp"
-#include "core/request_framing.hpp"
-#include "core/request_head.hpp"
-#include "core/response_writer.hpp"
+#include "core/net/errors.hpp"
+#include "core/net/http_body.hpp"
+#include "core/net/http_head.hpp"
+#include "core/net/request_framing.hpp"
+#include "core/net/request_head.hpp"
+#include "core/net/response_writer.hpp"
 
 namespace pdgate {
 
@@ -136,7 +136,7 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
   stream.expires_after(cfg.header_timeout);
   // A plain header that came whole with the connection's last read is
   // parsed without Beast's parser, straight into `req`
-  // (core/request_head.hpp); every other is read by Beast's.
+  // (core/net/request_head.hpp); every other is read by Beast's.
   const auto plain = parse_plain_request_head(
       std::string_view(static_cast<const char*>(buffer.data().data()), buffer.size()),
       RequestHeadLimits{cfg.max_header_bytes, cfg.max_body_bytes}, req);

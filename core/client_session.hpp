@@ -13,12 +13,12 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "core/access_log.hpp"
-#include "core/body_budget.hpp"
 #include "core/config/config.hpp"
-#include "core/loop_guard.hpp"
+#include "core/net/body_budget.hpp"
+#include "core/net/loop_guard.hpp"
+#include "core/net/tls_context.hpp"
 #include "core/observability/metrics.hpp"
 #include "core/routes.hpp"
-#include "core/tls_context.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {

@@ -4,7 +4,7 @@
 #include <boost/asio/this_coro.hpp>
 
 #include "core/base/child_group.hpp"
-#include "core/errors.hpp"
+#include "core/net/errors.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {

@@ -9,7 +9,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/request_scope.hpp"
+#include "core/net/request_scope.hpp"
 #include "core/stage.hpp"
 #include "core/worker.hpp"
 

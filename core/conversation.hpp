@@ -23,8 +23,8 @@
 #include "core/base/json_body.hpp"
 #include "core/conversation_store.hpp"
 #include "core/kv_params.hpp"
+#include "core/net/sse.hpp"
 #include "core/request_facts.hpp"
-#include "core/sse.hpp"
 #include "core/turn_history.hpp"
 
 namespace pdgate {

@@ -9,7 +9,7 @@
 
 #include <boost/asio/awaitable.hpp>
 
-#include "core/errors.hpp"
+#include "core/net/errors.hpp"
 #include "core/relay.hpp"
 #include "core/request_context.hpp"
 

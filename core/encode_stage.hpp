@@ -14,9 +14,9 @@
 
 #include "core/base/json_body.hpp"
 #include "core/base/result.hpp"
-#include "core/errors.hpp"
+#include "core/net/errors.hpp"
+#include "core/net/request_scope.hpp"
 #include "core/request_context.hpp"
-#include "core/request_scope.hpp"
 #include "core/stage.hpp"
 #include "core/worker.hpp"
 

@@ -12,9 +12,9 @@
 #include <boost/beast/http.hpp>
 
 #include "core/base/use_tuple.hpp"
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
+#include "core/net/tls_context.hpp"
 #include "core/probe_rounds.hpp"
-#include "core/tls_context.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {

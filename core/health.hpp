@@ -12,7 +12,7 @@
 
 #include "core/config/config.hpp"
 #include "core/instance.hpp"
-#include "core/loop_guard.hpp"
+#include "core/net/loop_guard.hpp"
 
 namespace pdgate {
 
@@ -30,7 +30,7 @@ struct ProbeResult {
 // GET http://host:port/target on a fresh connection, the whole exchange
 // (TLS handshake included) bounded by `timeout`; the body is capped at
 // `body_limit`. `via` (when set) is sent as the Via header, so that a gateway
-// probing itself is told so (508, core/loop_guard.hpp). With `tls`, the
+// probing itself is told so (508, core/net/loop_guard.hpp). With `tls`, the
 // GET goes over https:// with it.
 boost::asio::awaitable<ProbeResult> probe_get(boost::asio::any_io_executor ex, std::string host,
                                               std::uint16_t port, std::string target,

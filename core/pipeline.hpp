@@ -7,11 +7,11 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/http.hpp>
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 
-#include "core/errors.hpp"
-#include "core/request_scope.hpp"
-#include "core/response_writer.hpp"
+#include "core/net/errors.hpp"
+#include "core/net/request_scope.hpp"
+#include "core/net/response_writer.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {

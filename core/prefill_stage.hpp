@@ -8,7 +8,7 @@
 
 #include <boost/asio/awaitable.hpp>
 
-#include "core/errors.hpp"
+#include "core/net/errors.hpp"
 #include "core/request_context.hpp"
 
 namespace pdgate {

@@ -4,10 +4,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/chunk_framing.hpp"
-#include "core/http_head.hpp"
+#include "core/net/chunk_framing.hpp"
+#include "core/net/http_head.hpp"
+#include "core/net/response_writer.hpp"
 #include "core/observability/usage.hpp"
-#include "core/response_writer.hpp"
 
 namespace pdgate {
 

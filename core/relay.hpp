@@ -12,11 +12,11 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/http.hpp>
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 
 #include "core/conversation.hpp"
+#include "core/net/sse.hpp"
 #include "core/request_context.hpp"
-#include "core/sse.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {

@@ -15,15 +15,15 @@
 #include <vector>
 
 #include <boost/beast/http.hpp>
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 
 #include "core/base/json_body.hpp"
 #include "core/client_key.hpp"
 #include "core/conversation.hpp"
 #include "core/kv_connector.hpp"
+#include "core/net/request_scope.hpp"
 #include "core/observability/tracing.hpp"
 #include "core/request_facts.hpp"
-#include "core/request_scope.hpp"
 #include "core/stage.hpp"
 #include "core/worker.hpp"
 

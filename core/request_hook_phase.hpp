@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "core/errors.hpp"
+#include "core/net/errors.hpp"
 #include "core/request_context.hpp"
 #include "core/request_hook.hpp"
 #include "core/stage.hpp"

@@ -10,9 +10,9 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/http.hpp>
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 
-#include "core/request_scope.hpp"
+#include "core/net/request_scope.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {

@@ -20,15 +20,15 @@
 #include "core/cluster_ops.hpp"
 #include "core/config_reload.hpp"
 #include "core/conversation.hpp"
-#include "core/errors.hpp"
 #include "core/health.hpp"
 #include "core/health_report.hpp"
-#include "core/http_body.hpp"
-#include "core/http_head.hpp"
+#include "core/net/errors.hpp"
+#include "core/net/http_body.hpp"
+#include "core/net/http_head.hpp"
+#include "core/net/request_framing.hpp"
 #include "core/observability/process_metrics.hpp"
 #include "core/observability/prometheus.hpp"
 #include "core/pipeline.hpp"
-#include "core/request_framing.hpp"
 
 namespace pdgate {
 

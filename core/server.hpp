@@ -19,18 +19,18 @@
 
 #include "core/access_log.hpp"
 #include "core/admin.hpp"
-#include "core/body_budget.hpp"
 #include "core/client_keys.hpp"
 #include "core/client_session.hpp"
 #include "core/config/config.hpp"
 #include "core/instance.hpp"
-#include "core/loop_guard.hpp"
+#include "core/net/body_budget.hpp"
+#include "core/net/loop_guard.hpp"
+#include "core/net/tls_context.hpp"
 #include "core/observability/metrics.hpp"
 #include "core/observability/prometheus.hpp"
 #include "core/observability/tracing.hpp"
 #include "core/registry_sync.hpp"
 #include "core/routes.hpp"
-#include "core/tls_context.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {
@@ -49,7 +49,7 @@ class Gateway {
   const Registry& registry() const { return registry_; }
   Registry& registry() { return registry_; }
 
-  // How https:// engines are reached (core/tls_context.hpp), from main();
+  // How https:// engines are reached (core/net/tls_context.hpp), from main();
   // set before bind().
   void set_engine_tls(std::shared_ptr<const EngineTls> tls);
   // Binds the listeners (client, and admin when --admin-port is given);

@@ -5,7 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/http_head.hpp"
+#include "core/net/http_head.hpp"
 
 namespace pdgate {
 

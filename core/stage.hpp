@@ -13,11 +13,11 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/http.hpp>
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 
 #include "core/base/json_body.hpp"
-#include "core/errors.hpp"
 #include "core/instance.hpp"
+#include "core/net/errors.hpp"
 #include "core/observability/tracing.hpp"
 #include "core/upstream.hpp"
 #include "core/worker.hpp"
@@ -29,7 +29,7 @@ inline constexpr std::size_t kMaxErrorBody = 1u << 20;
 
 // What every upstream request made for one client request carries from
 // it: the credentials, the Via chain that lets gateways detect loops
-// (core/loop_guard.hpp), the trace context (core/observability/tracing.hpp), who the
+// (core/net/loop_guard.hpp), the trace context (core/observability/tracing.hpp), who the
 // client is (X-Forwarded-For, Forwarded) and the extra headers the
 // configuration names (--forward-headers, --set-header).
 struct ForwardedHeaders {

@@ -6,8 +6,8 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "core/base/use_tuple.hpp"
-#include "core/http_head.hpp"
-#include "core/tls_context.hpp"
+#include "core/net/http_head.hpp"
+#include "core/net/tls_context.hpp"
 
 namespace pdgate {
 

@@ -18,7 +18,7 @@
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
 #include "core/instance.hpp"
-#include "core/loop_guard.hpp"
+#include "core/net/loop_guard.hpp"
 
 namespace pdgate {
 

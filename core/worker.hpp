@@ -9,12 +9,12 @@
 #include <string>
 
 #include "core/client_keys.hpp"
-#include "core/client_watch.hpp"
 #include "core/config/config.hpp"
 #include "core/conversation_store.hpp"
 #include "core/instance.hpp"
 #include "core/kv_connector.hpp"
-#include "core/loop_guard.hpp"
+#include "core/net/client_watch.hpp"
+#include "core/net/loop_guard.hpp"
 #include "core/observability/metrics.hpp"
 #include "core/observability/request_ids.hpp"
 #include "core/observability/trace_context.hpp"
@@ -43,7 +43,7 @@ struct WorkerContext {
   std::unique_ptr<InstancePicker> picker_owner;
   InstancePicker& picker;
   UpstreamPools pools;
-  // Requests whose client is not watched yet (core/client_watch.hpp).
+  // Requests whose client is not watched yet (core/net/client_watch.hpp).
   ClientWatches client_watches;
   // Request ids (core/observability/request_ids.hpp).
   RequestIds request_ids;

@@ -12,7 +12,7 @@
 #include <boost/asio/write.hpp>
 
 #include "core/base/use_tuple.hpp"
-#include "core/deadline_socket.hpp"
+#include "core/net/deadline_socket.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {

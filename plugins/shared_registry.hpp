@@ -34,7 +34,7 @@
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
 #include "core/instance.hpp"
-#include "core/loop_guard.hpp"
+#include "core/net/loop_guard.hpp"
 #include "core/registry_sync.hpp"
 #include "core/upstream_validator.hpp"
 

@@ -40,7 +40,7 @@
 #include <regex>
 #include <string>
 
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 #include "sim/kv_event_publisher.hpp"
 #include "sim/kv_events.hpp"
 #include "sim/kv_registry.hpp"

@@ -1,6 +1,6 @@
 // Errors are values on the data path: parsers and rewriters return
 // Result<T> instead of throwing, and the caller decides what HTTP answer a
-// failure becomes (see core/errors.hpp).
+// failure becomes (see core/net/errors.hpp).
 #pragma once
 
 #include <string>

@@ -2073,7 +2073,7 @@ Config reloadable_part(const Config& running, Config c) {
   c.kv_index_blocks_per_instance = running.kv_index_blocks_per_instance;
   c.kv_index_max_blocks = running.kv_index_max_blocks;
   c.tokenizer = running.tokenizer;
-  // The TLS files are re-read on every reload (core/tls_context.hpp), from
+  // The TLS files are re-read on every reload (core/net/tls_context.hpp), from
   // the paths given at start; the engines' context is made once.
   c.tls_cert = running.tls_cert;
   c.tls_key = running.tls_key;

@@ -43,7 +43,7 @@ struct UpstreamSpec {
   std::string url;
   std::string host;
   std::uint16_t port = 0;
-  // https:// (the engine is spoken to over TLS, core/tls_context.hpp).
+  // https:// (the engine is spoken to over TLS, core/net/tls_context.hpp).
   bool tls = false;
   // "zmqhost:zmqport" for --kv-connector p2p-nccl (given as url@zmqhost:zmqport).
   std::string kv_peer;
@@ -94,7 +94,7 @@ struct Config {
   // Client-side limits.
   std::size_t max_body_bytes = 64u << 20;
   std::size_t max_header_bytes = 64u << 10;
-  // What all bodies being received may hold together (core/body_budget.hpp).
+  // What all bodies being received may hold together (core/net/body_budget.hpp).
   std::size_t body_memory_limit = std::size_t{1} << 30;
   std::chrono::milliseconds header_timeout{10'000};
   std::chrono::milliseconds client_idle_timeout{75'000};

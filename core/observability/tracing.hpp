@@ -126,7 +126,7 @@ class StageSpan {
   const std::string& traceparent() const { return traceparent_; }
   bool recording() const { return span_ != nullptr; }
   void status(unsigned http_status);
-  // The call failed: `kind` as core/errors.hpp names it.
+  // The call failed: `kind` as core/net/errors.hpp names it.
   void error(std::string_view kind, std::string_view message);
   void attribute(std::string_view key, std::string value);
   void attribute(std::string_view key, std::int64_t value);

@@ -1,5 +1,5 @@
 // An engine's answer as the exchange reads it (core/upstream.cpp with
-// core/engine_response_parser.hpp): the bytes arrive in pieces into one
+// core/net/engine_response_parser.hpp): the bytes arrive in pieces into one
 // buffer, each parse writes body bytes into a room the caller lends, and
 // the connection's end is told to the parser once. The first byte picks
 // the piece size, the second the room; the rest is the answer.
@@ -20,7 +20,7 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 
-#include "core/engine_response_parser.hpp"
+#include "core/net/engine_response_parser.hpp"
 
 namespace http = boost::beast::http;
 

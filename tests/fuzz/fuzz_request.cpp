@@ -1,7 +1,7 @@
 // The client request path as pdgate reads it (core/client_session.cpp):
-// the plain-header fast path (core/request_head.cpp) checked against
+// the plain-header fast path (core/net/request_head.cpp) checked against
 // Beast's request parser with pdgate's body type and limits, the framing
-// check before any body byte is read (core/request_framing.cpp), the Via
+// check before any body byte is read (core/net/request_framing.cpp), the Via
 // loop check, then the pipeline's first steps on the body: the JSON index
 // and the request facts, for a chat and for a completion.
 //
@@ -27,11 +27,11 @@
 #include <boost/beast/http.hpp>
 
 #include "core/base/json_body.hpp"
-#include "core/http_body.hpp"
-#include "core/loop_guard.hpp"
+#include "core/net/http_body.hpp"
+#include "core/net/loop_guard.hpp"
+#include "core/net/request_framing.hpp"
+#include "core/net/request_head.hpp"
 #include "core/request_facts.hpp"
-#include "core/request_framing.hpp"
-#include "core/request_head.hpp"
 
 namespace http = boost::beast::http;
 

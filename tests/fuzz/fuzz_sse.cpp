@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/net/sse.hpp"
 #include "core/observability/usage.hpp"
-#include "core/sse.hpp"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Every kind of failure on the request path, one row each: what the client
 // gets (status and the OpenAI error body's `type`) and the one
 // pdgate_requests_total{route,status,stage} series that counts it. The
-// status is decided in one place (core/errors.cpp status_of) and the count
+// status is decided in one place (core/net/errors.cpp status_of) and the count
 // at the request's single exit; this table checks both from outside.
 #include <gtest/gtest.h>
 

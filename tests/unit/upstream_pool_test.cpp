@@ -20,7 +20,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include "core/request_scope.hpp"
+#include "core/net/request_scope.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {

@@ -1,4 +1,4 @@
-#include "core/http_head.hpp"
+#include "core/net/http_head.hpp"
 
 namespace pdgate {
 

@@ -6,7 +6,7 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/http.hpp>
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 
 namespace pdgate {
 

@@ -1,6 +1,6 @@
 // check_request_framing: which Transfer-Encoding headers a request may
 // carry (RFC 9112 section 6) and the status the others get.
-#include "core/request_framing.hpp"
+#include "core/net/request_framing.hpp"
 
 #include <gtest/gtest.h>
 

@@ -10,7 +10,7 @@
 
 #include <boost/asio/cancellation_signal.hpp>
 
-#include "core/deadline_socket.hpp"
+#include "core/net/deadline_socket.hpp"
 #include "core/observability/request_record.hpp"
 
 namespace pdgate {

@@ -1,9 +1,9 @@
-// parse_plain_request_head (core/request_head.hpp): the client header's
+// parse_plain_request_head (core/net/request_head.hpp): the client header's
 // fast path reads plain headers into the message exactly as Beast's parser
 // would, and leaves every other header to Beast (nullopt, message
 // untouched). tests/fuzz/fuzz_request.cpp checks the same against Beast on
 // arbitrary bytes.
-#include "core/request_head.hpp"
+#include "core/net/request_head.hpp"
 
 #include <string>
 #include <string_view>

@@ -1,5 +1,5 @@
 // Client answers are written as a hand-rendered head plus the body
-// (core/http_head.hpp): the bytes must be exactly what Beast's serializer
+// (core/net/http_head.hpp): the bytes must be exactly what Beast's serializer
 // writes for the same message.
 #include <gtest/gtest.h>
 
@@ -9,9 +9,9 @@
 
 #include <boost/beast/http.hpp>
 
-#include "core/errors.hpp"
-#include "core/http_head.hpp"
 #include "core/instance.hpp"
+#include "core/net/errors.hpp"
+#include "core/net/http_head.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {

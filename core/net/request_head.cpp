@@ -1,11 +1,11 @@
-#include "core/request_head.hpp"
+#include "core/net/request_head.hpp"
 
 #include <array>
 
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
-#include "core/http_tokens.hpp"
+#include "core/net/http_tokens.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-// DeadlineSocket (core/deadline_socket.hpp): operations end at the expiry
+// DeadlineSocket (core/net/deadline_socket.hpp): operations end at the expiry
 // with beast::error::timeout, as tcp_stream's do; an expiry that passes
 // with nothing pending cuts nothing; the context's Deadlines service keeps
 // only the sockets whose operations are pending.
@@ -17,7 +17,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
-#include "core/deadline_socket.hpp"
+#include "core/net/deadline_socket.hpp"
 #include "tests/unit/loopback_pair.hpp"
 
 namespace pdgate {

@@ -1,4 +1,4 @@
-#include "core/engine_response_parser.hpp"
+#include "core/net/engine_response_parser.hpp"
 
 #include <algorithm>
 #include <array>
@@ -6,7 +6,7 @@
 
 #include <boost/beast/http/error.hpp>
 
-#include "core/http_tokens.hpp"
+#include "core/net/http_tokens.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-// MaybeTlsStream::write (core/maybe_tls_stream.hpp): what the socket takes
+// MaybeTlsStream::write (core/net/maybe_tls_stream.hpp): what the socket takes
 // at once leaves without an asynchronous operation; what it does not (a
 // peer that is not reading) is written by the returned awaitable, which
 // keeps its own copy of the buffer sequence, so the caller's temporary
@@ -16,7 +16,7 @@
 #include <boost/beast/core/buffers_cat.hpp>
 #include <boost/beast/http/chunk_encode.hpp>
 
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 #include "tests/unit/loopback_pair.hpp"
 
 namespace pdgate {

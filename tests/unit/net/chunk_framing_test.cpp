@@ -1,4 +1,4 @@
-// ChunkFraming (core/chunk_framing.hpp): the bytes a relayed stream's
+// ChunkFraming (core/net/chunk_framing.hpp): the bytes a relayed stream's
 // pieces put on the wire, and that a strict HTTP parser reads them back.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 
-#include "core/chunk_framing.hpp"
+#include "core/net/chunk_framing.hpp"
 
 namespace pdgate {
 namespace {

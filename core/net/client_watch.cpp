@@ -1,4 +1,4 @@
-#include "core/client_watch.hpp"
+#include "core/net/client_watch.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 

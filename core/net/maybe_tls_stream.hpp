@@ -3,7 +3,7 @@
 // Asio's AsyncReadStream and AsyncWriteStream, so Beast's http::async_read
 // and async_write, and Asio's composed operations, run on it unchanged; the
 // timeout, close and socket calls go to the TCP layer underneath either way
-// (a DeadlineSocket: core/deadline_socket.hpp).
+// (a DeadlineSocket: core/net/deadline_socket.hpp).
 //
 // A plain connection pays one branch per read or write: the TLS layer is
 // only allocated (and OpenSSL only entered) when start_tls() is called.
@@ -26,7 +26,7 @@
 #include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/core/error.hpp>
 
-#include "core/deadline_socket.hpp"
+#include "core/net/deadline_socket.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-#include "core/response_writer.hpp"
+#include "core/net/response_writer.hpp"
 
 #include <array>
 
@@ -6,7 +6,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
-#include "core/http_head.hpp"
+#include "core/net/http_head.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-#include "core/deadline_socket.hpp"
+#include "core/net/deadline_socket.hpp"
 
 #include <boost/asio/execution/context.hpp>
 #include <boost/asio/query.hpp>

@@ -1,4 +1,4 @@
-#include "core/errors.hpp"
+#include "core/net/errors.hpp"
 
 #include <nlohmann/json.hpp>
 

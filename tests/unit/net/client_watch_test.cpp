@@ -1,4 +1,4 @@
-// The client watch (core/client_watch.*): a request is watched only once
+// The client watch (core/net/client_watch.*): a request is watched only once
 // it has lasted a tick, so one answered sooner costs no watch at all; a
 // request that lasts notices its client leaving (before or after its watch
 // started), and bytes a client pipelines are not taken for a close.
@@ -11,7 +11,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 
-#include "core/client_watch.hpp"
+#include "core/net/client_watch.hpp"
 #include "tests/unit/loopback_pair.hpp"
 
 namespace pdgate {

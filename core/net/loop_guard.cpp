@@ -1,4 +1,4 @@
-#include "core/loop_guard.hpp"
+#include "core/net/loop_guard.hpp"
 
 #include <cstdint>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "core/sse.hpp"
+#include "core/net/sse.hpp"
 
 #include <cstring>
 #include <utility>

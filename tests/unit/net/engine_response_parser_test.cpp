@@ -1,4 +1,4 @@
-// EngineResponseParser (core/engine_response_parser.*): what the exchange
+// EngineResponseParser (core/net/engine_response_parser.*): what the exchange
 // gets from an engine's answer, framing by framing, and what it refuses.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include <boost/beast/http/error.hpp>
 
-#include "core/engine_response_parser.hpp"
+#include "core/net/engine_response_parser.hpp"
 
 namespace pdgate {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
-#include "core/maybe_tls_stream.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 
 namespace pdgate {
 

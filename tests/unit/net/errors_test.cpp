@@ -1,7 +1,7 @@
-// The one table from a failure to the client's answer (core/errors.*):
+// The one table from a failure to the client's answer (core/net/errors.*):
 // every ErrorKind's status, the OpenAI error body, what is relayed as the
 // engine said it and what is hidden from clients.
-#include "core/errors.hpp"
+#include "core/net/errors.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "core/tls_context.hpp"
+#include "core/net/tls_context.hpp"
 
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>

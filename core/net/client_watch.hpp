@@ -19,7 +19,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/intrusive/list.hpp>
 
-#include "core/request_scope.hpp"
+#include "core/net/request_scope.hpp"
 
 namespace pdgate {
 

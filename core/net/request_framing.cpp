@@ -1,11 +1,11 @@
-#include "core/request_framing.hpp"
+#include "core/net/request_framing.hpp"
 
 #include <string_view>
 #include <vector>
 
 #include <boost/beast/core/string.hpp>
 
-#include "core/http_tokens.hpp"
+#include "core/net/http_tokens.hpp"
 
 namespace pdgate {
 
