@@ -9,7 +9,7 @@
 
 #include <numeric>
 
-#include "core/kv_block_index.hpp"
+#include "core/routing/kv_block_index.hpp"
 #include "plugins/kv_event_decoder.hpp"
 #include "sim/kv_events.hpp"
 

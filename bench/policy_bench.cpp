@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/client_key.hpp"
-#include "core/request_hook.hpp"
+#include "core/routing/request_hook.hpp"
 #include "plugins/redis_kv_index.hpp"
 #include "policies/engine.hpp"
 #include "policies/local_kv_index.hpp"

@@ -1,6 +1,6 @@
 #include "core/admin.hpp"
 
-#include "core/kv_events.hpp"
+#include "core/routing/kv_events.hpp"
 
 #include <cstdlib>
 #include <fstream>

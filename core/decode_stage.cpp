@@ -2,8 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/kv_params.hpp"
 #include "core/prefill_stage.hpp"
+#include "core/routing/kv_params.hpp"
 
 namespace pdgate {
 

@@ -332,7 +332,7 @@ struct PickOutcome {
 };
 
 // The request hook's view of a request and what it decided
-// (core/request_hook.hpp): only the pipeline and the policy engine need
+// (core/routing/request_hook.hpp): only the pipeline and the policy engine need
 // their definitions.
 struct RequestHookInput;
 struct RequestDecision;

@@ -12,7 +12,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "core/instance.hpp"
-#include "core/kv_events.hpp"
+#include "core/routing/kv_events.hpp"
 
 namespace pdgate {
 

@@ -4,7 +4,6 @@
 #include <boost/beast/core/string.hpp>
 
 #include "core/client_admission.hpp"
-#include "core/conversation.hpp"
 #include "core/decode_stage.hpp"
 #include "core/encode_stage.hpp"
 #include "core/net/http_head.hpp"
@@ -13,6 +12,7 @@
 #include "core/relay.hpp"
 #include "core/request_context.hpp"
 #include "core/request_hook_phase.hpp"
+#include "core/routing/conversation.hpp"
 #include "core/tokenize_phase.hpp"
 
 namespace pdgate {

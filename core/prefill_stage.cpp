@@ -2,8 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/conversation.hpp"
-#include "core/kv_params.hpp"
+#include "core/routing/conversation.hpp"
+#include "core/routing/kv_params.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {

@@ -1,7 +1,7 @@
 // Relaying decode's answer to the client. A stream's events go out as
 // they complete, those that arrived together in one write; a whole answer
 // goes out once read. Decode's output passes through the conversation
-// filter (core/conversation.hpp), which captures and hides
+// filter (core/routing/conversation.hpp), which captures and hides
 // kv_transfer_params.
 #pragma once
 
@@ -14,9 +14,9 @@
 #include <boost/beast/http.hpp>
 #include "core/net/maybe_tls_stream.hpp"
 
-#include "core/conversation.hpp"
 #include "core/net/sse.hpp"
 #include "core/request_context.hpp"
+#include "core/routing/conversation.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {

@@ -19,11 +19,11 @@
 
 #include "core/base/json_body.hpp"
 #include "core/client_key.hpp"
-#include "core/conversation.hpp"
-#include "core/kv_connector.hpp"
 #include "core/net/request_scope.hpp"
 #include "core/observability/tracing.hpp"
-#include "core/request_facts.hpp"
+#include "core/routing/conversation.hpp"
+#include "core/routing/kv_connector.hpp"
+#include "core/routing/request_facts.hpp"
 #include "core/stage.hpp"
 #include "core/worker.hpp"
 

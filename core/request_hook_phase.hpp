@@ -9,7 +9,7 @@
 
 #include "core/net/errors.hpp"
 #include "core/request_context.hpp"
-#include "core/request_hook.hpp"
+#include "core/routing/request_hook.hpp"
 #include "core/stage.hpp"
 
 namespace pdgate {

@@ -19,7 +19,6 @@
 #include "core/base/use_tuple.hpp"
 #include "core/cluster_ops.hpp"
 #include "core/config_reload.hpp"
-#include "core/conversation.hpp"
 #include "core/health.hpp"
 #include "core/health_report.hpp"
 #include "core/net/errors.hpp"
@@ -29,6 +28,7 @@
 #include "core/observability/process_metrics.hpp"
 #include "core/observability/prometheus.hpp"
 #include "core/pipeline.hpp"
+#include "core/routing/conversation.hpp"
 
 namespace pdgate {
 

@@ -5,8 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include "core/base/json_body.hpp"
+#include "core/routing/tokenize_message.hpp"
 #include "core/stage.hpp"
-#include "core/tokenize_message.hpp"
 #include "core/upstream.hpp"
 
 namespace pdgate {

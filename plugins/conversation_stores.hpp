@@ -1,11 +1,11 @@
-// The conversation stores pdgate ships (core/conversation_store.hpp): the
+// The conversation stores pdgate ships (core/routing/conversation_store.hpp): the
 // composition root (main) picks one from the options.
 #pragma once
 
 #include <memory>
 
 #include "core/base/result.hpp"
-#include "core/conversation_store.hpp"
+#include "core/routing/conversation_store.hpp"
 
 namespace pdgate {
 

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "core/base/json_body.hpp"
-#include "core/kv_params.hpp"
+#include "core/routing/kv_params.hpp"
 
 namespace pdgate {
 

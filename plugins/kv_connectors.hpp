@@ -1,11 +1,11 @@
-// The KV connectors pdgate ships (core/kv_connector.hpp): nixl, p2p-nccl,
+// The KV connectors pdgate ships (core/routing/kv_connector.hpp): nixl, p2p-nccl,
 // lmcache, none. The composition root (main) picks one by name.
 #pragma once
 
 #include <memory>
 #include <string_view>
 
-#include "core/kv_connector.hpp"
+#include "core/routing/kv_connector.hpp"
 
 namespace pdgate {
 

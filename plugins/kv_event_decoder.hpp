@@ -12,7 +12,7 @@
 #include <span>
 
 #include "core/base/result.hpp"
-#include "core/kv_events.hpp"
+#include "core/routing/kv_events.hpp"
 
 namespace pdgate {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/base/result.hpp"
-#include "core/kv_location_index.hpp"
+#include "core/routing/kv_location_index.hpp"
 #include "plugins/redis_protocol.hpp"
 
 namespace pdgate::kv_wire {

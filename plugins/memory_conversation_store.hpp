@@ -11,7 +11,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "core/conversation_store.hpp"
+#include "core/routing/conversation_store.hpp"
 
 namespace pdgate {
 

@@ -1,6 +1,6 @@
 // The Redis conversation store: what lets any gateway replica serve any
 // turn of a conversation. Keys are `<prefix>conv:<key>`, where <key> is
-// the scoped key of the client and conversation (core/turn_history.hpp);
+// the scoped key of the client and conversation (core/routing/turn_history.hpp);
 // a put is `SET key entry EX ttl` (value and expiry in one command), a take is
 // `GETDEL key` (take-and-delete in one command, so two replicas cannot
 // both use one decode's blocks). Redis trouble never fails a request: the
@@ -10,7 +10,7 @@
 #include <atomic>
 #include <memory>
 
-#include "core/conversation_store.hpp"
+#include "core/routing/conversation_store.hpp"
 #include "plugins/redis_connection.hpp"
 #include "plugins/redis_protocol.hpp"
 

@@ -29,8 +29,8 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "core/base/result.hpp"
-#include "core/kv_location_index.hpp"
 #include "core/observability/prometheus.hpp"
+#include "core/routing/kv_location_index.hpp"
 #include "plugins/kv_index_wire.hpp"
 #include "plugins/redis_protocol.hpp"
 

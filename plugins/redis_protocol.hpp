@@ -14,7 +14,7 @@
 
 #include "core/base/result.hpp"
 #include "core/base/warn_limiter.hpp"
-#include "core/conversation_store.hpp"
+#include "core/routing/conversation_store.hpp"
 
 struct redisReply;  // hiredis
 struct redisReader;

@@ -4,7 +4,7 @@
 // engines need their model's tokenizer.
 #pragma once
 
-#include "core/tokenizer.hpp"
+#include "core/routing/tokenizer.hpp"
 
 namespace pdgate {
 

@@ -1,7 +1,7 @@
 // Receives vLLM KV events over ZMQ from every instance configured with an
 // event endpoint, on one thread of its own (zmq_poll with a timeout: never
 // on an event loop), and keeps the exact block index
-// (core/kv_block_index.hpp) in step. Sequence numbers are followed: a gap
+// (core/routing/kv_block_index.hpp) in step. Sequence numbers are followed: a gap
 // is repaired through the engine's replay socket within a bounded wait,
 // else that instance's blocks are dropped and it is marked `fallback`
 // until it can be trusted again (docs/kv-events.md).
@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/kv_block_index.hpp"
-#include "core/kv_events.hpp"
 #include "core/observability/prometheus.hpp"
+#include "core/routing/kv_block_index.hpp"
+#include "core/routing/kv_events.hpp"
 #include "plugins/kv_event_decoder.hpp"
 
 namespace pdgate {

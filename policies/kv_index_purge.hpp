@@ -13,7 +13,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "core/instance.hpp"
-#include "core/kv_location_index.hpp"
+#include "core/routing/kv_location_index.hpp"
 
 namespace pdgate::policy {
 

@@ -1,4 +1,4 @@
-// The in-process KvLocationIndex (core/kv_location_index.hpp): what this
+// The in-process KvLocationIndex (core/routing/kv_location_index.hpp): what this
 // gateway knows, in memory. Used alone by a single gateway, and as the
 // local copy that a shared index (plugins/redis_kv_index.hpp) feeds with
 // the records of every replica. Bounded in memory; each part has its own
@@ -16,7 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/kv_location_index.hpp"
+#include "core/routing/kv_location_index.hpp"
 
 namespace pdgate::policy {
 

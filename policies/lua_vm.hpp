@@ -17,10 +17,10 @@
 
 #include "core/base/result.hpp"
 #include "core/instance.hpp"
-#include "core/kv_block_index.hpp"
-#include "core/kv_location_index.hpp"
-#include "core/request_hook.hpp"
-#include "core/tokenizer.hpp"
+#include "core/routing/kv_block_index.hpp"
+#include "core/routing/kv_location_index.hpp"
+#include "core/routing/request_hook.hpp"
+#include "core/routing/tokenizer.hpp"
 #include "policies/policy_counters.hpp"
 #include "policies/shared_state.hpp"
 

@@ -2,7 +2,7 @@
 // (pdgate.kv_get/kv_set): bounded in memory and protected by a mutex; the
 // critical sections are a few map operations, far below a pick's budget.
 // Where prefixes and conversations were routed is kept apart, in a
-// KvLocationIndex (core/kv_location_index.hpp).
+// KvLocationIndex (core/routing/kv_location_index.hpp).
 #pragma once
 
 #include <array>

@@ -1,5 +1,5 @@
 // SHA-256 (OpenSSL's libcrypto), incremental and forkable. Conversation
-// keys and history fingerprints use it (core/turn_history.hpp): a keyed
+// keys and history fingerprints use it (core/routing/turn_history.hpp): a keyed
 // store must not reveal whose entry a key is, and a client must not be
 // able to forge another history with the same fingerprint, so a
 // non-cryptographic hash will not do.

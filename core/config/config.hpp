@@ -136,7 +136,7 @@ struct Config {
   std::string redis_key_prefix = "pdgate:";
   std::chrono::milliseconds redis_timeout{50};
   // With redis_url: replicas share their prefix and conversation routing
-  // records (core/kv_location_index.hpp).
+  // records (core/routing/kv_location_index.hpp).
   bool shared_kv_index = true;
   std::chrono::seconds conversation_ttl{450};
   // The exact KV-block index fed by engines' events (docs/kv-events.md):

@@ -10,9 +10,9 @@
 #include <string_view>
 
 #include "core/base/json_body.hpp"
-#include "core/kv_params.hpp"
-#include "core/request_facts.hpp"
-#include "core/tokenize_message.hpp"
+#include "core/routing/kv_params.hpp"
+#include "core/routing/request_facts.hpp"
+#include "core/routing/tokenize_message.hpp"
 #include "plugins/kv_bodies.hpp"
 
 namespace {

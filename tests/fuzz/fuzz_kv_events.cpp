@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "core/kv_block_index.hpp"
+#include "core/routing/kv_block_index.hpp"
 #include "plugins/kv_event_decoder.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -2,7 +2,7 @@
 // hiredis's reply reader, are copied out (plugins/redis_protocol.cpp
 // copy_reply), judged (interpret_take_reply, interpret_put_reply, and the
 // Sentinel answers: master address, ROLE, +switch-master), and a
-// taken value is decoded as a stored turn (core/turn_history.cpp). The
+// taken value is decoded as a stored turn (core/routing/turn_history.cpp). The
 // first byte picks how the bytes are split across reads: split or whole,
 // the replies and the protocol error must be the same.
 #include <hiredis/hiredis.h>
@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/turn_history.hpp"
+#include "core/routing/turn_history.hpp"
 #include "plugins/redis_protocol.hpp"
 
 namespace {

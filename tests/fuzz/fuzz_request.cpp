@@ -31,7 +31,7 @@
 #include "core/net/loop_guard.hpp"
 #include "core/net/request_framing.hpp"
 #include "core/net/request_head.hpp"
-#include "core/request_facts.hpp"
+#include "core/routing/request_facts.hpp"
 
 namespace http = boost::beast::http;
 

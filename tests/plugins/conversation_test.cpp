@@ -9,7 +9,7 @@
 #include <boost/asio/use_future.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/conversation.hpp"
+#include "core/routing/conversation.hpp"
 #include "plugins/conversation_stores.hpp"
 
 namespace pdgate {

@@ -1,7 +1,7 @@
 // pdgate.cached_tokens(): what a policy sees of the exact KV-block index.
 #include <gtest/gtest.h>
 
-#include "core/kv_block_index.hpp"
+#include "core/routing/kv_block_index.hpp"
 #include "tests/policies/policy_test_util.hpp"
 
 namespace pdgate::policy::test {

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/client_key.hpp"
-#include "core/request_hook.hpp"
+#include "core/routing/request_hook.hpp"
 #include "policies/policy_counters.hpp"
 #include "tests/policies/policy_test_util.hpp"
 

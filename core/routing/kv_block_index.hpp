@@ -1,5 +1,5 @@
 // Which KV blocks each engine instance holds, exactly, as its own KV
-// events say (core/kv_events.hpp, docs/kv-events.md). Blocks are keyed by
+// events say (core/routing/kv_events.hpp, docs/kv-events.md). Blocks are keyed by
 // pdgate's own chained hash over token ids, h = H(parent h, block tokens),
 // so the engines' hash seed and algorithm do not matter: a request's token
 // ids give the same chain on this side. Per instance, the engine's hash of
@@ -23,8 +23,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/kv_events.hpp"
-#include "core/kv_location_index.hpp"
+#include "core/routing/kv_events.hpp"
+#include "core/routing/kv_location_index.hpp"
 
 namespace pdgate {
 

@@ -1,5 +1,5 @@
 // Turns a request's prompt into the token ids an engine would see, so the
-// exact KV-block index (core/kv_block_index.hpp) can be asked which engine
+// exact KV-block index (core/routing/kv_block_index.hpp) can be asked which engine
 // holds its leading blocks. Implementations are in plugins/ (the sim's
 // rule, plugins/sim_tokenizer.hpp); `--tokenizer none` has none, and
 // policies then get no exact data (docs/kv-events.md).

@@ -1,4 +1,4 @@
-#include "core/conversation.hpp"
+#include "core/routing/conversation.hpp"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "core/turn_history.hpp"
+#include "core/routing/turn_history.hpp"
 
 #include <array>
 #include <charconv>

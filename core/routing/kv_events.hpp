@@ -2,7 +2,7 @@
 // format is read by plugins/kv_event_decoder.hpp), and the interface of
 // the service that receives them from every instance configured with an
 // event endpoint (docs/kv-events.md). The events feed the exact block
-// index (core/kv_block_index.hpp).
+// index (core/routing/kv_block_index.hpp).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
-#include "core/kv_location_index.hpp"
+#include "core/routing/kv_location_index.hpp"
 
 namespace pdgate {
 

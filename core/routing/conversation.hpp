@@ -1,7 +1,7 @@
 // Multi-turn KV reuse, the part the request pipeline calls
 // (docs/conversations.md): which conversation a request belongs to and
 // whose it is, the prefill params taken from the store when the request
-// continues the stored turn's history (core/turn_history.hpp), and the
+// continues the stored turn's history (core/routing/turn_history.hpp), and the
 // filter on decode's answer that captures decode's params for the next
 // turn, fingerprints the answer, and hides the params from the client.
 // Pure where possible; the two coroutines only add the store call and
@@ -21,11 +21,11 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/base/json_body.hpp"
-#include "core/conversation_store.hpp"
-#include "core/kv_params.hpp"
 #include "core/net/sse.hpp"
-#include "core/request_facts.hpp"
-#include "core/turn_history.hpp"
+#include "core/routing/conversation_store.hpp"
+#include "core/routing/kv_params.hpp"
+#include "core/routing/request_facts.hpp"
+#include "core/routing/turn_history.hpp"
 
 namespace pdgate {
 

@@ -1,6 +1,6 @@
 // The /tokenize messages: the body built from a request, and the answer
 // read back (--tokenizer vllm).
-#include "core/tokenize_message.hpp"
+#include "core/routing/tokenize_message.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,8 +1,8 @@
-// The pure half of conversation scoping (core/turn_history.hpp): store
+// The pure half of conversation scoping (core/routing/turn_history.hpp): store
 // keys, the stored entry's format, the fingerprint of a turn (history plus
 // decode's answer, streamed or whole) and the check that a new request
 // continues it exactly.
-#include "core/turn_history.hpp"
+#include "core/routing/turn_history.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "core/kv_block_index.hpp"
+#include "core/routing/kv_block_index.hpp"
 
 #include <algorithm>
 #include <mutex>

@@ -1,4 +1,4 @@
-#include "core/tokenize_message.hpp"
+#include "core/routing/tokenize_message.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,5 +1,5 @@
 // read_facts: what the gateway reads from a completion request.
-#include "core/request_facts.hpp"
+#include "core/routing/request_facts.hpp"
 
 #include <gtest/gtest.h>
 

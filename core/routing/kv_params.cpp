@@ -1,4 +1,4 @@
-#include "core/kv_params.hpp"
+#include "core/routing/kv_params.hpp"
 
 #include "core/base/json_body.hpp"
 

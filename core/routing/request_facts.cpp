@@ -1,4 +1,4 @@
-#include "core/request_facts.hpp"
+#include "core/routing/request_facts.hpp"
 
 #include <utility>
 

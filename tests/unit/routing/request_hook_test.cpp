@@ -2,7 +2,7 @@
 // and the body edits (max_tokens cap, priority).
 #include <gtest/gtest.h>
 
-#include "core/request_hook.hpp"
+#include "core/routing/request_hook.hpp"
 
 namespace pdgate {
 namespace {

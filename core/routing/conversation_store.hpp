@@ -48,7 +48,7 @@ struct TakeResult {
 // they are read by /health and /metrics, never used to make decisions.
 struct ConversationCounters {
   // Turns that reused the previous turn's blocks (counted by
-  // core/conversation.cpp once the history matched, not by the stores).
+  // core/routing/conversation.cpp once the history matched, not by the stores).
   std::atomic<std::uint64_t> hits{0};
   // Turns that named a conversation and reused nothing, by reason:
   // nothing stored for this client and conversation (expired included;

@@ -9,7 +9,7 @@
 // reuses it only when its own history begins with exactly that.
 //
 // Everything here is pure: the store calls and the pipeline glue live in
-// core/conversation.*.
+// core/routing/conversation.*.
 #pragma once
 
 #include <cstddef>

@@ -4,7 +4,7 @@
 
 #include <numeric>
 
-#include "core/kv_block_index.hpp"
+#include "core/routing/kv_block_index.hpp"
 
 namespace pdgate {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/request_hook.hpp"
+#include "core/routing/request_hook.hpp"
 
 #include <algorithm>
 #include <cctype>

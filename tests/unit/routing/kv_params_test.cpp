@@ -1,5 +1,5 @@
-// The handshake's kv_transfer_params (core/kv_params.hpp) and strip_member.
-#include "core/kv_params.hpp"
+// The handshake's kv_transfer_params (core/routing/kv_params.hpp) and strip_member.
+#include "core/routing/kv_params.hpp"
 
 #include <gtest/gtest.h>
 
