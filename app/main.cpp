@@ -26,10 +26,10 @@
 
 #include "core/config_reload.hpp"
 #include "core/control_loop.hpp"
-#include "core/instance_address.hpp"
-#include "core/kv_event_follow.hpp"
 #include "core/routing/kv_block_index.hpp"
 #include "core/server.hpp"
+#include "core/upstream/instance_address.hpp"
+#include "core/upstream/kv_event_follow.hpp"
 #include "plugins/conversation_stores.hpp"
 #include "plugins/dns_discovery.hpp"
 #include "plugins/kv_connectors.hpp"

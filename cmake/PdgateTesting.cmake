@@ -34,7 +34,7 @@ function(pdgate_add_test)
   # Line tables only in the RelWithDebInfo build scripts/build.sh makes
   # (after the build type's -g, so this wins): a failing test still reports
   # file and line, and full debug info took a quarter of the compile time
-  # (core/health.cpp: 39.5 s at -O2 -g, 30.1 s at -O2 -g1). A Debug tree
+  # (core/upstream/health.cpp: 39.5 s at -O2 -g, 30.1 s at -O2 -g1). A Debug tree
   # keeps full debug info for stepping through a test.
   if(NOT PDGATE_SANITIZE)
     target_compile_options(${T_NAME} PRIVATE $<$<CONFIG:RelWithDebInfo>:-g1>)

@@ -8,7 +8,7 @@
 #include <ctime>
 
 #include "core/base/json_body.hpp"
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

@@ -18,11 +18,11 @@
 
 #include "core/base/text.hpp"
 #include "core/base/use_tuple.hpp"
-#include "core/instance_address.hpp"
 #include "core/net/errors.hpp"
 #include "core/net/http_head.hpp"
 #include "core/net/maybe_tls_stream.hpp"
 #include "core/net/response_writer.hpp"
+#include "core/upstream/instance_address.hpp"
 
 namespace pdgate {
 

@@ -20,9 +20,9 @@
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
 #include "core/net/loop_guard.hpp"
-#include "core/upstream_validator.hpp"
+#include "core/upstream/instance.hpp"
+#include "core/upstream/upstream_validator.hpp"
 
 namespace pdgate {
 

@@ -7,7 +7,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/this_coro.hpp>
 
-#include "core/instance_address.hpp"
+#include "core/upstream/instance_address.hpp"
 
 namespace pdgate {
 

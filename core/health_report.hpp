@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

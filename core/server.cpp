@@ -19,7 +19,6 @@
 #include "core/base/use_tuple.hpp"
 #include "core/cluster_ops.hpp"
 #include "core/config_reload.hpp"
-#include "core/health.hpp"
 #include "core/health_report.hpp"
 #include "core/net/errors.hpp"
 #include "core/net/http_body.hpp"
@@ -29,6 +28,7 @@
 #include "core/observability/prometheus.hpp"
 #include "core/pipeline.hpp"
 #include "core/routing/conversation.hpp"
+#include "core/upstream/health.hpp"
 
 namespace pdgate {
 

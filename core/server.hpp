@@ -22,15 +22,15 @@
 #include "core/client_keys.hpp"
 #include "core/client_session.hpp"
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
 #include "core/net/body_budget.hpp"
 #include "core/net/loop_guard.hpp"
 #include "core/net/tls_context.hpp"
 #include "core/observability/metrics.hpp"
 #include "core/observability/prometheus.hpp"
 #include "core/observability/tracing.hpp"
-#include "core/registry_sync.hpp"
 #include "core/routes.hpp"
+#include "core/upstream/instance.hpp"
+#include "core/upstream/registry_sync.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {

@@ -16,10 +16,10 @@
 #include "core/net/maybe_tls_stream.hpp"
 
 #include "core/base/json_body.hpp"
-#include "core/instance.hpp"
 #include "core/net/errors.hpp"
 #include "core/observability/tracing.hpp"
-#include "core/upstream.hpp"
+#include "core/upstream/instance.hpp"
+#include "core/upstream/upstream.hpp"
 #include "core/worker.hpp"
 
 namespace pdgate {

@@ -7,7 +7,7 @@
 #include "core/base/json_body.hpp"
 #include "core/routing/tokenize_message.hpp"
 #include "core/stage.hpp"
-#include "core/upstream.hpp"
+#include "core/upstream/upstream.hpp"
 
 namespace pdgate {
 

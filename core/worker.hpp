@@ -10,7 +10,6 @@
 
 #include "core/client_keys.hpp"
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
 #include "core/net/client_watch.hpp"
 #include "core/net/loop_guard.hpp"
 #include "core/observability/metrics.hpp"
@@ -18,7 +17,8 @@
 #include "core/observability/trace_context.hpp"
 #include "core/routing/conversation_store.hpp"
 #include "core/routing/kv_connector.hpp"
-#include "core/upstream.hpp"
+#include "core/upstream/instance.hpp"
+#include "core/upstream/upstream.hpp"
 
 namespace pdgate {
 

@@ -21,7 +21,7 @@
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

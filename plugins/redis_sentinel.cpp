@@ -13,7 +13,7 @@
 
 #include "core/base/use_tuple.hpp"
 #include "core/net/deadline_socket.hpp"
-#include "core/upstream.hpp"
+#include "core/upstream/upstream.hpp"
 
 namespace pdgate {
 

@@ -10,7 +10,7 @@
 // when Redis is back.
 //
 // An instance learnt from the document passes the same validation as an
-// admin add (core/upstream_validator.hpp: --allowed-upstreams, the
+// admin add (core/upstream/upstream_validator.hpp: --allowed-upstreams, the
 // routing-loop probe, --model) before it is used: anyone who can write to
 // Redis could otherwise point every replica at an internal service.
 // Validation is asynchronous, at most --health-max-concurrency at a time,
@@ -33,10 +33,10 @@
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
 #include "core/net/loop_guard.hpp"
-#include "core/registry_sync.hpp"
-#include "core/upstream_validator.hpp"
+#include "core/upstream/instance.hpp"
+#include "core/upstream/registry_sync.hpp"
+#include "core/upstream/upstream_validator.hpp"
 
 namespace pdgate {
 

@@ -5,7 +5,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

@@ -22,8 +22,8 @@
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
 #include "core/routing/kv_location_index.hpp"
+#include "core/upstream/instance.hpp"
 #include "policies/lua_vm.hpp"
 #include "policies/lua_watchdog.hpp"
 #include "policies/shared_state.hpp"

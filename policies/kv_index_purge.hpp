@@ -12,8 +12,8 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "core/instance.hpp"
 #include "core/routing/kv_location_index.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate::policy {
 

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "core/base/result.hpp"
-#include "core/instance.hpp"
 #include "core/routing/kv_block_index.hpp"
 #include "core/routing/kv_location_index.hpp"
 #include "core/routing/request_hook.hpp"
 #include "core/routing/tokenizer.hpp"
+#include "core/upstream/instance.hpp"
 #include "policies/policy_counters.hpp"
 #include "policies/shared_state.hpp"
 

@@ -1,7 +1,7 @@
 #include "policies/metrics.hpp"
 
-#include "core/health.hpp"
-#include "core/probe_rounds.hpp"
+#include "core/upstream/health.hpp"
+#include "core/upstream/probe_rounds.hpp"
 
 #include <charconv>
 #include <cmath>

@@ -10,7 +10,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 struct EngineTls;
@@ -35,7 +35,7 @@ EngineMetrics parse_vllm_metrics(std::string_view text);
 // Starts polling GET /metrics of every instance in the registry's current
 // snapshot each `interval`, with a timeout of `interval` (at least 200 ms)
 // per request, at most `max_concurrency` at a time, each instance at its
-// own offset into the interval (core/probe_rounds.hpp). Runs on `ioc`
+// own offset into the interval (core/upstream/probe_rounds.hpp). Runs on `ioc`
 // (which one thread must run) until it is stopped; returns at once. An
 // instance that does not answer keeps its last numbers, and its
 // metrics_at_ms tells how old they are. `tls` reaches https:// instances.

@@ -1,4 +1,4 @@
-// An engine's answer as the exchange reads it (core/upstream.cpp with
+// An engine's answer as the exchange reads it (core/upstream/upstream.cpp with
 // core/net/engine_response_parser.hpp): the bytes arrive in pieces into one
 // buffer, each parse writes body bytes into a room the caller lends, and
 // the connection's end is told to the parser once. The first byte picks

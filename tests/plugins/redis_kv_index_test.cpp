@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 #include "plugins/redis_kv_index.hpp"
 #include "policies/local_kv_index.hpp"
 #include "tests/integration/harness.hpp"

@@ -16,7 +16,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 #include "policies/metrics.hpp"
 #include "tests/integration/harness.hpp"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 #include "policies/engine.hpp"
 
 namespace pdgate::policy::test {

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 namespace {

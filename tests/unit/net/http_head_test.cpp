@@ -9,10 +9,10 @@
 
 #include <boost/beast/http.hpp>
 
-#include "core/instance.hpp"
 #include "core/net/errors.hpp"
 #include "core/net/http_head.hpp"
 #include "core/stage.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 namespace {

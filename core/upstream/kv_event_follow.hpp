@@ -11,8 +11,8 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "core/instance.hpp"
 #include "core/routing/kv_events.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

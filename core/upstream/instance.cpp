@@ -1,4 +1,4 @@
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 #include <algorithm>
 #include <utility>

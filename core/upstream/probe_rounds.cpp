@@ -1,4 +1,4 @@
-#include "core/probe_rounds.hpp"
+#include "core/upstream/probe_rounds.hpp"
 #include "core/base/use_tuple.hpp"
 
 #include <algorithm>

@@ -15,7 +15,7 @@
 #include <boost/asio/ip/address.hpp>
 
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

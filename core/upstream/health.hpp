@@ -11,8 +11,8 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
 #include "core/net/loop_guard.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 
@@ -40,7 +40,7 @@ boost::asio::awaitable<ProbeResult> probe_get(boost::asio::any_io_executor ex, s
 
 // Checks every instance's /health each interval (when on), at most
 // --health-max-concurrency at a time, each at its own offset into the
-// interval (core/probe_rounds.hpp; the first round as soon as slots allow);
+// interval (core/upstream/probe_rounds.hpp; the first round as soon as slots allow);
 // applies rise/fall, re-admits ejected instances whose back-off passed when
 // checks are off, and forgets removed instances once idle. Runs until the
 // executor stops, which must be run by one thread.

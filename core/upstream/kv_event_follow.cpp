@@ -1,4 +1,4 @@
-#include "core/kv_event_follow.hpp"
+#include "core/upstream/kv_event_follow.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>

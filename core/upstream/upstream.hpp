@@ -19,10 +19,10 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
-#include "core/instance.hpp"
 #include "core/net/engine_response_parser.hpp"
 #include "core/net/maybe_tls_stream.hpp"
 #include "core/net/request_scope.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-#include "core/upstream_validator.hpp"
+#include "core/upstream/upstream_validator.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -15,8 +15,8 @@
 
 #include "core/base/text.hpp"
 #include "core/base/use_tuple.hpp"
-#include "core/health.hpp"
-#include "core/upstream.hpp"
+#include "core/upstream/health.hpp"
+#include "core/upstream/upstream.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-#include "core/upstream.hpp"
+#include "core/upstream/upstream.hpp"
 
 #include <tuple>
 

@@ -1,9 +1,9 @@
-#include "core/instance_address.hpp"
+#include "core/upstream/instance_address.hpp"
 
 #include <algorithm>
 #include <map>
 
-#include "core/upstream.hpp"
+#include "core/upstream/upstream.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-// The keep-alive pool and the exchange (core/upstream.*), against an
+// The keep-alive pool and the exchange (core/upstream/upstream.*), against an
 // engine played by a thread in this process: a pooled connection the
 // engine closed while it sat idle is retried once on a fresh one (the
 // request never started there), but a fresh connection that fails, or
@@ -21,7 +21,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "core/net/request_scope.hpp"
-#include "core/upstream.hpp"
+#include "core/upstream/upstream.hpp"
 
 namespace pdgate {
 namespace {

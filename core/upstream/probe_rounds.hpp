@@ -11,7 +11,7 @@
 
 #include <boost/asio/awaitable.hpp>
 
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

@@ -2,7 +2,7 @@
 // snapshot that have an event endpoint.
 #include <gtest/gtest.h>
 
-#include "core/kv_event_follow.hpp"
+#include "core/upstream/kv_event_follow.hpp"
 
 namespace pdgate {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/health.hpp"
+#include "core/upstream/health.hpp"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
@@ -14,8 +14,8 @@
 #include "core/base/use_tuple.hpp"
 #include "core/net/maybe_tls_stream.hpp"
 #include "core/net/tls_context.hpp"
-#include "core/probe_rounds.hpp"
-#include "core/upstream.hpp"
+#include "core/upstream/probe_rounds.hpp"
+#include "core/upstream/upstream.hpp"
 
 namespace pdgate {
 

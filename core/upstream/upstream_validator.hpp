@@ -17,8 +17,8 @@
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
-#include "core/instance.hpp"
 #include "core/net/loop_guard.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
 

@@ -1,7 +1,7 @@
-// Instances and the registry (core/instance.*): passive ejection after
+// Instances and the registry (core/upstream/instance.*): passive ejection after
 // consecutive failures, active checks' fall/rise, the re-admission
 // back-off, and the registry's add/drain/remove invariants.
-#include "core/instance.hpp"
+#include "core/upstream/instance.hpp"
 
 #include <gtest/gtest.h>
 
