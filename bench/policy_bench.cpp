@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/client_key.hpp"
+#include "core/pipeline/client_key.hpp"
 #include "core/routing/request_hook.hpp"
 #include "plugins/redis_kv_index.hpp"
 #include "policies/engine.hpp"

@@ -18,8 +18,8 @@
 #include "core/net/loop_guard.hpp"
 #include "core/net/tls_context.hpp"
 #include "core/observability/metrics.hpp"
+#include "core/pipeline/worker.hpp"
 #include "core/routes.hpp"
-#include "core/worker.hpp"
 
 namespace pdgate {
 

@@ -5,7 +5,7 @@
 
 #include "core/base/child_group.hpp"
 #include "core/net/errors.hpp"
-#include "core/stage.hpp"
+#include "core/pipeline/stage.hpp"
 
 namespace pdgate {
 

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/net/request_scope.hpp"
-#include "core/stage.hpp"
-#include "core/worker.hpp"
+#include "core/pipeline/stage.hpp"
+#include "core/pipeline/worker.hpp"
 
 namespace pdgate {
 

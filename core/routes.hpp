@@ -13,7 +13,7 @@
 #include "core/net/maybe_tls_stream.hpp"
 
 #include "core/net/request_scope.hpp"
-#include "core/worker.hpp"
+#include "core/pipeline/worker.hpp"
 
 namespace pdgate {
 

@@ -26,7 +26,7 @@
 #include "core/net/request_framing.hpp"
 #include "core/observability/process_metrics.hpp"
 #include "core/observability/prometheus.hpp"
-#include "core/pipeline.hpp"
+#include "core/pipeline/pipeline.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/upstream/health.hpp"
 

@@ -19,7 +19,6 @@
 
 #include "core/access_log.hpp"
 #include "core/admin.hpp"
-#include "core/client_keys.hpp"
 #include "core/client_session.hpp"
 #include "core/config/config.hpp"
 #include "core/net/body_budget.hpp"
@@ -28,10 +27,11 @@
 #include "core/observability/metrics.hpp"
 #include "core/observability/prometheus.hpp"
 #include "core/observability/tracing.hpp"
+#include "core/pipeline/client_keys.hpp"
+#include "core/pipeline/worker.hpp"
 #include "core/routes.hpp"
 #include "core/upstream/instance.hpp"
 #include "core/upstream/registry_sync.hpp"
-#include "core/worker.hpp"
 
 namespace pdgate {
 

@@ -1,5 +1,5 @@
 // API-key limits shared by every replica through Redis, and keys kept in
-// Redis (core/client_keys.hpp has the interface and the local version).
+// Redis (core/pipeline/client_keys.hpp has the interface and the local version).
 //
 // One Lua script per request does the whole check atomically on Redis's
 // clock: the tokens-per-minute window, the GCRA rate bucket and the
@@ -20,7 +20,7 @@
 #include <string>
 
 #include "core/base/result.hpp"
-#include "core/client_keys.hpp"
+#include "core/pipeline/client_keys.hpp"
 
 namespace pdgate {
 

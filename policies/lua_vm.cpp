@@ -15,7 +15,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/client_key.hpp"
+#include "core/pipeline/client_key.hpp"
 
 #include "policies/lua_bounded_lib.hpp"
 #include "policies/lua_budget.hpp"

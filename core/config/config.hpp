@@ -98,7 +98,7 @@ struct Config {
   std::size_t body_memory_limit = std::size_t{1} << 30;
   std::chrono::milliseconds header_timeout{10'000};
   std::chrono::milliseconds client_idle_timeout{75'000};
-  // API keys (core/client_keys.hpp): a YAML file of hashed keys, and/or
+  // API keys (core/pipeline/client_keys.hpp): a YAML file of hashed keys, and/or
   // keys shared through Redis; limits shared through Redis when --redis is
   // set. What to do when Redis cannot answer a limit check.
   std::string api_keys_file;

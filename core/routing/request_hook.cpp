@@ -26,7 +26,7 @@ bool is_token_char(unsigned char c) {
 }
 
 // Hop-by-hop headers (RFC 9110 7.6.1), framing, and what pdgate writes
-// itself on every engine request (core/stage.cpp's upstream_fields).
+// itself on every engine request (core/pipeline/stage.cpp's upstream_fields).
 constexpr std::string_view kRefused[] = {
     "connection",     "keep-alive",          "proxy-connection", "te",
     "trailer",        "transfer-encoding",   "upgrade",          "host",

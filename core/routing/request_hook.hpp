@@ -1,7 +1,7 @@
 // The request hook of policy API v2 (docs/policies.md, "on_request"): what
 // a policy sees of a request before it is routed, and what it may decide
 // about it. The pipeline fills the input and applies the decision
-// (core/request_hook_phase.cpp); the policy engine runs the script. The
+// (core/pipeline/request_hook_phase.cpp); the policy engine runs the script. The
 // checks and edits here are pure, so both sides share them and unit tests
 // cover them without a gateway.
 #pragma once

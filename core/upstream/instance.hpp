@@ -283,7 +283,7 @@ class Registry {
   std::atomic<std::uint64_t> shared_refused_{0};
 };
 
-struct ClientKey;  // core/client_keys.hpp
+struct ClientKey;  // core/pipeline/client_keys.hpp
 
 // What a picker may look at, gathered before it runs: pickers never do
 // I/O. It grows as policies need more.

@@ -3,7 +3,7 @@
 // and reloads behave, and the bounds of pdgate.count and pdgate.log.
 #include <gtest/gtest.h>
 
-#include "core/client_key.hpp"
+#include "core/pipeline/client_key.hpp"
 #include "core/routing/request_hook.hpp"
 #include "policies/policy_counters.hpp"
 #include "tests/policies/policy_test_util.hpp"

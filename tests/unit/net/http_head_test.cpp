@@ -11,7 +11,7 @@
 
 #include "core/net/errors.hpp"
 #include "core/net/http_head.hpp"
-#include "core/stage.hpp"
+#include "core/pipeline/stage.hpp"
 #include "core/upstream/instance.hpp"
 
 namespace pdgate {

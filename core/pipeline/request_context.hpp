@@ -1,5 +1,5 @@
 // One client completion request as it passes through the pipeline's
-// phases (core/pipeline.cpp): what was read from it, what each phase
+// phases (core/pipeline/pipeline.cpp): what was read from it, what each phase
 // decided, and what the failover may still spend. It lives on the heap
 // for the routing phases only: once decode's first bytes are in, the relay
 // keeps what it needs (DecodeRelay) and the rest (the JSON index, the
@@ -18,14 +18,14 @@
 #include "core/net/maybe_tls_stream.hpp"
 
 #include "core/base/json_body.hpp"
-#include "core/client_key.hpp"
 #include "core/net/request_scope.hpp"
 #include "core/observability/tracing.hpp"
+#include "core/pipeline/client_key.hpp"
+#include "core/pipeline/stage.hpp"
+#include "core/pipeline/worker.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/routing/kv_connector.hpp"
 #include "core/routing/request_facts.hpp"
-#include "core/stage.hpp"
-#include "core/worker.hpp"
 
 namespace pdgate {
 

@@ -1,8 +1,8 @@
 // The request hook's header edits applied to what every engine request
-// carries (core/request_hook_phase.cpp).
+// carries (core/pipeline/request_hook_phase.cpp).
 #include <gtest/gtest.h>
 
-#include "core/request_hook_phase.hpp"
+#include "core/pipeline/request_hook_phase.hpp"
 
 namespace pdgate {
 namespace {

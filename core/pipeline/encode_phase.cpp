@@ -1,4 +1,4 @@
-#include "core/encode_stage.hpp"
+#include "core/pipeline/encode_phase.hpp"
 
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 #include <boost/asio/this_coro.hpp>
 
 #include "core/base/child_group.hpp"
-#include "core/stage.hpp"
+#include "core/pipeline/stage.hpp"
 
 namespace pdgate {
 

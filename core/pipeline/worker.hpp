@@ -8,13 +8,13 @@
 #include <cstdint>
 #include <string>
 
-#include "core/client_keys.hpp"
 #include "core/config/config.hpp"
 #include "core/net/client_watch.hpp"
 #include "core/net/loop_guard.hpp"
 #include "core/observability/metrics.hpp"
 #include "core/observability/request_ids.hpp"
 #include "core/observability/trace_context.hpp"
+#include "core/pipeline/client_keys.hpp"
 #include "core/routing/conversation_store.hpp"
 #include "core/routing/kv_connector.hpp"
 #include "core/upstream/instance.hpp"

@@ -1,4 +1,4 @@
-#include "core/client_keys.hpp"
+#include "core/pipeline/client_keys.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -9,7 +9,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "core/net/errors.hpp"
-#include "core/request_context.hpp"
+#include "core/pipeline/request_context.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,4 @@
-#include "core/stage.hpp"
+#include "core/pipeline/stage.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -1,4 +1,4 @@
-#include "core/client_admission.hpp"
+#include "core/pipeline/admit_phase.hpp"
 
 #include <spdlog/spdlog.h>
 

@@ -11,9 +11,9 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/http.hpp>
 
-#include "core/client_keys.hpp"
 #include "core/net/errors.hpp"
-#include "core/worker.hpp"
+#include "core/pipeline/client_keys.hpp"
+#include "core/pipeline/worker.hpp"
 
 namespace pdgate {
 

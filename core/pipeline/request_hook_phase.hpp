@@ -1,4 +1,4 @@
-// The request hook phase of the pipeline (core/pipeline.cpp): after the
+// The request hook phase of the pipeline (core/pipeline/pipeline.cpp): after the
 // request is validated and before anything is routed, the policy's
 // on_request (docs/policies.md) may reject it, edit its upstream headers
 // and a few body fields, and choose its path. No I/O: it runs at once.
@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "core/net/errors.hpp"
-#include "core/request_context.hpp"
+#include "core/pipeline/request_context.hpp"
+#include "core/pipeline/stage.hpp"
 #include "core/routing/request_hook.hpp"
-#include "core/stage.hpp"
 
 namespace pdgate {
 

@@ -1,8 +1,8 @@
-#include "core/decode_stage.hpp"
+#include "core/pipeline/decode_phase.hpp"
 
 #include <spdlog/spdlog.h>
 
-#include "core/prefill_stage.hpp"
+#include "core/pipeline/prefill_phase.hpp"
 #include "core/routing/kv_params.hpp"
 
 namespace pdgate {

@@ -1,6 +1,6 @@
-// API keys and limits (core/client_keys.*): the key file, bearer tokens,
+// API keys and limits (core/pipeline/client_keys.*): the key file, bearer tokens,
 // the GCRA arithmetic and the in-process limits, without servers.
-#include "core/client_keys.hpp"
+#include "core/pipeline/client_keys.hpp"
 
 #include <gtest/gtest.h>
 

@@ -29,7 +29,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "core/base/result.hpp"
-#include "core/client_key.hpp"
+#include "core/pipeline/client_key.hpp"
 
 namespace pdgate {
 

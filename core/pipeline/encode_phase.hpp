@@ -16,9 +16,9 @@
 #include "core/base/result.hpp"
 #include "core/net/errors.hpp"
 #include "core/net/request_scope.hpp"
-#include "core/request_context.hpp"
-#include "core/stage.hpp"
-#include "core/worker.hpp"
+#include "core/pipeline/request_context.hpp"
+#include "core/pipeline/stage.hpp"
+#include "core/pipeline/worker.hpp"
 
 namespace pdgate {
 

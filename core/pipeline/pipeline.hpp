@@ -1,6 +1,6 @@
 // The completion routes' pipeline, phase by phase (pipeline.cpp): validate,
-// encode (core/encode_stage.hpp), prefill (core/prefill_stage.hpp), decode
-// (core/decode_stage.hpp), relay (core/relay.hpp). Each phase moves the
+// encode (core/pipeline/encode_phase.hpp), prefill (core/pipeline/prefill_phase.hpp), decode
+// (core/pipeline/decode_phase.hpp), relay (core/pipeline/relay.hpp). Each phase moves the
 // request on or returns the GatewayError that ends it; finish() is the one
 // place such an error becomes the client's answer and its metrics.
 #pragma once
@@ -12,7 +12,7 @@
 #include "core/net/errors.hpp"
 #include "core/net/request_scope.hpp"
 #include "core/net/response_writer.hpp"
-#include "core/worker.hpp"
+#include "core/pipeline/worker.hpp"
 
 namespace pdgate {
 

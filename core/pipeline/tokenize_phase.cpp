@@ -1,12 +1,12 @@
-#include "core/tokenize_phase.hpp"
+#include "core/pipeline/tokenize_phase.hpp"
 
 #include <functional>
 
 #include <spdlog/spdlog.h>
 
 #include "core/base/json_body.hpp"
+#include "core/pipeline/stage.hpp"
 #include "core/routing/tokenize_message.hpp"
-#include "core/stage.hpp"
 #include "core/upstream/upstream.hpp"
 
 namespace pdgate {

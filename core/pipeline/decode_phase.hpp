@@ -10,8 +10,8 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "core/net/errors.hpp"
-#include "core/relay.hpp"
-#include "core/request_context.hpp"
+#include "core/pipeline/relay.hpp"
+#include "core/pipeline/request_context.hpp"
 
 namespace pdgate {
 

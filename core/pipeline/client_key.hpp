@@ -1,4 +1,4 @@
-// One client API key: its name, labels and limits (core/client_keys.hpp
+// One client API key: its name, labels and limits (core/pipeline/client_keys.hpp
 // holds the key table and the limiters). Apart, so that what only reads a
 // key (the policies' request hook) needs no networking headers.
 #pragma once

@@ -1,4 +1,4 @@
-#include "core/request_hook_phase.hpp"
+#include "core/pipeline/request_hook_phase.hpp"
 
 #include <spdlog/spdlog.h>
 #include <boost/beast/core/string.hpp>

@@ -18,9 +18,9 @@
 #include "core/base/json_body.hpp"
 #include "core/net/errors.hpp"
 #include "core/observability/tracing.hpp"
+#include "core/pipeline/worker.hpp"
 #include "core/upstream/instance.hpp"
 #include "core/upstream/upstream.hpp"
-#include "core/worker.hpp"
 
 namespace pdgate {
 
@@ -42,7 +42,7 @@ struct ForwardedHeaders {
   std::string forwarded;
   // Names from the Config (which outlives every request), values copied.
   std::vector<std::pair<std::string_view, std::string>> extra;
-  // Set by the request hook (core/request_hook_phase.hpp).
+  // Set by the request hook (core/pipeline/request_hook_phase.hpp).
   std::vector<std::pair<std::string, std::string>> policy_set;
 };
 

@@ -1,4 +1,4 @@
-#include "core/relay.hpp"
+#include "core/pipeline/relay.hpp"
 
 #include <charconv>
 

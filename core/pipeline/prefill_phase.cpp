@@ -1,10 +1,10 @@
-#include "core/prefill_stage.hpp"
+#include "core/pipeline/prefill_phase.hpp"
 
 #include <spdlog/spdlog.h>
 
+#include "core/pipeline/stage.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/routing/kv_params.hpp"
-#include "core/stage.hpp"
 
 namespace pdgate {
 

@@ -1,19 +1,19 @@
-#include "core/pipeline.hpp"
+#include "core/pipeline/pipeline.hpp"
 
 #include <spdlog/spdlog.h>
 #include <boost/beast/core/string.hpp>
 
-#include "core/client_admission.hpp"
-#include "core/decode_stage.hpp"
-#include "core/encode_stage.hpp"
 #include "core/net/http_head.hpp"
 #include "core/net/http_tokens.hpp"
-#include "core/prefill_stage.hpp"
-#include "core/relay.hpp"
-#include "core/request_context.hpp"
-#include "core/request_hook_phase.hpp"
+#include "core/pipeline/admit_phase.hpp"
+#include "core/pipeline/decode_phase.hpp"
+#include "core/pipeline/encode_phase.hpp"
+#include "core/pipeline/prefill_phase.hpp"
+#include "core/pipeline/relay.hpp"
+#include "core/pipeline/request_context.hpp"
+#include "core/pipeline/request_hook_phase.hpp"
+#include "core/pipeline/tokenize_phase.hpp"
 #include "core/routing/conversation.hpp"
-#include "core/tokenize_phase.hpp"
 
 namespace pdgate {
 

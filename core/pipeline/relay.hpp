@@ -15,9 +15,9 @@
 #include "core/net/maybe_tls_stream.hpp"
 
 #include "core/net/sse.hpp"
-#include "core/request_context.hpp"
+#include "core/pipeline/request_context.hpp"
+#include "core/pipeline/stage.hpp"
 #include "core/routing/conversation.hpp"
-#include "core/stage.hpp"
 
 namespace pdgate {
 
