@@ -24,10 +24,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/version.hpp>
 
-#include "core/config_reload.hpp"
-#include "core/control_loop.hpp"
+#include "core/gateway/config_reload.hpp"
+#include "core/gateway/control_loop.hpp"
+#include "core/gateway/server.hpp"
 #include "core/routing/kv_block_index.hpp"
-#include "core/server.hpp"
 #include "core/upstream/instance_address.hpp"
 #include "core/upstream/kv_event_follow.hpp"
 #include "plugins/conversation_stores.hpp"
@@ -356,7 +356,7 @@ int main(int argc, char** argv) {
                                events->write_metrics(m);
                              });
     // SIGHUP re-reads the command line and its config file and applies
-    // what can change at run time (core/config_reload.hpp).
+    // what can change at run time (core/gateway/config_reload.hpp).
     pdgate::ConfigReloader reloader(
         control.get_executor(), cfg,
         {[argc, argv]() -> pdgate::Result<pdgate::Config> {

@@ -201,7 +201,7 @@ struct Config {
   std::vector<std::pair<std::string, std::string>> set_headers;
 
   std::string log_level = "info";
-  // One line per request (core/access_log.hpp): a file path, "stderr" or
+  // One line per request (core/gateway/access_log.hpp): a file path, "stderr" or
   // "off"; "text" or "json".
   std::string access_log = "off";
   std::string access_log_format = "text";

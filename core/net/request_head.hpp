@@ -1,5 +1,5 @@
 // The client request's header, parsed without Beast's generic parser when
-// it is plain: the fast path of core/client_session.cpp's read_request.
+// it is plain: the fast path of core/gateway/client_session.cpp's read_request.
 //
 // Beast's request parser spent ~3.6k instructions on a three-field header
 // (a tenth of a one-hop request): per field a name hash, list validation,

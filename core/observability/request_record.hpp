@@ -1,6 +1,6 @@
 // What one client request did, gathered while it is served and read once
-// at its single exit (core/client_session.cpp), where it is counted in the
-// metrics and handed to the access log (core/access_log.hpp).
+// at its single exit (core/gateway/client_session.cpp), where it is counted in the
+// metrics and handed to the access log (core/gateway/access_log.hpp).
 #pragma once
 
 #include <chrono>

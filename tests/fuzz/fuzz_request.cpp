@@ -1,4 +1,4 @@
-// The client request path as pdgate reads it (core/client_session.cpp):
+// The client request path as pdgate reads it (core/gateway/client_session.cpp):
 // the plain-header fast path (core/net/request_head.cpp) checked against
 // Beast's request parser with pdgate's body type and limits, the framing
 // check before any body byte is read (core/net/request_framing.cpp), the Via

@@ -1,4 +1,4 @@
-#include "core/cluster_ops.hpp"
+#include "core/gateway/cluster_ops.hpp"
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/this_coro.hpp>

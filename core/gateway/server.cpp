@@ -1,4 +1,4 @@
-#include "core/server.hpp"
+#include "core/gateway/server.hpp"
 
 #include <sys/socket.h>
 
@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/use_tuple.hpp"
-#include "core/cluster_ops.hpp"
-#include "core/config_reload.hpp"
-#include "core/health_report.hpp"
+#include "core/gateway/cluster_ops.hpp"
+#include "core/gateway/config_reload.hpp"
+#include "core/gateway/health_report.hpp"
 #include "core/net/errors.hpp"
 #include "core/net/http_body.hpp"
 #include "core/net/http_head.hpp"

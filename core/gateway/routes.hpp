@@ -1,6 +1,6 @@
 // The client port's routes, in one table: method and path to a handler.
 // The gateway fills it once at start; every connection dispatches through
-// it (core/client_session.cpp), so the routes are listed in one place.
+// it (core/gateway/client_session.cpp), so the routes are listed in one place.
 #pragma once
 
 #include <functional>

@@ -2,7 +2,7 @@
 // its own listening socket on the shared port (SO_REUSEPORT lets the kernel
 // spread connections), the admin thread (admin listener, health checks,
 // shared registry), the routes and the state they share. Signals are the
-// control loop's (core/control_loop.hpp).
+// control loop's (core/gateway/control_loop.hpp).
 #pragma once
 
 #include <atomic>
@@ -17,10 +17,11 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/access_log.hpp"
-#include "core/admin.hpp"
-#include "core/client_session.hpp"
 #include "core/config/config.hpp"
+#include "core/gateway/access_log.hpp"
+#include "core/gateway/admin.hpp"
+#include "core/gateway/client_session.hpp"
+#include "core/gateway/routes.hpp"
 #include "core/net/body_budget.hpp"
 #include "core/net/loop_guard.hpp"
 #include "core/net/tls_context.hpp"
@@ -29,7 +30,6 @@
 #include "core/observability/tracing.hpp"
 #include "core/pipeline/client_keys.hpp"
 #include "core/pipeline/worker.hpp"
-#include "core/routes.hpp"
 #include "core/upstream/instance.hpp"
 #include "core/upstream/registry_sync.hpp"
 
@@ -83,7 +83,7 @@ class Gateway {
   void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
   // Prometheus text for GET /metrics.
   std::string metrics_text() const;
-  // Applies a reloaded configuration (core/config_reload.hpp): the
+  // Applies a reloaded configuration (core/gateway/config_reload.hpp): the
   // instance lists are reconciled with the registry at once, and each
   // worker, and the admin API, swaps in `next` on its own thread before
   // its next event, so a request reads its settings without a lock and

@@ -1,4 +1,4 @@
-#include "core/control_loop.hpp"
+#include "core/gateway/control_loop.hpp"
 
 #include <csignal>
 

@@ -1,4 +1,4 @@
-#include "core/access_log.hpp"
+#include "core/gateway/access_log.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "core/config_reload.hpp"
+#include "core/gateway/config_reload.hpp"
 
 #include <set>
 

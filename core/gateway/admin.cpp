@@ -1,4 +1,4 @@
-#include "core/admin.hpp"
+#include "core/gateway/admin.hpp"
 
 #include "core/routing/kv_events.hpp"
 

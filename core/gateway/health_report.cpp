@@ -1,4 +1,4 @@
-#include "core/health_report.hpp"
+#include "core/gateway/health_report.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "core/routes.hpp"
+#include "core/gateway/routes.hpp"
 
 namespace pdgate {
 

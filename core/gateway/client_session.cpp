@@ -1,4 +1,4 @@
-#include "core/client_session.hpp"
+#include "core/gateway/client_session.hpp"
 
 #include <sys/socket.h>
 

@@ -1,6 +1,6 @@
 // The access log: its line formats, the traceparent's trace id, and the
 // bounded queue that drops (and counts) rather than blocks.
-#include "core/access_log.hpp"
+#include "core/gateway/access_log.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // A reload's instance lists against the running registry
-// (core/config_reload.*): what is added, drained and kept, under which id.
-#include "core/config_reload.hpp"
+// (core/gateway/config_reload.*): what is added, drained and kept, under which id.
+#include "core/gateway/config_reload.hpp"
 
 #include <gtest/gtest.h>
 

@@ -12,14 +12,14 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
-#include "core/access_log.hpp"
 #include "core/config/config.hpp"
+#include "core/gateway/access_log.hpp"
+#include "core/gateway/routes.hpp"
 #include "core/net/body_budget.hpp"
 #include "core/net/loop_guard.hpp"
 #include "core/net/tls_context.hpp"
 #include "core/observability/metrics.hpp"
 #include "core/pipeline/worker.hpp"
-#include "core/routes.hpp"
 
 namespace pdgate {
 
