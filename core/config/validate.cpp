@@ -1,0 +1,118 @@
+// The rules that span several options (a decode instance at least, TLS
+// files in pairs, no instance listed twice, ...), checked once a Config is
+// whole, whatever it came from.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "core/base/text.hpp"
+#include "core/config/config.hpp"
+#include "core/config/detail/raw_options.hpp"
+#include "core/config/detail/values.hpp"
+
+namespace pdgate {
+
+Result<Config> validate(Config c) {
+  config_detail::Errors errors;
+  const auto has_dns = [&](Role role) {
+    return std::any_of(c.dns_sources.begin(), c.dns_sources.end(),
+                       [&](const DnsSource& d) { return d.role == role; });
+  };
+  if (c.decode.empty() && !has_dns(Role::decode)) {
+    errors.push_back(
+        "no decode instances: give --decode, --decoder-host/--decoder-port or "
+        "--decode-servers-urls");
+  }
+  if (c.prefill_disabled && !c.prefill.empty()) {
+    errors.push_back(
+        "--prefill-servers-urls disables prefill, but prefill instances were also given "
+        "(--prefill or --prefiller-host)");
+  }
+  if (c.prefill_disabled && has_dns(Role::prefill)) {
+    errors.push_back(
+        "--prefill-servers-urls disables prefill, but a dns:// prefill source was given");
+  }
+  if (c.prefill.empty() && !has_dns(Role::prefill) && !c.prefill_disabled &&
+      c.kv_connector != "none") {
+    errors.push_back(
+        "no prefill instances: give --prefill, --prefiller-host/--prefiller-port or "
+        "--prefill-servers-urls, or send requests in one hop with --prefill-servers-urls "
+        "disable");
+  }
+  if (c.host.empty())
+    errors.push_back("--host must not be empty");
+  if (c.tls_cert.empty() != c.tls_key.empty())
+    errors.push_back("--tls-cert and --tls-key go together: give both or neither");
+  if (!c.tls_client_ca.empty() && c.tls_cert.empty())
+    errors.push_back("--tls-client-ca needs --tls-cert and --tls-key");
+  if (c.upstream_cert.empty() != c.upstream_key.empty())
+    errors.push_back("--upstream-cert and --upstream-key go together: give both or neither");
+  if (c.workers > 1024) {
+    errors.push_back("--workers: at most 1024 (got " + std::to_string(c.workers) + ")");
+  }
+  if (auto k = config_detail::parse_kv_connector(c.kv_connector); !k)
+    errors.push_back("--kv-connector: " + k.error());
+  if (auto l = config_detail::parse_log_level(c.log_level); !l)
+    errors.push_back("--log-level: " + l.error());
+  if (c.max_body_bytes == 0)
+    errors.push_back("--max-body-size must be at least 1 byte");
+  if (c.body_memory_limit < (1u << 20)) {
+    errors.push_back("--body-memory-limit must be at least 1MiB (got " +
+                     std::to_string(c.body_memory_limit) + " bytes)");
+  }
+  if (c.policy_memory < (1u << 20)) {
+    errors.push_back("--policy-memory must be at least 1MiB (got " +
+                     std::to_string(c.policy_memory) + " bytes)");
+  }
+  if (c.prefix_block_size < 16) {
+    errors.push_back("--prefix-block-size must be at least 16 bytes (got " +
+                     std::to_string(c.prefix_block_size) + ")");
+  }
+  if (c.max_header_bytes < 1024) {
+    errors.push_back("--max-header-size must be at least 1KiB (got " +
+                     std::to_string(c.max_header_bytes) + " bytes)");
+  }
+  const std::pair<const char*, std::chrono::milliseconds> durations[] = {
+      {"--header-timeout", c.header_timeout},
+      {"--client-idle-timeout", c.client_idle_timeout},
+      {"--connect-timeout", c.connect_timeout},
+      {"--first-byte-timeout", c.first_byte_timeout},
+      {"--upstream-idle-timeout", c.upstream_idle_timeout},
+  };
+  for (const auto& [name, d] : durations) {
+    if (d.count() <= 0)
+      errors.push_back(std::string(name) + " must be positive");
+  }
+  if (c.model_check_timeout > std::chrono::minutes(5)) {
+    errors.push_back("--model-check-timeout must be at most 5m (an admin add waits for it)");
+  }
+  if (c.shutdown_timeout > std::chrono::hours(24)) {
+    errors.push_back("--shutdown-timeout must be at most 24h");
+  }
+  if (c.api_keys_from_redis && c.redis_url.empty())
+    errors.push_back("--api-keys-from-redis needs --redis");
+  for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
+    // Duplicates as written (host names compared without case); names
+    // that resolve to the same address are caught when pdgate starts or
+    // reloads, which resolves them.
+    std::map<std::string, std::string> seen;
+    for (const auto& u : *list) {
+      if (u.port == 0 || u.host.empty()) {
+        errors.push_back("invalid " + std::string(to_string(u.role)) + " instance '" + u.url + "'");
+        continue;
+      }
+      const auto [it, fresh] = seen.emplace(lower(u.url), u.url);
+      if (!fresh) {
+        errors.push_back(std::string(to_string(u.role)) + " instance " + u.url +
+                         " is listed twice (as " + it->second + " and " + u.url + ")");
+      }
+    }
+  }
+  if (!errors.empty())
+    return config_detail::fail_all(errors);
+  return c;
+}
+
+}  // namespace pdgate
