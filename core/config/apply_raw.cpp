@@ -206,14 +206,14 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
 
   // Every single-valued option, through its entry's setter.
   for (const auto& o : options()) {
-    if (o.apply == nullptr)
+    if (o.binding.apply == nullptr)
       continue;
     if (const auto* v = get(o.key)) {
       if (v->values.size() != 1) {
         err(*v, "expects exactly one value");
         continue;
       }
-      if (auto r = o.apply(c, v->values.front()); !r)
+      if (auto r = o.binding.apply(c, v->values.front()); !r)
         err(*v, r.error());
     }
   }

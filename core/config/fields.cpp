@@ -1,6 +1,8 @@
-// The setters written for one option each (the templates that serve a
-// whole kind of field are in detail/fields.hpp): each checks its option's
-// text and sets the Config field(s) it stands for.
+// The setters and printers written for one option each (the templates
+// that serve a whole kind of field are in detail/fields.hpp): a setter
+// checks its option's text and sets the Config field(s) it stands for; a
+// printer writes them back as the flag takes them.
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -8,6 +10,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "core/base/text.hpp"
 #include "core/base/url.hpp"
@@ -137,6 +140,150 @@ Result<bool> set_otlp_endpoint(Config& c, std::string_view v) {
   }
   c.otlp_endpoint = std::string(t);
   return true;
+}
+
+namespace {
+
+// An instance as the config shows it: its URL, then what a YAML entry
+// added to it.
+std::string instance_text(const UpstreamSpec& u) {
+  std::string out = u.url;
+  if (!u.kv_peer.empty())
+    out += "@" + u.kv_peer;
+  if (!u.labels.empty()) {
+    out += " labels={";
+    bool first = true;
+    for (const auto& [k, v] : u.labels) {
+      out += (first ? "" : ",") + k + "=" + v;
+      first = false;
+    }
+    out += "}";
+  }
+  if (u.weight != 1)
+    out += " weight=" + std::to_string(u.weight);
+  return out;
+}
+
+// A role's list as written: its instances, then its dns:// sources.
+std::vector<std::string> instance_texts(const std::vector<UpstreamSpec>& list,
+                                        const std::vector<DnsSource>& dns, Role role) {
+  std::vector<std::string> out;
+  for (const auto& u : list)
+    out.push_back(instance_text(u));
+  for (const auto& d : dns) {
+    if (d.role == role)
+      out.push_back(d.text());
+  }
+  return out;
+}
+
+std::string join_urls(const std::vector<UpstreamSpec>& list) {
+  std::string out;
+  for (const auto& u : list)
+    out += (out.empty() ? "" : ",") + u.url;
+  return out;
+}
+
+// The effective value of one option; the engine forms that are other
+// spellings of the same lists (multi-turn, EPD) show those lists.
+std::vector<std::string> hosts(const std::vector<UpstreamSpec>& list) {
+  std::vector<std::string> out;
+  for (const auto& u : list)
+    out.push_back(u.host);
+  return out;
+}
+
+std::vector<std::string> ports(const std::vector<UpstreamSpec>& list) {
+  std::vector<std::string> out;
+  for (const auto& u : list)
+    out.push_back(std::to_string(u.port));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> show_prefill(const Config& c) {
+  return instance_texts(c.prefill, c.dns_sources, Role::prefill);
+}
+
+std::vector<std::string> show_decode(const Config& c) {
+  return instance_texts(c.decode, c.dns_sources, Role::decode);
+}
+
+std::vector<std::string> show_prefiller_hosts(const Config& c) {
+  return hosts(c.prefill);
+}
+
+std::vector<std::string> show_prefiller_ports(const Config& c) {
+  return ports(c.prefill);
+}
+
+std::vector<std::string> show_decoder_hosts(const Config& c) {
+  return hosts(c.decode);
+}
+
+std::vector<std::string> show_decoder_ports(const Config& c) {
+  return ports(c.decode);
+}
+
+std::vector<std::string> show_encode_urls(const Config& c) {
+  return {join_urls(c.encode)};
+}
+
+std::vector<std::string> show_prefill_urls(const Config& c) {
+  return {c.prefill_disabled ? std::string("disable") : join_urls(c.prefill)};
+}
+
+std::vector<std::string> show_decode_urls(const Config& c) {
+  return {join_urls(c.decode)};
+}
+
+std::vector<std::string> show_kv_events(const Config& c) {
+  std::vector<std::string> out;
+  for (const auto* list : {&c.prefill, &c.decode, &c.encode}) {
+    for (const auto& u : *list) {
+      if (u.kv_events.endpoint.empty())
+        continue;
+      std::string v = u.url + "=" + u.kv_events.endpoint;
+      if (!u.kv_events.replay.empty())
+        v += ",replay=" + u.kv_events.replay;
+      if (std::find(out.begin(), out.end(), v) == out.end())
+        out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> show_set_headers(const Config& c) {
+  std::vector<std::string> out;
+  for (const auto& [name, value] : c.set_headers)
+    out.push_back(name + ": ***");
+  return out;
+}
+
+std::vector<std::string> show_tls_version(const Config& c) {
+  return {std::string(c.tls_min_version == 13 ? "1.3" : "1.2")};
+}
+
+std::vector<std::string> show_fail_mode(const Config& c) {
+  return {std::string(c.limits_fail_open ? "open" : "closed")};
+}
+
+std::vector<std::string> show_policy_budget(const Config& c) {
+  return {std::to_string(c.policy_budget.count())};
+}
+
+std::vector<std::string> show_redis(const Config& c) {
+  return {mask_url_password(c.redis_url)};
+}
+
+std::vector<std::string> show_admin_port(const Config& c) {
+  return {c.admin_enabled ? std::to_string(c.admin_port) : std::string("off")};
+}
+
+void keep_admin_port(Config& to, const Config& from) {
+  to.admin_enabled = from.admin_enabled;
+  to.admin_port = from.admin_port;
 }
 
 }  // namespace pdgate::config_detail

@@ -1,6 +1,8 @@
 // The option table: every option once, with its names, help line and
-// setter, and what is derived from it by name: the lookups the YAML loader
-// and the command-line parser use, and the --help text.
+// binding (how its value is set, shown and kept across a reload), and what
+// is derived from it by name: the lookups the YAML loader and the
+// command-line parser use, and the --help text.
+#include <algorithm>
 #include <array>
 #include <span>
 #include <string>
@@ -26,297 +28,325 @@ constexpr std::string_view kTracing = "Tracing and forwarded headers";
 
 constexpr std::array kOptions = {
     Option{"host", "", 0, false, false, kListener, "HOST",
-           "Address to listen on for clients (default: 0.0.0.0).", &set_host, kRestart},
+           "Address to listen on for clients (default: 0.0.0.0).",
+           checked_text_field<&set_host, &Config::host>, kRestart},
     Option{"port", "", 0, false, false, kListener, "PORT",
-           "Port to listen on; 0 picks a free one (default: 8000).", &set_port, kRestart},
+           "Port to listen on; 0 picks a free one (default: 8000).",
+           Binding{&set_port, &show_number<&Config::port>, &copy_field<&Config::port>}, kRestart},
     Option{"workers", "", 0, false, false, kListener, "N",
            "Worker threads, at most 1024; 0 means one per CPU core (default: 0).",
-           &set_uint<&Config::workers, 1024>, kRestart},
+           uint_field<&Config::workers, 1024>, kRestart},
+    // The TLS files are re-read on every reload (core/net/tls_context.hpp), from
+    // the paths given at start.
     Option{"tls-cert", "", 0, false, false, kListener, "FILE",
            "Serve clients over TLS with this PEM certificate (its chain after it); re-read "
            "on SIGHUP (default: none, plain HTTP).",
-           &set_trimmed<&Config::tls_cert>, kRestart},
+           trimmed_field<&Config::tls_cert>, kRestart},
     Option{"tls-key", "", 0, false, false, kListener, "FILE",
            "The PEM private key of --tls-cert; re-read on SIGHUP (default: none).",
-           &set_trimmed<&Config::tls_key>, kRestart},
+           trimmed_field<&Config::tls_key>, kRestart},
     Option{"tls-client-ca", "", 0, false, false, kListener, "FILE",
            "Require client certificates signed by a CA in this PEM file (mutual TLS); "
            "re-read on SIGHUP (default: none, no client certificate asked).",
-           &set_trimmed<&Config::tls_client_ca>, kRestart},
+           trimmed_field<&Config::tls_client_ca>, kRestart},
     Option{"tls-min-version", "", 0, false, false, kListener, "1.2|1.3",
-           "Oldest TLS version clients may use (default: 1.2).", &set_tls_version, kRestart},
+           "Oldest TLS version clients may use (default: 1.2).",
+           Binding{&set_tls_version, &show_tls_version, &copy_field<&Config::tls_min_version>},
+           kRestart},
 
     Option{"model", "", 'm', false, false, kEngines, "NAME",
            "Model name, as the demo proxy's --model; optional (default: none).",
-           &set_text<&Config::model>, kRestart},
+           text_field<&Config::model>, kRestart},
     Option{"prefill", "", 'p', true, false, kEngines, "HOST:PORT",
-           "Demo-proxy form: prefill instances, one or more (default: none)."},
+           "Demo-proxy form: prefill instances, one or more (default: none).",
+           Binding{.show = &show_prefill}},
     Option{"decode", "", 'd', true, false, kEngines, "HOST:PORT",
-           "Demo-proxy form: decode instances, one or more (default: none)."},
+           "Demo-proxy form: decode instances, one or more (default: none).",
+           Binding{.show = &show_decode}},
     Option{"prefiller-host", "prefiller-hosts", 0, true, false, kEngines, "HOST",
-           "Multi-turn form: prefill hosts, paired with --prefiller-port (default: localhost)."},
+           "Multi-turn form: prefill hosts, paired with --prefiller-port (default: localhost).",
+           Binding{.show = &show_prefiller_hosts}},
     Option{"prefiller-port", "prefiller-ports", 0, true, false, kEngines, "PORT",
-           "Multi-turn form: prefill ports, one per host (default: 8100)."},
+           "Multi-turn form: prefill ports, one per host (default: 8100).",
+           Binding{.show = &show_prefiller_ports}},
     Option{"decoder-host", "decoder-hosts", 0, true, false, kEngines, "HOST",
-           "Multi-turn form: decode hosts, paired with --decoder-port (default: localhost)."},
+           "Multi-turn form: decode hosts, paired with --decoder-port (default: localhost).",
+           Binding{.show = &show_decoder_hosts}},
     Option{"decoder-port", "decoder-ports", 0, true, false, kEngines, "PORT",
-           "Multi-turn form: decode ports, one per host (default: 8200)."},
+           "Multi-turn form: decode ports, one per host (default: 8200).",
+           Binding{.show = &show_decoder_ports}},
     Option{"encode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
-           "EPD form: comma-separated encoder URLs for multimodal items (default: none)."},
+           "EPD form: comma-separated encoder URLs for multimodal items (default: none).",
+           Binding{.show = &show_encode_urls}},
     Option{"prefill-servers-urls", "", 0, false, false, kEngines, "URL,URL|disable",
            "EPD form: comma-separated prefill URLs; disable, none or \"\" sends each request "
-           "in one hop to a combined P+D instance (default: none)."},
+           "in one hop to a combined P+D instance (default: none).",
+           Binding{.show = &show_prefill_urls}},
     Option{"decode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
-           "EPD form: comma-separated decode URLs (default: none)."},
+           "EPD form: comma-separated decode URLs (default: none).",
+           Binding{.show = &show_decode_urls}},
     Option{"kv-connector", "", 0, false, false, kEngines, "nixl|p2p-nccl|lmcache|none",
            "How prefill hands KV blocks to decode; none sends one hop (default: nixl).",
-           &set_kv_connector, kRestart},
+           checked_text_field<&set_kv_connector, &Config::kv_connector>, kRestart},
     Option{"kv-events", "", 0, true, false, kEngines,
            "INSTANCE=tcp://HOST:PORT[,replay=tcp://HOST:PORT]",
            "Where an instance publishes its KV-cache events (vLLM's --kv-events-config "
            "endpoint, and its replay endpoint): pdgate then knows exactly which prefixes it "
            "holds (docs/kv-events.md); repeat the flag for more instances (default: none).",
-           nullptr, false, true},
+           Binding{.show = &show_kv_events}, false, true},
+    // The event subscriptions and the exact index are set up once.
     Option{"kv-events-replay-timeout", "", 0, false, false, kEngines, "DURATION",
            "Time a replay of missed KV events may take before the instance falls back to the "
            "approximate index (default: 2s).",
-           &set_duration<&Config::kv_events_replay_timeout>, kRestart},
+           duration_field<&Config::kv_events_replay_timeout>, kRestart},
     Option{"kv-index-blocks-per-instance", "", 0, false, false, kEngines, "N",
            "KV blocks the exact index keeps per instance; more are dropped and counted "
            "(default: 262144).",
-           &set_uint<&Config::kv_index_blocks_per_instance, (1u << 30)>, kRestart},
+           uint_field<&Config::kv_index_blocks_per_instance, (1u << 30)>, kRestart},
     Option{"kv-index-max-blocks", "", 0, false, false, kEngines, "N",
            "KV blocks the exact index keeps in all (default: 2000000).",
-           &set_uint<&Config::kv_index_max_blocks, (1u << 31)>, kRestart},
+           uint_field<&Config::kv_index_max_blocks, (1u << 31)>, kRestart},
 
     Option{"max-body-size", "", 0, false, false, kLimits, "SIZE",
            "Largest request body accepted; bytes or K/KiB/M/MiB/G/GiB (default: 64MiB).",
-           &set_size<&Config::max_body_bytes>},
+           size_field<&Config::max_body_bytes>},
     Option{"max-header-size", "", 0, false, false, kLimits, "SIZE",
            "Largest request header block accepted (default: 64KiB).",
-           &set_size<&Config::max_header_bytes>},
+           size_field<&Config::max_header_bytes>},
     Option{"body-memory-limit", "", 0, false, false, kLimits, "SIZE",
            "Memory all request bodies being received may hold together; past it a large "
            "body is refused with 503 (default: 1GiB).",
-           &set_size<&Config::body_memory_limit>},
+           size_field<&Config::body_memory_limit>},
     Option{"header-timeout", "", 0, false, false, kLimits, "DURATION",
            "Time allowed to receive a request's headers; 500ms, 10s, 2m or seconds "
            "(default: 10s).",
-           &set_duration<&Config::header_timeout>},
+           duration_field<&Config::header_timeout>},
     Option{"client-idle-timeout", "", 0, false, false, kLimits, "DURATION",
            "Idle keep-alive client connections are closed after this (default: 75s).",
-           &set_duration<&Config::client_idle_timeout>},
+           duration_field<&Config::client_idle_timeout>},
     Option{"api-keys", "", 0, false, false, kLimits, "FILE",
            "YAML file of client API keys (SHA-256 hashed) with optional limits; clients must "
            "send 'Authorization: Bearer KEY' (default: none, no key asked).",
-           &set_trimmed<&Config::api_keys_file>, kRestart},
+           trimmed_field<&Config::api_keys_file>, kRestart},
     Option{"api-keys-from-redis", "", 0, false, false, kLimits, "true|false",
            "Also read API keys from the Redis hash PREFIXapi_keys (hex SHA-256 -> JSON), "
            "refreshed every 5s; needs --redis (default: false).",
-           &set_switch<&Config::api_keys_from_redis>, kRestart},
+           switch_field<&Config::api_keys_from_redis>, kRestart},
     Option{"limits-on-redis-failure", "", 0, false, false, kLimits, "open|closed",
            "When Redis cannot answer a limit check: let the request in (open) or answer 503 "
            "(closed) (default: open).",
-           &set_fail_mode, kRestart},
+           Binding{&set_fail_mode, &show_fail_mode, &copy_field<&Config::limits_fail_open>},
+           kRestart},
 
     Option{"connect-timeout", "", 0, false, false, kUpstream, "DURATION",
            "Time allowed to connect to an engine (default: 5s).",
-           &set_duration<&Config::connect_timeout>},
+           duration_field<&Config::connect_timeout>},
     Option{"first-byte-timeout", "", 0, false, false, kUpstream, "DURATION",
            "Time allowed for an engine's first response byte, prefill included, and "
            "for each silence inside its response (default: 600s).",
-           &set_duration<&Config::first_byte_timeout>},
+           duration_field<&Config::first_byte_timeout>},
     Option{"upstream-idle-timeout", "", 0, false, false, kUpstream, "DURATION",
            "Idle keep-alive connections to engines are closed after this "
            "(default: 60s).",
-           &set_duration<&Config::upstream_idle_timeout>, kRestart},
+           duration_field<&Config::upstream_idle_timeout>, kRestart},
     Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
            "Idle keep-alive connections kept per engine per worker (default: 64).",
-           &set_uint<&Config::upstream_max_idle, (1u << 20)>, kRestart},
+           uint_field<&Config::upstream_max_idle, (1u << 20)>, kRestart},
+    // The engines' TLS context is made once.
     Option{"upstream-ca", "", 0, false, false, kUpstream, "FILE",
            "PEM CA bundle that https:// engines' certificates must chain to (default: the "
            "system's CA store).",
-           &set_trimmed<&Config::upstream_ca>, kRestart},
+           trimmed_field<&Config::upstream_ca>, kRestart},
     Option{"upstream-cert", "", 0, false, false, kUpstream, "FILE",
            "PEM client certificate presented to https:// engines (mutual TLS) (default: "
            "none).",
-           &set_trimmed<&Config::upstream_cert>, kRestart},
+           trimmed_field<&Config::upstream_cert>, kRestart},
     Option{"upstream-key", "", 0, false, false, kUpstream, "FILE",
            "The PEM private key of --upstream-cert (default: none).",
-           &set_trimmed<&Config::upstream_key>, kRestart},
+           trimmed_field<&Config::upstream_key>, kRestart},
     Option{"upstream-insecure", "", 0, false, false, kUpstream, "true|false",
            "Do not verify https:// engines' certificates or names; for testing only "
            "(default: false).",
-           &set_switch<&Config::upstream_insecure>, kRestart},
+           switch_field<&Config::upstream_insecure>, kRestart},
 
     Option{"policy", "", 0, false, false, kPolicies, "NAME|PATH",
            "Routing policy for every stage: round_robin, least_load, power_of_two, "
            "session_affinity, prefix_affinity, cache_aware, kv_aware, conversation_decode, "
            "conditional_pd, or a .lua file "
            "(default: round_robin).",
-           &set_name<&Config::policy>},
+           name_field<&Config::policy>},
     Option{"policy-prefill", "", 0, false, false, kPolicies, "NAME|PATH",
-           "Policy for the prefill stage (default: --policy).", &set_name<&Config::policy_prefill>},
+           "Policy for the prefill stage (default: --policy).",
+           name_field<&Config::policy_prefill>},
     Option{"policy-decode", "", 0, false, false, kPolicies, "NAME|PATH",
-           "Policy for the decode stage (default: --policy).", &set_name<&Config::policy_decode>},
+           "Policy for the decode stage (default: --policy).", name_field<&Config::policy_decode>},
     Option{"policy-encode", "", 0, false, false, kPolicies, "NAME|PATH",
-           "Policy for the encode stage (default: --policy).", &set_name<&Config::policy_encode>},
+           "Policy for the encode stage (default: --policy).", name_field<&Config::policy_encode>},
     Option{"policy-dir", "", 0, false, false, kPolicies, "DIR",
            "Directory searched for NAME.lua before the shipped policies (default: none).",
-           &set_name<&Config::policy_dir>},
+           name_field<&Config::policy_dir>},
     Option{"policy-budget-us", "", 0, false, false, kPolicies, "N",
            "Time a policy hook may run, in microseconds; past it the request is routed "
            "round-robin (default: 1000).",
-           &set_policy_budget},
+           Binding{&set_policy_budget, &show_policy_budget, &copy_field<&Config::policy_budget>}},
     Option{"policy-memory", "", 0, false, false, kPolicies, "SIZE",
            "Memory each worker's policy state may hold (default: 64MiB).",
-           &set_size<&Config::policy_memory>},
+           size_field<&Config::policy_memory>},
     Option{"prefix-block-size", "", 0, false, false, kPolicies, "SIZE",
            "Prompt bytes per prefix block hash that policies compare (default: 256).",
-           &set_size<&Config::prefix_block_size>},
+           size_field<&Config::prefix_block_size>},
     Option{"policy-poll-interval", "", 0, false, false, kPolicies, "DURATION",
            "How often policy files are checked for changes and reloaded (default: 1s).",
-           &set_duration<&Config::policy_poll_interval>, kRestart},
+           duration_field<&Config::policy_poll_interval>, kRestart},
     Option{"metrics-interval", "", 0, false, false, kPolicies, "DURATION|off",
            "How often each engine's /metrics is scraped for policies; off disables "
            "(default: 1s).",
-           &set_interval<&Config::metrics_interval>, kRestart},
+           interval_field<&Config::metrics_interval>, kRestart},
+    // Set up once, with the exact index it feeds.
     Option{"tokenizer", "", 0, false, false, kPolicies, "sim|vllm|none",
            "How a request becomes token ids for the exact KV index (pdgate.cached_tokens(), "
            "docs/kv-events.md): sim applies pdgate-sim's rule (tests, demos); vllm asks a decode "
            "engine's POST /tokenize before routing (exact for any model, one round trip); none "
            "gives policies no exact data (default: none).",
-           &set_tokenizer, kRestart},
+           checked_text_field<&set_tokenizer, &Config::tokenizer>, kRestart},
     Option{"tokenizer-timeout", "", 0, false, false, kPolicies, "DURATION",
            "How long --tokenizer vllm waits for /tokenize; past it the request is routed without "
            "exact data (default: 1s).",
-           &set_duration<&Config::tokenizer_timeout>},
+           duration_field<&Config::tokenizer_timeout>},
 
     Option{"dns-interval", "", 0, false, false, kEngines, "DURATION",
            "How often dns://NAME:PORT instance sources are resolved again (default: 5s).",
-           &set_duration<&Config::dns_interval>, kRestart},
+           duration_field<&Config::dns_interval>, kRestart},
     Option{"dns-server", "", 0, false, false, kEngines, "HOST:PORT",
            "DNS server asked for dns:// sources (default: the first nameserver of "
            "/etc/resolv.conf, port 53).",
-           &set_trimmed<&Config::dns_server>, kRestart},
+           trimmed_field<&Config::dns_server>, kRestart},
     Option{"redis", "", 0, false, false, kGeneral, "URL",
            "Conversation store for multi-turn KV reuse shared by replicas: "
            "redis://[:password@]host:port[/db], "
            "redis+sentinel://[:password@]host:port[,host:port...]/master[/db] "
            "or unix:///path; percent-escapes in the user and password are decoded (an @ in "
            "a password is %40) (default: in memory).",
-           &set_trimmed<&Config::redis_url>, kRestart},
+           Binding{&set_trimmed<&Config::redis_url>, &show_redis, &copy_field<&Config::redis_url>},
+           kRestart},
     Option{"redis-key-prefix", "", 0, false, false, kGeneral, "PREFIX",
-           "Prefix of the Redis keys (default: pdgate:).", &set_text<&Config::redis_key_prefix>,
+           "Prefix of the Redis keys (default: pdgate:).", text_field<&Config::redis_key_prefix>,
            kRestart},
     Option{"redis-timeout", "", 0, false, false, kGeneral, "DURATION",
            "Longest wait for Redis before a turn proceeds as a cache miss (default: 50ms).",
-           &set_duration<&Config::redis_timeout>, kRestart},
+           duration_field<&Config::redis_timeout>, kRestart},
     Option{"shared-kv-index", "", 0, false, false, kGeneral, "on|off",
            "With --redis, replicas share where they routed each prompt prefix and "
            "conversation, so prefix and conversation policies see the whole cluster's "
            "routing (default: on).",
-           &set_switch<&Config::shared_kv_index>, kRestart},
+           switch_field<&Config::shared_kv_index>, kRestart},
     Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
            "How long a conversation's decode blocks stay reusable (default: 450s).",
-           &set_duration<&Config::conversation_ttl>},
+           duration_field<&Config::conversation_ttl>},
     Option{"conversation-cache-size", "", 0, false, false, kGeneral, "N",
            "Conversations the in-memory store keeps (default: 100000).",
-           &set_uint<&Config::conversation_cache_size, (1u << 30)>, kRestart},
+           uint_field<&Config::conversation_cache_size, (1u << 30)>, kRestart},
     Option{"conversation-scope-header", "", 0, false, false, kGeneral, "NAME",
            "Header whose value decides whose conversations a request may continue, e.g. "
            "x-tenant-id (default: the Authorization credential).",
-           &set_scope_header},
+           checked_text_field<&set_scope_header, &Config::conversation_scope_header>},
     Option{"expose-kv-params", "", 0, false, false, kGeneral, "true|false",
-           "Let clients see decode's kv_transfer_params (default: false).", &set_expose_kv_params},
+           "Let clients see decode's kv_transfer_params (default: false).",
+           Binding{&set_expose_kv_params, &show_as<&Config::expose_kv_params, &bool_text>,
+                   &copy_field<&Config::expose_kv_params>}},
     Option{"verbose-errors", "", 0, false, false, kGeneral, "true|false",
            "Error bodies sent to clients include engine addresses and engines' own error "
            "text; otherwise only the stage that failed and how (default: false).",
-           &set_switch<&Config::verbose_errors>},
+           switch_field<&Config::verbose_errors>},
     Option{"profile-routes", "", 0, false, false, kGeneral, "on|off",
            "Serve POST /start_profile and /stop_profile on the client port (they need the "
            "admin key when one is set) (default: on).",
-           &set_switch<&Config::profile_routes>, kRestart},
+           switch_field<&Config::profile_routes>, kRestart},
     Option{"admin-port", "", 0, false, false, kGeneral, "PORT",
            "Port of the admin API (docs/admin.md); 0 picks a free one (default: off).",
-           &set_admin_port, kRestart},
+           Binding{&set_admin_port, &show_admin_port, &keep_admin_port}, kRestart},
     Option{"admin-host", "", 0, false, false, kGeneral, "HOST",
            "Address the admin API listens on (default: 127.0.0.1).",
-           &set_trimmed<&Config::admin_host>, kRestart},
+           trimmed_field<&Config::admin_host>, kRestart},
+    // Shown as its path, never its content (the key).
     Option{"admin-key-file", "", 0, false, false, kGeneral, "FILE",
            "File holding the admin API key (default: env ADMIN_API_KEY).",
-           &set_trimmed<&Config::admin_key_file>, kRestart},
+           trimmed_field<&Config::admin_key_file>, kRestart},
     Option{"model-check-timeout", "", 0, false, false, kGeneral, "DURATION",
            "Time an instance added at run time has to answer GET /v1/models when --model "
            "is set, and to resolve for --allowed-upstreams (default: 5s).",
-           &set_duration<&Config::model_check_timeout>, kRestart},
+           duration_field<&Config::model_check_timeout>, kRestart},
     Option{"shutdown-timeout", "", 0, false, false, kGeneral, "DURATION",
            "On SIGTERM or SIGINT, time in-flight requests have to finish before pdgate "
            "exits anyway (default: 30s).",
-           &set_duration<&Config::shutdown_timeout>, kRestart},
+           duration_field<&Config::shutdown_timeout>, kRestart},
     Option{"allowed-upstreams", "", 0, true, false, kGeneral, "CIDR",
            "Networks instances added at run time (admin API, Redis) must be in, e.g. "
            "10.0.0.0/8 (default: any).",
-           nullptr, kRestart},
+           list_field<&Config::allowed_upstreams>, kRestart},
     Option{"health-interval", "", 0, false, false, kGeneral, "DURATION|off",
            "How often each instance's /health is checked (default: 2s).",
-           &set_interval<&Config::health_interval>, kRestart},
+           interval_field<&Config::health_interval>, kRestart},
     Option{"health-rise", "", 0, false, false, kGeneral, "N",
            "Passed checks that re-admit an ejected instance (default: 2).",
-           &set_count<&Config::health_rise>, kRestart},
+           count_field<&Config::health_rise>, kRestart},
     Option{"health-fall", "", 0, false, false, kGeneral, "N",
-           "Failed checks that eject an instance (default: 2).", &set_count<&Config::health_fall>,
+           "Failed checks that eject an instance (default: 2).", count_field<&Config::health_fall>,
            kRestart},
     Option{"health-max-concurrency", "", 0, false, false, kGeneral, "N",
            "Health checks in flight at most, spread over the interval; also bounds the "
            "/metrics scrapes and the validation of instances learnt through Redis "
            "(default: 64).",
-           &set_count<&Config::health_max_concurrency>, kRestart},
+           count_field<&Config::health_max_concurrency>, kRestart},
     Option{"eject-after", "", 0, false, false, kGeneral, "N",
            "Consecutive request failures (connect, timeout, 5xx) that eject an instance "
            "(default: 3).",
-           &set_count<&Config::eject_after>},
+           count_field<&Config::eject_after>},
     Option{"retry-budget", "", 0, false, false, kGeneral, "FRACTION",
            "Retries in flight allowed, as a fraction of requests in flight (default: 0.2).",
-           &set_fraction<&Config::retry_budget>},
+           fraction_field<&Config::retry_budget>},
+    // The span exporter is started once.
     Option{"otlp-endpoint", "", 0, false, false, kTracing, "URL",
            "Where spans are exported over OTLP/HTTP (JSON), e.g. http://collector:4318 "
            "(path default /v1/traces; http:// only) (default: none, no spans).",
-           &set_otlp_endpoint, kRestart},
+           checked_text_field<&set_otlp_endpoint, &Config::otlp_endpoint>, kRestart},
     Option{"trace-sample-ratio", "", 0, false, false, kTracing, "FRACTION",
            "Fraction of the traces pdgate starts that are sampled; a client's traceparent "
            "decides its own (default: 1).",
-           &set_fraction<&Config::trace_sample_ratio>},
+           fraction_field<&Config::trace_sample_ratio>},
     Option{"otlp-batch-size", "", 0, false, false, kTracing, "N",
            "Spans per export request at most (default: 512).",
-           &set_uint<&Config::otlp_batch_size, 100000>, kRestart},
+           uint_field<&Config::otlp_batch_size, 100000>, kRestart},
     Option{"otlp-export-interval", "", 0, false, false, kTracing, "DURATION",
            "Longest time a finished span waits before it is exported (default: 1s).",
-           &set_duration<&Config::otlp_export_interval>, kRestart},
+           duration_field<&Config::otlp_export_interval>, kRestart},
     Option{"otlp-queue-size", "", 0, false, false, kTracing, "N",
            "Finished spans waiting for export at most; more are dropped and counted in "
            "pdgate_trace_spans_dropped_total (default: 8192).",
-           &set_uint<&Config::otlp_queue_size, (1u << 24)>, kRestart},
+           uint_field<&Config::otlp_queue_size, (1u << 24)>, kRestart},
     Option{"otlp-timeout", "", 0, false, false, kTracing, "DURATION",
            "Time one export request may take, connecting included (default: 5s).",
-           &set_duration<&Config::otlp_timeout>, kRestart},
+           duration_field<&Config::otlp_timeout>, kRestart},
     Option{"forward-headers", "", 0, true, false, kTracing, "NAME,NAME",
            "Client request headers passed on to the engines when present, e.g. "
-           "x-tenant-id,x-priority (default: none)."},
+           "x-tenant-id,x-priority (default: none).",
+           list_field<&Config::forward_headers>},
     Option{"set-header", "", 0, true, false, kTracing, "'NAME: VALUE'",
            "A header every engine request carries; repeat the flag for more (default: none).",
-           nullptr, false, true},
+           Binding{.show = &show_set_headers}, false, true},
     Option{"log-level", "", 0, false, false, kGeneral, "LEVEL",
-           "trace, debug, info, warn or error (default: info).", &set_log_level},
+           "trace, debug, info, warn or error (default: info).",
+           checked_text_field<&set_log_level, &Config::log_level>},
+    // The access log is opened once, when the listener binds.
     Option{"access-log", "", 0, false, false, kGeneral, "PATH|stderr|off",
            "One line per completion request (status, instances, TTFT, tokens, ...) appended to "
            "PATH, or "
            "written to stderr; written by a background thread, lines dropped and counted "
            "when it cannot keep up (default: off).",
-           &set_access_log, kRestart},
+           checked_text_field<&set_access_log, &Config::access_log>, kRestart},
     Option{"access-log-format", "", 0, false, false, kGeneral, "text|json",
            "Access log lines as key=value text or as one JSON object each (default: text).",
-           &set_access_log_format, kRestart},
+           checked_text_field<&set_access_log_format, &Config::access_log_format>, kRestart},
     Option{"config", "", 0, false, true, kGeneral, "FILE",
            "YAML file with any of these options (names without dashes); flags override it. "
            "SIGHUP re-reads it and applies what can change without a restart."},
@@ -326,6 +356,12 @@ constexpr std::array kOptions = {
            "Check the flags, the --config file and the policy scripts, then exit: 0 when "
            "valid, 1 with every error otherwise (nothing is resolved or contacted)."},
 };
+
+// A reload keeps every restart-only option through its binding, and the
+// effective config shows every option a config file may set.
+static_assert(std::ranges::all_of(kOptions, [](const Option& o) {
+  return (!o.restart || o.binding.keep != nullptr) && (o.cli_only || o.binding.show != nullptr);
+}));
 
 }  // namespace
 

@@ -1,12 +1,16 @@
-// Parsing one option's value: the shared parsers of detail/values.hpp and
-// the public ones of config.hpp (roles, instance addresses, DNS sources,
-// HTTP endpoints, KV-event endpoints). Each checks its text and says why
-// it is refused; none knows which option it serves.
+// One option's value, read and written: the shared parsers of
+// detail/values.hpp and the public ones of config.hpp (roles, instance
+// addresses, DNS sources, HTTP endpoints, KV-event endpoints), each saying
+// why a text is refused, and the printers that write a value back in the
+// syntax its flag takes. None knows which option it serves.
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <chrono>
+#include <cstddef>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -280,6 +284,36 @@ Result<std::pair<std::string, std::string>> parse_set_header(std::string_view te
       return fail("the value of header '" + *name + "' holds a control character (CR, LF, ...)");
   }
   return std::pair{*name, std::string(value)};
+}
+
+std::string duration_text(std::chrono::milliseconds d) {
+  if (d.count() % 1000 == 0)
+    return std::to_string(d.count() / 1000) + "s";
+  return std::to_string(d.count()) + "ms";
+}
+
+std::string interval_text(std::chrono::milliseconds d) {
+  return d.count() == 0 ? "off" : duration_text(d);
+}
+
+std::string size_text(std::size_t bytes) {
+  constexpr std::pair<std::size_t, const char*> units[] = {
+      {std::size_t{1} << 30, "GiB"}, {std::size_t{1} << 20, "MiB"}, {std::size_t{1} << 10, "KiB"}};
+  for (const auto& [unit, name] : units) {
+    if (bytes >= unit && bytes % unit == 0)
+      return std::to_string(bytes / unit) + name;
+  }
+  return std::to_string(bytes);
+}
+
+std::string bool_text(bool b) {
+  return b ? "true" : "false";
+}
+
+std::string fraction_text(double f) {
+  std::ostringstream out;
+  out << f;
+  return out.str();
 }
 
 }  // namespace pdgate::config_detail

@@ -5,22 +5,39 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
 
 namespace pdgate::config_detail {
 
-// How a value reaches the Config. Each entry of kOptions names its setter,
-// so an option is added in one place: its entry (name, help, setter). The
-// engine lists (the demo, multi-turn and EPD forms) combine several
-// options and are set together by apply_raw(), which also reads the other
-// list-valued options without a setter.
+// How an option's value moves between its text and the Config. Each entry
+// of kOptions names its binding, so an option is added in one place: its
+// entry (name, help, binding); apply_raw(), the effective config and a
+// reload read the binding and never name the option. The engine lists
+// (the demo, multi-turn and EPD forms) combine several options and are set
+// together by apply_raw(), which also reads the other list-valued options
+// without a setter.
 using Apply = Result<bool> (*)(Config& c, std::string_view value);
+// The option's value in the syntax its flag takes (secrets masked), one
+// item per value: what GET /admin/config shows and a reload compares.
+using Show = std::vector<std::string> (*)(const Config& c);
+// Copies the option's value from `from` into `to`: a reload keeping the
+// running value of a restart-only option.
+using Keep = void (*)(Config& to, const Config& from);
 
-// Every option, once: the command-line parser, the YAML loader and the help
-// text all read this table, so a flag cannot exist in one and not the others.
+struct Binding {
+  Apply apply = nullptr;  // sets one value; nullptr: read by apply_raw (lists, engines)
+  Show show = nullptr;    // nullptr only for the options a config file cannot set
+  Keep keep = nullptr;    // every restart-only option has one (options.cpp checks)
+};
+
+// Every option, once: the command-line parser, the YAML loader, the help
+// text, the effective config and a reload all read this table, so a flag
+// cannot exist in one and not the others.
 struct Option {
   std::string_view key;      // canonical name: the long flag without dashes
   std::string_view alias;    // a second long name (the Python proxies' plural forms)
@@ -30,7 +47,7 @@ struct Option {
   std::string_view group;    // help section
   std::string_view metavar;  // value placeholder in the help
   std::string_view help;     // one line, ends with the default when there is one
-  Apply apply = nullptr;     // sets one value; nullptr: read by apply_raw (lists, engines)
+  Binding binding = {};      // how its value is set, shown and kept
   // Read once at start (a listener, a thread count, a connection pool's
   // shape): a reload names a change but leaves the running value.
   bool restart = false;

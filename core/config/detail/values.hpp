@@ -1,7 +1,8 @@
-// The value parsers the config files share: how an option's text becomes a
-// name, a number, a duration, a size, a switch, a connector or a header.
-// Internal to core/config/; the parsers callers outside it use are in
-// config.hpp.
+// The value parsers and printers the config files share: how an option's
+// text becomes a name, a number, a duration, a size, a switch, a connector
+// or a header, and how a value is written back in the syntax its flag
+// takes (the effective config). Internal to core/config/; the parsers
+// callers outside it use are in config.hpp.
 #pragma once
 
 #include <chrono>
@@ -51,5 +52,17 @@ Result<std::string> extra_header_name(std::string_view text);
 
 // "Name: value" for --set-header.
 Result<std::pair<std::string, std::string>> parse_set_header(std::string_view text);
+
+// The printers: each writes what the matching parser reads back.
+// 10s or 1500ms.
+std::string duration_text(std::chrono::milliseconds d);
+// A duration, or off for 0 (never).
+std::string interval_text(std::chrono::milliseconds d);
+// 64MiB, 1GiB, or bytes when no unit divides it.
+std::string size_text(std::size_t bytes);
+// true or false.
+std::string bool_text(bool b);
+// As a stream prints it: 0.2, 1.
+std::string fraction_text(double f);
 
 }  // namespace pdgate::config_detail
