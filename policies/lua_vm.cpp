@@ -1275,10 +1275,10 @@ void push_ctx(Impl& I, const PickContext& ctx) {
 }
 
 // Sets up the request the pdgate.* helpers see, and clears it on exit.
-class RequestScope {
+class CallScope {
  public:
-  RequestScope(Impl& I, const PickContext& ctx, PrefixHashCache& h, std::size_t candidates,
-               const std::vector<InstancePtr>* list = nullptr)
+  CallScope(Impl& I, const PickContext& ctx, PrefixHashCache& h, std::size_t candidates,
+            const std::vector<InstancePtr>* list = nullptr)
       : I_(I) {
     I.cur_list = list;
     I.cur_ctx = &ctx;
@@ -1287,14 +1287,14 @@ class RequestScope {
     I.prefix_used = false;
     I.cur_where = static_cast<int>(ctx.stage);
   }
-  ~RequestScope() {
+  ~CallScope() {
     I_.cur_where = -1;
     I_.cur_ctx = nullptr;
     I_.cur_hashes = nullptr;
     I_.cur_list = nullptr;
   }
-  RequestScope(const RequestScope&) = delete;
-  RequestScope& operator=(const RequestScope&) = delete;
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
 
  private:
   Impl& I_;
@@ -1531,7 +1531,7 @@ PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickCon
   PickAnswer a;
   const auto now = Clock::now();
   const int base = lua_gettop(L);
-  RequestScope scope(I, ctx, hashes, candidates.size(), &candidates);
+  CallScope scope(I, ctx, hashes, candidates.size(), &candidates);
   I.cur_now_ms = steady_ms(now);
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.stages[static_cast<int>(ctx.stage)].pick_ref);
   push_ctx(I, ctx);
@@ -1597,7 +1597,7 @@ std::optional<std::string> LuaVm::on_complete(const Instance& chosen, const Pick
     return std::nullopt;
   lua_State* L = I.L;
   const int base = lua_gettop(L);
-  RequestScope scope(I, ctx, hashes, 0);
+  CallScope scope(I, ctx, hashes, 0);
   lua_rawgeti(L, LUA_REGISTRYINDEX, st.complete_ref);
   push_ctx(I, ctx);
   // The instance's table from the stage cache when it is still there, so
@@ -1667,7 +1667,7 @@ HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out,
   ctx.for_each_header = in.for_each_header;
   ctx.header_source = in.header_source;
   ctx.key = in.key;
-  RequestScope scope(I, ctx, hashes, 0);
+  CallScope scope(I, ctx, hashes, 0);
   I.cur_where = kRequestHook;
   I.cur_hook = &in;
   I.cur_decision = &out;
