@@ -1,6 +1,6 @@
 // What the sandbox's library replacements (lua_bounded_lib.cpp) need from
-// the VM (lua_vm.cpp): the running call's deadline and a bound on how
-// deeply C functions re-enter Lua.
+// the VM's sandbox (lua_sandbox.cpp): the running call's deadline and a
+// bound on how deeply C functions re-enter Lua.
 #pragma once
 
 #include <lua.hpp>
