@@ -2,8 +2,8 @@
 // per-script environment of safe globals, the memory cap (the state's
 // allocator), the time budget (the count hook, and what the watchdog's
 // signal switches on), and pcall/xpcall that cannot swallow the budget.
-// What scripts can call lives elsewhere (lua_vm.cpp); this file only
-// bounds them.
+// What scripts can call lives elsewhere (lua_pdgate_lib.cpp,
+// lua_request_api.cpp, lua_context.cpp); this file only bounds them.
 #include "policies/detail/lua_sandbox.hpp"
 
 #include <atomic>

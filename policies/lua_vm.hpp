@@ -1,8 +1,9 @@
 // One LuaJIT state running one version of the configured policies (one
 // script per stage). All Lua/C interaction lives in the VM's files
-// (lua_vm.cpp, lua_sandbox.cpp; their shared state in policies/detail/)
-// and the sandbox's bounded library (lua_bounded_lib.cpp, lua_budget.hpp);
-// nothing else in pdgate includes a Lua header.
+// (lua_vm.cpp, lua_sandbox.cpp, lua_pdgate_lib.cpp, lua_request_api.cpp,
+// lua_context.cpp; their shared state in policies/detail/) and the
+// sandbox's bounded library (lua_bounded_lib.cpp, lua_budget.hpp); nothing
+// else in pdgate includes a Lua header.
 //
 // A LuaVm belongs to one worker thread. It is created from a PolicyBundle
 // (the scripts' text), so a reload builds a new LuaVm and the worker swaps

@@ -1,8 +1,8 @@
 // The state one policy VM keeps, shared by the files that make up the VM:
-// lua_vm.cpp (its lifecycle, the entry points the engine calls, and what
-// scripts see) and lua_sandbox.cpp (the limits every call runs under).
-// Only those files include it; the rest of pdgate knows a LuaVm by
-// lua_vm.hpp alone.
+// lua_vm.cpp (its lifecycle and the entry points the engine calls),
+// lua_sandbox.cpp (the limits every call runs under), and what scripts see
+// (lua_pdgate_lib.cpp, lua_request_api.cpp, lua_context.cpp). Only those
+// files include it; the rest of pdgate knows a LuaVm by lua_vm.hpp alone.
 #pragma once
 
 #include <lua.hpp>
