@@ -32,7 +32,6 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <deque>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -49,6 +48,7 @@
 #include "sim/prefix_cache.hpp"
 #include "sim/request_log.hpp"
 #include "sim/responses.hpp"
+#include "sim/scheduler.hpp"
 #include "sim/tokenizer.hpp"
 
 namespace pdgate::sim {
@@ -86,119 +86,6 @@ std::string lower(std::string_view s) {
     c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
-
-// A FIFO semaphore: acquire() grants a slot at once while fewer than `max`
-// are held and nobody queues; otherwise the caller waits its turn. A waiter
-// cancelled while queued (client gone) leaves the queue without a slot.
-class Scheduler {
- public:
-  class Slot {
-   public:
-    Slot() = default;
-    explicit Slot(Scheduler* s) : s_(s) {}
-    Slot(Slot&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
-    Slot& operator=(Slot&& o) noexcept {
-      if (this != &o) {
-        reset();
-        s_ = std::exchange(o.s_, nullptr);
-      }
-      return *this;
-    }
-    Slot(const Slot&) = delete;
-    Slot& operator=(const Slot&) = delete;
-    ~Slot() { reset(); }
-    explicit operator bool() const { return s_ != nullptr; }
-    void reset() {
-      if (s_ != nullptr)
-        std::exchange(s_, nullptr)->release();
-    }
-
-   private:
-    Scheduler* s_ = nullptr;
-  };
-
-  Scheduler(std::size_t max_running, std::size_t max_waiting)
-      : max_running_(max_running == 0 ? std::numeric_limits<std::size_t>::max() : max_running),
-        max_waiting_(max_waiting) {}
-
-  // Checked before a request commits (streaming headers), so a full queue
-  // can still be answered with a plain 503.
-  bool would_reject() const { return running_ >= max_running_ && queue_.size() >= max_waiting_; }
-
-  awaitable<Slot> acquire() {
-    if (running_ < max_running_ && queue_.empty()) {
-      ++running_;
-      co_return Slot(this);
-    }
-    auto w = std::make_shared<Waiter>(co_await net::this_coro::executor);
-    queue_.push_back(w);
-    // Runs however the wait ends (grant, cancellation, or an exception).
-    struct Leave {
-      Scheduler* s;
-      std::shared_ptr<Waiter> w;
-      bool taken = false;
-      ~Leave() {
-        if (taken)
-          return;
-        if (w->granted) {
-          s->release();  // granted in the same turn we were cancelled
-        } else {
-          s->queue_.erase(std::remove(s->queue_.begin(), s->queue_.end(), w), s->queue_.end());
-        }
-      }
-    } leave{this, w};
-    co_await w->timer.async_wait(use_nothrow);
-    if (!w->granted)
-      co_return Slot();
-    leave.taken = true;
-    co_return Slot(this);
-  }
-
-  std::size_t running() const { return running_; }
-  std::size_t waiting() const { return queue_.size(); }
-
- private:
-  struct Waiter {
-    explicit Waiter(const net::any_io_executor& ex)
-        : timer(ex, net::steady_timer::time_point::max()) {}
-    net::steady_timer timer;  // cancelled = woken
-    bool granted = false;
-  };
-
-  void release() {
-    --running_;
-    while (!queue_.empty() && running_ < max_running_) {
-      auto w = queue_.front();
-      queue_.pop_front();
-      w->granted = true;
-      ++running_;
-      w->timer.cancel();
-    }
-  }
-
-  std::size_t max_running_;
-  std::size_t max_waiting_;
-  std::size_t running_ = 0;
-  std::deque<std::shared_ptr<Waiter>> queue_;
-};
-
-// KV blocks a running request holds (prompt + generated so far), counted in
-// vllm:kv_cache_usage_perc.
-class BlockHold {
- public:
-  explicit BlockHold(std::size_t& total) : total_(total) {}
-  BlockHold(const BlockHold&) = delete;
-  BlockHold& operator=(const BlockHold&) = delete;
-  ~BlockHold() { total_ -= n_; }
-  void set(std::size_t n) {
-    total_ = total_ - n_ + n;
-    n_ = n;
-  }
-
- private:
-  std::size_t& total_;
-  std::size_t n_ = 0;
-};
 
 // One request/response exchange on a connection.
 struct Exchange {
