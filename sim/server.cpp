@@ -13,12 +13,10 @@
 
 #include <openssl/ssl.h>
 #include <algorithm>
-#include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -40,6 +38,8 @@
 #include <string>
 
 #include "core/net/maybe_tls_stream.hpp"
+#include "sim/faults.hpp"
+#include "sim/http_exchange.hpp"
 #include "sim/kv_event_publisher.hpp"
 #include "sim/kv_events.hpp"
 #include "sim/kv_registry.hpp"
@@ -55,78 +55,17 @@ namespace pdgate::sim {
 
 namespace {
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
-using net::awaitable;
 using nlohmann::json;
-using namespace net::experimental::awaitable_operators;
-
-constexpr auto use_nothrow = net::as_tuple(net::use_awaitable);
-using Request = http::request<http::string_body>;
 
 constexpr std::size_t kMaxBodyBytes = 64u << 20;
 constexpr std::size_t kMaxHeaderBytes = 64u << 10;
 constexpr std::size_t kMaxRecordedBody = 4u << 20;
-
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string dump(const ojson& j) {
-  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
-}
 
 std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out)
     c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
-}
-
-// One request/response exchange on a connection.
-struct Exchange {
-  Exchange(MaybeTlsStream& s, beast::flat_buffer& b, Request& r) : sock(s), buf(b), req(r) {}
-  MaybeTlsStream& sock;
-  beast::flat_buffer& buf;
-  Request& req;
-  std::shared_ptr<RequestRecord> rec;  // null for introspection paths
-  std::string rid;                     // X-Request-Id or generated
-  bool client_gone = false;            // a write failed
-  bool closed = false;                 // we closed the socket on purpose
-  bool response_started = false;
-  std::size_t events_written = 0;
-  std::optional<std::size_t> die_after;
-  std::optional<std::size_t> error_after;
-};
-
-awaitable<bool> sleep_for(std::chrono::microseconds d) {
-  net::steady_timer t(co_await net::this_coro::executor, d);
-  auto [ec] = co_await t.async_wait(use_nothrow);
-  co_return !ec;
-}
-
-awaitable<void> hang_forever() {
-  net::steady_timer t(co_await net::this_coro::executor, net::steady_timer::time_point::max());
-  co_await t.async_wait(use_nothrow);
-}
-
-// Reads the socket while a request is being worked on. Completes when the
-// peer closes (EOF/reset) or when cancelled because the work finished. Bytes
-// that arrive meanwhile (a pipelined request) are kept for the next parse.
-awaitable<void> watch_disconnect(MaybeTlsStream& sock, beast::flat_buffer& buf) {
-  std::array<char, 4096> tmp;
-  for (;;) {
-    auto [ec, n] = co_await sock.async_read_some(net::buffer(tmp), use_nothrow);
-    if (ec)
-      co_return;
-    auto mb = buf.prepare(n);
-    net::buffer_copy(mb, net::buffer(tmp.data(), n));
-    buf.commit(n);
-  }
 }
 
 class Server {
@@ -147,6 +86,7 @@ class Server {
                   std::chrono::seconds(o.kv_expiry_s)),
         scheduler_(o.max_num_seqs, o.max_waiting),
         prefill_lanes_(o.prefill_lanes, std::numeric_limits<std::size_t>::max()),
+        faults_(opts_, rng_, counters_),
         started_at_(std::time(nullptr)),
         permission_id_("modelperm-" + random_hex(32)) {}
 
@@ -216,7 +156,7 @@ class Server {
         if (ec) {
           if (ec == http::error::body_limit || ec == http::error::header_limit) {
             Request dummy;
-            Exchange x(sock, buf, dummy);
+            Exchange x(sock, buf, dummy, counters_, *log_);
             std::string too_large = dump(make_error("request too large", 413));
             co_await reply(x, http::status::payload_too_large, std::move(too_large),
                            "application/json", false);
@@ -256,7 +196,7 @@ class Server {
     const bool sim_path = path.rfind("/sim/", 0) == 0;
     const bool introspection = sim_path || path == "/metrics" || path == "/health";
 
-    Exchange x(sock, buf, req);
+    Exchange x(sock, buf, req, counters_, *log_);
     if (auto it = req.find("x-request-id"); it != req.end() && !it->value().empty()) {
       x.rid = std::string(it->value());
     }
@@ -278,12 +218,8 @@ class Server {
     if (x.rec)
       x.rec->request_id = x.rid;
 
-    if (opts_.hang && !sim_path) {
-      if (x.rec)
-        x.rec->fault = "--hang";
-      ++counters_.faults_injected;
-      co_return co_await watched(x, hang_forever());
-    }
+    if (opts_.hang && !sim_path)
+      co_return co_await faults_.hang(x);
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       if (req.method() == http::verb::post) {
         co_return co_await watched(x, generate(x, path == "/v1/chat/completions"));
@@ -399,162 +335,6 @@ class Server {
     out["max_model_len"] = opts_.max_model_len;
     out["tokens"] = token_ids(pr.prompt.text);
     return {http::status::ok, dump(out), kJson};
-  }
-
-  // Runs `work` while watching the socket for the client leaving.
-  awaitable<bool> watched(Exchange& x, awaitable<void> work) {
-    auto r = co_await (std::move(work) || watch_disconnect(x.sock, x.buf));
-    const bool gone = r.index() == 1 || x.client_gone;
-    if (x.rec && x.rec->outcome == Outcome::in_progress) {
-      x.rec->ended_at_ms = now_ms();
-      if (gone) {
-        x.rec->outcome = Outcome::aborted;
-        ++counters_.aborted;
-        log_->info("request {} aborted: client went away", x.rid);
-      } else {
-        x.rec->outcome = Outcome::error;
-      }
-    }
-    co_return !gone && !x.closed && x.req.keep_alive();
-  }
-
-  // A complete (non-streaming) response. Returns whether to keep the
-  // connection open.
-  awaitable<bool> reply(Exchange& x, http::status status, std::string body,
-                        std::string_view content_type, bool keep_alive = true) {
-    http::response<http::string_body> res{status, x.req.version() ? x.req.version() : 11};
-    res.set(http::field::server, "pdgate-sim");
-    if (!content_type.empty())
-      res.set(http::field::content_type, content_type);
-    if (x.rec)
-      res.set("x-request-id", x.rid);
-    res.keep_alive(keep_alive && x.req.keep_alive());
-    res.body() = std::move(body);
-    res.prepare_payload();
-    if (x.rec)
-      x.rec->first_byte_at_ms = now_ms();
-    x.response_started = true;
-    auto [ec, n] = co_await http::async_write(x.sock, res, use_nothrow);
-    if (ec) {
-      x.client_gone = true;
-      co_return false;
-    }
-    if (x.rec) {
-      x.rec->status = static_cast<int>(status);
-      x.rec->ended_at_ms = now_ms();
-      x.rec->outcome = static_cast<int>(status) < 400 ? Outcome::completed : Outcome::error;
-    }
-    co_return res.keep_alive();
-  }
-
-  awaitable<bool> send_error(Exchange& x, int code, std::string message) {
-    std::string body = dump(make_error(message, code));
-    co_return co_await reply(x, static_cast<http::status>(code), std::move(body),
-                             "application/json");
-  }
-
-  // ---- streaming --------------------------------------------------------
-
-  awaitable<bool> write_stream_headers(Exchange& x) {
-    http::response<http::empty_body> res{http::status::ok, x.req.version()};
-    res.set(http::field::server, "pdgate-sim");
-    res.set(http::field::content_type, "text/event-stream; charset=utf-8");
-    res.set(http::field::cache_control, "no-cache");
-    res.set("x-request-id", x.rid);
-    res.keep_alive(x.req.keep_alive());
-    res.chunked(true);
-    http::response_serializer<http::empty_body> sr{res};
-    if (x.rec)
-      x.rec->first_byte_at_ms = now_ms();
-    x.response_started = true;
-    auto [ec, n] = co_await http::async_write_header(x.sock, sr, use_nothrow);
-    if (ec) {
-      x.client_gone = true;
-      co_return false;
-    }
-    if (x.rec)
-      x.rec->status = 200;
-    if (maybe_die(x))
-      co_return false;
-    if (x.error_after && *x.error_after == 0) {
-      co_await fail_stream(x);
-      co_return false;
-    }
-    co_return true;
-  }
-
-  // --die-after-chunks / die-after=N: once N events went out, drop the
-  // connection without the terminating chunk, like a crashed engine.
-  bool maybe_die(Exchange& x) {
-    if (!x.die_after || x.events_written < *x.die_after)
-      return false;
-    log_->info("request {}: dying after {} data events (fault)", x.rid, x.events_written);
-    ++counters_.faults_injected;
-    if (x.rec) {
-      x.rec->outcome = Outcome::error;
-      x.rec->ended_at_ms = now_ms();
-    }
-    x.sock.close();
-    x.closed = true;
-    return true;
-  }
-
-  awaitable<bool> write_event(Exchange& x, std::string data) {
-    auto [ec, n] =
-        co_await net::async_write(x.sock, http::make_chunk(net::buffer(data)), use_nothrow);
-    if (ec) {
-      x.client_gone = true;
-      co_return false;
-    }
-    ++x.events_written;
-    if (x.rec && !x.rec->first_token_at_ms)
-      x.rec->first_token_at_ms = now_ms();
-    if (maybe_die(x))
-      co_return false;
-    if (x.error_after && x.events_written >= *x.error_after) {
-      co_await fail_stream(x);
-      co_return false;
-    }
-    co_return true;
-  }
-
-  // X-Sim-Fault error-after=N: vLLM's mid-stream failure, an error event
-  // then [DONE], with the chunked body properly terminated.
-  awaitable<void> fail_stream(Exchange& x) {
-    log_->info("request {}: failing the stream after {} data events (fault)", x.rid,
-               x.events_written);
-    ++counters_.faults_injected;
-    x.error_after.reset();
-    std::string events =
-        sse_event(make_error("Simulated engine failure mid-stream (pdgate-sim)", 500)) +
-        std::string(kSseDone);
-    auto [ec, n] =
-        co_await net::async_write(x.sock, http::make_chunk(net::buffer(events)), use_nothrow);
-    if (!ec) {
-      auto [ec2, n2] = co_await net::async_write(x.sock, http::make_chunk_last(), use_nothrow);
-      ec = ec2;
-    }
-    if (ec) {
-      x.client_gone = true;
-      co_return;
-    }
-    if (x.rec) {
-      x.rec->outcome = Outcome::error;
-      x.rec->ended_at_ms = now_ms();
-    }
-  }
-
-  awaitable<bool> end_stream(Exchange& x) {
-    auto [ec, n] = co_await net::async_write(x.sock, http::make_chunk_last(), use_nothrow);
-    if (ec) {
-      x.client_gone = true;
-      co_return false;
-    }
-    if (x.rec) {
-      x.rec->ended_at_ms = now_ms();
-      x.rec->outcome = Outcome::completed;
-    }
-    co_return true;
   }
 
   // ---- generation -------------------------------------------------------
@@ -737,32 +517,8 @@ class Server {
     const bool kv_capable = opts_.role != SimRole::encode;
 
     // Faults fire before any work is done.
-    if (g.fault.delay_ms > 0) {
-      const std::chrono::milliseconds delay(g.fault.delay_ms);
-      if (!co_await sleep_for(delay))
-        co_return;
-    }
-    if (g.fault.hang) {
-      ++counters_.faults_injected;
-      co_await hang_forever();
+    if (!co_await faults_.before_work(x, g.fault, g.stream))
       co_return;
-    }
-    int error_status = g.fault.error_status.value_or(0);
-    if (error_status == 0 && opts_.error_rate > 0 &&
-        std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < opts_.error_rate) {
-      error_status = 500;
-      rec.fault = "--error-rate";
-    }
-    if (error_status != 0) {
-      ++counters_.faults_injected;
-      const std::string msg = "Simulated engine failure (pdgate-sim fault injection)";
-      co_await send_error(x, error_status, msg);
-      co_return;
-    }
-    if (g.stream) {
-      x.die_after = g.fault.die_after ? g.fault.die_after : opts_.die_after_chunks;
-      x.error_after = g.fault.error_after;
-    }
 
     if (scheduler_.would_reject()) {
       ++counters_.requests_rejected;
@@ -1113,6 +869,7 @@ class Server {
   Scheduler scheduler_;
   Scheduler prefill_lanes_;
   Counters counters_;
+  Faults faults_;
   RequestLog requests_;
   std::size_t open_connections_ = 0;
   std::uint64_t connections_total_ = 0;
