@@ -34,11 +34,11 @@
 #include <memory>
 #include <optional>
 #include <random>
-#include <regex>
 #include <string>
 
 #include "core/net/maybe_tls_stream.hpp"
 #include "sim/faults.hpp"
+#include "sim/generation_request.hpp"
 #include "sim/http_exchange.hpp"
 #include "sim/kv_event_publisher.hpp"
 #include "sim/kv_events.hpp"
@@ -322,7 +322,7 @@ class Server {
       return error(400, "Invalid JSON in request body");
     if (!body.is_object())
       return error(400, "Request body must be a JSON object");
-    if (std::optional<HttpError> e = check_model(body))
+    if (std::optional<HttpError> e = check_model(body, opts_.model))
       return error(e->code, e->message);
     const bool chat = body.contains("messages");
     if (!chat && !body.contains("prompt"))
@@ -359,157 +359,11 @@ class Server {
     }
   }
 
-  // A generation request after validation: everything the coroutine needs.
-  struct GenRequest {
-    Fault fault;
-    bool stream = false;
-    bool include_usage = false;
-    Prompt prompt;
-    std::size_t max_tokens = 0;
-    json kv;                      // kv_transfer_params, or null
-    bool remote_prefill = false;  // decode side of the handshake: pull, then decode
-    bool remote_decode = false;   // prefill side: compute, then issue params
-    bool names_remote = false;    // prefill handed a remote's blocks (multi-turn)
-  };
-
-  struct HttpError {
-    int code = 400;
-    std::string message;
-  };
-
-  // Synchronous on purpose: error messages are built here, never inside a
-  // co_await expression (GCC 12 mis-destroys conditional temporaries there).
-  // What --kv-connector forbids: params with any connector but NIXL (the
-  // others move the cache out of band), and with p2p-nccl a prefill or
-  // decode request id that does not name both peers.
-  std::string connector_violation(const json& body, const std::string& rid) const {
-    if (opts_.kv_connector == "nixl" || opts_.role == SimRole::encode)
-      return {};
-    if (body.contains("kv_transfer_params") && !body["kv_transfer_params"].is_null()) {
-      return "kv_transfer_params are not used with the " + opts_.kv_connector + " connector";
-    }
-    static const std::regex kP2pId(
-        "___prefill_addr_[^_]+:[0-9]+___decode_addr_[^_]+:[0-9]+_[0-9a-f]{32}");
-    if (opts_.kv_connector == "p2p-nccl" && opts_.role != SimRole::both &&
-        !std::regex_match(rid, kP2pId)) {
-      return "p2p-nccl request id must be ___prefill_addr_{host:port}___decode_addr_{host:port}_"
-             "{32 hex}, got '" +
-             rid + "'";
-    }
-    return {};
-  }
-
-  // vLLM answers 404 for a model it does not serve; no model means ours.
-  std::optional<HttpError> check_model(const json& body) const {
-    if (!body.contains("model") || body["model"].is_null())
-      return std::nullopt;
-    const json& m = body["model"];
-    if (m.is_string() && m.get<std::string>() == opts_.model)
-      return std::nullopt;
-    std::string name = m.is_string() ? m.get<std::string>() : m.dump();
-    return HttpError{404, "The model `" + name + "` does not exist."};
-  }
-
-  std::optional<HttpError> parse_generation(const Request& req, bool chat, RequestRecord& rec,
-                                            GenRequest& g) {
-    if (auto it = req.find("x-sim-fault"); it != req.end()) {
-      FaultParse fp = parse_fault_header(it->value());
-      rec.fault = std::string(it->value());
-      if (!fp.error.empty())
-        return HttpError{400, fp.error};
-      g.fault = fp.fault;
-    }
-    const json body = json::parse(req.body(), nullptr, false);
-    if (body.is_discarded())
-      return HttpError{400, "Invalid JSON in request body"};
-    if (!body.is_object())
-      return HttpError{400, "Request body must be a JSON object"};
-    if (std::optional<HttpError> e = check_model(body))
-      return e;
-    if (body.contains("stream") && !body["stream"].is_null()) {
-      if (!body["stream"].is_boolean())
-        return HttpError{400, "'stream' must be a boolean"};
-      g.stream = body["stream"].get<bool>();
-    }
-    if (body.contains("stream_options") && !body["stream_options"].is_null()) {
-      if (!g.stream) {
-        return HttpError{400, "Stream options can only be defined when `stream=True`."};
-      }
-      const json& so = body["stream_options"];
-      g.include_usage = so.is_object() && so.contains("include_usage") &&
-                        so["include_usage"].is_boolean() && so["include_usage"].get<bool>();
-    }
-    if (opts_.role == SimRole::encode) {
-      if (std::string v = encoder_violation(body, chat); !v.empty()) {
-        ++counters_.encoder_violations;
-        log_->warn("request {}: encoder rule broken: {}", rec.request_id, v);
-        return HttpError{400, v};
-      }
-    }
-    if (std::string v = connector_violation(body, rec.request_id); !v.empty()) {
-      log_->warn("request {}: --kv-connector {} rule broken: {}", rec.request_id,
-                 opts_.kv_connector, v);
-      return HttpError{400, v};
-    }
-    PromptResult pr = chat ? chat_prompt(body) : completion_prompt(body);
-    if (!pr.ok())
-      return HttpError{400, pr.error};
-    g.prompt = std::move(pr.prompt);
-    const std::size_t prompt_tokens = g.prompt.tokens;
-    rec.prompt_tokens = prompt_tokens;
-
-    g.max_tokens = opts_.default_max_tokens;
-    for (const char* key : {"max_completion_tokens", "max_tokens"}) {
-      if (!chat && std::string_view(key) == "max_completion_tokens")
-        continue;
-      if (!body.contains(key) || body[key].is_null())
-        continue;
-      if (!body[key].is_number_integer() || body[key].get<std::int64_t>() < 1) {
-        return HttpError{400, std::string("'") + key + "' must be an integer >= 1"};
-      }
-      g.max_tokens = body[key].get<std::size_t>();
-      break;
-    }
-    const std::string limit = std::to_string(opts_.max_model_len);
-    if (prompt_tokens > opts_.max_model_len) {
-      return HttpError{400, "This model's maximum context length is " + limit +
-                                " tokens. However, your request has " +
-                                std::to_string(prompt_tokens) +
-                                " input tokens. Please reduce the length of the input messages."};
-    }
-    if (prompt_tokens + g.max_tokens > opts_.max_model_len) {
-      const std::string mt = std::to_string(g.max_tokens);
-      const std::string pt = std::to_string(prompt_tokens);
-      return HttpError{400, "'max_tokens' or 'max_completion_tokens' is too large: " + mt +
-                                ". This model's maximum context length is " + limit +
-                                " tokens and your request has " + pt + " input tokens (" + mt +
-                                " > " + limit + " - " + pt + ")."};
-    }
-
-    // The request's side of the handshake, from its kv_transfer_params.
-    if (body.contains("kv_transfer_params") && body["kv_transfer_params"].is_object() &&
-        opts_.role != SimRole::encode) {
-      g.kv = body["kv_transfer_params"];
-      auto flag = [&](const char* k) {
-        return g.kv.contains(k) && g.kv[k].is_boolean() && g.kv[k].get<bool>();
-      };
-      g.remote_prefill = flag("do_remote_prefill");
-      g.remote_decode = !g.remote_prefill && flag("do_remote_decode");
-      if (g.remote_decode) {
-        for (const char* k :
-             {"remote_engine_id", "remote_request_id", "remote_host", "remote_port"}) {
-          if (g.kv.contains(k) && !g.kv[k].is_null())
-            g.names_remote = true;
-        }
-      }
-    }
-    return std::nullopt;
-  }
-
   awaitable<void> generate_inner(Exchange& x, bool chat) {
     RequestRecord& rec = *x.rec;
     GenRequest g;
-    if (std::optional<HttpError> err = parse_generation(x.req, chat, rec, g)) {
+    if (std::optional<HttpError> err =
+            parse_generation(x.req, chat, opts_, counters_, *log_, rec, g)) {
       co_await send_error(x, err->code, err->message);
       co_return;
     }

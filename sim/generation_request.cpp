@@ -1,0 +1,147 @@
+// Reading and checking a generation request (generation_request.hpp).
+// Synchronous on purpose: error messages are built here, never inside a
+// co_await expression (GCC 12 mis-destroys conditional temporaries there).
+#include "sim/generation_request.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdint>
+#include <regex>
+#include <string_view>
+#include <utility>
+
+namespace pdgate::sim {
+
+namespace {
+
+using nlohmann::json;
+
+// What --kv-connector forbids: params with any connector but NIXL (the
+// others move the cache out of band), and with p2p-nccl a prefill or
+// decode request id that does not name both peers.
+std::string connector_violation(const SimOptions& opts, const json& body, const std::string& rid) {
+  if (opts.kv_connector == "nixl" || opts.role == SimRole::encode)
+    return {};
+  if (body.contains("kv_transfer_params") && !body["kv_transfer_params"].is_null()) {
+    return "kv_transfer_params are not used with the " + opts.kv_connector + " connector";
+  }
+  static const std::regex kP2pId(
+      "___prefill_addr_[^_]+:[0-9]+___decode_addr_[^_]+:[0-9]+_[0-9a-f]{32}");
+  if (opts.kv_connector == "p2p-nccl" && opts.role != SimRole::both &&
+      !std::regex_match(rid, kP2pId)) {
+    return "p2p-nccl request id must be ___prefill_addr_{host:port}___decode_addr_{host:port}_"
+           "{32 hex}, got '" +
+           rid + "'";
+  }
+  return {};
+}
+
+}  // namespace
+
+std::optional<HttpError> check_model(const json& body, const std::string& model) {
+  if (!body.contains("model") || body["model"].is_null())
+    return std::nullopt;
+  const json& m = body["model"];
+  if (m.is_string() && m.get<std::string>() == model)
+    return std::nullopt;
+  std::string name = m.is_string() ? m.get<std::string>() : m.dump();
+  return HttpError{404, "The model `" + name + "` does not exist."};
+}
+
+std::optional<HttpError> parse_generation(const Request& req, bool chat, const SimOptions& opts,
+                                          Counters& counters, spdlog::logger& log,
+                                          RequestRecord& rec, GenRequest& g) {
+  if (auto it = req.find("x-sim-fault"); it != req.end()) {
+    FaultParse fp = parse_fault_header(it->value());
+    rec.fault = std::string(it->value());
+    if (!fp.error.empty())
+      return HttpError{400, fp.error};
+    g.fault = fp.fault;
+  }
+  const json body = json::parse(req.body(), nullptr, false);
+  if (body.is_discarded())
+    return HttpError{400, "Invalid JSON in request body"};
+  if (!body.is_object())
+    return HttpError{400, "Request body must be a JSON object"};
+  if (std::optional<HttpError> e = check_model(body, opts.model))
+    return e;
+  if (body.contains("stream") && !body["stream"].is_null()) {
+    if (!body["stream"].is_boolean())
+      return HttpError{400, "'stream' must be a boolean"};
+    g.stream = body["stream"].get<bool>();
+  }
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    if (!g.stream) {
+      return HttpError{400, "Stream options can only be defined when `stream=True`."};
+    }
+    const json& so = body["stream_options"];
+    g.include_usage = so.is_object() && so.contains("include_usage") &&
+                      so["include_usage"].is_boolean() && so["include_usage"].get<bool>();
+  }
+  if (opts.role == SimRole::encode) {
+    if (std::string v = encoder_violation(body, chat); !v.empty()) {
+      ++counters.encoder_violations;
+      log.warn("request {}: encoder rule broken: {}", rec.request_id, v);
+      return HttpError{400, v};
+    }
+  }
+  if (std::string v = connector_violation(opts, body, rec.request_id); !v.empty()) {
+    log.warn("request {}: --kv-connector {} rule broken: {}", rec.request_id, opts.kv_connector, v);
+    return HttpError{400, v};
+  }
+  PromptResult pr = chat ? chat_prompt(body) : completion_prompt(body);
+  if (!pr.ok())
+    return HttpError{400, pr.error};
+  g.prompt = std::move(pr.prompt);
+  const std::size_t prompt_tokens = g.prompt.tokens;
+  rec.prompt_tokens = prompt_tokens;
+
+  g.max_tokens = opts.default_max_tokens;
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    if (!chat && std::string_view(key) == "max_completion_tokens")
+      continue;
+    if (!body.contains(key) || body[key].is_null())
+      continue;
+    if (!body[key].is_number_integer() || body[key].get<std::int64_t>() < 1) {
+      return HttpError{400, std::string("'") + key + "' must be an integer >= 1"};
+    }
+    g.max_tokens = body[key].get<std::size_t>();
+    break;
+  }
+  const std::string limit = std::to_string(opts.max_model_len);
+  if (prompt_tokens > opts.max_model_len) {
+    return HttpError{400, "This model's maximum context length is " + limit +
+                              " tokens. However, your request has " +
+                              std::to_string(prompt_tokens) +
+                              " input tokens. Please reduce the length of the input messages."};
+  }
+  if (prompt_tokens + g.max_tokens > opts.max_model_len) {
+    const std::string mt = std::to_string(g.max_tokens);
+    const std::string pt = std::to_string(prompt_tokens);
+    return HttpError{400, "'max_tokens' or 'max_completion_tokens' is too large: " + mt +
+                              ". This model's maximum context length is " + limit +
+                              " tokens and your request has " + pt + " input tokens (" + mt +
+                              " > " + limit + " - " + pt + ")."};
+  }
+
+  // The request's side of the handshake, from its kv_transfer_params.
+  if (body.contains("kv_transfer_params") && body["kv_transfer_params"].is_object() &&
+      opts.role != SimRole::encode) {
+    g.kv = body["kv_transfer_params"];
+    auto flag = [&](const char* k) {
+      return g.kv.contains(k) && g.kv[k].is_boolean() && g.kv[k].get<bool>();
+    };
+    g.remote_prefill = flag("do_remote_prefill");
+    g.remote_decode = !g.remote_prefill && flag("do_remote_decode");
+    if (g.remote_decode) {
+      for (const char* k :
+           {"remote_engine_id", "remote_request_id", "remote_host", "remote_port"}) {
+        if (g.kv.contains(k) && !g.kv[k].is_null())
+          g.names_remote = true;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace pdgate::sim

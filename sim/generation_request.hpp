@@ -1,0 +1,49 @@
+// What a generation request asks for: its body read and checked against
+// vLLM's rules (and the sim's --role and --kv-connector rules) before any
+// work starts, so every refusal is a plain error answer.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include <spdlog/fwd.h>
+#include <nlohmann/json.hpp>
+
+#include "sim/http_exchange.hpp"
+#include "sim/metrics.hpp"
+#include "sim/options.hpp"
+#include "sim/request_log.hpp"
+#include "sim/tokenizer.hpp"
+
+namespace pdgate::sim {
+
+// A generation request after validation: everything the coroutine needs.
+struct GenRequest {
+  Fault fault;
+  bool stream = false;
+  bool include_usage = false;
+  Prompt prompt;
+  std::size_t max_tokens = 0;
+  nlohmann::json kv;            // kv_transfer_params, or null
+  bool remote_prefill = false;  // decode side of the handshake: pull, then decode
+  bool remote_decode = false;   // prefill side: compute, then issue params
+  bool names_remote = false;    // prefill handed a remote's blocks (multi-turn)
+};
+
+struct HttpError {
+  int code = 400;
+  std::string message;
+};
+
+// vLLM answers 404 for a model it does not serve; no model means ours.
+std::optional<HttpError> check_model(const nlohmann::json& body, const std::string& model);
+
+// Fills `g` from a POST to /v1/completions (or, with `chat`, to
+// /v1/chat/completions) and notes the fault header and prompt size in
+// `rec`; returns the error to answer instead when the request is refused.
+std::optional<HttpError> parse_generation(const Request& req, bool chat, const SimOptions& opts,
+                                          Counters& counters, spdlog::logger& log,
+                                          RequestRecord& rec, GenRequest& g);
+
+}  // namespace pdgate::sim
