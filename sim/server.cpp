@@ -25,7 +25,6 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <cstdio>
@@ -37,15 +36,16 @@
 #include <string>
 
 #include "core/net/maybe_tls_stream.hpp"
+#include "sim/cache_events.hpp"
 #include "sim/faults.hpp"
 #include "sim/generation_request.hpp"
 #include "sim/http_exchange.hpp"
 #include "sim/kv_event_publisher.hpp"
-#include "sim/kv_events.hpp"
-#include "sim/kv_registry.hpp"
+#include "sim/kv_transfer.hpp"
 #include "sim/latency.hpp"
 #include "sim/metrics.hpp"
 #include "sim/prefix_cache.hpp"
+#include "sim/random_ids.hpp"
 #include "sim/request_log.hpp"
 #include "sim/responses.hpp"
 #include "sim/scheduler.hpp"
@@ -80,17 +80,15 @@ class Server {
         port_(port),
         latency_{o.prefill_base_ms, o.prefill_us_per_token, o.itl_ms, o.kv_pull_ms},
         cache_(o.block_size, o.kv_blocks, o.prefix_cache),
-        // Never from the seeded RNG: two sims started with the same --seed
-        // must still have distinct engine ids.
-        registry_(o.engine_id.empty() ? random_uuid(std::random_device{}()) : o.engine_id,
-                  std::chrono::seconds(o.kv_expiry_s)),
+        cache_events_(cache_, events, opts_, *log_),
         scheduler_(o.max_num_seqs, o.max_waiting),
         prefill_lanes_(o.prefill_lanes, std::numeric_limits<std::size_t>::max()),
+        kv_(opts_, *log_, rng_, counters_, cache_, cache_events_, port),
         faults_(opts_, rng_, counters_),
         started_at_(std::time(nullptr)),
-        permission_id_("modelperm-" + random_hex(32)) {}
+        permission_id_("modelperm-" + random_hex(rng_, 32)) {}
 
-  const std::string& engine_id() const { return registry_.engine_id(); }
+  const std::string& engine_id() const { return kv_.engine_id(); }
   // Serve https with `ctx` (it must outlive the server).
   void set_tls(net::ssl::context* ctx) { tls_ = ctx; }
 
@@ -214,7 +212,7 @@ class Server {
       x.rec = requests_.add(std::move(r));
     }
     if (x.rid.empty())
-      x.rid = random_hex(32);
+      x.rid = random_hex(rng_, 32);
     if (x.rec)
       x.rec->request_id = x.rid;
 
@@ -226,7 +224,7 @@ class Server {
       }
     }
     if (path == "/sim/kv/pull" && req.method() == http::verb::post) {
-      co_return co_await serve_kv_pull(x);
+      co_return co_await kv_.serve_pull(x);
     }
     if (path == "/tokenize" && req.method() == http::verb::post) {
       SimpleAnswer a = tokenize(req.body());
@@ -255,9 +253,7 @@ class Server {
     if (path == "/reset_prefix_cache") {
       if (method != http::verb::post)
         return not_allowed;
-      cache_.clear();
-      if (events_ != nullptr)
-        publish_events({AllBlocksCleared{}});
+      cache_events_.clear();
       return {http::status::ok, "", ""};
     }
     if (path == "/health")
@@ -399,23 +395,8 @@ class Server {
     hold.set((prompt_tokens + bs - 1) / bs);
 
     // KV transfer.
-    std::size_t remote_cached = 0;
-    bool skip_prefill = false;
-    if (g.remote_prefill || (g.remote_decode && g.names_remote)) {
-      const KvResult kv_result = co_await pull_kv(g.kv, x.rid);
-      counters_.count_kv(kv_result);
-      rec.kv_result = kv_result;
-      if (kv_result == KvResult::valid) {
-        if (g.remote_prefill) {
-          skip_prefill = opts_.role == SimRole::decode || opts_.role == SimRole::both;
-        } else {
-          const auto ids = g.kv.contains("remote_block_ids")
-                               ? flatten_block_ids(g.kv["remote_block_ids"])
-                               : std::nullopt;
-          remote_cached = cached_prefix_tokens(ids ? ids->size() : 0, bs, prompt_tokens);
-        }
-      }
-    }
+    const KvTransfer::Received received = co_await kv_.receive(g, x.rid, rec);
+    const bool skip_prefill = received.skip_prefill;
 
     // Prefix cache, then prefill.
     const auto hashes = cache_.block_hashes(g.prompt.text);
@@ -423,7 +404,7 @@ class Server {
     counters_.prefix_cache_queries += prompt_tokens;
     counters_.prefix_cache_hits += local_cached;
     counters_.prompt_tokens += prompt_tokens;
-    std::size_t cached = std::max(local_cached, remote_cached);
+    std::size_t cached = std::max(local_cached, received.remote_cached);
     if (skip_prefill) {
       cached = prompt_tokens;
       const auto pull = latency_.pull();
@@ -440,11 +421,11 @@ class Server {
     rec.cached_tokens = cached;
     // Blocks computed here or pulled from a prefill are cached, as vLLM
     // caches a request's full blocks once their KV is in place.
-    cache_insert(g.prompt.text, hashes);
+    cache_events_.insert(g.prompt.text, hashes);
 
     ojson issued = nullptr;
     if (g.remote_decode)
-      issued = issue_params(x.rid, g.prompt.text, prompt_tokens);
+      issued = kv_.issue(x.rid, g.prompt.text, prompt_tokens);
 
     // Decode. The prefill produced the first token; a decode that received
     // the KV from elsewhere runs one step for it.
@@ -465,7 +446,7 @@ class Server {
         // The conversation so far (prompt + this answer) stays on this
         // engine for the next turn's prefill to pull.
         const std::string conv = g.prompt.text + (chat ? "assistant" : "") + text;
-        issued = issue_params(x.rid, conv, tokens_for_bytes(conv.size()));
+        issued = kv_.issue(x.rid, conv, tokens_for_bytes(conv.size()));
       }
       if (!g.stream)
         continue;
@@ -504,178 +485,6 @@ class Server {
     co_await reply(x, http::status::ok, std::move(body), "application/json");
   }
 
-  ojson issue_params(const std::string& rid, const std::string& text, std::size_t tokens) {
-    auto ids = cache_insert(text, cache_.block_hashes(text));
-    if (tokens % cache_.block_size() != 0)
-      ids.push_back(cache_.fresh_block_id());
-    const std::string remote_request_id = "cmpl-" + rid + "-0-" + random_hex(8);
-    ojson params = make_kv_params(ids, engine_id(), remote_request_id, opts_.advertise_host, port_);
-    registry_.issue(remote_request_id, std::move(ids), std::chrono::steady_clock::now());
-    ++counters_.kv_issued;
-    return params;
-  }
-
-  // ---- KV events --------------------------------------------------------
-
-  // Inserts a block chain into the prefix cache and, with KV events on,
-  // publishes what changed in one batch: evictions first (vLLM evicts to
-  // make room before it stores), then one BlockStored per run of
-  // consecutive new blocks, whose parent is the block before the run.
-  std::vector<std::int64_t> cache_insert(std::string_view text,
-                                         const std::vector<std::uint64_t>& hashes) {
-    if (events_ == nullptr)
-      return cache_.insert(hashes);
-    CacheChanges changes;
-    std::vector<std::int64_t> ids = cache_.insert(hashes, &changes);
-    if (changes.empty())
-      return ids;
-    std::vector<KvEvent> events;
-    if (!changes.removed.empty())
-      events.emplace_back(BlockRemoved{std::move(changes.removed)});
-    const std::size_t bs = cache_.block_size();
-    const std::size_t block_bytes = bs * kBytesPerToken;
-    const auto& stored = changes.stored;
-    for (std::size_t i = 0; i < stored.size();) {
-      std::size_t end = i + 1;
-      while (end < stored.size() && stored[end] == stored[end - 1] + 1)
-        ++end;
-      const std::size_t first = stored[i];
-      const std::size_t count = end - i;
-      BlockStored event;
-      event.block_hashes.assign(hashes.begin() + static_cast<std::ptrdiff_t>(first),
-                                hashes.begin() + static_cast<std::ptrdiff_t>(first + count));
-      if (first > 0)
-        event.parent_block_hash = hashes[first - 1];
-      event.token_ids = token_ids(text.substr(first * block_bytes, count * block_bytes));
-      event.block_size = bs;
-      events.emplace_back(std::move(event));
-      i = end;
-    }
-    publish_events(events);
-    return ids;
-  }
-
-  void publish_events(const std::vector<KvEvent>& events) {
-    const double ts =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    // Rank 0, as a vLLM without data parallelism sends.
-    if (!events_->publish(
-            encode_batch(ts, events, 0, opts_.kv_events_format, opts_.kv_events_hash))) {
-      log_->warn("kv events: queue full ({} batches), a batch was dropped",
-                 opts_.kv_events.max_queue_size);
-    }
-  }
-
-  // ---- KV handshake -----------------------------------------------------
-
-  // Decode side (or a prefill handed the decode's previous-turn blocks):
-  // asks the issuer named in the params to hand over the blocks.
-  awaitable<KvResult> pull_kv(const json& kv, const std::string& rid) {
-    auto str = [&](const char* k) -> std::string {
-      return kv.contains(k) && kv[k].is_string() ? kv[k].get<std::string>() : std::string();
-    };
-    const std::string host = str("remote_host");
-    const std::string engine = str("remote_engine_id");
-    const std::string remote_rid = str("remote_request_id");
-    std::uint32_t port = 0;
-    if (kv.contains("remote_port") && kv["remote_port"].is_number_unsigned()) {
-      port = kv["remote_port"].get<std::uint32_t>();
-    }
-    KvResult result = KvResult::pull_failed;
-    std::string why;
-    if (host.empty() || engine.empty() || remote_rid.empty() || port == 0 || port > 65535) {
-      why =
-          "incomplete kv_transfer_params (need remote_host, remote_port, remote_engine_id, "
-          "remote_request_id)";
-    } else {
-      result = co_await pull_http(host, static_cast<std::uint16_t>(port), kv, why);
-    }
-    if (result != KvResult::valid) {
-      log_->warn("request {}: kv pull from {}:{} ({}) -> {}{}{}", rid, host, port, remote_rid,
-                 to_string(result), why.empty() ? "" : ": ", why);
-    }
-    co_return result;
-  }
-
-  awaitable<KvResult> pull_http(const std::string& host, std::uint16_t port, const json& kv,
-                                std::string& why) {
-    auto ex = co_await net::this_coro::executor;
-    beast::tcp_stream stream(ex);
-    stream.expires_after(std::chrono::milliseconds(opts_.kv_pull_timeout_ms));
-    boost::system::error_code ec;
-    const auto addr = net::ip::make_address(host, ec);
-    if (!ec) {
-      auto [cec] = co_await stream.async_connect(tcp::endpoint(addr, port), use_nothrow);
-      ec = cec;
-    } else {
-      tcp::resolver resolver(ex);
-      const std::string service = std::to_string(port);
-      auto [rec, results] = co_await resolver.async_resolve(host, service, use_nothrow);
-      ec = rec;
-      if (!ec) {
-        auto [cec, ep] = co_await stream.async_connect(results, use_nothrow);
-        ec = cec;
-      }
-    }
-    if (ec) {
-      why = "connect: " + ec.message();
-      co_return KvResult::pull_failed;
-    }
-    json payload = {{"remote_engine_id", kv["remote_engine_id"]},
-                    {"remote_request_id", kv["remote_request_id"]},
-                    {"remote_block_ids", kv.value("remote_block_ids", json())}};
-    Request rq{http::verb::post, "/sim/kv/pull", 11};
-    rq.set(http::field::host, host + ":" + std::to_string(port));
-    rq.set(http::field::content_type, "application/json");
-    rq.keep_alive(false);
-    rq.body() = payload.dump(-1, ' ', false, json::error_handler_t::replace);
-    rq.prepare_payload();
-    if (auto [wec, n] = co_await http::async_write(stream, rq, use_nothrow); wec) {
-      why = "write: " + wec.message();
-      co_return KvResult::pull_failed;
-    }
-    beast::flat_buffer b;
-    http::response<http::string_body> rs;
-    if (auto [rec, n] = co_await http::async_read(stream, b, rs, use_nothrow); rec) {
-      why = "read: " + rec.message();
-      co_return KvResult::pull_failed;
-    }
-    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-    switch (rs.result_int()) {
-      case 200:
-        co_return KvResult::valid;
-      case 409:
-        co_return KvResult::reused;
-      case 404:
-        co_return KvResult::unknown;
-      default:
-        why = "issuer answered HTTP " + std::to_string(rs.result_int());
-        co_return KvResult::pull_failed;
-    }
-  }
-
-  // Issuer side: a peer pulls params we issued.
-  awaitable<bool> serve_kv_pull(Exchange& x) {
-    const json b = json::parse(x.req.body(), nullptr, false);
-    if (b.is_discarded() || !b.is_object()) {
-      std::string bad = "{\"result\":\"bad_request\"}";
-      co_return co_await reply(x, http::status::bad_request, std::move(bad), "application/json");
-    }
-    auto str = [&](const char* k) -> std::string {
-      return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
-    };
-    const auto ids = flatten_block_ids(b.value("remote_block_ids", json()));
-    const KvResult r = registry_.consume(str("remote_engine_id"), str("remote_request_id"),
-                                         ids.value_or(std::vector<std::int64_t>{}),
-                                         std::chrono::steady_clock::now());
-    ++counters_.kv_pulls_served[static_cast<std::size_t>(r)];
-    const auto status = r == KvResult::valid    ? http::status::ok
-                        : r == KvResult::reused ? http::status::conflict
-                                                : http::status::not_found;
-    std::string answer = std::string("{\"result\":\"") + to_string(r) + "\"}";
-    co_return co_await reply(x, status, std::move(answer), "application/json");
-  }
-
   // ---- helpers ----------------------------------------------------------
 
   Gauges gauges() {
@@ -683,33 +492,14 @@ class Server {
     Gauges g;
     g.running = scheduler_.running();
     g.waiting = scheduler_.waiting();
-    const double used = static_cast<double>(active_blocks_ + registry_.outstanding_blocks(now));
+    const double used =
+        static_cast<double>(active_blocks_ + kv_.registry().outstanding_blocks(now));
     g.kv_cache_usage = std::min(1.0, used / static_cast<double>(opts_.kv_blocks));
     g.open_connections = open_connections_;
     g.connections_total = connections_total_;
-    g.issued_kv_outstanding = registry_.outstanding(now);
+    g.issued_kv_outstanding = kv_.registry().outstanding(now);
     g.prefix_cache_blocks = cache_.size();
     return g;
-  }
-
-  std::string random_hex(std::size_t n) {
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string s(n, '0');
-    for (char& c : s)
-      c = kHex[rng_() & 15];
-    return s;
-  }
-
-  static std::string random_uuid(std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string h(32, '0');
-    for (char& c : h)
-      c = kHex[rng() & 15];
-    h[12] = '4';
-    h[16] = "89ab"[rng() & 3];
-    return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) +
-           "-" + h.substr(20);
   }
 
   SimOptions opts_;
@@ -719,10 +509,11 @@ class Server {
   std::uint16_t port_;
   LatencyModel latency_;
   PrefixCache cache_;
-  KvRegistry registry_;
+  CacheEvents cache_events_;
   Scheduler scheduler_;
   Scheduler prefill_lanes_;
   Counters counters_;
+  KvTransfer kv_;
   Faults faults_;
   RequestLog requests_;
   std::size_t open_connections_ = 0;
