@@ -1,11 +1,11 @@
 // pdgate-sim's event loop: one io_context, one coroutine per connection.
-//
-// Shape of a generation request: validate -> faults -> admission (FIFO queue
-// bounded by --max-num-seqs) -> KV pull (decode side, or a prefill handed the
-// decode's blocks) -> prefix-cache lookup -> prefill (one of --prefill-lanes)
-// -> one decode step per output token -> issue kv params -> final answer.
-// While that runs, a second coroutine reads the socket: EOF means the client
-// left, and `||` cancels the work at whatever await it sits in.
+// This file accepts connections, reads their requests and routes each one:
+// generation requests to the Generator (generation.hpp), KV pulls to the
+// KV hand-off (kv_transfer.hpp), and the endpoints answered at once
+// (models, health, profiling, metrics, /sim/*, tokenize) here.
+// While a generation request runs, a second coroutine reads the socket: EOF
+// means the client left, and `||` cancels the work at whatever await it
+// sits in (watched(), http_exchange.hpp).
 #include "sim/server.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -13,23 +13,17 @@
 
 #include <openssl/ssl.h>
 #include <algorithm>
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/this_coro.hpp>
-#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -38,17 +32,16 @@
 #include "core/net/maybe_tls_stream.hpp"
 #include "sim/cache_events.hpp"
 #include "sim/faults.hpp"
+#include "sim/generation.hpp"
 #include "sim/generation_request.hpp"
 #include "sim/http_exchange.hpp"
 #include "sim/kv_event_publisher.hpp"
 #include "sim/kv_transfer.hpp"
-#include "sim/latency.hpp"
 #include "sim/metrics.hpp"
 #include "sim/prefix_cache.hpp"
 #include "sim/random_ids.hpp"
 #include "sim/request_log.hpp"
 #include "sim/responses.hpp"
-#include "sim/scheduler.hpp"
 #include "sim/tokenizer.hpp"
 
 namespace pdgate::sim {
@@ -78,13 +71,11 @@ class Server {
         events_(events),
         rng_(o.seed ? *o.seed : std::random_device{}()),
         port_(port),
-        latency_{o.prefill_base_ms, o.prefill_us_per_token, o.itl_ms, o.kv_pull_ms},
         cache_(o.block_size, o.kv_blocks, o.prefix_cache),
         cache_events_(cache_, events, opts_, *log_),
-        scheduler_(o.max_num_seqs, o.max_waiting),
-        prefill_lanes_(o.prefill_lanes, std::numeric_limits<std::size_t>::max()),
         kv_(opts_, *log_, rng_, counters_, cache_, cache_events_, port),
         faults_(opts_, rng_, counters_),
+        generator_(opts_, *log_, counters_, faults_, kv_, cache_, cache_events_),
         started_at_(std::time(nullptr)),
         permission_id_("modelperm-" + random_hex(rng_, 32)) {}
 
@@ -220,7 +211,7 @@ class Server {
       co_return co_await faults_.hang(x);
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       if (req.method() == http::verb::post) {
-        co_return co_await watched(x, generate(x, path == "/v1/chat/completions"));
+        co_return co_await watched(x, generator_.generate(x, path == "/v1/chat/completions"));
       }
     }
     if (path == "/sim/kv/pull" && req.method() == http::verb::post) {
@@ -333,167 +324,15 @@ class Server {
     return {http::status::ok, dump(out), kJson};
   }
 
-  // ---- generation -------------------------------------------------------
-
-  awaitable<void> generate(Exchange& x, bool chat) {
-    bool failed = false;
-    try {
-      co_await generate_inner(x, chat);
-    } catch (const boost::system::system_error& e) {
-      // Cancellation (client gone) surfaces as operation_aborted.
-      if (e.code() != net::error::operation_aborted) {
-        log_->error("request {} failed: {}", x.rid, e.what());
-        failed = true;
-      }
-    } catch (const std::exception& e) {
-      log_->error("request {} failed: {}", x.rid, e.what());
-      failed = true;
-    }
-    if (failed && !x.response_started && !x.client_gone) {
-      std::string msg = "internal error in pdgate-sim";
-      co_await send_error(x, 500, std::move(msg));
-    }
-  }
-
-  awaitable<void> generate_inner(Exchange& x, bool chat) {
-    RequestRecord& rec = *x.rec;
-    GenRequest g;
-    if (std::optional<HttpError> err =
-            parse_generation(x.req, chat, opts_, counters_, *log_, rec, g)) {
-      co_await send_error(x, err->code, err->message);
-      co_return;
-    }
-    const std::size_t prompt_tokens = g.prompt.tokens;
-    const bool kv_capable = opts_.role != SimRole::encode;
-
-    // Faults fire before any work is done.
-    if (!co_await faults_.before_work(x, g.fault, g.stream))
-      co_return;
-
-    if (scheduler_.would_reject()) {
-      ++counters_.requests_rejected;
-      const std::string msg = "The engine's waiting queue is full (" +
-                              std::to_string(opts_.max_waiting) + " requests waiting).";
-      co_await send_error(x, 503, msg);
-      co_return;
-    }
-
-    ResponseMeta meta{(chat ? "chatcmpl-" : "cmpl-") + x.rid, opts_.model,
-                      static_cast<std::int64_t>(std::time(nullptr)), chat};
-    // Like vLLM (a StreamingResponse), streaming headers go out as soon as
-    // the request is accepted, before it is scheduled.
-    if (g.stream) {
-      if (!co_await write_stream_headers(x))
-        co_return;
-    }
-
-    Scheduler::Slot slot = co_await scheduler_.acquire();
-    if (!slot)
-      co_return;  // cancelled while queued
-    const std::size_t bs = cache_.block_size();
-    BlockHold hold(active_blocks_);
-    hold.set((prompt_tokens + bs - 1) / bs);
-
-    // KV transfer.
-    const KvTransfer::Received received = co_await kv_.receive(g, x.rid, rec);
-    const bool skip_prefill = received.skip_prefill;
-
-    // Prefix cache, then prefill.
-    const auto hashes = cache_.block_hashes(g.prompt.text);
-    const std::size_t local_cached = cached_prefix_tokens(cache_.match(hashes), bs, prompt_tokens);
-    counters_.prefix_cache_queries += prompt_tokens;
-    counters_.prefix_cache_hits += local_cached;
-    counters_.prompt_tokens += prompt_tokens;
-    std::size_t cached = std::max(local_cached, received.remote_cached);
-    if (skip_prefill) {
-      cached = prompt_tokens;
-      const auto pull = latency_.pull();
-      if (!co_await sleep_for(pull))
-        co_return;
-    } else {
-      Scheduler::Slot lane = co_await prefill_lanes_.acquire();
-      if (!lane)
-        co_return;
-      const auto prefill = latency_.prefill(prompt_tokens - cached);
-      if (!co_await sleep_for(prefill))
-        co_return;
-    }
-    rec.cached_tokens = cached;
-    // Blocks computed here or pulled from a prefill are cached, as vLLM
-    // caches a request's full blocks once their KV is in place.
-    cache_events_.insert(g.prompt.text, hashes);
-
-    ojson issued = nullptr;
-    if (g.remote_decode)
-      issued = kv_.issue(x.rid, g.prompt.text, prompt_tokens);
-
-    // Decode. The prefill produced the first token; a decode that received
-    // the KV from elsewhere runs one step for it.
-    std::string text;
-    const auto itl = latency_.itl();
-    for (std::size_t i = 0; i < g.max_tokens; ++i) {
-      if (i > 0 || skip_prefill) {
-        if (!co_await sleep_for(itl))
-          co_return;
-      }
-      const std::string token = output_token(i);
-      text += token;
-      rec.completion_tokens = i + 1;
-      ++counters_.generation_tokens;
-      hold.set((prompt_tokens + i + 1 + bs - 1) / bs);
-      const bool last = i + 1 == g.max_tokens;
-      if (last && !g.remote_decode && opts_.issue_decode_kv && kv_capable) {
-        // The conversation so far (prompt + this answer) stays on this
-        // engine for the next turn's prefill to pull.
-        const std::string conv = g.prompt.text + (chat ? "assistant" : "") + text;
-        issued = kv_.issue(x.rid, conv, tokens_for_bytes(conv.size()));
-      }
-      if (!g.stream)
-        continue;
-      if (i == 0 && chat) {
-        std::string role_event = sse_event(make_role_chunk(meta));
-        if (!co_await write_event(x, std::move(role_event)))
-          co_return;
-      }
-      ojson chunk = make_token_chunk(meta, token, last ? "length" : "");
-      // kv params ride on the last data event before [DONE].
-      if (last && !g.include_usage && !issued.is_null())
-        chunk["kv_transfer_params"] = issued;
-      std::string event = sse_event(chunk);
-      if (!co_await write_event(x, std::move(event)))
-        co_return;
-    }
-    rec.kv_params_issued = !issued.is_null();
-    const Usage usage{prompt_tokens, g.max_tokens};
-    ++counters_.requests_completed;
-    if (g.stream) {
-      if (g.include_usage) {
-        ojson chunk = make_usage_chunk(meta, usage);
-        if (!issued.is_null())
-          chunk["kv_transfer_params"] = issued;
-        std::string event = sse_event(chunk);
-        if (!co_await write_event(x, std::move(event)))
-          co_return;
-      }
-      std::string done(kSseDone);
-      if (!co_await write_event(x, std::move(done)))
-        co_return;
-      co_await end_stream(x);
-      co_return;
-    }
-    std::string body = dump(make_response(meta, text, "length", usage, issued));
-    co_await reply(x, http::status::ok, std::move(body), "application/json");
-  }
-
   // ---- helpers ----------------------------------------------------------
 
   Gauges gauges() {
     const auto now = std::chrono::steady_clock::now();
     Gauges g;
-    g.running = scheduler_.running();
-    g.waiting = scheduler_.waiting();
+    g.running = generator_.running();
+    g.waiting = generator_.waiting();
     const double used =
-        static_cast<double>(active_blocks_ + kv_.registry().outstanding_blocks(now));
+        static_cast<double>(generator_.active_blocks() + kv_.registry().outstanding_blocks(now));
     g.kv_cache_usage = std::min(1.0, used / static_cast<double>(opts_.kv_blocks));
     g.open_connections = open_connections_;
     g.connections_total = connections_total_;
@@ -505,20 +344,18 @@ class Server {
   SimOptions opts_;
   std::shared_ptr<spdlog::logger> log_;
   KvEventPublisher* events_;
+  // The one seeded RNG: request ids, remote_request_ids and --error-rate.
   std::mt19937_64 rng_;
   std::uint16_t port_;
-  LatencyModel latency_;
+  Counters counters_;
+  RequestLog requests_;
   PrefixCache cache_;
   CacheEvents cache_events_;
-  Scheduler scheduler_;
-  Scheduler prefill_lanes_;
-  Counters counters_;
   KvTransfer kv_;
   Faults faults_;
-  RequestLog requests_;
+  Generator generator_;
   std::size_t open_connections_ = 0;
   std::uint64_t connections_total_ = 0;
-  std::size_t active_blocks_ = 0;
   std::int64_t started_at_;
   std::string permission_id_;
   net::ssl::context* tls_ = nullptr;

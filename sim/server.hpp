@@ -1,6 +1,6 @@
-// The sim's HTTP server. Everything Asio/Beast lives in server.cpp (one
-// slow-to-compile translation unit); this header stays light so main.cpp
-// compiles fast.
+// The sim's HTTP server. Its Asio/Beast code lives in server.cpp and the
+// files it hands requests to (sim/CMakeLists.txt lists them); this header
+// stays light so main.cpp compiles fast.
 #pragma once
 
 #include "sim/options.hpp"
