@@ -1,4 +1,5 @@
 #include "plugins/kv_bodies.hpp"
+#include "core/base/json_edit.hpp"
 
 namespace pdgate {
 namespace {

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "core/base/json_body.hpp"
+#include "core/base/json_edit.hpp"
 #include "core/routing/kv_params.hpp"
 
 namespace pdgate {

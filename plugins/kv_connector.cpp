@@ -1,5 +1,6 @@
 #include "plugins/kv_connectors.hpp"
 
+#include "core/base/json_edit.hpp"
 #include "plugins/kv_bodies.hpp"
 
 namespace pdgate {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/base/result.hpp"
-#include "core/observability/request_record.hpp"
+#include "core/pipeline/request_outcome.hpp"
 
 namespace pdgate {
 
@@ -26,6 +26,11 @@ enum class AccessLogFormat { text, json };
 // One line (with its '\n') for a record. Pure: unit-tested, and the writer
 // thread's only formatting code.
 std::string format_access_line(const RequestRecord& r, AccessLogFormat format);
+
+// The trace id of a W3C `traceparent` header value
+// ("00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"), or empty when
+// the value is not one (an all-zero trace id is invalid).
+std::string trace_id_of(std::string_view traceparent);
 
 class AccessLog {
  public:

@@ -255,10 +255,10 @@ net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
   }
   auto invalid = co_await validator_.check(*spec);
   if (invalid)
-    co_return error(req, invalid->status, invalid->message);
+    co_return make_error_response(*invalid, req.version(), req.keep_alive());
   auto [err, inst] = registry_.add(*spec, std::move(labels), weight);
   if (err)
-    co_return error(req, err->status, err->message);
+    co_return make_error_response(*err, req.version(), req.keep_alive());
   spdlog::info("admin: added {} instance {} (id {})", to_string(role), inst->spec.url, inst->id);
   co_return json_response(req, 201, instance_json(*inst));
 }
@@ -379,7 +379,7 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
     if (drain_only && method == http::verb::post) {
       auto [err, inst] = registry_.drain(id, false);
       if (err)
-        co_return error(req, err->status, err->message);
+        co_return make_error_response(*err, req.version(), req.keep_alive());
       spdlog::info("admin: draining instance {}", id);
       co_return json_response(req, 200, instance_json(*inst));
     }
@@ -388,7 +388,7 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
         co_return error(req, 405, "use POST on /admin/instances/{id}/undrain");
       auto [err, inst] = registry_.undrain(id);
       if (err)
-        co_return error(req, err->status, err->message);
+        co_return make_error_response(*err, req.version(), req.keep_alive());
       spdlog::info("admin: instance {} back in service", id);
       co_return json_response(req, 200, instance_json(*inst));
     }
@@ -407,14 +407,14 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
         co_return error(req, 400, meta.error());
       auto [err, inst] = registry_.update(id, meta->labels, meta->weight);
       if (err)
-        co_return error(req, err->status, err->message);
+        co_return make_error_response(*err, req.version(), req.keep_alive());
       spdlog::info("admin: instance {} relabelled/reweighed", id);
       co_return json_response(req, 200, instance_json(*inst));
     }
     if (!drain_only && method == http::verb::delete_) {
       auto [err, inst] = registry_.drain(id, true);
       if (err)
-        co_return error(req, err->status, err->message);
+        co_return make_error_response(*err, req.version(), req.keep_alive());
       spdlog::info("admin: removing instance {} (after its in-flight requests)", id);
       co_return json_response(req, 202, instance_json(*inst));
     }

@@ -102,17 +102,16 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
   // lose the answer that explains the refusal.
   // `req` keeps the refused request's method and target (when its header
   // was read), so the refusal is counted under its route.
-  auto refuse = [&](unsigned status, std::string message) -> net::awaitable<void> {
-    refused = status;
+  auto refuse = [&](GatewayError e) -> net::awaitable<void> {
+    refused = status_of(e);
     // (Beast refuses a Content-Length over the body limit before it
     // marks the header done, with the request line already parsed.)
     if (!parser.get().target().empty()) {
       req.method(parser.get().method());
       req.target(parser.get().target());
     }
-    auto res = make_error_response(status, message, 11, false);
-    if (status == 503)
-      res.set(http::field::retry_after, "1");
+    // (Retry-After for an overloaded gateway comes with the error.)
+    auto res = make_error_response(e, 11, false);
     if (!co_await write_response(stream, res))
       co_return;
     beast::error_code ec;
@@ -130,7 +129,9 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
   // (Built only when refused: a string made for every request costs a
   // formatting and an allocation.)
   auto too_large = [&cfg] {
-    return "request body exceeds the limit of " + std::to_string(cfg.max_body_bytes) + " bytes";
+    return client_error(
+        ErrorKind::body_too_large,
+        "request body exceeds the limit of " + std::to_string(cfg.max_body_bytes) + " bytes");
   };
 
   stream.expires_after(cfg.header_timeout);
@@ -165,16 +166,18 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
       if (ec == http::error::body_limit) {
         // Beast checks Content-Length against the body limit as soon as
         // the header is complete.
-        co_await refuse(413, too_large());
+        co_await refuse(too_large());
       } else if (ec == http::error::header_limit) {
-        co_await refuse(
-            431, "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes");
+        co_await refuse(client_error(
+            ErrorKind::header_too_large,
+            "request header exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"));
       } else if (ec == beast::error::timeout) {
         // The expiry has closed the socket: as nginx does on its
         // client_header_timeout, the connection ends without an answer.
       } else if (ec != http::error::end_of_stream && ec != net::error::eof &&
                  ec != net::error::connection_reset) {
-        co_await refuse(400, "malformed HTTP request: " + ec.message());
+        co_await refuse(
+            client_error(ErrorKind::bad_request, "malformed HTTP request: " + ec.message()));
       }
       co_return false;
     }
@@ -183,7 +186,7 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
   // Before a byte of the body is read: a body framed in a way a proxy in
   // front could read differently is never read at all.
   if (auto bad = check_request_framing(head)) {
-    co_await refuse(bad->status, bad->message);
+    co_await refuse(std::move(*bad));
     co_return false;
   }
   std::optional<std::uint64_t> len;
@@ -192,9 +195,10 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
   else if (const auto parsed = parser.content_length())
     len = *parsed;
   if (len && *len > cfg.max_body_bytes) {
-    co_await refuse(413, "request body of " + std::to_string(*len) +
-                             " bytes exceeds the limit of " + std::to_string(cfg.max_body_bytes) +
-                             " bytes");
+    co_await refuse(
+        client_error(ErrorKind::body_too_large, "request body of " + std::to_string(*len) +
+                                                    " bytes exceeds the limit of " +
+                                                    std::to_string(cfg.max_body_bytes) + " bytes"));
     co_return false;
   }
   if (auto it = head.find(http::field::expect);
@@ -233,15 +237,15 @@ net::awaitable<bool> read_request(const ClientSessionEnv& env, const Config& cfg
     case BodyRead::complete:
       break;
     case BodyRead::over_budget:
-      co_await refuse(503,
-                      "the gateway is receiving too many large request bodies at once; retry "
-                      "later");
+      co_await refuse(gateway_error(
+          ErrorKind::overloaded,
+          "the gateway is receiving too many large request bodies at once; retry later"));
       co_return false;
     case BodyRead::too_large:
-      co_await refuse(413, too_large());
+      co_await refuse(too_large());
       co_return false;
     case BodyRead::malformed:
-      co_await refuse(400, "malformed chunked request body");
+      co_await refuse(client_error(ErrorKind::bad_request, "malformed chunked request body"));
       co_return false;
     case BodyRead::gone:
       // A timeout (the socket is closed already, as nginx closes on its
@@ -273,10 +277,10 @@ std::string loop_refusal(const ClientSessionEnv& env, const http::request<http::
 // (so the sender counts its engine as failed instead of recursing), 404
 // or 405 for a request no route takes.
 net::awaitable<bool> refuse(MaybeTlsStream& stream, const http::request<http::string_body>& req,
-                            RequestScope& scope, std::string_view path,
+                            RequestOutcome& outcome, std::string_view path,
                             const RouteTable::Match& route, std::string loop) {
   if (!loop.empty()) {
-    scope.status = 508;
+    outcome.status = 508;
     auto res =
         make_error_response(gateway_error(ErrorKind::loop, std::move(loop)), req.version(), false);
     co_await write_response(stream, res);
@@ -291,7 +295,7 @@ net::awaitable<bool> refuse(MaybeTlsStream& stream, const http::request<http::st
                           req.version(), req.keep_alive());
   if (known)
     res.set(http::field::allow, route.allow);
-  scope.status = res.result_int();
+  outcome.status = res.result_int();
   co_return co_await write_response(stream, res) && req.keep_alive();
 }
 
@@ -391,6 +395,7 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
     ++w.requests_started;
     auto watched = std::make_shared<WatchedRequest>();
     RequestScope& scope = watched->scope;
+    RequestOutcome outcome;
     // Unless the client pipelined (then its bytes would look like a
     // watch's answer), its socket is watched once the request has lasted
     // a moment. The read buffer, empty then, is released at that moment
@@ -401,23 +406,23 @@ net::awaitable<void> serve_client(const ClientSessionEnv& env, WorkerContext& w,
     const std::string_view path = path_of(req.target());
     const auto route = env.routes.find(req.method(), path);
     if (route.counted && env.access_log)
-      scope.record = start_record(req, path);
+      outcome.record = start_record(req, path);
     // The handler is awaited from this frame: a streamed answer holds no
     // dispatching frame between the session and the handler for its life.
     bool keep_alive = false;
     if (std::string loop = loop_refusal(env, req); !loop.empty() || route.handler == nullptr) {
-      keep_alive = co_await refuse(stream, req, scope, path, route, std::move(loop));
+      keep_alive = co_await refuse(stream, req, outcome, path, route, std::move(loop));
     } else {
-      RouteCall call{w, stream, req, scope};
+      ClientRequest call{w, stream, req, scope, outcome};
       keep_alive = co_await (*route.handler)(call);
     }
     ClientWatches::end(*watched);
     if (route.counted) {
       // 499 (as nginx logs it): the client left before an answer was written.
-      if (scope.record)
-        scope.record->client_left = scope.client_gone();
-      end_request(env, path, scope.status != 0 ? scope.status : 499, scope.stage, scope.received,
-                  std::move(scope.record));
+      if (outcome.record)
+        outcome.record->client_left = scope.client_gone();
+      end_request(env, path, outcome.status != 0 ? outcome.status : 499, outcome.stage,
+                  outcome.received, std::move(outcome.record));
     }
     env.active_requests.fetch_sub(1);
     if (!keep_alive || scope.client_gone())

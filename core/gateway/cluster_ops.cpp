@@ -5,7 +5,8 @@
 
 #include "core/base/child_group.hpp"
 #include "core/net/errors.hpp"
-#include "core/pipeline/stage.hpp"
+#include "core/pipeline/engine_call.hpp"
+#include "core/pipeline/forwarded_headers.hpp"
 
 namespace pdgate {
 

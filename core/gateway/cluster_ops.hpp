@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/net/request_scope.hpp"
-#include "core/pipeline/stage.hpp"
+#include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/worker.hpp"
 
 namespace pdgate {

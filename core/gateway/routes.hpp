@@ -12,21 +12,12 @@
 #include <boost/beast/http.hpp>
 #include "core/net/maybe_tls_stream.hpp"
 
-#include "core/net/request_scope.hpp"
-#include "core/pipeline/worker.hpp"
+#include "core/pipeline/client_request.hpp"
 
 namespace pdgate {
 
-// One request being served: where it came from and what it holds open.
-struct RouteCall {
-  WorkerContext& w;
-  MaybeTlsStream& stream;
-  http::request<http::string_body>& req;
-  RequestScope& scope;
-};
-
 // Serves the request; returns whether the connection may be reused.
-using RouteHandler = std::function<net::awaitable<bool>(RouteCall&)>;
+using RouteHandler = std::function<net::awaitable<bool>(ClientRequest&)>;
 
 class RouteTable {
  public:

@@ -23,9 +23,11 @@
 #include "core/net/errors.hpp"
 #include "core/net/http_body.hpp"
 #include "core/net/http_head.hpp"
+#include "core/net/response_writer.hpp"
 #include "core/net/request_framing.hpp"
 #include "core/observability/process_metrics.hpp"
 #include "core/observability/prometheus.hpp"
+#include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/pipeline.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/upstream/health.hpp"
@@ -302,207 +304,6 @@ nlohmann::json Gateway::status_document(bool addresses) const {
   return j;
 }
 
-std::string Gateway::metrics_text() const {
-  PrometheusText m;
-  m.counter("pdgate_requests_total",
-            "Client requests answered, by route, status and the stage that decided it.");
-  for (const auto& [key, n] : metrics_.requests()) {
-    const auto& [route, status, stage] = key;
-    m.sample("pdgate_requests_total",
-             {{"route", route}, {"status", std::to_string(status)}, {"stage", stage}}, n);
-  }
-  m.histogram("pdgate_request_duration_seconds",
-              "Time from a completion request read to its response's end.",
-              metrics_.request_seconds);
-  m.histogram_family("pdgate_time_to_first_token_seconds",
-                     "Time from a completion request read to decode's first token: its first SSE "
-                     "data event for a stream, its whole answer otherwise.");
-  m.histogram_series("pdgate_time_to_first_token_seconds", {{"stream", "true"}},
-                     metrics_.first_token_stream);
-  m.histogram_series("pdgate_time_to_first_token_seconds", {{"stream", "false"}},
-                     metrics_.first_token_whole);
-  m.histogram("pdgate_gateway_overhead_seconds",
-              "Time before decode not spent in prefill (parsing, routing, conversation store).",
-              metrics_.overhead_seconds);
-  m.gauge("pdgate_in_flight_requests", "Client requests being served.");
-  m.sample("pdgate_in_flight_requests", active_requests_.load());
-  m.counter("pdgate_retries_total", "Failovers before the first byte, by stage.");
-  m.sample("pdgate_retries_total", {{"stage", "prefill"}}, metrics_.retries_prefill.load());
-  m.sample("pdgate_retries_total", {{"stage", "decode"}}, metrics_.retries_decode.load());
-  m.counter("pdgate_requests_by_path_total",
-            "Completion requests routed, by path: pd (prefill then decode) or one_hop (decode "
-            "prefills locally).");
-  m.sample("pdgate_requests_by_path_total", {{"path", "pd"}}, metrics_.path_pd.load());
-  m.sample("pdgate_requests_by_path_total", {{"path", "one_hop"}}, metrics_.path_one_hop.load());
-  m.counter("pdgate_access_log_dropped_total",
-            "Access log lines dropped because the writer could not keep up.");
-  m.sample("pdgate_access_log_dropped_total", access_log_ ? access_log_->dropped() : 0);
-  m.counter("pdgate_retries_refused_total", "Retries not made because the retry budget was spent.");
-  m.sample("pdgate_retries_refused_total", metrics_.retries_refused.load());
-  m.counter("pdgate_body_memory_refusals_total",
-            "Request bodies refused with 503 because --body-memory-limit was reached.");
-  m.sample("pdgate_body_memory_refusals_total", body_budget_.refusals());
-  m.gauge("pdgate_body_memory_bytes", "Memory held by request bodies being received.");
-  m.sample("pdgate_body_memory_bytes", static_cast<std::uint64_t>(body_budget_.used()));
-  m.counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
-  m.sample("pdgate_ejections_total", metrics_.ejections.load());
-  if (listener_tls_) {
-    m.counter("pdgate_tls_handshake_failures_total",
-              "Client connections whose TLS handshake failed or timed out.");
-    m.sample("pdgate_tls_handshake_failures_total", metrics_.tls_handshake_failures.load());
-  }
-  m.counter("pdgate_shared_instances_refused_total",
-            "Instances in the shared registry this replica refused (allow-list, model, loop).");
-  m.sample("pdgate_shared_instances_refused_total", registry_.shared_refused_total());
-
-  const auto set = registry_.snapshot();
-  const auto all = set->all();
-  struct InstanceLabels {
-    std::string id;
-    const Instance* i;
-  };
-  std::vector<InstanceLabels> each;
-  each.reserve(all.size());
-  for (const auto& i : all)
-    each.push_back({std::to_string(i->id), i.get()});
-  auto per_instance = [&](std::string_view name, auto value) {
-    for (const auto& [id, i] : each) {
-      m.sample(name, {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
-               value(*i));
-    }
-  };
-  m.gauge("pdgate_instance_in_flight", "Requests this gateway has in flight on each instance.");
-  per_instance("pdgate_instance_in_flight",
-               [](const Instance& i) { return static_cast<std::int64_t>(i.in_flight.load()); });
-  m.gauge("pdgate_instance_state",
-          "1 for the instance's current state (active, draining, ejected).");
-  for (const auto& [id, i] : each) {
-    for (auto st : {InstanceState::active, InstanceState::draining, InstanceState::ejected}) {
-      m.sample("pdgate_instance_state",
-               {{"id", id},
-                {"url", i->spec.url},
-                {"role", to_string(i->spec.role)},
-                {"state", to_string(st)}},
-               std::uint64_t{i->state() == st ? 1u : 0u});
-    }
-  }
-  m.counter("pdgate_instance_requests_total", "Stage requests sent to each instance.");
-  per_instance("pdgate_instance_requests_total",
-               [](const Instance& i) { return std::uint64_t{i.requests_total.load()}; });
-  m.counter("pdgate_instance_failures_total", "Stage requests that failed on each instance.");
-  per_instance("pdgate_instance_failures_total",
-               [](const Instance& i) { return std::uint64_t{i.failures_total.load()}; });
-
-  // Latency and tokens per instance, each family over the roles it
-  // describes (a prefill has no time to first token). Removed instances
-  // leave the registry, and their series with them.
-  auto decodes = [](const Instance& i) {
-    return i.spec.role == Role::decode || i.spec.role == Role::both;
-  };
-  m.histogram_family("pdgate_decode_time_to_first_token_seconds",
-                     "Time from sending a decode instance its request to its first token: its "
-                     "first SSE data event for a stream, its whole answer otherwise.");
-  for (const auto& [id, i] : each) {
-    if (!decodes(*i))
-      continue;
-    const std::string_view role = to_string(i->spec.role);
-    m.histogram_series("pdgate_decode_time_to_first_token_seconds",
-                       {{"id", id}, {"url", i->spec.url}, {"role", role}, {"stream", "true"}},
-                       i->latency.ttft_stream);
-    m.histogram_series("pdgate_decode_time_to_first_token_seconds",
-                       {{"id", id}, {"url", i->spec.url}, {"role", role}, {"stream", "false"}},
-                       i->latency.ttft_whole);
-  }
-  m.histogram_family("pdgate_inter_token_latency_seconds",
-                     "Time between successive SSE data events of a decode instance's streams "
-                     "(events that arrive together count as 0 after the first).");
-  for (const auto& [id, i] : each) {
-    if (decodes(*i)) {
-      m.histogram_series("pdgate_inter_token_latency_seconds",
-                         {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
-                         i->latency.inter_token);
-    }
-  }
-  m.histogram_family("pdgate_prefill_duration_seconds",
-                     "Time of successful prefill requests, sent to answered, per instance.");
-  for (const auto& [id, i] : each) {
-    if (i->spec.role == Role::prefill) {
-      m.histogram_series("pdgate_prefill_duration_seconds",
-                         {{"id", id}, {"url", i->spec.url}, {"role", "prefill"}},
-                         i->latency.prefill);
-    }
-  }
-  for (const auto& [name, help, prompt] :
-       {std::tuple{"pdgate_prompt_tokens_total",
-                   "Prompt tokens decode instances reported in their answers' usage.", true},
-        std::tuple{"pdgate_completion_tokens_total",
-                   "Completion tokens decode instances reported in their answers' usage.",
-                   false}}) {
-    m.counter(name, help);
-    for (const auto& [id, i] : each) {
-      if (decodes(*i)) {
-        const auto& l = i->latency;
-        m.sample(name, {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
-                 (prompt ? l.prompt_tokens : l.completion_tokens).load());
-      }
-    }
-  }
-  write_build_info(m);
-  write_process_metrics(m);
-  if (conversations_) {
-    const auto& c = conversations_->counters();
-    m.counter("pdgate_conversation_cache_hits_total",
-              "Turns that found the previous turn's blocks.");
-    m.sample("pdgate_conversation_cache_hits_total", std::uint64_t{c.hits.load()});
-    m.counter("pdgate_conversation_cache_misses_total",
-              "Turns that reused nothing: none stored, another history, no client identity.");
-    for (const auto& [reason, n] :
-         {std::pair{"none", &c.misses_none}, std::pair{"history", &c.misses_history},
-          std::pair{"scope", &c.misses_scope}}) {
-      m.sample("pdgate_conversation_cache_misses_total", {{"reason", reason}},
-               std::uint64_t{n->load()});
-    }
-    m.counter("pdgate_conversation_turns_without_params_total",
-              "Conversation turns whose decode answered without kv_transfer_params (nothing "
-              "for the next turn to reuse).");
-    m.sample("pdgate_conversation_turns_without_params_total",
-             std::uint64_t{c.turns_without_params.load()});
-    m.counter("pdgate_conversation_cache_errors_total", "Conversation store failures.");
-    m.sample("pdgate_conversation_cache_errors_total", std::uint64_t{c.errors.load()});
-  }
-  // Zero without --otlp-endpoint, so dashboards need no special case.
-  const SpanStats spans = span_sink_ ? span_sink_->stats() : SpanStats{};
-  m.counter("pdgate_trace_spans_exported_total",
-            "Spans the OTLP receiver accepted (--otlp-endpoint).");
-  m.sample("pdgate_trace_spans_exported_total", spans.exported);
-  m.counter("pdgate_trace_spans_dropped_total",
-            "Spans lost: the export queue was full, or the receiver failed or timed out.");
-  m.sample("pdgate_trace_spans_dropped_total", {{"reason", "queue_full"}},
-           spans.dropped_queue_full);
-  m.sample("pdgate_trace_spans_dropped_total", {{"reason", "export_failed"}},
-           spans.dropped_export_failed);
-  if (client_keys_) {
-    const auto& c = client_keys_->counters();
-    m.counter("pdgate_client_key_requests_total",
-              "Requests checked against API keys, by outcome (admitted, unauthenticated, "
-              "limited_rate, limited_concurrency, limited_tokens, limiter_unavailable).");
-    for (const auto& [outcome, n] :
-         {std::pair{"admitted", &c.admitted}, std::pair{"unauthenticated", &c.unauthenticated},
-          std::pair{"limited_rate", &c.limited_rate},
-          std::pair{"limited_concurrency", &c.limited_concurrency},
-          std::pair{"limited_tokens", &c.limited_tokens},
-          std::pair{"limiter_unavailable", &c.limiter_unavailable}}) {
-      m.sample("pdgate_client_key_requests_total", {{"outcome", outcome}},
-               std::uint64_t{n->load()});
-    }
-    m.gauge("pdgate_client_keys", "API keys known (file and Redis).");
-    m.sample("pdgate_client_keys", std::uint64_t{client_keys_->size()});
-  }
-  if (policy_metrics_)
-    policy_metrics_(m);
-  return m.take();
-}
-
 void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> next,
                            std::vector<std::string> restart_needed) {
   for (const auto& line : reconcile_instances(registry_, before, *next).lines)
@@ -662,8 +463,8 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
 namespace {
 
 // Writes an answer computed without I/O.
-net::awaitable<bool> respond(RouteCall& c, http::response<http::string_body> res) {
-  co_return co_await write_response(c.stream, res) && c.req.keep_alive();
+net::awaitable<bool> respond(ClientRequest& c, http::response<http::string_body> res) {
+  co_return co_await write_response(c.client, res) && c.req.keep_alive();
 }
 
 }  // namespace
@@ -672,14 +473,13 @@ void Gateway::build_routes() {
   using http::verb;
   auto& r = routes_;
   r.add(
-      verb::post, "/v1/completions",
-      [](RouteCall& c) { return serve_completion(c.w, c.stream, c.req, c.scope, false); }, true);
+      verb::post, "/v1/completions", [](ClientRequest& c) { return serve_completion(c, false); },
+      true);
   r.add(
       verb::post, "/v1/chat/completions",
-      [](RouteCall& c) { return serve_completion(c.w, c.stream, c.req, c.scope, true); }, true);
-  r.add(verb::get, "/v1/models",
-        [](RouteCall& c) { return serve_models(c.w, c.stream, c.req, c.scope); });
-  r.add(verb::get, "/health", [this](RouteCall& c) {
+      [](ClientRequest& c) { return serve_completion(c, true); }, true);
+  r.add(verb::get, "/v1/models", [](ClientRequest& c) { return serve_models(c); });
+  r.add(verb::get, "/health", [this](ClientRequest& c) {
     const auto set = registry_.snapshot();
     auto [status, j] =
         health_report(*set, RequiredRoles::from(c.w.cfg), stopping_.load(), c.w.cfg.verbose_errors);
@@ -689,15 +489,15 @@ void Gateway::build_routes() {
       j["conversation_store"] = conversation_store_json(*c.w.conversation_stores);
     return respond(c, json_response(c.req, status, j));
   });
-  r.add(verb::get, "/readyz", [this](RouteCall& c) {
+  r.add(verb::get, "/readyz", [this](ClientRequest& c) {
     const auto set = registry_.snapshot();
     auto [status, j] = readiness(*set, RequiredRoles::from(c.w.cfg), stopping_.load());
     return respond(c, json_response(c.req, status, j));
   });
-  r.add(verb::get, "/livez", [](RouteCall& c) {
+  r.add(verb::get, "/livez", [](ClientRequest& c) {
     return respond(c, json_response(c.req, http::status::ok, {{"status", "alive"}}));
   });
-  r.add(verb::get, "/metrics", [this](RouteCall& c) {
+  r.add(verb::get, "/metrics", [this](ClientRequest& c) {
     http::response<http::string_body> res{http::status::ok, c.req.version()};
     res.set(http::field::server, "pdgate");
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
@@ -706,7 +506,7 @@ void Gateway::build_routes() {
     res.prepare_payload();
     return respond(c, std::move(res));
   });
-  r.add(verb::get, "/status", [this](RouteCall& c) {
+  r.add(verb::get, "/status", [this](ClientRequest& c) {
     // Engine addresses only for whoever may see them: anyone when no admin
     // key is configured (as vLLM's demo proxy has it), else the key holder.
     const bool addresses = !admin_->authorize_operator(c.req);
@@ -714,21 +514,21 @@ void Gateway::build_routes() {
   });
   if (cfg_.profile_routes) {
     for (const char* path : {"/start_profile", "/stop_profile"}) {
-      r.add(verb::post, path, [this, path](RouteCall& c) -> net::awaitable<bool> {
+      r.add(verb::post, path, [this, path](ClientRequest& c) -> net::awaitable<bool> {
         // They reach every engine: the admin key when one is set.
         if (auto denied = admin_->authorize_operator(c.req))
           return respond(c, std::move(*denied));
-        return serve_profile(c.w, c.stream, c.req, c.scope, path);
+        return serve_profile(c.w, c.client, c.req, c.scope, path);
       });
     }
   }
   // The vLLM demo proxy's endpoint, on the client port as it had it.
-  r.add(verb::post, "/instances/add", [this](RouteCall& c) { return demo_add(c); });
+  r.add(verb::post, "/instances/add", [this](ClientRequest& c) { return demo_add(c); });
 }
 
-net::awaitable<bool> Gateway::demo_add(RouteCall& c) {
+net::awaitable<bool> Gateway::demo_add(ClientRequest& c) {
   auto res = co_await admin_->handle_demo_add(c.req);
-  co_return co_await write_response(c.stream, res) && c.req.keep_alive();
+  co_return co_await write_response(c.client, res) && c.req.keep_alive();
 }
 
 }  // namespace pdgate

@@ -110,7 +110,7 @@ class Gateway {
   net::awaitable<void> accept_loop(Worker& worker);
   // Fills routes_: every route of the client port.
   void build_routes();
-  net::awaitable<bool> demo_add(RouteCall& c);
+  net::awaitable<bool> demo_add(ClientRequest& c);
   // GET /status; `addresses` adds the engines' URLs.
   nlohmann::json status_document(bool addresses) const;
 

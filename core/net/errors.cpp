@@ -30,8 +30,14 @@ const char* to_string(ErrorKind k) {
       return "body_too_large";
     case ErrorKind::header_too_large:
       return "header_too_large";
+    case ErrorKind::forbidden:
+      return "forbidden";
     case ErrorKind::not_found:
       return "not_found";
+    case ErrorKind::conflict:
+      return "conflict";
+    case ErrorKind::unprocessable:
+      return "unprocessable";
     case ErrorKind::method_not_allowed:
       return "method_not_allowed";
     case ErrorKind::not_implemented:
@@ -92,8 +98,14 @@ unsigned status_of(const GatewayError& e) {
       return 413;
     case ErrorKind::header_too_large:
       return 431;
+    case ErrorKind::forbidden:
+      return 403;
     case ErrorKind::not_found:
       return 404;
+    case ErrorKind::conflict:
+      return 409;
+    case ErrorKind::unprocessable:
+      return 422;
     case ErrorKind::method_not_allowed:
       return 405;
     case ErrorKind::not_implemented:
@@ -159,6 +171,18 @@ GatewayError gateway_error(ErrorKind kind, std::string message, std::string deta
   GatewayError e;
   e.kind = kind;
   e.source = ErrorSource::gateway;
+  e.message = std::move(message);
+  e.detail = std::move(detail);
+  return e;
+}
+
+GatewayError engine_error(ErrorKind kind, const char* stage, std::string message,
+                          std::string detail) {
+  GatewayError e;
+  e.kind = kind;
+  e.source = ErrorSource::engine;
+  e.stage = stage;
+  e.reached_engine = true;
   e.message = std::move(message);
   e.detail = std::move(detail);
   return e;

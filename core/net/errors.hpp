@@ -23,11 +23,14 @@ enum class ErrorKind {
   unsupported_media_type,  // 415
   body_too_large,          // 413
   header_too_large,        // 431
+  forbidden,               // 403: e.g. an instance outside --allowed-upstreams
   not_found,               // 404
   method_not_allowed,      // 405
-  not_implemented,         // 501: a transfer coding pdgate does not decode
-  unauthenticated,         // 401: no API key, or an unknown one (--api-keys)
-  rate_limited,            // 429: over a key's limit; Retry-After says when to come back
+  conflict,                // 409: e.g. an instance that is registered already
+  unprocessable,  // 422: well-formed, but fails a check (an instance that does not serve the model)
+  not_implemented,  // 501: a transfer coding pdgate does not decode
+  unauthenticated,  // 401: no API key, or an unknown one (--api-keys)
+  rate_limited,     // 429: over a key's limit; Retry-After says when to come back
   // An engine.
   engine_rejected,     // it answered 4xx: relayed as it is
   engine_failed,       // it answered 5xx: 502
@@ -91,6 +94,10 @@ unsigned status_of(const GatewayError& e);
 GatewayError client_error(ErrorKind kind, std::string message, std::string param = {});
 // A failure of the gateway itself (no_instance, overloaded, loop, ...).
 GatewayError gateway_error(ErrorKind kind, std::string message, std::string detail = {});
+// An engine's answer that cannot be used (bad_response, ...), in `stage`:
+// it reached the engine; `detail` names it.
+GatewayError engine_error(ErrorKind kind, const char* stage, std::string message,
+                          std::string detail);
 
 // A policy's answer: the request hook rejected the request with `status`
 // (400..599; anything else is 500), or a fail-closed policy failed

@@ -3,7 +3,7 @@
 // so that a message with a string body can go out as one gather write of
 // head and body: for the small messages most answers are, Beast's generic
 // serializer costs more CPU than the rest of sending them. Heads that never
-// were Beast messages (each stage's engine request, core/pipeline/stage.cpp; the
+// were Beast messages (each stage's engine request, core/pipeline/engine_call.cpp; the
 // relayed answer, core/pipeline/relay.cpp) are put together by assemble_head.
 #pragma once
 

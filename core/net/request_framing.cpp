@@ -18,7 +18,7 @@ using http_tokens::trim_ows;
 
 }  // namespace
 
-std::optional<FramingError> check_request_framing(const http::request_header<>& h) {
+std::optional<GatewayError> check_request_framing(const http::request_header<>& h) {
   // Every Transfer-Encoding field, in order, as one list of codings.
   std::vector<std::string_view> codings;
   bool present = false;
@@ -40,29 +40,30 @@ std::optional<FramingError> check_request_framing(const http::request_header<>& 
   }
   if (!present)
     return std::nullopt;
-  auto refuse = [](unsigned status, std::string why) {
-    return FramingError{status, "Transfer-Encoding refused: " + std::move(why)};
+  auto refuse = [](ErrorKind kind, std::string why) {
+    return client_error(kind, "Transfer-Encoding refused: " + std::move(why));
   };
   if (h.version() < 11)
-    return refuse(400, "an HTTP/1.0 request cannot use it");
+    return refuse(ErrorKind::bad_request, "an HTTP/1.0 request cannot use it");
   if (h.find(http::field::content_length) != h.end())
-    return refuse(400, "sent together with Content-Length");
+    return refuse(ErrorKind::bad_request, "sent together with Content-Length");
   if (codings.empty())
-    return refuse(400, "the header is empty");
+    return refuse(ErrorKind::bad_request, "the header is empty");
   for (const auto c : codings) {
     for (const char ch : c) {
       // Parameters (";q=...") are not part of any coding a request uses.
       if (!is_tchar(ch))
-        return refuse(400, "'" + std::string(c) + "' is not a transfer coding");
+        return refuse(ErrorKind::bad_request, "'" + std::string(c) + "' is not a transfer coding");
     }
   }
   if (!boost::beast::iequals(codings.back(), "chunked"))
-    return refuse(400,
+    return refuse(ErrorKind::bad_request,
                   "the final coding must be chunked, got '" + std::string(codings.back()) + "'");
   for (std::size_t i = 0; i + 1 < codings.size(); ++i) {
     if (boost::beast::iequals(codings[i], "chunked"))
-      return refuse(400, "chunked is applied more than once");
-    return refuse(501, "the coding '" + std::string(codings[i]) + "' is not supported");
+      return refuse(ErrorKind::bad_request, "chunked is applied more than once");
+    return refuse(ErrorKind::not_implemented,
+                  "the coding '" + std::string(codings[i]) + "' is not supported");
   }
   return std::nullopt;
 }

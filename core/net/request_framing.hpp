@@ -11,16 +11,15 @@
 
 #include <boost/beast/http/message.hpp>
 
-namespace pdgate {
+#include "core/net/errors.hpp"
 
-struct FramingError {
-  unsigned status = 400;  // 400, or 501 for a coding pdgate does not decode
-  std::string message;
-};
+namespace pdgate {
 
 // Nullopt when the request may be read: no Transfer-Encoding (Beast has
 // already checked Content-Length), or exactly "chunked" (any letter case,
 // optional whitespace) in an HTTP/1.1 request without Content-Length.
-std::optional<FramingError> check_request_framing(const boost::beast::http::request_header<>& h);
+// Else bad_request, or not_implemented for a coding pdgate does not
+// decode.
+std::optional<GatewayError> check_request_framing(const boost::beast::http::request_header<>& h);
 
 }  // namespace pdgate

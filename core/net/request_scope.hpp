@@ -1,6 +1,8 @@
 // What one client request holds open upstream, so that a client that goes
 // away can take it all down at once: engines see their connections close
 // and abort the work (freeing KV blocks) instead of generating for nobody.
+// Cancellation only: what the request came to (status, record) is
+// core/pipeline/request_outcome.hpp's.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 #include <boost/asio/cancellation_signal.hpp>
 
 #include "core/net/deadline_socket.hpp"
-#include "core/observability/request_record.hpp"
 
 namespace pdgate {
 
@@ -55,22 +56,6 @@ class RequestScope {
 
   // Cancels the watch on the client's socket when the request completes.
   boost::asio::cancellation_signal& watch_cancel() { return watch_cancel_; }
-
-  // For /metrics: the status the client was answered with and the stage
-  // that decided it ("gateway" when no engine did).
-  unsigned status = 0;
-  const char* stage = "gateway";
-  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
-  // For the access log, read at the request's exit; null when the log is
-  // off, so that a held stream does not carry it.
-  std::unique_ptr<RequestRecord> record;
-  // Prompt + completion tokens the engine reported (its `usage`), for the
-  // client key's tokens-per-minute limit.
-  std::uint64_t tokens_used = 0;
-  void count_sent(std::size_t bytes) {
-    if (record)
-      record->bytes_sent += bytes;
-  }
 
  private:
   bool client_gone_ = false;

@@ -19,11 +19,12 @@ ClientAdmission::~ClientAdmission() {
     limiter_->release(*key_, slot_, tokens_);
 }
 
-boost::asio::awaitable<std::optional<GatewayError>> admit_client(
-    WorkerContext& w, const http::request<http::string_body>& req, std::string_view request_id,
-    ClientAdmission& out) {
+boost::asio::awaitable<bool> admit_phase(WorkerContext& w,
+                                         const http::request<http::string_body>& req,
+                                         std::string_view request_id, ClientAdmission& out,
+                                         std::optional<GatewayError>& refusal) {
   if (w.client_keys == nullptr)
-    co_return std::nullopt;
+    co_return true;
   ClientKeys& keys = *w.client_keys;
   auto& c = keys.counters();
   const auto auth = req.find(http::field::authorization);
@@ -36,11 +37,12 @@ boost::asio::awaitable<std::optional<GatewayError>> admit_client(
                                   presented.empty() ? "You didn't provide an API key: send it as "
                                                       "'Authorization: Bearer YOUR_KEY'"
                                                     : "Incorrect API key provided");
-    co_return e;
+    refusal = std::move(e);
+    co_return false;
   }
   if (!out.key_->limits.any() || !w.client_limiter) {
     count(c.admitted);
-    co_return std::nullopt;
+    co_return true;
   }
   Admission a = co_await w.client_limiter->admit(*out.key_, request_id);
   switch (a.verdict) {
@@ -48,7 +50,7 @@ boost::asio::awaitable<std::optional<GatewayError>> admit_client(
       count(c.admitted);
       out.limiter_ = w.client_limiter.get();
       out.slot_ = std::move(a.slot);
-      co_return std::nullopt;
+      co_return true;
     case Admission::Verdict::limited: {
       count(a.reason == "rate"          ? c.limited_rate
             : a.reason == "concurrency" ? c.limited_concurrency
@@ -62,19 +64,21 @@ boost::asio::awaitable<std::optional<GatewayError>> admit_client(
       // Whole seconds, rounded up: coming back early only earns another 429.
       e.retry_after_seconds =
           static_cast<unsigned>(std::max<std::int64_t>(1, (a.retry_after.count() + 999) / 1000));
-      co_return e;
+      refusal = std::move(e);
+      co_return false;
     }
     case Admission::Verdict::unavailable:
       count(c.limiter_unavailable);
       if (keys.fail_open()) {
         spdlog::debug("request {}: limiter unavailable ({}); admitted (fail open)", request_id,
                       a.reason);
-        co_return std::nullopt;
+        co_return true;
       }
-      co_return gateway_error(ErrorKind::limiter_unavailable,
+      refusal = gateway_error(ErrorKind::limiter_unavailable,
                               "rate limiter unavailable; try again shortly", a.reason);
+      co_return false;
   }
-  co_return std::nullopt;
+  co_return true;
 }
 
 }  // namespace pdgate

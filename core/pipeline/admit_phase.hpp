@@ -31,20 +31,21 @@ class ClientAdmission {
   void add_tokens(std::uint64_t n) { tokens_ += n; }
 
  private:
-  friend boost::asio::awaitable<std::optional<GatewayError>> admit_client(
+  friend boost::asio::awaitable<bool> admit_phase(
       WorkerContext& w, const boost::beast::http::request<boost::beast::http::string_body>& req,
-      std::string_view request_id, ClientAdmission& out);
+      std::string_view request_id, ClientAdmission& out, std::optional<GatewayError>& refusal);
   ClientLimiter* limiter_ = nullptr;  // set once a slot is held
   ClientKeyPtr key_;
   std::string slot_;
   std::uint64_t tokens_ = 0;
 };
 
-// Checks the request's key and limits; the error to answer with when it
-// may not go on (401, 429 with Retry-After, 503 when the shared limiter is
-// down and fails closed). Nothing when keys are off.
-boost::asio::awaitable<std::optional<GatewayError>> admit_client(
+// Checks the request's key and limits: whether it may go on, else false
+// and `refusal` the error to answer with (401, 429 with Retry-After, 503
+// when the shared limiter is down and fails closed). True when keys are
+// off.
+boost::asio::awaitable<bool> admit_phase(
     WorkerContext& w, const boost::beast::http::request<boost::beast::http::string_body>& req,
-    std::string_view request_id, ClientAdmission& out);
+    std::string_view request_id, ClientAdmission& out, std::optional<GatewayError>& refusal);
 
 }  // namespace pdgate

@@ -2,12 +2,21 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/pipeline/engine_call.hpp"
+#include "core/pipeline/engine_errors.hpp"
+#include "core/pipeline/failover.hpp"
 #include "core/pipeline/prefill_phase.hpp"
 #include "core/routing/kv_params.hpp"
 
 namespace pdgate {
 
 namespace {
+
+// One decode attempt's end: the relay's state, or the failure.
+struct Routed {
+  std::unique_ptr<DecodeRelay> relay;
+  std::optional<GatewayError> error;
+};
 
 // One attempt on `decode`: the relay when decode answered 2xx and the
 // client's first bytes are in, else the failure.
@@ -81,21 +90,23 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
 
 }  // namespace
 
-net::awaitable<Routed> decode_phase(RequestContext& rc) {
+net::awaitable<std::unique_ptr<DecodeRelay>> decode_phase(RequestContext& rc) {
   WorkerContext& w = rc.w;
   for (;;) {
     rc.pick().stage = Stage::decode;
     rc.pick().chosen_prefill = rc.prefill.get();
     if (!rc.decode || !rc.tried_decode.empty())
       rc.decode = w.picker.pick(untried(rc.set->decode, rc.tried_decode), rc.pick());
-    if (!rc.decode)
-      co_return Routed{nullptr, no_instance(Stage::decode, w.picker)};
-    if (rc.scope.record)
-      rc.scope.record->decode = rc.decode;  // the last attempt's, failed or not
+    if (!rc.decode) {
+      rc.fail(no_instance(Stage::decode, w.picker));
+      co_return nullptr;
+    }
+    if (rc.outcome.record)
+      rc.outcome.record->decode = rc.decode;  // the last attempt's, failed or not
     const auto decode_started = std::chrono::steady_clock::now();
     if (w.metrics && rc.tried_decode.empty()) {
       w.metrics->overhead_seconds.observe(
-          std::chrono::duration<double>(decode_started - rc.scope.received).count() -
+          std::chrono::duration<double>(decode_started - rc.outcome.received).count() -
           rc.prefill_seconds);
     }
     Routed a = co_await attempt_decode(rc, rc.decode);
@@ -104,9 +115,9 @@ net::awaitable<Routed> decode_phase(RequestContext& rc) {
       // over, and the stream that follows (minutes, maybe) holds no budget.
       rc.failover.release();
       if (const auto at = a.relay->first_token_at) {
-        const auto since_received = *at - rc.scope.received;
-        if (rc.scope.record) {
-          rc.scope.record->ttft =
+        const auto since_received = *at - rc.outcome.received;
+        if (rc.outcome.record) {
+          rc.outcome.record->ttft =
               std::chrono::duration_cast<std::chrono::microseconds>(since_received);
         }
         if (w.metrics) {
@@ -115,23 +126,27 @@ net::awaitable<Routed> decode_phase(RequestContext& rc) {
         }
       }
       a.relay->view = std::move(rc.view);
-      co_return a;
+      rc.failure.reset();  // an earlier attempt's
+      co_return std::move(a.relay);
     }
-    if (a.error->kind == ErrorKind::client_gone)
-      co_return a;
+    rc.failure = std::move(a.error);
+    if (rc.failure->kind == ErrorKind::client_gone)
+      co_return nullptr;
     rc.tried_decode.push_back(rc.decode.get());
     if (rc.connector.names_peers() || !has_alternative(rc.set->decode, rc.tried_decode) ||
-        !rc.failover.may_retry(Stage::decode, *a.error))
-      co_return a;
+        !rc.failover.may_retry(Stage::decode, *rc.failure))
+      co_return nullptr;
     spdlog::info("request {}: decode on {} failed before its first byte ({}), retrying",
-                 rc.request_id(), rc.decode->spec.url, to_string(a.error->kind));
-    if (rc.one_hop || !a.error->reached_engine)
+                 rc.request_id(), rc.decode->spec.url, to_string(rc.failure->kind));
+    if (rc.one_hop || !rc.failure->reached_engine)
       continue;
     // The first prefill's blocks were meant for (and may have been pulled
     // by) the failed decode: the next one gets fresh ones.
     rc.tried_prefill.clear();
-    if (auto e = co_await prefill_with_failover(rc, kDefaultPrefillKvParams))
-      co_return Routed{nullptr, std::move(*e)};
+    if (auto e = co_await prefill_with_failover(rc, kDefaultPrefillKvParams)) {
+      rc.fail(std::move(*e));
+      co_return nullptr;
+    }
   }
 }
 

@@ -6,7 +6,9 @@
 #include <boost/asio/this_coro.hpp>
 
 #include "core/base/child_group.hpp"
-#include "core/pipeline/stage.hpp"
+#include "core/pipeline/engine_call.hpp"
+#include "core/pipeline/engine_errors.hpp"
+#include "core/pipeline/failover.hpp"
 
 namespace pdgate {
 
@@ -14,58 +16,6 @@ namespace {
 
 // An encoder's answer is one token of JSON; it is read and dropped.
 constexpr std::size_t kMaxEncoderResponse = 16u << 20;
-
-bool is_ws(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-// Raw text of each element of a JSON array that index_json_object (or
-// validate_json) already accepted; empty if `raw` is not an array.
-std::vector<std::string_view> array_elements(std::string_view raw) {
-  std::vector<std::string_view> out;
-  std::size_t i = 0;
-  while (i < raw.size() && is_ws(raw[i]))
-    ++i;
-  if (i >= raw.size() || raw[i] != '[')
-    return out;
-  ++i;
-  std::size_t begin = std::string_view::npos;
-  int depth = 0;
-  bool in_string = false;
-  for (; i < raw.size(); ++i) {
-    const char c = raw[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (is_ws(c))
-      continue;
-    if (begin == std::string_view::npos && c != ']' && c != ',')
-      begin = i;
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      ++depth;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    } else if (depth == 0 && (c == ',' || c == ']')) {
-      if (begin != std::string_view::npos) {
-        std::size_t end = i;
-        while (end > begin && is_ws(raw[end - 1]))
-          --end;
-        out.push_back(raw.substr(begin, end - begin));
-      }
-      begin = std::string_view::npos;
-      if (c == ']')
-        break;
-    }
-  }
-  return out;
-}
 
 bool is_media_type(std::string_view t) {
   return t == "image_url" || t == "audio_url" || t == "input_audio";
@@ -135,14 +85,18 @@ std::vector<std::string_view> find_media_items(std::string_view body,
   auto messages = raw_member(body, index, "messages");
   if (!messages)
     return items;
-  for (std::string_view msg : array_elements(*messages)) {
+  JsonArrayElements messages_in(*messages);
+  std::string_view msg;
+  while (messages_in.next(msg)) {
     auto mi = index_json_object(msg);
     if (!mi)
       continue;
     auto content = raw_member(msg, *mi, "content");
     if (!content)
       continue;
-    for (std::string_view item : array_elements(*content)) {
+    JsonArrayElements items_in(*content);
+    std::string_view item;
+    while (items_in.next(item)) {
       auto ii = index_json_object(item);
       if (!ii)
         continue;
@@ -165,7 +119,7 @@ std::string make_encoder_body(std::string_view model_raw, std::string_view item_
   return b;
 }
 
-net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
+net::awaitable<bool> encode_phase(RequestContext& rc) {
   WorkerContext& w = rc.w;
   const InstanceSet& set = *rc.set;
   const std::string_view body = rc.body;
@@ -173,13 +127,13 @@ net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
   const std::string& request_id = rc.request_id();
   RequestScope& scope = rc.scope;
   if (!rc.is_chat)
-    co_return std::nullopt;
+    co_return true;
   // Without encoders the engines encode media themselves.
   if (set.encode.empty())
-    co_return std::nullopt;
+    co_return true;
   const auto items = find_media_items(body, index);
   if (items.empty())
-    co_return std::nullopt;
+    co_return true;
   const std::string_view model_raw = raw_member(body, index, "model").value_or("null");
 
   PickContext ctx = rc.pick();
@@ -190,11 +144,11 @@ net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
   for (std::size_t i = 0; i < items.size(); ++i) {
     auto inst = w.picker.pick(set.encode, ctx);
     if (!inst)
-      co_return no_instance(Stage::encode, w.picker);
+      co_return rc.fail(no_instance(Stage::encode, w.picker));
     chosen.push_back(std::move(inst));
   }
-  if (scope.record) {
-    auto& used = scope.record->encode;
+  if (rc.outcome.record) {
+    auto& used = rc.outcome.record->encode;
     for (const auto& inst : chosen) {
       if (std::find(used.begin(), used.end(), inst) == used.end())
         used.push_back(inst);
@@ -224,11 +178,12 @@ net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc) {
     fan.first_error->stage = "encode";
   }
   if (fan.first_error)
-    co_return std::move(fan.first_error);
+    co_return rc.fail(std::move(*fan.first_error));
   if (scope.client_gone())
-    co_return upstream_failure(Stage::encode, {UpstreamFailure::aborted, "client went away"});
+    co_return rc.fail(
+        upstream_failure(Stage::encode, {UpstreamFailure::aborted, "client went away"}));
   spdlog::debug("request {}: {} encoder request(s) succeeded", request_id, items.size());
-  co_return std::nullopt;
+  co_return true;
 }
 
 }  // namespace pdgate

@@ -16,8 +16,8 @@
 #include "core/base/result.hpp"
 #include "core/net/errors.hpp"
 #include "core/net/request_scope.hpp"
+#include "core/pipeline/engine_call.hpp"
 #include "core/pipeline/request_context.hpp"
-#include "core/pipeline/stage.hpp"
 #include "core/pipeline/worker.hpp"
 
 namespace pdgate {
@@ -37,6 +37,6 @@ std::string make_encoder_body(std::string_view model_raw, std::string_view item_
 // naming the encode stage); the others are aborted at once. Returns
 // nothing when all succeeded, when the request has no media or when no
 // encoders are configured.
-net::awaitable<std::optional<GatewayError>> encode_phase(RequestContext& rc);
+net::awaitable<bool> encode_phase(RequestContext& rc);
 
 }  // namespace pdgate

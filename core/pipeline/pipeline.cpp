@@ -4,10 +4,14 @@
 #include <boost/beast/core/string.hpp>
 
 #include "core/net/http_head.hpp"
+#include "core/net/response_writer.hpp"
 #include "core/net/http_tokens.hpp"
 #include "core/pipeline/admit_phase.hpp"
 #include "core/pipeline/decode_phase.hpp"
 #include "core/pipeline/encode_phase.hpp"
+#include "core/pipeline/engine_call.hpp"
+#include "core/pipeline/engine_errors.hpp"
+#include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/prefill_phase.hpp"
 #include "core/pipeline/relay.hpp"
 #include "core/pipeline/request_context.hpp"
@@ -76,22 +80,23 @@ void name_server_span(RequestTrace& trace, const http::request<http::string_body
   trace.attribute("pdgate.request_id", request_id);
 }
 
-// Phase 1: the request is one pdgate can route. Reads what the later
-// phases and the policies need.
-std::optional<GatewayError> validate(RequestContext& rc) {
+// The request is one pdgate can route: reads what the later phases and
+// the policies need.
+bool validate_phase(RequestContext& rc) {
   const auto ct = first_field(rc.req, http::field::content_type);
   if (!ct || !is_json_content_type(*ct)) {
-    return client_error(ErrorKind::unsupported_media_type,
-                        "Unsupported Media Type: Content-Type must be application/json");
+    return rc.fail(client_error(ErrorKind::unsupported_media_type,
+                                "Unsupported Media Type: Content-Type must be application/json"));
   }
   rc.body = rc.req.body();
   auto index = index_json_object(rc.body);
   if (!index)
-    return client_error(ErrorKind::bad_request, "request body is not valid JSON: " + index.error());
+    return rc.fail(
+        client_error(ErrorKind::bad_request, "request body is not valid JSON: " + index.error()));
   rc.index = std::move(*index);
   auto facts = read_facts(rc.body, rc.index, rc.is_chat);
   if (!facts)
-    return client_error(ErrorKind::bad_request, facts.error());
+    return rc.fail(client_error(ErrorKind::bad_request, facts.error()));
   rc.facts = std::move(*facts);
 
   rc.fwd = forwarded_headers(rc.w, rc.req, rc.client, rc.trace);
@@ -109,13 +114,13 @@ std::optional<GatewayError> validate(RequestContext& rc) {
   ctx.header_source = &rc.req;
   ctx.for_each_header = &policy_headers;
   ctx.request_id = rc.request_id();
-  return std::nullopt;
+  return true;
 }
 
 // What routing decided, for the access log.
 // (A routed request's view has moved to the relay: its id is passed.)
 void note_routing(RequestContext& rc, const std::string& request_id) {
-  RequestRecord* r = rc.scope.record.get();
+  RequestRecord* r = rc.outcome.record.get();
   if (r == nullptr)
     return;
   r->retries = rc.failover.retries();
@@ -128,126 +133,120 @@ void note_routing(RequestContext& rc, const std::string& request_id) {
   r->policies = {policy(c.policy_encode), policy(c.policy_prefill), policy(c.policy_decode)};
 }
 
-// Validate, the request hook, tokenize (--tokenizer vllm), encode, prefill,
-// decode up to its first bytes: the routing
-// phases, in their own frame, gone before the relay starts.
-net::awaitable<Routed> route(RequestContext& rc) {
-  if (auto e = validate(rc))
-    co_return Routed{nullptr, std::move(*e)};
-  if (auto e = request_hook_phase(rc))
-    co_return Routed{nullptr, std::move(*e)};
-  if (rc.w.cfg.tokenizer == "vllm")
-    co_await tokenize_phase(rc);
-  // (A phase with nothing to do is not entered: each coroutine call costs
-  // a frame allocation.)
-  if (rc.is_chat && !rc.set->encode.empty()) {
-    if (auto e = co_await encode_phase(rc))
-      co_return Routed{nullptr, std::move(*e)};
-  }
-  if (rc.one_hop) {
-    rc.stage_id = rc.request_id();
-    rc.decode_body = rc.connector.decode_body(rc.body, rc.index, std::nullopt);
-  } else if (auto e = co_await prefill_phase(rc)) {
-    co_return Routed{nullptr, std::move(*e)};
-  }
-  co_return co_await decode_phase(rc);
-}
-
 }  // namespace
 
-net::awaitable<bool> finish(WorkerContext& w, MaybeTlsStream& client,
-                            const http::request<http::string_body>& req,
-                            const std::string& request_id, RequestScope& scope,
+net::awaitable<bool> finish(ClientRequest& c, const std::string& request_id,
                             const GatewayError& err) {
-  scope.stage = err.stage;
+  const http::request<http::string_body>& req = c.req;
+  RequestOutcome& outcome = c.outcome;
+  outcome.stage = err.stage;
   const unsigned status = status_of(err);
   const std::string& logged = err.detail.empty() ? err.message : err.detail;
-  if (err.kind == ErrorKind::client_gone || scope.client_gone()) {
+  if (err.kind == ErrorKind::client_gone || c.scope.client_gone()) {
     // 499 (as nginx logs it): nobody to answer.
-    scope.status = 0;
+    outcome.status = 0;
     spdlog::debug("request {}: the client left during {}", request_id, err.stage);
     co_return false;
   }
-  scope.status = status;
+  outcome.status = status;
   if (status >= 500) {
     spdlog::warn("request {} -> {} ({}, {}): {}", request_id, status, to_string(err.kind),
                  to_string(err.source), logged);
   } else {
     spdlog::debug("request {} -> {} ({}): {}", request_id, status, to_string(err.kind), logged);
   }
-  auto res = make_error_response(err, req.version(), req.keep_alive(), w.cfg.verbose_errors);
+  auto res = make_error_response(err, req.version(), req.keep_alive(), c.w.cfg.verbose_errors);
   if (!request_id.empty())
     res.set("X-Request-Id", request_id);
-  scope.count_sent(res.body().size());
-  co_return co_await write_response(client, res) && req.keep_alive();
+  outcome.count_sent(res.body().size());
+  co_return co_await write_response(c.client, res) && req.keep_alive();
 }
 
 namespace {
 
-// Admission, then the routing phases; a refusal or failure is answered
-// here. Its own frame, so that what routing held (the request context, an
-// error's strings) is gone while the answer relays, often for minutes.
-// Returns no relay when the request was answered (`keep`: whether the
-// connection may be reused).
-net::awaitable<std::unique_ptr<DecodeRelay>> admit_and_route(
-    WorkerContext& w, MaybeTlsStream& client, http::request<http::string_body>& req,
-    RequestScope& scope, RequestTrace& trace, ClientAdmission& admission, bool is_chat,
-    bool& keep) {
-  auto rc = std::make_unique<RequestContext>(w, client, req, scope, trace, is_chat);
-  rc->view->request_id = request_id_for(w, req);
-  if (trace.recording())
-    name_server_span(trace, req, rc->request_id());
-  // (Without --api-keys there is nothing to admit, and the phase's frame
-  // is not allocated.)
-  if (w.client_keys != nullptr) {
-    if (auto e = co_await admit_client(w, req, rc->request_id(), admission)) {
-      keep = co_await finish(w, client, req, rc->request_id(), scope, *e);
-      co_return nullptr;
-    }
-  }
-  rc->client_key = admission.key();
-  Routed routed = co_await route(*rc);
-  note_routing(*rc, routed.relay ? routed.relay->view->request_id : rc->request_id());
-  if (!routed.relay)
-    keep = co_await finish(w, client, req, rc->request_id(), scope, *routed.error);
-  co_return std::move(routed.relay);
+// Whether a phase has work to do for this request. (A phase with nothing
+// to do is not entered: each coroutine call costs a frame allocation.)
+bool tokenizes(const RequestContext& rc) {
+  return rc.w.cfg.tokenizer == "vllm";
+}
+bool has_media_to_encode(const RequestContext& rc) {
+  return rc.is_chat && !rc.set->encode.empty();
+}
+
+// One hop: the decode instances are combined P+D ones, and get the
+// client's body as it is.
+bool skip_prefill(RequestContext& rc) {
+  if (!rc.one_hop)
+    return false;
+  rc.stage_id = rc.request_id();
+  rc.decode_body = rc.connector.decode_body(rc.body, rc.index, std::nullopt);
+  return true;
 }
 
 }  // namespace
 
-net::awaitable<bool> serve_completion(WorkerContext& w, MaybeTlsStream& client,
-                                      http::request<http::string_body>& req, RequestScope& scope,
-                                      bool is_chat) {
+net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat) {
+  WorkerContext& w = c.w;
   // Before the relay: its decode span ends before the server span.
-  RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
+  RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, c.req);
   // Held until the answer is written: the key's concurrency slot.
   ClientAdmission admission;
-  bool keep = false;
-  std::unique_ptr<DecodeRelay> relay =
-      co_await admit_and_route(w, client, req, scope, trace, admission, is_chat, keep);
+  // What the routing phases read and decide; freed before the relay, since
+  // a stream can idle for minutes.
+  auto rc = std::make_unique<RequestContext>(c, trace, is_chat);
+  rc->view->request_id = request_id_for(w, c.req);
+  if (trace.recording())
+    name_server_span(trace, c.req, rc->request_id());
+
+  // The phases of a completion, in order. Each one moves the request on
+  // (true) or ends it, leaving why in rc->failure.
+  bool on = true;
+  if (w.client_keys != nullptr)
+    on = co_await admit_phase(w, c.req, rc->request_id(), admission, rc->failure);
+  const bool admitted = on;
+  rc->client_key = admission.key();
+  on = on && validate_phase(*rc);
+  on = on && request_hook_phase(*rc);
+  if (on && tokenizes(*rc))
+    co_await tokenize_phase(*rc);
+  if (on && has_media_to_encode(*rc))
+    on = co_await encode_phase(*rc);
+  if (on && !skip_prefill(*rc))
+    on = co_await prefill_phase(*rc);
+  std::unique_ptr<DecodeRelay> relay;
+  if (on)
+    relay = co_await decode_phase(*rc);
+  // ... and relay_answer() below, once decode's first bytes are in.
+  if (admitted)
+    note_routing(*rc, relay ? relay->view->request_id : rc->request_id());
   if (!relay) {
-    trace.finish(scope.status, scope.stage);
+    const bool keep = co_await finish(c, rc->request_id(), *rc->failure);
+    trace.finish(c.outcome.status, c.outcome.stage);
     co_return keep;
   }
-  scope.status = relay->ex->status();
-  scope.stage = "decode";
-  keep = co_await relay_answer(w, client, req, *relay, scope);
-  trace.finish(scope.client_gone() ? 0 : scope.status, scope.stage);
+  rc.reset();
+  c.outcome.status = relay->ex->status();
+  c.outcome.stage = "decode";
+  const bool keep = co_await relay_answer(c, *relay);
+  trace.finish(c.scope.client_gone() ? 0 : c.outcome.status, c.outcome.stage);
   // Counted against the key's tokens per minute when the admission ends.
-  admission.add_tokens(scope.tokens_used);
+  admission.add_tokens(c.outcome.tokens_used);
   co_return keep;
 }
 
-net::awaitable<bool> serve_models(WorkerContext& w, MaybeTlsStream& client,
-                                  http::request<http::string_body>& req, RequestScope& scope) {
+net::awaitable<bool> serve_models(ClientRequest& c) {
+  WorkerContext& w = c.w;
+  const http::request<http::string_body>& req = c.req;
+  RequestOutcome& outcome = c.outcome;
   const std::string request_id = request_id_for(w, req);
   RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
   if (trace.recording())
     name_server_span(trace, req, request_id);
   ClientAdmission admission;
-  if (auto e = co_await admit_client(w, req, request_id, admission)) {
-    const bool keep = co_await finish(w, client, req, request_id, scope, *e);
-    trace.finish(scope.status, scope.stage);
+  std::optional<GatewayError> refused;
+  if (!co_await admit_phase(w, req, request_id, admission, refused)) {
+    const bool keep = co_await finish(c, request_id, *refused);
+    trace.finish(outcome.status, outcome.stage);
     co_return keep;
   }
   const auto set = w.registry.snapshot();
@@ -255,16 +254,15 @@ net::awaitable<bool> serve_models(WorkerContext& w, MaybeTlsStream& client,
   ctx.stage = Stage::decode;
   InstancePtr decode = w.picker.pick(set->decode, ctx);
   if (!decode) {
-    const bool keep =
-        co_await finish(w, client, req, request_id, scope, no_instance(Stage::decode));
-    trace.finish(scope.status, scope.stage);
+    const bool keep = co_await finish(c, request_id, no_instance(Stage::decode));
+    trace.finish(outcome.status, outcome.stage);
     co_return keep;
   }
   StageSpan span = trace.stage("models", decode->spec.url, 0);
   auto up = upstream_request(http::verb::get, *decode, "/v1/models", {}, request_id,
-                             forwarded_headers(w, req, client, trace), span.traceparent());
+                             forwarded_headers(w, req, c.client, trace), span.traceparent());
   auto [err, ex] =
-      co_await UpstreamExchange::start(w.pools.for_instance(decode), up, scope, w.timeouts());
+      co_await UpstreamExchange::start(w.pools.for_instance(decode), up, c.scope, w.timeouts());
   std::string answer;
   UpstreamError rerr = err;
   if (!err) {
@@ -275,15 +273,15 @@ net::awaitable<bool> serve_models(WorkerContext& w, MaybeTlsStream& client,
     const GatewayError e = upstream_failure(Stage::decode, rerr);
     span.error(to_string(e.kind), e.message);
     span.end();
-    const bool keep = co_await finish(w, client, req, request_id, scope, e);
-    trace.finish(scope.status, scope.stage);
+    const bool keep = co_await finish(c, request_id, e);
+    trace.finish(outcome.status, outcome.stage);
     co_return keep;
   }
   span.end();
   ex->finish();
   const unsigned status = ex->status();
-  const bool keep = co_await write_whole_answer(client, req, *ex, std::move(answer), request_id);
-  trace.finish(scope.client_gone() ? 0 : status, "decode");
+  const bool keep = co_await write_whole_answer(c.client, req, *ex, std::move(answer), request_id);
+  trace.finish(c.scope.client_gone() ? 0 : status, "decode");
   co_return keep;
 }
 

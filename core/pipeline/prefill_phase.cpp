@@ -2,7 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/pipeline/stage.hpp"
+#include "core/base/json_edit.hpp"
+#include "core/pipeline/engine_call.hpp"
+#include "core/pipeline/engine_errors.hpp"
+#include "core/pipeline/failover.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/routing/kv_params.hpp"
 
@@ -109,16 +112,11 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   }
   auto kv = extract_kv_params(answer);
   if (!kv) {
-    GatewayError g;
-    g.kind = ErrorKind::bad_response;
-    g.source = ErrorSource::engine;
-    g.stage = "prefill";
-    g.reached_engine = true;
-    g.message = "prefill stage failed: the engine answered with invalid JSON";
-    g.detail = "prefill stage failed: " + r.instance->spec.url +
-               " answered with invalid JSON: " + kv.error();
-    trace_error(span, g);
-    r.error = std::move(g);
+    r.error = engine_error(ErrorKind::bad_response, "prefill",
+                           "prefill stage failed: the engine answered with invalid JSON",
+                           "prefill stage failed: " + r.instance->spec.url +
+                               " answered with invalid JSON: " + kv.error());
+    trace_error(span, *r.error);
     co_return r;
   }
   r.kv_params = std::move(*kv);
@@ -140,8 +138,8 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
     // that follows is no retry).
     if (retrying)
       rc.failover.release();
-    if (a.instance && rc.scope.record)
-      rc.scope.record->prefill = a.instance;  // the last attempt's, failed or not
+    if (a.instance && rc.outcome.record)
+      rc.outcome.record->prefill = a.instance;  // the last attempt's, failed or not
     if (!a.error) {
       rc.prefill = a.instance;
       rc.stage_id = std::move(a.request_id);
@@ -161,15 +159,15 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
   }
 }
 
-net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc) {
+net::awaitable<bool> prefill_phase(RequestContext& rc) {
   if (rc.connector.names_peers()) {
     // The request id names both peers, so decode is chosen first.
     rc.pick().stage = Stage::decode;
     rc.decode = rc.w.picker.pick(rc.set->decode, rc.pick());
     if (!rc.decode)
-      co_return no_instance(Stage::decode, rc.w.picker);
+      co_return rc.fail(no_instance(Stage::decode, rc.w.picker));
     if (rc.decode->spec.kv_peer.empty())
-      co_return missing_kv_peer(Stage::decode, *rc.decode);
+      co_return rc.fail(missing_kv_peer(Stage::decode, *rc.decode));
   }
   const auto started = std::chrono::steady_clock::now();
   // Multi-turn reuse: the previous turn's decode blocks, taken (once,
@@ -182,15 +180,16 @@ net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc) {
         rc.body, &rc.index, rc.is_chat};
     params = co_await prefill_kv_params_for_turn(
         *rc.w.conversations, rc.w.conversation_stores->counters(), turn, rc.turn, rc.request_id());
-    if (turn.conversation_id && rc.scope.record)
-      rc.scope.record->conversation = params != kDefaultPrefillKvParams ? "hit" : "miss";
+    if (turn.conversation_id && rc.outcome.record)
+      rc.outcome.record->conversation = params != kDefaultPrefillKvParams ? "hit" : "miss";
   }
   if (rc.scope.client_gone())
-    co_return upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"});
+    co_return rc.fail(
+        upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"}));
   auto error = co_await prefill_with_failover(rc, params);
   rc.prefill_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  co_return error;
+  co_return !error || rc.fail(std::move(*error));
 }
 
 }  // namespace pdgate

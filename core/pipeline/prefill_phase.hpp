@@ -17,7 +17,7 @@ namespace pdgate {
 // conversation's previous-turn params (multi-turn reuse), picks the decode
 // first when the connector names both peers, and leaves rc.prefill,
 // rc.stage_id and rc.decode_body for decode. Not for one hop (no prefill).
-net::awaitable<std::optional<GatewayError>> prefill_phase(RequestContext& rc);
+net::awaitable<bool> prefill_phase(RequestContext& rc);
 
 // One prefill with failover, asking it for `params` (the default "export
 // your blocks" ones, or a previous turn's); the decode phase calls it again

@@ -8,6 +8,9 @@
 #include "core/net/http_head.hpp"
 #include "core/net/response_writer.hpp"
 #include "core/observability/usage.hpp"
+#include "core/pipeline/engine_call.hpp"
+#include "core/pipeline/engine_errors.hpp"
+#include "core/pipeline/failover.hpp"
 
 namespace pdgate {
 
@@ -128,13 +131,14 @@ void note_turn_without_params(WorkerContext& w, const DecodeRelay& r, bool captu
 
 // The engine's token counts, wherever the relay ends: on the decode
 // instance's counters and in the request's record.
-void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage, RequestScope& scope) {
+void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage,
+                RequestOutcome& outcome) {
   if (!usage)
     return;
   r.decode->latency.add_usage(*usage);
-  scope.tokens_used = usage->prompt_tokens + usage->completion_tokens;
-  if (scope.record)
-    scope.record->usage = usage;
+  outcome.tokens_used = usage->prompt_tokens + usage->completion_tokens;
+  if (outcome.record)
+    outcome.record->usage = usage;
 }
 
 // Decode broke off mid-stream: noted against the instance and the trace;
@@ -151,24 +155,25 @@ std::string broke_off(WorkerContext& w, DecodeRelay& r, const UpstreamError& fai
 // The rest of decode's stream after its first events went out with the
 // header. If decode breaks off now, the client gets an in-band error event
 // and the stream ends: never an invented finish_reason or [DONE].
-net::awaitable<bool> relay_stream(WorkerContext& w, MaybeTlsStream& client,
-                                  const http::request<http::string_body>& req, DecodeRelay& r,
-                                  RequestScope& scope) {
+net::awaitable<bool> relay_stream(ClientRequest& c, DecodeRelay& r) {
+  WorkerContext& w = c.w;
+  MaybeTlsStream& client = c.client;
+  const http::request<http::string_body>& req = c.req;
   UpstreamExchange& ex = *r.ex;
   // Counted however the relay ends (the client may leave mid-stream).
   struct CountUsage {
     const DecodeRelay& r;
-    RequestScope& scope;
-    ~CountUsage() { note_usage(r, r.stream->usage(), scope); }
-  } count_usage{r, scope};
+    RequestOutcome& outcome;
+    ~CountUsage() { note_usage(r, r.stream->usage(), outcome); }
+  } count_usage{r, c.outcome};
   // A short answer may have ended with its first read: then everything,
   // the last chunk included, leaves in that one write.
   const bool ended = r.stream->done();
   if (!co_await write_stream_start(w.cfg, client, req, ex, r.view->request_id, r.first, ended)) {
-    scope.on_client_gone();
+    c.scope.on_client_gone();
     co_return false;
   }
-  scope.count_sent(r.first.size());
+  c.outcome.count_sent(r.first.size());
   if (ended) {
     note_turn_without_params(w, r, r.stream->captured_params());
     ex.finish();
@@ -206,10 +211,10 @@ net::awaitable<bool> relay_stream(WorkerContext& w, MaybeTlsStream& client,
     }
     if (!out.empty() || last) {
       if (!co_await write_chunk(client, out, w.cfg, last)) {
-        scope.on_client_gone();
+        c.scope.on_client_gone();
         co_return false;
       }
-      scope.count_sent(out.size());
+      c.outcome.count_sent(out.size());
     }
     if (last)
       co_return req.keep_alive();
@@ -218,20 +223,21 @@ net::awaitable<bool> relay_stream(WorkerContext& w, MaybeTlsStream& client,
   const std::string ev = broke_off(w, r, failure);
   if (!co_await write_chunk(client, ev, w.cfg, true))
     co_return false;
-  scope.count_sent(ev.size());
+  c.outcome.count_sent(ev.size());
   co_return req.keep_alive();
 }
 
 // A whole decode answer, through the filter (its own frame, so the filter
 // takes no room in the caller's while a stream relays).
-net::awaitable<bool> relay_whole(WorkerContext& w, MaybeTlsStream& client,
-                                 const http::request<http::string_body>& req, DecodeRelay& r,
-                                 RequestScope& scope) {
+net::awaitable<bool> relay_whole(ClientRequest& c, DecodeRelay& r) {
+  WorkerContext& w = c.w;
+  MaybeTlsStream& client = c.client;
+  const http::request<http::string_body>& req = c.req;
   r.ex->committed();
   DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params,
                             r.conversation ? &r.conversation->recorder : nullptr);
   filter.on_body(r.first);
-  note_usage(r, last_usage(r.first), scope);
+  note_usage(r, last_usage(r.first), c.outcome);
   note_turn_without_params(w, r, filter.captured().has_value());
   if (filter.take_new_capture() && r.conversation && w.conversations) {
     co_await remember_turn(*w.conversations, *r.conversation, *filter.captured(),
@@ -250,7 +256,7 @@ net::awaitable<bool> relay_whole(WorkerContext& w, MaybeTlsStream& client,
       ec = co_await std::move(*rest);
     reuse = !ec && req.keep_alive();
   }
-  scope.count_sent(size);
+  c.outcome.count_sent(size);
   co_return reuse;
 }
 
@@ -375,12 +381,10 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
 }
 
 // Not a coroutine itself: a held stream's chain of frames is one shorter.
-net::awaitable<bool> relay_answer(WorkerContext& w, MaybeTlsStream& client,
-                                  const http::request<http::string_body>& req, DecodeRelay& r,
-                                  RequestScope& scope) {
+net::awaitable<bool> relay_answer(ClientRequest& c, DecodeRelay& r) {
   if (r.stream)
-    return relay_stream(w, client, req, r, scope);
-  return relay_whole(w, client, req, r, scope);
+    return relay_stream(c, r);
+  return relay_whole(c, r);
 }
 
 }  // namespace pdgate

@@ -15,8 +15,8 @@
 #include "core/net/maybe_tls_stream.hpp"
 
 #include "core/net/sse.hpp"
+#include "core/pipeline/engine_call.hpp"
 #include "core/pipeline/request_context.hpp"
-#include "core/pipeline/stage.hpp"
 #include "core/routing/conversation.hpp"
 
 namespace pdgate {
@@ -97,9 +97,7 @@ struct DecodeRelay {
 
 // Writes decode's answer to the client: the header with the first bytes,
 // then the rest. Returns whether the client connection may be reused.
-net::awaitable<bool> relay_answer(WorkerContext& w, MaybeTlsStream& client,
-                                  const http::request<http::string_body>& req, DecodeRelay& r,
-                                  RequestScope& scope);
+net::awaitable<bool> relay_answer(ClientRequest& c, DecodeRelay& r);
 
 // A non-streaming engine answer as the client gets it: the status, the
 // headers that describe the body, the body.

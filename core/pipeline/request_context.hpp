@@ -18,10 +18,14 @@
 #include "core/net/maybe_tls_stream.hpp"
 
 #include "core/base/json_body.hpp"
-#include "core/net/request_scope.hpp"
+#include "core/base/json_edit.hpp"
+#include "core/net/errors.hpp"
 #include "core/observability/tracing.hpp"
 #include "core/pipeline/client_key.hpp"
-#include "core/pipeline/stage.hpp"
+#include "core/pipeline/client_request.hpp"
+#include "core/pipeline/engine_call.hpp"
+#include "core/pipeline/failover.hpp"
+#include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/worker.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/routing/kv_connector.hpp"
@@ -40,22 +44,23 @@ struct RequestView {
 };
 
 struct RequestContext {
-  RequestContext(WorkerContext& w_, MaybeTlsStream& client_, http::request<http::string_body>& req_,
-                 RequestScope& scope_, RequestTrace& trace_, bool is_chat_)
-      : w(w_),
-        client(client_),
-        req(req_),
-        scope(scope_),
+  RequestContext(ClientRequest& c, RequestTrace& trace_, bool is_chat_)
+      : w(c.w),
+        client(c.client),
+        req(c.req),
+        scope(c.scope),
+        outcome(c.outcome),
         trace(trace_),
         is_chat(is_chat_),
         view(std::make_unique<RequestView>()),
-        failover(w_),
-        connector(*w_.connector) {}
+        failover(c.w),
+        connector(*c.w.connector) {}
 
   WorkerContext& w;
   MaybeTlsStream& client;
   http::request<http::string_body>& req;
   RequestScope& scope;
+  RequestOutcome& outcome;
   RequestTrace& trace;  // outlives the relay too
   const bool is_chat;
 
@@ -93,6 +98,17 @@ struct RequestContext {
   std::vector<const Instance*> tried_prefill;
   std::vector<const Instance*> tried_decode;
   double prefill_seconds = 0;
+
+  // Why the request ended, when a phase ended it (that phase returned
+  // false). Here rather than in each phase's return value: the phases are
+  // awaited from one frame that lives as long as the relay, and an error
+  // is a few hundred bytes.
+  std::optional<GatewayError> failure;
+  // Ends the request with `e`; returns false, for `return rc.fail(e);`.
+  bool fail(GatewayError e) {
+    failure = std::move(e);
+    return false;
+  }
 
   const std::string& request_id() const { return view->request_id; }
   PickContext& pick() { return view->ctx; }

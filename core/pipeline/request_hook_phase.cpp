@@ -1,4 +1,5 @@
 #include "core/pipeline/request_hook_phase.hpp"
+#include "core/pipeline/forwarded_headers.hpp"
 
 #include <spdlog/spdlog.h>
 #include <boost/beast/core/string.hpp>
@@ -31,7 +32,7 @@ void apply_header_edits(ForwardedHeaders& fwd, const std::vector<HeaderEdit>& ed
   }
 }
 
-std::optional<GatewayError> request_hook_phase(RequestContext& rc) {
+bool request_hook_phase(RequestContext& rc) {
   RequestHookInput in;
   in.request_id = rc.request_id();
   in.body = rc.body;
@@ -47,9 +48,10 @@ std::optional<GatewayError> request_hook_phase(RequestContext& rc) {
   RequestDecision d;
   if (rc.w.picker.on_request(in, d)) {
     if (d.failed_closed)
-      return policy_error(0, "the request policy failed", "request hook failed: " + d.error);
+      return rc.fail(
+          policy_error(0, "the request policy failed", "request hook failed: " + d.error));
     if (d.reject_status != 0)
-      return policy_error(d.reject_status, std::move(d.reject_message));
+      return rc.fail(policy_error(d.reject_status, std::move(d.reject_message)));
     apply_header_edits(rc.fwd, d.headers);
     if (auto edited = hooked_body(rc.body, rc.index, rc.is_chat, d)) {
       auto index = index_json_object(*edited);
@@ -57,7 +59,8 @@ std::optional<GatewayError> request_hook_phase(RequestContext& rc) {
         // Edits splice numbers into a valid object: this is a bug.
         spdlog::error("request {}: the request hook's body edit broke the JSON: {}",
                       rc.request_id(), index.error());
-        return gateway_error(ErrorKind::internal, "internal error editing the request body");
+        return rc.fail(
+            gateway_error(ErrorKind::internal, "internal error editing the request body"));
       }
       rc.hooked_body = std::move(*edited);
       rc.body = rc.hooked_body;
@@ -74,7 +77,7 @@ std::optional<GatewayError> request_hook_phase(RequestContext& rc) {
   if (rc.w.metrics != nullptr)
     (rc.one_hop ? rc.w.metrics->path_one_hop : rc.w.metrics->path_pd)
         .fetch_add(1, std::memory_order_relaxed);
-  return std::nullopt;
+  return true;
 }
 
 }  // namespace pdgate

@@ -8,15 +8,15 @@
 #include <vector>
 
 #include "core/net/errors.hpp"
+#include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/request_context.hpp"
-#include "core/pipeline/stage.hpp"
 #include "core/routing/request_hook.hpp"
 
 namespace pdgate {
 
 // The error to answer with (the policy's rejection, or 503 when a
 // fail-closed hook failed), else nothing: the request goes on as decided.
-std::optional<GatewayError> request_hook_phase(RequestContext& rc);
+bool request_hook_phase(RequestContext& rc);
 
 // Applies header edits to what every engine request of this client
 // request carries. Edits failing header_edit_error() are skipped (the

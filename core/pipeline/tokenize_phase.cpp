@@ -5,7 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/base/json_body.hpp"
-#include "core/pipeline/stage.hpp"
+#include "core/pipeline/engine_call.hpp"
 #include "core/routing/tokenize_message.hpp"
 #include "core/upstream/upstream.hpp"
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/json_body.hpp"
+#include "core/base/json_edit.hpp"
 #include "core/net/http_tokens.hpp"
 
 namespace pdgate {

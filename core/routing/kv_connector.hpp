@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "core/base/json_body.hpp"
+#include "core/base/json_edit.hpp"
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
 

@@ -1,6 +1,7 @@
 #include "core/routing/kv_params.hpp"
 
 #include "core/base/json_body.hpp"
+#include "core/base/json_edit.hpp"
 
 namespace pdgate {
 

@@ -1,4 +1,5 @@
 #include "core/routing/request_hook.hpp"
+#include "core/base/json_edit.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -26,7 +27,7 @@ bool is_token_char(unsigned char c) {
 }
 
 // Hop-by-hop headers (RFC 9110 7.6.1), framing, and what pdgate writes
-// itself on every engine request (core/pipeline/stage.cpp's upstream_fields).
+// itself on every engine request (core/pipeline/engine_call.cpp's upstream_fields).
 constexpr std::string_view kRefused[] = {
     "connection",     "keep-alive",          "proxy-connection", "te",
     "trailer",        "transfer-encoding",   "upgrade",          "host",

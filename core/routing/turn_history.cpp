@@ -35,14 +35,10 @@ constexpr std::array<std::string_view, 4> kShapingMembers = {"model", "tools", "
 
 constexpr std::string_view kKeyDomain{"pdgate conversation key v2\0", 27};
 
-bool is_ws(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
 std::string_view trim_ws(std::string_view s) {
-  while (!s.empty() && is_ws(s.front()))
+  while (!s.empty() && is_json_ws(s.front()))
     s.remove_prefix(1);
-  while (!s.empty() && is_ws(s.back()))
+  while (!s.empty() && is_json_ws(s.back()))
     s.remove_suffix(1);
   return s;
 }

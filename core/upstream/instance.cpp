@@ -297,10 +297,10 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
     for (std::size_t k = 0; k < batch.size(); ++k) {
       auto& b = batch[k];
       if (auto i = conflict_locked(b.spec.role, b.spec.url)) {
-        out[k].error =
-            RegistryError{409, std::string(to_string(i->spec.role)) + " instance " + b.spec.url +
-                                   " is already registered (id " + std::to_string(i->id) + ", " +
-                                   to_string(i->state()) + ")"};
+        out[k].error = client_error(
+            ErrorKind::conflict, std::string(to_string(i->spec.role)) + " instance " + b.spec.url +
+                                     " is already registered (id " + std::to_string(i->id) + ", " +
+                                     to_string(i->state()) + ")");
         continue;
       }
       // At most one copy of the set for the whole batch.
@@ -329,7 +329,8 @@ RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify)
     std::lock_guard lock(mu_);
     inst = set_->find(id);
     if (!inst)
-      return {RegistryError{404, "no instance with id " + std::to_string(id)}, nullptr};
+      return {client_error(ErrorKind::not_found, "no instance with id " + std::to_string(id)),
+              nullptr};
     if (then_remove)
       inst->remove_when_idle.store(true);
     if (!inst->draining.exchange(true)) {
@@ -364,10 +365,11 @@ RegistryOutcome Registry::undrain(std::uint64_t id, bool notify) {
     std::lock_guard lock(mu_);
     inst = set_->find(id);
     if (!inst)
-      return {RegistryError{404, "no instance with id " + std::to_string(id)}, nullptr};
+      return {client_error(ErrorKind::not_found, "no instance with id " + std::to_string(id)),
+              nullptr};
     if (inst->remove_when_idle.load()) {
-      return {RegistryError{409, "instance " + std::to_string(id) +
-                                     " is being removed; add it again instead"},
+      return {client_error(ErrorKind::conflict, "instance " + std::to_string(id) +
+                                                    " is being removed; add it again instead"),
               nullptr};
     }
     if (!inst->draining.load())
@@ -387,7 +389,8 @@ RegistryOutcome Registry::update(std::uint64_t id, const std::optional<Instance:
                                  std::optional<unsigned> weight, bool notify) {
   InstancePtr inst = snapshot()->find(id);
   if (!inst)
-    return {RegistryError{404, "no instance with id " + std::to_string(id)}, nullptr};
+    return {client_error(ErrorKind::not_found, "no instance with id " + std::to_string(id)),
+            nullptr};
   if (inst->set_meta(labels, weight)) {
     inst->record(true, "labels/weight changed");
     if (notify && on_change)

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/config/config.hpp"
+#include "core/net/errors.hpp"
 #include "core/observability/metrics.hpp"
 
 namespace pdgate {
@@ -191,11 +192,10 @@ struct InstanceSet {
   InstancePtr find(std::uint64_t id) const;
 };
 
-// Why a registry change was refused, with the HTTP status that says so.
-struct RegistryError {
-  unsigned status = 400;
-  std::string message;
-};
+// Why a registry change was refused: its kind (not_found, conflict,
+// forbidden, unprocessable) decides the status, in the one table
+// (core/net/errors.hpp).
+using RegistryError = GatewayError;
 
 // What a registry change did: the instance it acted on, or why it refused.
 // `instance` is set exactly when `error` is empty.
@@ -217,7 +217,7 @@ class Registry {
 
   std::shared_ptr<const InstanceSet> snapshot() const;
 
-  // Adds an instance (role both: prefill and decode). 409 when an instance
+  // Adds an instance (role both: prefill and decode). A conflict when an instance
   // with the same URL in an overlapping role exists (draining ones
   // included). `notify` false: a change learnt from another replica, not
   // announced.
@@ -233,10 +233,10 @@ class Registry {
   // Takes an instance out of the candidate lists; its in-flight requests
   // finish. `then_remove`: forget it once idle (see forget_idle()), which
   // may be at once. The outcome holds the instance acted on, forgotten or
-  // not, so the caller never has to look it up again; 404 when no
+  // not, so the caller never has to look it up again; not_found when no
   // instance has the id.
   RegistryOutcome drain(std::uint64_t id, bool then_remove, bool notify = true);
-  // Puts a draining instance back among the candidates. 409 when it is
+  // Puts a draining instance back among the candidates. A conflict when it is
   // being removed; an active instance is left as it is.
   RegistryOutcome undrain(std::uint64_t id, bool notify = true);
   // Changes an instance's labels and/or weight (what is given replaces

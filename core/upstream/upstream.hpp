@@ -184,7 +184,7 @@ class UpstreamExchange {
       UpstreamPool& pool, http::request<http::string_body>& req, RequestScope& scope,
       UpstreamTimeouts timeouts);
   // The same with the request's head already rendered (request line,
-  // fields, empty line: core/pipeline/stage.hpp upstream_head) and the body given as
+  // fields, empty line: core/pipeline/engine_call.hpp upstream_head) and the body given as
   // a buffer sequence (slices of the client's body and edited fragments,
   // core/base/json_body.hpp), written in one gathering write: a large body is
   // never copied. `head` must carry the body's Content-Length; its bytes

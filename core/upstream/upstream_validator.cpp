@@ -102,7 +102,8 @@ net::awaitable<std::optional<RegistryError>> UpstreamValidator::check(
       auto [ec, results] = co_await resolve_until(
           ex, spec.host, spec.port, std::chrono::steady_clock::now() + cfg_->model_check_timeout);
       if (ec || results.empty()) {
-        co_return RegistryError{422, "cannot resolve " + spec.host + ": " + ec.message()};
+        co_return client_error(ErrorKind::unprocessable,
+                               "cannot resolve " + spec.host + ": " + ec.message());
       }
       for (const auto& r : results)
         addresses.push_back(r.endpoint().address());
@@ -112,8 +113,8 @@ net::awaitable<std::optional<RegistryError>> UpstreamValidator::check(
       for (const auto& c : allowed_)
         ok = ok || c.contains(addr);
       if (!ok) {
-        co_return RegistryError{
-            403, spec.url + " resolves to " + addr.to_string() + ", outside --allowed-upstreams"};
+        co_return client_error(ErrorKind::forbidden, spec.url + " resolves to " + addr.to_string() +
+                                                         ", outside --allowed-upstreams");
       }
     }
   }
@@ -124,17 +125,18 @@ net::awaitable<std::optional<RegistryError>> UpstreamValidator::check(
   auto r = co_await probe_get(ex, spec.host, spec.port, "/v1/models", cfg_->model_check_timeout,
                               loop_guard_->via_for_upstream({}), spec.tls ? tls_.get() : nullptr);
   if (r.status == 508) {
-    co_return RegistryError{422, "adding " + spec.url +
-                                     " would make a routing loop: it is this gateway, or a "
-                                     "gateway that forwards to it"};
+    co_return client_error(ErrorKind::unprocessable,
+                           "adding " + spec.url +
+                               " would make a routing loop: it is this gateway, or a "
+                               "gateway that forwards to it");
   }
   if (!cfg_->model.empty()) {
     if (r.status != 200) {
       std::string why = r.error;
       if (r.status != 0)
         why = "status " + std::to_string(r.status);
-      co_return RegistryError{422,
-                              spec.url + "/v1/models did not answer 200 (" + why + "): not added"};
+      co_return client_error(ErrorKind::unprocessable,
+                             spec.url + "/v1/models did not answer 200 (" + why + "): not added");
     }
     auto j = json::parse(r.body, nullptr, false);
     bool serves = false;
@@ -144,7 +146,8 @@ net::awaitable<std::optional<RegistryError>> UpstreamValidator::check(
       }
     }
     if (!serves) {
-      co_return RegistryError{422, spec.url + " does not serve model '" + cfg_->model + "'"};
+      co_return client_error(ErrorKind::unprocessable,
+                             spec.url + " does not serve model '" + cfg_->model + "'");
     }
   }
   co_return std::nullopt;

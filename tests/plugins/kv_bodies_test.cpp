@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/json_edit.hpp"
 #include "tests/unit/body_fixtures.hpp"
 
 namespace pdgate {

@@ -1,4 +1,5 @@
 #include "core/base/json_body.hpp"
+#include "core/base/json_edit.hpp"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,8 @@
 
 #include "core/net/errors.hpp"
 #include "core/net/http_head.hpp"
-#include "core/pipeline/stage.hpp"
+#include "core/pipeline/engine_call.hpp"
+#include "core/pipeline/forwarded_headers.hpp"
 #include "core/upstream/instance.hpp"
 
 namespace pdgate {

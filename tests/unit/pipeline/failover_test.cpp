@@ -1,4 +1,4 @@
-// The retry rules (core/pipeline/stage.hpp Failover): a request that never reached
+// The retry rules (core/pipeline/failover.hpp): a request that never reached
 // an engine may go elsewhere a few times for free; any other retry takes
 // one unit of the shared retry budget, once per request, and gives it back
 // when it ends.
@@ -6,7 +6,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "core/pipeline/stage.hpp"
+#include "core/pipeline/failover.hpp"
 #include "core/pipeline/worker.hpp"
 
 namespace pdgate {

@@ -2,6 +2,7 @@
 // carries (core/pipeline/request_hook_phase.cpp).
 #include <gtest/gtest.h>
 
+#include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/request_hook_phase.hpp"
 
 namespace pdgate {

@@ -1,4 +1,4 @@
-// The handshake's kv_transfer_params (core/routing/kv_params.hpp) and strip_member.
+// The handshake's kv_transfer_params (core/routing/kv_params.hpp).
 #include "core/routing/kv_params.hpp"
 
 #include <gtest/gtest.h>
@@ -81,18 +81,6 @@ TEST(NextTurnParams, AppendsAndRejects) {
   EXPECT_EQ(j["do_remote_prefill"], false);
   EXPECT_FALSE(kv_params_for_next_turn_prefill("null", "h").ok());
   EXPECT_FALSE(kv_params_for_next_turn_prefill("[1]", "h").ok());
-}
-
-// strip_member removes a top-level member, and reports nullopt when there is none or the text is
-// invalid.
-TEST(StripMember, PresentAbsentInvalid) {
-  const std::string chunk =
-      R"({"id":"c","choices":[{"delta":{},"finish_reason":"stop"}],"kv_transfer_params":{"a":[1]}})";
-  const auto s = strip_member(chunk, "kv_transfer_params");
-  ASSERT_TRUE(s);
-  EXPECT_EQ(*s, R"({"id":"c","choices":[{"delta":{},"finish_reason":"stop"}]})");
-  EXPECT_EQ(strip_member(R"({"a":{"kv_transfer_params":1}})", "kv_transfer_params"), std::nullopt);
-  EXPECT_EQ(strip_member("not json", "kv_transfer_params"), std::nullopt);
 }
 
 }  // namespace

@@ -175,7 +175,7 @@ TEST(Registry, AddFindAndDuplicates) {
 
   auto dup = r.add(spec(Role::prefill, "127.0.0.1:8100"));
   ASSERT_TRUE(dup.error);
-  EXPECT_EQ(dup.error->status, 409u);
+  EXPECT_EQ(status_of(*dup.error), 409u);
   auto added = r.add(spec(Role::decode, "127.0.0.1:8201"), {{"zone", "a"}}, 5);
   ASSERT_FALSE(added.error);
   EXPECT_EQ(added.instance->id, 4u);
@@ -258,7 +258,7 @@ TEST(Registry, DrainThenRemoveWhenIdle) {
 
   auto missing = r.drain(2, false);
   ASSERT_TRUE(missing.error);
-  EXPECT_EQ(missing.error->status, 404u);
+  EXPECT_EQ(status_of(*missing.error), 404u);
   EXPECT_FALSE(changes.empty());
 }
 
@@ -286,8 +286,8 @@ TEST(Registry, UndrainRestoresOrderUnlessRemoving) {
   ASSERT_FALSE(r.drain(2, true).error);
   auto refused = r.undrain(2);
   ASSERT_TRUE(refused.error);
-  EXPECT_EQ(refused.error->status, 409u);
-  EXPECT_EQ(r.undrain(99).error->status, 404u);
+  EXPECT_EQ(status_of(*refused.error), 409u);
+  EXPECT_EQ(status_of(*r.undrain(99).error), 404u);
 }
 
 // update() replaces labels and/or weight, bumps the version caches watch,
@@ -315,7 +315,7 @@ TEST(Registry, UpdateChangesLabelsAndWeight) {
   ASSERT_FALSE(r.update(3, Instance::Labels{{"tier", "gold"}}, 9u).error);
   EXPECT_EQ(inst->meta_version(), v2);
   EXPECT_EQ(notified, 2) << "notified without a change";
-  EXPECT_EQ(r.update(42, std::nullopt, 2u).error->status, 404u);
+  EXPECT_EQ(status_of(*r.update(42, std::nullopt, 2u).error), 404u);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// What one client request did, gathered while it is served and read once
-// at its single exit (core/gateway/client_session.cpp), where it is counted in the
-// metrics and handed to the access log (core/gateway/access_log.hpp).
+// What one client request came to, gathered while it is served and read
+// once at its single exit (core/gateway/client_session.cpp): the status
+// and stage counted in the metrics, and the record handed to the access
+// log (core/gateway/access_log.hpp). What the request holds open, and its
+// cancellation when the client leaves, is core/net/request_scope.hpp's.
 #pragma once
 
 #include <chrono>
@@ -12,10 +14,9 @@
 #include <vector>
 
 #include "core/observability/metrics.hpp"
+#include "core/upstream/instance.hpp"
 
 namespace pdgate {
-
-struct Instance;
 
 // The policy of each stage, as the request's worker had them configured
 // (a reload may change them).
@@ -56,9 +57,24 @@ struct RequestRecord {
   StagePolicies policies;  // named for the stages that chose an instance
 };
 
-// The trace id of a W3C `traceparent` header value
-// ("00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"), or empty when
-// the value is not one (an all-zero trace id is invalid).
-std::string trace_id_of(std::string_view traceparent);
+// The outcome of one request: status and stage for /metrics, the record
+// for the access log, the tokens for the client key's limit.
+struct RequestOutcome {
+  // The status the client was answered with (0: none, the client left)
+  // and the stage that decided it ("gateway" when no engine did).
+  unsigned status = 0;
+  const char* stage = "gateway";
+  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+  // For the access log, read at the request's exit; null when the log is
+  // off, so that a held stream does not carry it.
+  std::unique_ptr<RequestRecord> record;
+  // Prompt + completion tokens the engine reported (its `usage`), for the
+  // client key's tokens-per-minute limit.
+  std::uint64_t tokens_used = 0;
+  void count_sent(std::size_t bytes) {
+    if (record)
+      record->bytes_sent += bytes;
+  }
+};
 
 }  // namespace pdgate
