@@ -226,18 +226,11 @@ Result<std::pair<std::string, KvEventsEndpoint>> parse_kv_events_flag(std::strin
   return std::make_pair(instance->url, std::move(*checked));
 }
 
-namespace {
-
-bool is_token_char(char ch) {
-  return std::isalnum(static_cast<unsigned char>(ch)) != 0 ||
-         std::string_view("!#$%&'*+-.^_`|~").find(ch) != std::string_view::npos;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 Result<std::string> extra_header_name(std::string_view text) {
   const std::string name = lower(trim(text));
-  if (name.empty() || !std::all_of(name.begin(), name.end(), is_token_char))
+  if (name.empty() || !std::all_of(name.begin(), name.end(), is_http_token_char))
     return fail("'" + std::string(text) + "' is not a header name");
   static constexpr std::string_view kHopByHop[] = {"connection",
                                                    "keep-alive",

@@ -10,7 +10,8 @@ namespace {
 
 // The value of a lowercase hex digit, -1 otherwise (the spec allows no
 // uppercase).
-int hex_value(char c) {
+// W3C trace context ids are lowercase hex only.
+int lower_hex_value(char c) {
   if (c >= '0' && c <= '9')
     return c - '0';
   if (c >= 'a' && c <= 'f')
@@ -23,8 +24,8 @@ bool parse_hex(std::string_view text, std::array<std::uint8_t, N>& out) {
   if (text.size() != 2 * N)
     return false;
   for (std::size_t i = 0; i < N; ++i) {
-    const int hi = hex_value(text[2 * i]);
-    const int lo = hex_value(text[2 * i + 1]);
+    const int hi = lower_hex_value(text[2 * i]);
+    const int lo = lower_hex_value(text[2 * i + 1]);
     if (hi < 0 || lo < 0)
       return false;
     out[i] = static_cast<std::uint8_t>(hi << 4 | lo);

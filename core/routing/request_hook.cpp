@@ -1,5 +1,7 @@
 #include "core/routing/request_hook.hpp"
+
 #include "core/base/json_edit.hpp"
+#include "core/base/text.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -20,11 +22,6 @@ const char* to_string(RoutePath p) {
 }
 
 namespace {
-
-bool is_token_char(unsigned char c) {
-  return std::isalnum(c) != 0 ||
-         std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos;
-}
 
 // Hop-by-hop headers (RFC 9110 7.6.1), framing, and what pdgate writes
 // itself on every engine request (core/pipeline/engine_call.cpp's upstream_fields).
@@ -62,7 +59,7 @@ std::optional<std::string> header_edit_error(std::string_view name, const std::s
   if (name.empty() || name.size() > kMaxHeaderNameBytes)
     return "header name must be 1.." + std::to_string(kMaxHeaderNameBytes) + " bytes";
   for (char c : name) {
-    if (!is_token_char(static_cast<unsigned char>(c)))
+    if (!is_http_token_char(c))
       return "header name '" + std::string(name) + "' is not an HTTP token";
   }
   for (std::string_view r : kRefused) {

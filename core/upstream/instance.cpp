@@ -161,12 +161,6 @@ InstancePtr InstanceSet::find(std::uint64_t id) const {
 
 namespace {
 
-// Whether an instance of role `a` and one of role `b` at the same URL would
-// serve the same stage.
-bool roles_overlap(Role a, Role b) {
-  return a == b || a == Role::both || b == Role::both;
-}
-
 // Role lists, like by_id, are in id order (ids only grow, and an undrained
 // instance goes back to its place), so policies see a stable order.
 void insert_by_id(std::vector<InstancePtr>& list, const InstancePtr& inst) {

@@ -192,6 +192,12 @@ struct InstanceSet {
   InstancePtr find(std::uint64_t id) const;
 };
 
+// Whether an instance of role `a` and one of role `b` at the same URL would
+// serve the same stage.
+inline bool roles_overlap(Role a, Role b) {
+  return a == b || a == Role::both || b == Role::both;
+}
+
 // Why a registry change was refused: its kind (not_found, conflict,
 // forbidden, unprocessable) decides the status, in the one table
 // (core/net/errors.hpp).

@@ -31,10 +31,6 @@ bool ipv4_text(const std::string& host) {
                                       [](char c) { return (c >= '0' && c <= '9') || c == '.'; });
 }
 
-bool roles_overlap(Role a, Role b) {
-  return a == b || a == Role::both || b == Role::both;
-}
-
 // Resolves each distinct host name once per call: a list of many ports on
 // a few hosts costs a few lookups.
 class HostCache {
