@@ -4,8 +4,8 @@
 #include <boost/beast/core/string.hpp>
 
 #include "core/net/http_head.hpp"
-#include "core/net/response_writer.hpp"
 #include "core/net/http_tokens.hpp"
+#include "core/net/response_writer.hpp"
 #include "core/pipeline/admit_phase.hpp"
 #include "core/pipeline/decode_phase.hpp"
 #include "core/pipeline/encode_phase.hpp"
