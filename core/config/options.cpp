@@ -357,12 +357,6 @@ constexpr std::array kOptions = {
            "valid, 1 with every error otherwise (nothing is resolved or contacted)."},
 };
 
-// A reload keeps every restart-only option through its binding, and the
-// effective config shows every option a config file may set.
-static_assert(std::ranges::all_of(kOptions, [](const Option& o) {
-  return (!o.restart || o.binding.keep != nullptr) && (o.cli_only || o.binding.show != nullptr);
-}));
-
 }  // namespace
 
 std::span<const Option> options() {

@@ -32,7 +32,7 @@ using Keep = void (*)(Config& to, const Config& from);
 struct Binding {
   Apply apply = nullptr;  // sets one value; nullptr: read by apply_raw (lists, engines)
   Show show = nullptr;    // nullptr only for the options a config file cannot set
-  Keep keep = nullptr;    // every restart-only option has one (options.cpp checks)
+  Keep keep = nullptr;    // every restart-only option has one (config_test checks)
 };
 
 // Every option, once: the command-line parser, the YAML loader, the help

@@ -1,4 +1,5 @@
 #include "core/config/config.hpp"
+#include "core/config/detail/option_table.hpp"
 
 #include <gtest/gtest.h>
 
@@ -1111,6 +1112,20 @@ constexpr const char* kReloadValues[] = {"7",
                                          "lmcache",
                                          "http://collector:4318",
                                          "http://d:1=tcp://e:5557"};
+
+// Every restart-only option has a binding that keeps its running value
+// through a reload, and every option a config file may set can be shown
+// in the effective config. (A runtime check: GCC does not take the
+// addresses' comparison as a constant expression under -fsanitize.)
+TEST(ConfigOptions, EveryOptionCanBeKeptAndShown) {
+  std::size_t checked = 0;
+  for (const auto& o : config_detail::options()) {
+    EXPECT_TRUE(!o.restart || o.binding.keep != nullptr) << o.key << " has no keep";
+    EXPECT_TRUE(o.cli_only || o.binding.show != nullptr) << o.key << " has no show";
+    ++checked;
+  }
+  EXPECT_GT(checked, 80u);
+}
 
 // What a reload applies, for every option the effective config shows,
 // changed alone: a restart-only option keeps its running value, and every
