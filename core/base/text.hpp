@@ -16,12 +16,6 @@ inline std::string_view trim(std::string_view s) {
   return s;
 }
 
-// An HTTP token character (RFC 9110 5.6.2: header names, methods).
-inline bool is_http_token_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) != 0 ||
-         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
 // `s` in ASCII lower case.
 inline std::string lower(std::string_view s) {
   std::string out(s);

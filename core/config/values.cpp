@@ -16,6 +16,7 @@
 #include <system_error>
 #include <utility>
 
+#include "core/base/http_tokens.hpp"
 #include "core/base/text.hpp"
 #include "core/base/url.hpp"
 #include "core/config/config.hpp"
@@ -226,11 +227,9 @@ Result<std::pair<std::string, KvEventsEndpoint>> parse_kv_events_flag(std::strin
   return std::make_pair(instance->url, std::move(*checked));
 }
 
-namespace {}  // namespace
-
 Result<std::string> extra_header_name(std::string_view text) {
   const std::string name = lower(trim(text));
-  if (name.empty() || !std::all_of(name.begin(), name.end(), is_http_token_char))
+  if (!http_tokens::is_token(name))
     return fail("'" + std::string(text) + "' is not a header name");
   static constexpr std::string_view kHopByHop[] = {"connection",
                                                    "keep-alive",

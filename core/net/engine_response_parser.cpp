@@ -6,7 +6,7 @@
 
 #include <boost/beast/http/error.hpp>
 
-#include "core/net/http_tokens.hpp"
+#include "core/base/http_tokens.hpp"
 
 namespace pdgate {
 

@@ -5,7 +5,7 @@
 
 #include <boost/beast/core/string.hpp>
 
-#include "core/net/http_tokens.hpp"
+#include "core/base/http_tokens.hpp"
 
 namespace pdgate {
 

@@ -5,9 +5,9 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/http_tokens.hpp"
 #include "core/base/json_body.hpp"
 #include "core/base/json_edit.hpp"
-#include "core/net/http_tokens.hpp"
 
 namespace pdgate {
 

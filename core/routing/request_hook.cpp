@@ -1,7 +1,7 @@
 #include "core/routing/request_hook.hpp"
 
+#include "core/base/http_tokens.hpp"
 #include "core/base/json_edit.hpp"
-#include "core/base/text.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -58,10 +58,8 @@ std::optional<std::int64_t> integer_member(std::string_view body, const JsonObje
 std::optional<std::string> header_edit_error(std::string_view name, const std::string* value) {
   if (name.empty() || name.size() > kMaxHeaderNameBytes)
     return "header name must be 1.." + std::to_string(kMaxHeaderNameBytes) + " bytes";
-  for (char c : name) {
-    if (!is_http_token_char(c))
-      return "header name '" + std::string(name) + "' is not an HTTP token";
-  }
+  if (!http_tokens::is_token(name))
+    return "header name '" + std::string(name) + "' is not an HTTP token";
   for (std::string_view r : kRefused) {
     if (iequals(name, r))
       return "header '" + std::string(name) + "' is hop-by-hop or pdgate's own";

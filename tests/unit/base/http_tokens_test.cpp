@@ -1,9 +1,9 @@
-// HTTP's character classes (core/net/http_tokens.hpp): the block scan for
+// HTTP's character classes (core/base/http_tokens.hpp): the block scan for
 // field-value characters stops exactly where a byte-by-byte scan stops,
 // wherever the stopping byte is and whatever it is, and never reads past
 // the end it is given (the buffers here are exactly as long as the text,
 // so the sanitizer build would see a read past them).
-#include "core/net/http_tokens.hpp"
+#include "core/base/http_tokens.hpp"
 
 #include <gtest/gtest.h>
 
