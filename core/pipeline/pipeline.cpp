@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 #include <boost/beast/core/string.hpp>
 
+#include "core/base/http_tokens.hpp"
 #include "core/net/http_head.hpp"
-#include "core/net/http_tokens.hpp"
 #include "core/net/response_writer.hpp"
 #include "core/pipeline/admit_phase.hpp"
 #include "core/pipeline/decode_phase.hpp"
@@ -173,14 +173,11 @@ bool has_media_to_encode(const RequestContext& rc) {
   return rc.is_chat && !rc.set->encode.empty();
 }
 
-// One hop: the decode instances are combined P+D ones, and get the
-// client's body as it is.
-bool skip_prefill(RequestContext& rc) {
-  if (!rc.one_hop)
-    return false;
+// One hop, in place of prefill: the decode instances are combined P+D
+// ones, and get the client's body as it is.
+void prepare_one_hop(RequestContext& rc) {
   rc.stage_id = rc.request_id();
   rc.decode_body = rc.connector.decode_body(rc.body, rc.index, std::nullopt);
-  return true;
 }
 
 }  // namespace
@@ -211,7 +208,9 @@ net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat) {
     co_await tokenize_phase(*rc);
   if (on && has_media_to_encode(*rc))
     on = co_await encode_phase(*rc);
-  if (on && !skip_prefill(*rc))
+  if (on && rc->one_hop)
+    prepare_one_hop(*rc);
+  else if (on)
     on = co_await prefill_phase(*rc);
   std::unique_ptr<DecodeRelay> relay;
   if (on)

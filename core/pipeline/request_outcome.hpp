@@ -14,9 +14,10 @@
 #include <vector>
 
 #include "core/observability/metrics.hpp"
-#include "core/upstream/instance.hpp"
 
 namespace pdgate {
+
+struct Instance;
 
 // The policy of each stage, as the request's worker had them configured
 // (a reload may change them).

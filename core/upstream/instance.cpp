@@ -316,6 +316,15 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
   return out;
 }
 
+namespace {
+
+// A change named an id no instance has (any longer).
+RegistryError no_such_instance(std::uint64_t id) {
+  return client_error(ErrorKind::not_found, "no instance with id " + std::to_string(id));
+}
+
+}  // namespace
+
 RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify) {
   InstancePtr inst;
   std::shared_ptr<const InstanceSet> replaced;  // released after the lock
@@ -323,8 +332,7 @@ RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify)
     std::lock_guard lock(mu_);
     inst = set_->find(id);
     if (!inst)
-      return {client_error(ErrorKind::not_found, "no instance with id " + std::to_string(id)),
-              nullptr};
+      return {no_such_instance(id), nullptr};
     if (then_remove)
       inst->remove_when_idle.store(true);
     if (!inst->draining.exchange(true)) {
@@ -359,8 +367,7 @@ RegistryOutcome Registry::undrain(std::uint64_t id, bool notify) {
     std::lock_guard lock(mu_);
     inst = set_->find(id);
     if (!inst)
-      return {client_error(ErrorKind::not_found, "no instance with id " + std::to_string(id)),
-              nullptr};
+      return {no_such_instance(id), nullptr};
     if (inst->remove_when_idle.load()) {
       return {client_error(ErrorKind::conflict, "instance " + std::to_string(id) +
                                                     " is being removed; add it again instead"),
@@ -383,8 +390,7 @@ RegistryOutcome Registry::update(std::uint64_t id, const std::optional<Instance:
                                  std::optional<unsigned> weight, bool notify) {
   InstancePtr inst = snapshot()->find(id);
   if (!inst)
-    return {client_error(ErrorKind::not_found, "no instance with id " + std::to_string(id)),
-            nullptr};
+    return {no_such_instance(id), nullptr};
   if (inst->set_meta(labels, weight)) {
     inst->record(true, "labels/weight changed");
     if (notify && on_change)
