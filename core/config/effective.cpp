@@ -16,7 +16,7 @@ namespace {
 
 // The effective value of one option, as its entry's binding prints it.
 std::vector<std::string> option_value(const Config& c, const Option& o) {
-  // Every option a file may set has a printer (options.cpp checks it).
+  // Every option a file may set has a printer (config_test checks it).
   return o.binding.show == nullptr ? std::vector<std::string>{"(not shown)"} : o.binding.show(c);
 }
 

@@ -2,7 +2,6 @@
 // binding (how its value is set, shown and kept across a reload), and what
 // is derived from it by name: the lookups the YAML loader and the
 // command-line parser use, and the --help text.
-#include <algorithm>
 #include <array>
 #include <span>
 #include <string>

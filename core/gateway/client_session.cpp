@@ -280,9 +280,9 @@ net::awaitable<bool> refuse(MaybeTlsStream& stream, const http::request<http::st
                             RequestOutcome& outcome, std::string_view path,
                             const RouteTable::Match& route, std::string loop) {
   if (!loop.empty()) {
-    outcome.status = 508;
     auto res =
         make_error_response(gateway_error(ErrorKind::loop, std::move(loop)), req.version(), false);
+    outcome.status = res.result_int();  // 508, from the error table
     co_await write_response(stream, res);
     co_return false;
   }

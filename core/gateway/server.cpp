@@ -25,7 +25,6 @@
 #include "core/net/http_head.hpp"
 #include "core/net/request_framing.hpp"
 #include "core/net/response_writer.hpp"
-#include "core/observability/process_metrics.hpp"
 #include "core/observability/prometheus.hpp"
 #include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/pipeline.hpp"

@@ -27,10 +27,10 @@ enum class ErrorKind {
   not_found,               // 404
   method_not_allowed,      // 405
   conflict,                // 409: e.g. an instance that is registered already
-  unprocessable,  // 422: well-formed, but fails a check (an instance that does not serve the model)
-  not_implemented,  // 501: a transfer coding pdgate does not decode
-  unauthenticated,  // 401: no API key, or an unknown one (--api-keys)
-  rate_limited,     // 429: over a key's limit; Retry-After says when to come back
+  unprocessable,           // 422: well-formed, but fails a check (a model not served)
+  not_implemented,         // 501: a transfer coding pdgate does not decode
+  unauthenticated,         // 401: no API key, or an unknown one (--api-keys)
+  rate_limited,            // 429: over a key's limit; Retry-After says when to come back
   // An engine.
   engine_rejected,     // it answered 4xx: relayed as it is
   engine_failed,       // it answered 5xx: 502
