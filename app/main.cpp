@@ -406,6 +406,17 @@ int main(int argc, char** argv) {
           cfg.prefill_disabled ? " (prefill disabled: one hop to P+D)" : "",
           policy_of(cfg.policy_prefill), policy_of(cfg.policy_decode),
           policy_of(cfg.policy_encode));
+      if (cfg.kv_connector != "none") {
+        spdlog::info("multi-turn reuse scope: {}; anonymous clients {}",
+                     cfg.conversation_scope_header.empty()
+                         ? std::string(cfg.api_keys_file.empty() && !cfg.api_keys_from_redis
+                                           ? "the client's Authorization"
+                                           : "the client's API key")
+                         : "header " + cfg.conversation_scope_header,
+                     cfg.conversation_anonymous_reuse
+                         ? "share one scope (--conversation-anonymous-reuse true)"
+                         : "get no reuse (--conversation-anonymous-reuse false)");
+      }
       gateway.start();
       control.run();
       gateway.wait();

@@ -151,6 +151,13 @@ struct Config {
   // Lowercase header naming the client for reuse (e.g. x-tenant-id); empty:
   // the Authorization credential.
   std::string conversation_scope_header;
+  // Requests that name no client (no API key, no credential, no scope
+  // header) share one anonymous scope, guarded by the exact-history check
+  // (docs/conversations.md); false gives them no reuse.
+  bool conversation_anonymous_reuse = true;
+  // Tokens held against a key's tokens_per_minute for a completion that
+  // sets no max_tokens, until its real count is known.
+  std::uint64_t token_reserve = 1024;
   bool expose_kv_params = false;
   // Client-facing errors name the stage and the kind of failure; with this
   // set they also carry engine addresses and engines' error text.

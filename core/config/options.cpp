@@ -249,6 +249,15 @@ constexpr std::array kOptions = {
            "Header whose value decides whose conversations a request may continue, e.g. "
            "x-tenant-id (default: the Authorization credential).",
            checked_text_field<&set_scope_header, &Config::conversation_scope_header>},
+    Option{"conversation-anonymous-reuse", "", 0, false, false, kGeneral, "true|false",
+           "Requests that name no client (no API key, no Authorization, no scope header) share "
+           "one scope, guarded by the exact-history check; false gives them no reuse "
+           "(default: true).",
+           switch_field<&Config::conversation_anonymous_reuse>},
+    Option{"token-reserve", "", 0, false, false, kGeneral, "N",
+           "Tokens held against an API key's tokens_per_minute for a completion that sets no "
+           "max_tokens, until its real count is known (default: 1024).",
+           uint_field<&Config::token_reserve, (std::uint64_t{1} << 40)>},
     Option{"expose-kv-params", "", 0, false, false, kGeneral, "true|false",
            "Let clients see decode's kv_transfer_params (default: false).",
            Binding{&set_expose_kv_params, &show_as<&Config::expose_kv_params, &bool_text>,

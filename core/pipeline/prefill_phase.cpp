@@ -176,7 +176,9 @@ net::awaitable<bool> prefill_phase(RequestContext& rc) {
   if (rc.w.conversations) {
     const TurnRequest turn{
         rc.reuse ? rc.pick().conversation_id : std::nullopt,
-        conversation_scope(rc.req, rc.fwd.authorization, rc.w.cfg.conversation_scope_header),
+        conversation_scope(
+            rc.req, {rc.client_key != nullptr ? rc.client_key->name : "",
+                     rc.w.cfg.conversation_scope_header, rc.w.cfg.conversation_anonymous_reuse}),
         rc.body, &rc.index, rc.is_chat};
     params = co_await prefill_kv_params_for_turn(
         *rc.w.conversations, rc.w.conversation_stores->counters(), turn, rc.turn, rc.request_id());

@@ -58,22 +58,36 @@ std::optional<std::string> conversation_key(
 
 std::optional<std::string> conversation_scope(
     const boost::beast::http::request<boost::beast::http::string_body>& req,
-    std::string_view authorization, std::string_view scope_header) {
-  std::string_view name = "authorization";
-  std::string_view value = authorization;
-  if (!scope_header.empty()) {
-    name = scope_header;
-    auto it = req.find(scope_header);
-    value = it == req.end() ? std::string_view() : http_tokens::trim_ows(it->value());
-  }
-  if (value.empty())
-    return std::nullopt;
-  // "name\0value": the name cannot contain a NUL, so no two (name, value)
-  // pairs give the same text.
+    const ClientIdentity& who) {
+  const auto header = [&req](std::string_view name) {
+    auto it = req.find(name);
+    return it == req.end() ? std::string_view() : http_tokens::trim_ows(it->value());
+  };
+  // "kind\0length:value" parts: a kind holds no NUL and the length ends
+  // the value, so no two lists of parts give the same text.
   std::string scope;
-  scope.reserve(name.size() + 1 + value.size());
-  scope.append(name).push_back('\0');
-  scope.append(value);
+  const auto part = [&scope](std::string_view kind, std::string_view value) {
+    scope.append(kind).push_back('\0');
+    scope.append(std::to_string(value.size())).push_back(':');
+    scope.append(value);
+  };
+  const std::string_view tenant =
+      who.scope_header.empty() ? std::string_view() : header(who.scope_header);
+  if (!who.key_name.empty()) {
+    part("api-key", who.key_name);
+    if (!tenant.empty())
+      part(who.scope_header, tenant);
+  } else if (!who.scope_header.empty()) {
+    if (!tenant.empty())
+      part(who.scope_header, tenant);
+  } else if (const auto credential = header("authorization"); !credential.empty()) {
+    part("authorization", credential);
+  }
+  if (!scope.empty())
+    return scope;
+  if (!who.anonymous_reuse)
+    return std::nullopt;
+  part("anonymous", "");
   return scope;
 }
 

@@ -40,16 +40,28 @@ std::optional<std::string> conversation_key(
     const boost::beast::http::request<boost::beast::http::string_body>& req,
     const RequestFacts& facts);
 
-// Who the client is, for reuse: with `scope_header` empty,
-// `authorization`, which the pipeline sets to the Authorization value the
-// client sent or, when it sent none, the gateway's OPENAI_API_KEY default;
-// with `scope_header` set, that header's value, trimmed. Nullopt when
-// there is none: anonymous clients would all share one scope, so they get
-// no reuse. The header's name is part of the scope, so switching modes
-// never lands on the other mode's entries.
+// Who a request speaks for, as far as reuse is concerned.
+struct ClientIdentity {
+  // The client's API key (--api-keys) by name; empty when keys are off.
+  std::string_view key_name;
+  // --conversation-scope-header, lowercase; empty when not set.
+  std::string_view scope_header;
+  // --conversation-anonymous-reuse: a request that names no one shares
+  // one anonymous scope (true) or gets no reuse (false).
+  bool anonymous_reuse = true;
+};
+
+// Whose conversations a request may continue: the client's own identity,
+// never a credential the gateway adds for it (OPENAI_API_KEY). In order:
+// the client's API key when keys are on (narrowed by the scope header
+// when one is configured and present); else the configured scope header's
+// value, trimmed; else (no header configured) the Authorization the
+// client sent; else the anonymous scope, or nullopt when anonymous reuse
+// is off. Every part carries its kind's name, so the modes never land on
+// each other's entries.
 std::optional<std::string> conversation_scope(
     const boost::beast::http::request<boost::beast::http::string_body>& req,
-    std::string_view authorization, std::string_view scope_header);
+    const ClientIdentity& who);
 
 // What a turn carries from the prefill to the end of decode's answer: its
 // store key and the running fingerprint its answer extends.

@@ -6,9 +6,12 @@
 // missed.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 
+#include "core/base/sha256.hpp"
 #include "tests/integration/harness.hpp"
 #include "tests/plugins/redis_server.hpp"
 
@@ -287,7 +290,10 @@ TEST(ConversationScope, CompletionPromptContinuation) {
 // request without the header gets no reuse (a scope miss).
 TEST(ConversationScope, TenantHeaderDecides) {
   Cluster c;
-  Gateway gw(gateway_args(c.p, c.d, {"--conversation-scope-header", "x-tenant-id"}));
+  // Anonymous reuse off: a request without the header is then no one.
+  Gateway gw(gateway_args(
+      c.p, c.d,
+      {"--conversation-scope-header", "x-tenant-id", "--conversation-anonymous-reuse", "false"}));
   Json m1 = Json::array({user("Tenant question?")});
   Headers t1_headers = kUserA;
   t1_headers.emplace_back("X-Tenant-Id", "tenant-1");
@@ -309,27 +315,40 @@ TEST(ConversationScope, TenantHeaderDecides) {
   EXPECT_EQ(hits(gw.port()), 1);
 }
 
-// Default scope without any credential (no Authorization, no
-// OPENAI_API_KEY): anonymous clients would all share one scope, so there
-// is no reuse, counted as a scope miss. With OPENAI_API_KEY the gateway's
-// default credential is the scope, and reuse works.
-TEST(ConversationScope, NoCredentialNoReuseUnlessDefaultKey) {
+// Clients that name no one (no Authorization, no key) share one anonymous
+// scope by default, as vLLM's multi-turn proxy reuses by conversation id
+// alone: the exact-history check guards it (issue 28, item 1: before, 0 of
+// the follow-up turns reused). With --conversation-anonymous-reuse false
+// they get no reuse (scope misses), and the gateway's own OPENAI_API_KEY
+// does not make them someone (issue 32, item 5).
+TEST(ConversationScope, AnonymousClientsShareOneScopeUnlessTurnedOff) {
   Cluster c;
   {
     Gateway gw(gateway_args(c.p, c.d));
     const Json m1 = Json::array({user("Anonymous?")});
     const Turn t1 = chat_turn(gw.port(), "conv-anon", m1, false, {});
-    const Turn t2 = chat_turn(gw.port(), "conv-anon", next_messages(m1, t1, "Again?"), false, {});
+    expect_fresh(c.p, t1);
+    const Turn t2 = chat_turn(gw.port(), "conv-anon", next_messages(m1, t1, "Again?"), true, {});
+    expect_reused(c.p, t2, t1);
+    EXPECT_EQ(hits(gw.port()), 1);
+    // A stranger with another history misses: the history decides.
+    const Turn x = chat_turn(gw.port(), "conv-anon", Json::array({user("Guess?")}), false, {});
+    expect_fresh(c.p, x);
+    EXPECT_EQ(misses(gw.port(), "history"), 1);
+  }
+  for (const bool default_key : {false, true}) {
+    std::map<std::string, std::string> env;
+    if (default_key)
+      env.emplace("OPENAI_API_KEY", "gateway-key");
+    Gateway gw(gateway_args(c.p, c.d, {"--conversation-anonymous-reuse", "false"}), env);
+    const Json m1 = Json::array({user("Anonymous, off?")});
+    const Turn t1 = chat_turn(gw.port(), "conv-anon-off", m1, false, {});
+    const Turn t2 =
+        chat_turn(gw.port(), "conv-anon-off", next_messages(m1, t1, "Again?"), false, {});
     expect_fresh(c.p, t2);
-    EXPECT_EQ(misses(gw.port(), "scope"), 2);
+    EXPECT_EQ(misses(gw.port(), "scope"), 2) << "OPENAI_API_KEY set: " << default_key;
     EXPECT_EQ(hits(gw.port()), 0);
   }
-  Gateway gw(gateway_args(c.p, c.d), {{"OPENAI_API_KEY", "gateway-key"}});
-  const Json m1 = Json::array({user("Default key?")});
-  const Turn t1 = chat_turn(gw.port(), "conv-default", m1, false, {});
-  const Turn t2 = chat_turn(gw.port(), "conv-default", next_messages(m1, t1, "Again?"), true, {});
-  expect_reused(c.p, t2, t1);
-  EXPECT_EQ(hits(gw.port()), 1);
 }
 
 // (8) Two replicas sharing Redis: A's next turn on the other replica hits,
@@ -383,6 +402,35 @@ TEST(ConversationScope, RedisReplicas) {
   const Turn a3 = chat_turn(gw1.port(), "conv-redis", next_messages(m2, a2, "Old?"), true, kUserA);
   expect_fresh(c.p, a3);
   EXPECT_EQ(misses(gw1.port(), "history"), 2);
+}
+
+// With --api-keys the scope is the client's key, never the credential the
+// gateway forwards to the engines (OPENAI_API_KEY): tenant B naming
+// tenant A's conversation with A's exact history does not read A's
+// blocks, and A still continues on them (issue 32, item 5).
+TEST(ConversationScope, ApiKeyTenantsDoNotShareTheGatewaysCredential) {
+  Cluster c;
+  const auto keys = std::filesystem::temp_directory_path() /
+                    ("pdgate-scope-keys-" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(keys) << "keys:\n  - name: tenant-a\n    sha256: " << *sha256_hex("sk-tenant-a")
+                      << "\n  - name: tenant-b\n    sha256: " << *sha256_hex("sk-tenant-b") << "\n";
+  Gateway gw(gateway_args(c.p, c.d, {"--api-keys", keys.string()}),
+             {{"OPENAI_API_KEY", "gateway-key"}});
+  std::filesystem::remove(keys);
+  const Headers tenant_a = {{"Authorization", "Bearer sk-tenant-a"}};
+  const Headers tenant_b = {{"Authorization", "Bearer sk-tenant-b"}};
+  const Json m1 = Json::array({user("Tenant A's secret?")});
+  const Turn a1 = chat_turn(gw.port(), "conv-keyed", m1, false, tenant_a);
+  expect_fresh(c.p, a1);
+  const long served = pulls_served(c.d);
+  const Json m2 = next_messages(m1, a1, "Go on.");
+  const Turn b1 = chat_turn(gw.port(), "conv-keyed", m2, true, tenant_b);
+  expect_fresh(c.p, b1);
+  EXPECT_EQ(pulls_served(c.d), served);
+  EXPECT_EQ(hits(gw.port()), 0);
+  const Turn a2 = chat_turn(gw.port(), "conv-keyed", m2, false, tenant_a);
+  expect_reused(c.p, a2, a1);
+  EXPECT_EQ(hits(gw.port()), 1);
 }
 
 }  // namespace

@@ -78,34 +78,73 @@ http::request<http::string_body> request_with(
   return r;
 }
 
-// By default the scope is the credential the request carries (the
-// pipeline passes the client's Authorization, else the gateway's default);
-// none at all is no scope.
-TEST(ConversationScope, AuthorizationByDefault) {
-  const auto a = conversation_scope(request_with({}), "Bearer a", "");
+ClientIdentity anonymous_off(std::string_view header = "") {
+  return {"", header, false};
+}
+
+// Without keys or a scope header the scope is the Authorization the client
+// sent; none at all is the anonymous scope, or none when that is off.
+TEST(ConversationScope, ClientsAuthorizationByDefault) {
+  const auto a = conversation_scope(request_with({{"Authorization", "Bearer a"}}), {});
   ASSERT_TRUE(a);
-  EXPECT_NE(a, conversation_scope(request_with({}), "Bearer b", ""));
-  EXPECT_FALSE(conversation_scope(request_with({}), "", ""));
+  EXPECT_NE(a, conversation_scope(request_with({{"Authorization", "Bearer b"}}), {}));
+  const auto anonymous = conversation_scope(request_with({}), {});
+  ASSERT_TRUE(anonymous);
+  EXPECT_NE(anonymous, a);
+  EXPECT_EQ(anonymous, conversation_scope(request_with({{"Authorization", "  "}}), {}));
+  EXPECT_FALSE(conversation_scope(request_with({}), anonymous_off()));
   // A tenant header means nothing unless configured.
-  EXPECT_EQ(conversation_scope(request_with({{"X-Tenant-Id", "t"}}), "Bearer a", ""), a);
+  EXPECT_EQ(
+      conversation_scope(request_with({{"Authorization", "Bearer a"}, {"X-Tenant-Id", "t"}}), {}),
+      a);
 }
 
 // With a scope header the header decides: the credential is ignored, an
-// absent or blank header is no scope, and a header value equal to a
+// absent or blank header is anonymous, and a header value equal to a
 // credential never gives the credential's scope.
 TEST(ConversationScope, ConfiguredHeader) {
-  const auto t1 =
-      conversation_scope(request_with({{"X-Tenant-Id", " t1 "}}), "Bearer a", "x-tenant-id");
+  const ClientIdentity tenant{"", "x-tenant-id", true};
+  const auto t1 = conversation_scope(
+      request_with({{"X-Tenant-Id", " t1 "}, {"Authorization", "Bearer a"}}), tenant);
   ASSERT_TRUE(t1);
-  EXPECT_EQ(conversation_scope(request_with({{"x-tenant-id", "t1"}}), "Bearer b", "x-tenant-id"),
+  EXPECT_EQ(conversation_scope(request_with({{"x-tenant-id", "t1"}, {"Authorization", "Bearer b"}}),
+                               tenant),
             t1);
-  EXPECT_NE(conversation_scope(request_with({{"X-Tenant-Id", "t2"}}), "Bearer a", "x-tenant-id"),
-            t1);
-  EXPECT_FALSE(conversation_scope(request_with({}), "Bearer a", "x-tenant-id"));
+  EXPECT_NE(conversation_scope(request_with({{"X-Tenant-Id", "t2"}}), tenant), t1);
+  EXPECT_EQ(conversation_scope(request_with({{"Authorization", "Bearer a"}}), tenant),
+            conversation_scope(request_with({}), {}));
+  EXPECT_FALSE(conversation_scope(request_with({{"Authorization", "Bearer a"}}),
+                                  anonymous_off("x-tenant-id")));
   EXPECT_FALSE(
-      conversation_scope(request_with({{"X-Tenant-Id", "  "}}), "Bearer a", "x-tenant-id"));
-  EXPECT_NE(conversation_scope(request_with({{"X-Tenant-Id", "Bearer a"}}), "", "x-tenant-id"),
-            conversation_scope(request_with({}), "Bearer a", ""));
+      conversation_scope(request_with({{"X-Tenant-Id", "  "}}), anonymous_off("x-tenant-id")));
+  EXPECT_NE(conversation_scope(request_with({{"X-Tenant-Id", "Bearer a"}}), tenant),
+            conversation_scope(request_with({{"Authorization", "Bearer a"}}), {}));
+}
+
+// With API keys the key decides, whatever the request's Authorization
+// text; a configured header narrows it within the key, never across keys.
+TEST(ConversationScope, ApiKeyDecides) {
+  const auto a =
+      conversation_scope(request_with({{"Authorization", "Bearer x"}}), {"team-a", "", true});
+  ASSERT_TRUE(a);
+  EXPECT_EQ(
+      a, conversation_scope(request_with({{"Authorization", "Bearer y"}}), {"team-a", "", true}));
+  EXPECT_NE(
+      a, conversation_scope(request_with({{"Authorization", "Bearer x"}}), {"team-b", "", true}));
+  EXPECT_NE(a, conversation_scope(request_with({{"Authorization", "team-a"}}), {}));
+  const ClientIdentity a_header{"team-a", "x-tenant-id", true};
+  const ClientIdentity b_header{"team-b", "x-tenant-id", true};
+  const auto a_t1 = conversation_scope(request_with({{"X-Tenant-Id", "t1"}}), a_header);
+  EXPECT_NE(a_t1, a);
+  EXPECT_NE(a_t1, conversation_scope(request_with({{"X-Tenant-Id", "t1"}}), b_header));
+  EXPECT_EQ(conversation_scope(request_with({}), a_header), a);
+  // Parts are length-prefixed: a name cannot borrow its neighbour's text.
+  EXPECT_NE(
+      conversation_scope(request_with({{"X-Tenant-Id", "1"}}), {"a", "x-tenant-id", true}),
+      conversation_scope(request_with({{"X-Tenant-Id", ""}}), {std::string_view("a\0x-tenant-id\0"
+                                                                                "1:1",
+                                                                                17),
+                                                               "", true}));
 }
 
 // Events without the params pass through as the same bytes, not a copy.
@@ -297,8 +336,8 @@ TEST(PrefillParamsForTurn, ScopedHistoryChecked) {
   const std::string p2 = R"({"remote_request_id":"two","remote_host":"x"})";
   std::vector<std::string> got;
   std::vector<std::size_t> entries;
-  const auto a = conversation_scope(request_with({}), "Bearer a", "");
-  const auto b = conversation_scope(request_with({}), "Bearer b", "");
+  const auto a = conversation_scope(request_with({{"Authorization", "Bearer a"}}), {});
+  const auto b = conversation_scope(request_with({{"Authorization", "Bearer b"}}), {});
   net::co_spawn(
       io,
       [&]() -> net::awaitable<void> {
@@ -338,7 +377,7 @@ TEST(PrefillParamsForTurn, OldOrBrokenEntriesNotUsed) {
   net::io_context io;
   auto h = (*stores)->make_handle(io.get_executor());
   auto& counters = (*stores)->counters();
-  const auto scope = conversation_scope(request_with({}), "Bearer a", "");
+  const auto scope = conversation_scope(request_with({{"Authorization", "Bearer a"}}), {});
   ASSERT_TRUE(scope);
   const auto key = conversation_store_key(*scope, "conv");
   ASSERT_TRUE(key);
