@@ -4,6 +4,8 @@
 
 #include <array>
 #include <bitset>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -624,6 +626,38 @@ std::optional<std::string> string_member(std::string_view text, const JsonObject
   if (!raw || raw->empty() || raw->front() != '"')
     return std::nullopt;
   return decode_json_string(*raw);
+}
+
+std::optional<std::int64_t> integral_value(std::string_view raw) {
+  std::string decoded;
+  if (!raw.empty() && raw.front() == '"') {
+    auto text = decode_json_string(raw);
+    if (!text)
+      return std::nullopt;
+    decoded = std::move(*text);
+    raw = decoded;
+    // A string must hold an integer literal, as Python's int() reads one.
+    const auto digits = raw.substr(!raw.empty() && (raw.front() == '-' || raw.front() == '+'));
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
+      return std::nullopt;
+    if (raw.front() == '+')
+      raw.remove_prefix(1);
+  }
+  const char* const first = raw.data();
+  const char* const last = raw.data() + raw.size();
+  std::int64_t whole = 0;
+  if (const auto [end, ec] = std::from_chars(first, last, whole); ec == std::errc{} && end == last)
+    return whole;
+  // A fraction or exponent: read as the double JSON parsers make of it, and
+  // accepted when that double is a whole number that int64 holds
+  // (-2^63 <= d < 2^63, both bounds exact in a double).
+  double d = 0;
+  if (const auto [end, ec] = std::from_chars(first, last, d); ec != std::errc{} || end != last)
+    return std::nullopt;
+  constexpr double kTwo63 = 9223372036854775808.0;
+  if (!std::isfinite(d) || d != std::floor(d) || d < -kTwo63 || d >= kTwo63)
+    return std::nullopt;
+  return static_cast<std::int64_t>(d);
 }
 
 std::optional<std::string> decode_json_string(std::string_view literal) {

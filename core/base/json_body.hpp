@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -65,6 +66,13 @@ std::optional<bool> bool_member(std::string_view text, const JsonObjectIndex& in
 // The member's decoded value when it is a JSON string; nullopt otherwise.
 std::optional<std::string> string_member(std::string_view text, const JsonObjectIndex& index,
                                          std::string_view key);
+
+// A whole number as Python's request models (pydantic, as vLLM uses them)
+// read an integer field from a validated raw JSON value: an integer
+// literal, a number with an integral value however written (100.0, 1e2,
+// 1.0E+2), or a string holding an integer literal ("100"). Nullopt for a
+// fraction, a value outside int64, or any other type.
+std::optional<std::int64_t> integral_value(std::string_view raw);
 
 // The elements of a JSON array text, one at a time, as the raw text of
 // each (no surrounding whitespace), without building anything: a chat's

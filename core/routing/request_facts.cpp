@@ -18,6 +18,22 @@ bool is_number(std::string_view raw) {
   return c == '-' || (c >= '0' && c <= '9');
 }
 
+// A token limit: absent or null is none; otherwise a whole number of at
+// least 1 however written (vLLM refuses the rest, and a cap or a token
+// budget must never let through a value it could not read).
+Result<std::optional<std::int64_t>> token_limit(std::string_view body, const JsonObjectIndex& index,
+                                                std::string_view key) {
+  const auto raw = raw_member(body, index, key);
+  if (!raw || is_null(*raw))
+    return std::optional<std::int64_t>();
+  const auto n = integral_value(*raw);
+  if (!n)
+    return fail("'" + std::string(key) + "' must be an integer");
+  if (*n < 1)
+    return fail("'" + std::string(key) + "' must be at least 1, got " + std::to_string(*n));
+  return std::optional<std::int64_t>(*n);
+}
+
 }  // namespace
 
 Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& index, bool is_chat) {
@@ -63,6 +79,17 @@ Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& in
     } else {
       return fail("'conversation_id' must be a string");
     }
+  }
+
+  auto max_tokens = token_limit(body, index, "max_tokens");
+  if (!max_tokens)
+    return fail(max_tokens.error());
+  f.max_tokens = *max_tokens;
+  if (is_chat) {
+    auto max_completion = token_limit(body, index, "max_completion_tokens");
+    if (!max_completion)
+      return fail(max_completion.error());
+    f.max_completion_tokens = *max_completion;
   }
 
   if (const auto prompt = raw_member(body, index, is_chat ? "messages" : "prompt")) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -22,6 +23,11 @@ struct RequestFacts {
   // whatever value it gets as a dictionary key.
   std::optional<std::string> conversation_id;
   bool include_usage = false;  // stream_options.include_usage
+  // The completion's token limits as vLLM reads them (integral_value), or
+  // nullopt when absent or null; a chat's max_completion_tokens only in
+  // chat requests. A value vLLM would refuse is refused by read_facts.
+  std::optional<std::int64_t> max_tokens;
+  std::optional<std::int64_t> max_completion_tokens;
   // Size of the raw `messages` (chat) or `prompt` (completions) value: a
   // cheap proxy for prompt length when routing.
   std::size_t prompt_bytes = 0;
@@ -29,7 +35,8 @@ struct RequestFacts {
 
 // Fails with a client-facing message when a field the gateway relies on has
 // the wrong type (model not a string, stream not a boolean, stream_options
-// not an object, conversation_id neither string nor number).
+// not an object, conversation_id neither string nor number, a token limit
+// that is not a whole number from 1 to 2^63 - 1).
 Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& index, bool is_chat);
 
 }  // namespace pdgate

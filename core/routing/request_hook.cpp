@@ -95,8 +95,10 @@ std::optional<std::string> hooked_body(std::string_view body, const JsonObjectIn
       if (!raw || *raw == "null")
         continue;
       any = true;
-      const auto v = integer_member(body, index, key);
-      if (v && *v > cap) {
+      // The validate phase refused what integral_value cannot read; were
+      // one to get here, it is capped all the same.
+      const auto v = integral_value(*raw);
+      if (!v || *v > cap) {
         editor.set(key, std::to_string(cap));
         changed = true;
       }

@@ -223,6 +223,54 @@ TEST(PolicyV2, RequestHookRejectsAndEdits) {
       1);
 }
 
+// req:cap_max_tokens holds for every way a client can write the number,
+// read as vLLM reads it (issue 32, item 6): 100.0, 1e2 and "100" are 100
+// and get capped, in max_tokens and in a chat's max_completion_tokens;
+// a fraction, a negative count or a value past int64 is refused with 400
+// before any engine sees it.
+TEST(PolicyV2, MaxTokensCapHoldsForEveryNumberForm) {
+  Sim p("prefill"), d("decode", {"--itl-ms", "0"});
+  Script f(R"lua(
+return {
+  on_request = function(req) req:cap_max_tokens(16) end,
+  pick = function(ctx, instances) return pdgate.least_loaded() end,
+}
+)lua");
+  Gateway gw({"--model", "sim-model", "--workers", "1", "--policy", f.path(), "--prefill",
+              p.hostport(), "--decode", d.hostport()});
+  const std::string head = R"({"model":"sim-model","messages":[{"role":"user","content":"hi"}],)";
+  const Headers json = {{"Content-Type", "application/json"}};
+  for (const std::string field :
+       {R"("max_tokens":100.0)", R"("max_tokens":1e2)", R"("max_tokens":1.0E+2)",
+        R"("max_tokens":"100")", R"("max_completion_tokens":5e2)",
+        R"("max_tokens":12,"max_completion_tokens":500.0)"}) {
+    d.clear();
+    const auto r =
+        http_request(gw.port(), "POST", "/v1/chat/completions", head + field + "}", json);
+    ASSERT_EQ(r.status, 200) << field << ": " << r.body;
+    EXPECT_LE(r.json()["usage"]["completion_tokens"].get<int>(), 16) << field;
+    const Json sent = body_of(d.requests().at(0));
+    for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+      if (sent.contains(key)) {
+        EXPECT_LE(sent[key].get<double>(), 16) << field << " sent " << sent.dump();
+      }
+    }
+  }
+  p.clear();
+  d.clear();
+  for (const std::string field :
+       {R"("max_tokens":100.5)", R"("max_tokens":-1)", R"("max_tokens":99999999999999999999)",
+        R"("max_tokens":1e30)", R"("max_completion_tokens":"lots")", R"("max_tokens":true)"}) {
+    const auto r =
+        http_request(gw.port(), "POST", "/v1/chat/completions", head + field + "}", json);
+    EXPECT_EQ(r.status, 400) << field << ": " << r.body;
+    if (r.status == 400) {
+      EXPECT_EQ(r.json()["error"]["type"], "BadRequestError") << r.body;
+    }
+  }
+  EXPECT_EQ(p.requests().size() + d.requests().size(), 0u);
+}
+
 // A hook that loops forever, allocates without bound, raises, or returns
 // garbage is cut off within its budget or memory cap: the request goes on
 // as configured (200) unless the policy is fail-closed (503, source

@@ -544,3 +544,30 @@ TEST(JsonEdit, HugeStringValue) {
 
 }  // namespace
 }  // namespace pdgate
+
+namespace pdgate {
+namespace {
+
+// Whole numbers read as vLLM's request models read an int field.
+TEST(IntegralValue, WholeNumbersHoweverWritten) {
+  EXPECT_EQ(integral_value("100"), 100);
+  EXPECT_EQ(integral_value("-7"), -7);
+  EXPECT_EQ(integral_value("100.0"), 100);
+  EXPECT_EQ(integral_value("1e2"), 100);
+  EXPECT_EQ(integral_value("1.0E+2"), 100);
+  EXPECT_EQ(integral_value("5e2"), 500);
+  EXPECT_EQ(integral_value("\"100\""), 100);
+  EXPECT_EQ(integral_value("\"+12\""), 12);
+  EXPECT_EQ(integral_value("9223372036854775807"), INT64_MAX);
+  EXPECT_EQ(integral_value("-9.223372036854775808e18"), INT64_MIN);
+}
+
+TEST(IntegralValue, RefusesWhatIsNotAWholeInt64) {
+  for (const char* raw :
+       {"100.5", "1e-1", "9223372036854775808", "9.3e18", "1e30", "-1e19", "\"100.0\"", "\"1e2\"",
+        "\"\"", "\"-\"", "\" 1\"", "true", "null", "[1]", "{}", "\"lots\""})
+    EXPECT_FALSE(integral_value(raw)) << raw;
+}
+
+}  // namespace
+}  // namespace pdgate
