@@ -1,5 +1,7 @@
 #include "core/net/client_watch.hpp"
 
+#include <poll.h>
+
 #include <boost/asio/bind_cancellation_slot.hpp>
 
 namespace pdgate {
@@ -10,6 +12,32 @@ namespace {
 // close_notify, or a fatal alert) means the client is leaving; application
 // data is a pipelined request.
 constexpr char kTlsAlert = 0x15;
+
+// Whether the peer has hung up (sent its FIN, or reset the connection),
+// whatever unread bytes come before that in the socket. A zero-timeout
+// poll: it never blocks.
+bool peer_hung_up(boost::asio::ip::tcp::socket& socket) {
+  pollfd p{socket.native_handle(), POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) != 1)
+    return false;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+void poll_for_hangup(const std::shared_ptr<WatchedRequest>& req) {
+  if (!req->hangup_poll)
+    req->hangup_poll = std::make_unique<boost::asio::steady_timer>(req->socket->get_executor());
+  req->hangup_poll->expires_after(kHangupPollInterval);
+  auto slot = req->scope.watch_cancel().slot();
+  req->hangup_poll->async_wait(
+      boost::asio::bind_cancellation_slot(slot, [req](const boost::system::error_code& ec) {
+        if (req->done || ec)
+          return;
+        if (peer_hung_up(*req->socket))
+          req->scope.on_client_gone();
+        else
+          poll_for_hangup(req);
+      }));
+}
 
 }  // namespace
 
@@ -27,8 +55,12 @@ void watch_client(const std::shared_ptr<WatchedRequest>& req) {
                                    // session may already have moved on.
                                    if (req->done || ec == boost::asio::error::operation_aborted)
                                      return;
-                                   if (!ec && n > 0 && !(req->tls && req->peek == kTlsAlert))
-                                     return;  // pipelined bytes: the client is still there
+                                   if (!ec && n > 0 && !(req->tls && req->peek == kTlsAlert)) {
+                                     // Bytes past the request: they stay for the next
+                                     // request, and the watch goes on by polling.
+                                     poll_for_hangup(req);
+                                     return;
+                                   }
                                    req->scope.on_client_gone();  // end of stream or a reset
                                  }));
 }
@@ -38,10 +70,10 @@ ClientWatches::ClientWatches(boost::asio::any_io_executor ex, std::chrono::milli
 
 void ClientWatches::watch_later(const std::shared_ptr<WatchedRequest>& req,
                                 boost::asio::ip::tcp::socket& socket, bool tls,
-                                boost::beast::flat_buffer* idle_buffer) {
+                                boost::beast::flat_buffer* read_buffer) {
   req->socket = &socket;
   req->tls = tls;
-  req->idle_buffer = idle_buffer;
+  req->idle_buffer = read_buffer;
   req->joined_tick = tick_;
   waiting_.push_back(*req);
   if (!armed_)

@@ -26,6 +26,8 @@ namespace pdgate {
 // How long a request runs before its client is watched (one tick; the
 // watch starts between one and two ticks after the request was read).
 inline constexpr std::chrono::milliseconds kWatchDelay{20};
+// How often a client that pipelined bytes is checked for a hangup.
+inline constexpr std::chrono::milliseconds kHangupPollInterval{50};
 
 using WatchHook =
     boost::intrusive::list_member_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
@@ -48,6 +50,10 @@ struct WatchedRequest : std::enable_shared_from_this<WatchedRequest> {
   // answered sooner reuse it for the next request without a new
   // allocation. Null: nothing to release.
   boost::beast::flat_buffer* idle_buffer = nullptr;
+  // Once the client has sent bytes past its request (they stay in the
+  // socket for the next request, so a receive would find them at once),
+  // the watch polls for the client's hangup instead, on this timer.
+  std::unique_ptr<boost::asio::steady_timer> hangup_poll;
 };
 
 // One worker's requests waiting for their watch, oldest first. A timer
@@ -62,8 +68,11 @@ class ClientWatches {
 
   // Watches `socket` for `req` once the request has lasted `delay`. The
   // request ends with end(): its watch, started or not, is then over.
+  // `read_buffer` is the connection's read buffer: released when the
+  // watch starts if it is empty then, left alone when it holds bytes the
+  // client sent past this request.
   void watch_later(const std::shared_ptr<WatchedRequest>& req, boost::asio::ip::tcp::socket& socket,
-                   bool tls, boost::beast::flat_buffer* idle_buffer = nullptr);
+                   bool tls, boost::beast::flat_buffer* read_buffer = nullptr);
   static void end(WatchedRequest& req);
 
   // Requests whose watch has not started yet (for tests).
@@ -87,9 +96,12 @@ class ClientWatches {
   std::shared_ptr<char> alive_ = std::make_shared<char>();
 };
 
-// Starts watching at once: the client must not send anything until it has
-// its answer, so readability means it closed the connection (or pipelined
-// a request, which is left in the socket).
+// Starts watching at once. A client that sends nothing more is watched by
+// a receive: readability means it closed the connection (or reset it).
+// One that sent bytes past its request (a pipelined request, or stray
+// bytes) is then checked every kHangupPollInterval for a hangup (the
+// peer's FIN or a reset, which the kernel reports behind unread bytes);
+// its bytes stay in the socket for the next request.
 void watch_client(const std::shared_ptr<WatchedRequest>& req);
 
 }  // namespace pdgate
