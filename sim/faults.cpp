@@ -70,6 +70,15 @@ awaitable<bool> Faults::before_work(Exchange& x, const Fault& fault, bool stream
     if (!co_await sleep_for(delay))
       co_return false;
   }
+  for (std::size_t i = 0; i < fault.interim; ++i) {
+    static constexpr std::string_view kEarlyHints =
+        "HTTP/1.1 103 Early Hints\r\nLink: </sim.css>; rel=preload\r\n\r\n";
+    auto [ec, n] = co_await net::async_write(x.sock, net::buffer(kEarlyHints), use_nothrow);
+    if (ec) {
+      x.client_gone = true;
+      co_return false;
+    }
+  }
   if (fault.hang) {
     ++counters_.faults_injected;
     co_await hang_forever();

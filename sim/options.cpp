@@ -386,9 +386,17 @@ FaultParse parse_fault_header(std::string_view value) {
         return out;
       }
       out.fault.delay_ms = n;
+    } else if (key == "interim" && has_arg) {
+      std::size_t n = 0;
+      if (!parse_uint(arg, n) || n > 1000) {
+        out.error = "X-Sim-Fault: interim=N expects an integer 0..1000";
+        return out;
+      }
+      out.fault.interim = n;
     } else {
       out.error = "X-Sim-Fault: unknown item '" + item +
-                  "' (expected error, error=NNN, hang, die-after=N, error-after=N, delay-ms=N)";
+                  "' (expected error, error=NNN, hang, die-after=N, error-after=N, delay-ms=N, "
+                  "interim=N)";
       return out;
     }
   }

@@ -74,6 +74,9 @@ struct Fault {
   std::optional<std::size_t> die_after;    // streaming: drop the socket after N events
   std::optional<std::size_t> error_after;  // streaming: error event + [DONE] after N events
   std::size_t delay_ms = 0;
+  // Interim answers (103 Early Hints) sent before the real one, as a
+  // server in front of an engine may.
+  std::size_t interim = 0;
 };
 
 struct FaultParse {

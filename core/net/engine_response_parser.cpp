@@ -119,6 +119,8 @@ std::size_t EngineResponseParser::put(boost::asio::const_buffer bytes, error_cod
     switch (state_) {
       case State::header: {
         used += parse_header(rest, ec);
+        if (!ec && state_ == State::header)
+          break;  // an interim answer was skipped: the final one follows
         if (ec || state_ == State::done || !eager_)
           return used;
         break;
@@ -275,9 +277,27 @@ std::size_t EngineResponseParser::parse_header(std::string_view s, error_code& e
     at = next;
   }
 
-  // The framing (RFC 9112 6.3): no body for 1xx, 204 and 304 answers.
+  if (status_ / 100 == 1) {
+    // An interim answer: skipped with its fields, and the parse goes on to
+    // the final answer (RFC 9110 15.2). A 101 switches protocols, which
+    // the gateway never asks for.
+    if (status_ == 101 || ++interim_answers_ > kMaxInterimAnswers) {
+      ec = http_error::bad_status;
+      return 0;
+    }
+    chunked_ = has_length_ = has_encoding_ = close_ = keep_token_ = false;
+    remaining_ = 0;
+    content_type_.clear();
+    cache_control_.clear();
+    header_scanned_ = 0;
+    status_ = 0;
+    ec = {};
+    return header_size;
+  }
+
+  // The framing (RFC 9112 6.3): no body for 204 and 304 answers.
   keep_alive_ = http11 ? !close_ : keep_token_;
-  if (status_ / 100 == 1 || status_ == 204 || status_ == 304) {
+  if (status_ == 204 || status_ == 304) {
     state_ = State::done;
   } else if (has_length_) {
     state_ = remaining_ == 0 ? State::done : State::length;

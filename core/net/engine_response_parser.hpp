@@ -13,7 +13,8 @@
 //
 // What it accepts is a subset of what Beast's parser accepts (the fuzzer
 // checks both on the same bytes): CRLF line endings only, no obs-fold, one
-// Content-Length, never Content-Length with Transfer-Encoding.
+// Content-Length, never Content-Length with Transfer-Encoding; interim
+// answers (1xx) are skipped whole, where Beast's parser stops at them.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,12 @@ namespace pdgate {
 class EngineResponseParser {
  public:
   using error_code = boost::beast::error_code;
+
+  // Interim answers (1xx but 101, e.g. 103 Early Hints) are skipped, as
+  // RFC 9110 15.2 asks; more than this many before the final answer is
+  // not an engine speaking HTTP (bad_status). A 101 is never asked for,
+  // so it is bad_status too.
+  static constexpr unsigned kMaxInterimAnswers = 16;
 
   // Parses what it can of `bytes` and returns how many it used; the caller
   // drops those and passes the rest (with more) again. `ec`:
@@ -109,6 +116,7 @@ class EngineResponseParser {
   bool close_ = false;       // Connection: close
   bool keep_token_ = false;  // Connection: keep-alive
   unsigned status_ = 0;
+  unsigned interim_answers_ = 0;
   std::uint32_t header_limit_ = 8 * 1024;
   std::size_t header_scanned_ = 0;  // where the search for the header's end resumes
   std::uint64_t remaining_ = 0;

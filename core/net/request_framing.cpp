@@ -68,4 +68,23 @@ std::optional<GatewayError> check_request_framing(const http::request_header<>& 
   return std::nullopt;
 }
 
+std::optional<GatewayError> check_header_lines(std::string_view raw_header) {
+  for (std::size_t at = raw_header.find("\r\n"); at != std::string_view::npos;
+       at = raw_header.find("\r\n", at + 2)) {
+    if (at + 2 < raw_header.size() && (raw_header[at + 2] == ' ' || raw_header[at + 2] == '\t'))
+      return client_error(ErrorKind::bad_request,
+                          "a header line is folded onto the next (obs-fold), which is refused");
+  }
+  return std::nullopt;
+}
+
+std::optional<GatewayError> check_host_field(const http::request_header<>& h) {
+  if (h.version() < 11)
+    return std::nullopt;
+  if (h.count(http::field::host) != 1)
+    return client_error(ErrorKind::bad_request,
+                        "an HTTP/1.1 request must have exactly one Host header");
+  return std::nullopt;
+}
+
 }  // namespace pdgate

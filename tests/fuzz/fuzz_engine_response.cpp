@@ -100,8 +100,9 @@ Outcome read(std::string_view bytes, std::size_t piece, std::size_t room) {
   return out;
 }
 
-// The same bytes through Beast's response parser, all at once.
-Outcome read_with_beast(std::string_view bytes) {
+// The same bytes through Beast's response parser, all at once; `consumed`
+// is how many it used.
+Outcome read_one_with_beast(std::string_view bytes, std::size_t& consumed) {
   http::response_parser<http::string_body> p;
   p.header_limit(4096);
   p.body_limit(boost::none);
@@ -135,7 +136,22 @@ Outcome read_with_beast(std::string_view bytes) {
     out.status = p.get().result_int();
   if (out.done)
     out.body = p.get().body();
+  consumed = fed;
   return out;
+}
+
+// Beast stops at an interim answer (1xx); the gateway's parser skips it
+// and goes on to the final answer, so here each interim answer is read as
+// a message of its own and the next one read after it.
+Outcome read_with_beast(std::string_view bytes) {
+  for (unsigned interim = 0;; ++interim) {
+    std::size_t consumed = 0;
+    Outcome out = read_one_with_beast(bytes, consumed);
+    if (!out.done || out.failed || out.status / 100 != 1 || out.status == 101 ||
+        interim == EngineResponseParser::kMaxInterimAnswers)
+      return out;
+    bytes.remove_prefix(consumed);
+  }
 }
 
 }  // namespace

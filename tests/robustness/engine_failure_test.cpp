@@ -64,6 +64,38 @@ TEST(DecodeBeforeFirstEvent, IsRetriedOnAnotherDecodeAndCounted) {
   EXPECT_GE(metric(gw.port(), "pdgate_retries_total{stage=\"decode\"}"), 1);
 }
 
+// An engine (or a server in front of it) that sends interim answers (103
+// Early Hints) before its real one is served: interim answers are skipped
+// as RFC 9110 says, streaming or not, and the engine is not ejected. An
+// endless run of them is cut off (issue 32, item 13: before, every such
+// request was answered 502 and the engine ejected after three).
+TEST(EngineAnswers, InterimAnswersAreSkipped) {
+  Sim p("prefill");
+  Sim d("decode");
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport(), "--health-interval", "off",
+              "--eject-after", "3", "--forward-headers", "x-sim-fault"});
+  for (int i = 0; i < 6; ++i) {
+    const bool stream = i % 2 == 0;
+    Json body = stream_chat();
+    body["stream"] = stream;
+    const auto r = post_json(gw.port(), "/v1/chat/completions", body,
+                             {{"X-Sim-Fault", "interim=" + std::to_string(1 + i % 3)}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    if (stream) {
+      EXPECT_TRUE(complete_stream(r)) << r.body;
+    } else if (r.status == 200) {
+      EXPECT_EQ(r.json()["object"], "chat.completion") << r.body;
+    }
+  }
+  EXPECT_TRUE(instance_status(gw, d)["healthy"].get<bool>());
+  EXPECT_EQ(instance_status(gw, d)["failures_total"], 0);
+  EXPECT_EQ(d.requests().at(0)["headers"].value("x-sim-fault", ""), "interim=1");
+  // A thousand interim answers is not an engine talking HTTP: 502.
+  const auto r = post_json(gw.port(), "/v1/chat/completions", stream_chat(),
+                           {{"X-Sim-Fault", "interim=1000"}});
+  EXPECT_EQ(r.status, 502) << r.body;
+}
+
 // With no other decode, the same failure is answered at once with a 502
 // status (the client has received nothing yet), not a 200 whose stream
 // carries an error event.

@@ -97,6 +97,46 @@ TEST(Smuggling, TransferEncodingWithContentLengthOrHttp10IsRefused) {
   EXPECT_TRUE(pd.d.requests().empty());
 }
 
+// A folded header line (obs-fold), in Transfer-Encoding or any field, and
+// an HTTP/1.1 request without exactly one Host are refused with 400 and
+// the connection closed, as RFC 9112 says; HTTP/1.0 without Host is
+// served (issue 32, item 18: before, both were accepted).
+TEST(Smuggling, FoldedLinesAndMissingHostAreRefused) {
+  Pd pd;
+  Gateway gw(pd.args());
+  const std::string type = "Content-Type: application/json\r\n";
+  const std::string length = "Content-Length: " + std::to_string(kBody.size()) + "\r\n";
+  struct Case {
+    std::string what;
+    std::string head;
+    std::string body;
+  };
+  const Case cases[] = {
+      {"folded Transfer-Encoding",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + type +
+           "Transfer-Encoding: identity,\r\n chunked\r\n",
+       chunked(kBody)},
+      {"folded field",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + type + "X-Note: a\r\n\tb\r\n" + length,
+       kBody},
+      {"no Host", "POST /v1/completions HTTP/1.1\r\n" + type + length, kBody},
+      {"two Host", "POST /v1/completions HTTP/1.1\r\nHost: x\r\nHost: y\r\n" + type + length,
+       kBody},
+  };
+  for (const auto& c : cases) {
+    Connection conn(gw.port());
+    conn.send_raw(c.head + "\r\n" + c.body);
+    auto r = conn.read_response(5s);
+    EXPECT_EQ(r.status, 400) << c.what << ": " << r.body;
+    EXPECT_EQ(r.header("connection"), "close") << c.what;
+    expect_closed_without_more(conn, c.what);
+  }
+  EXPECT_TRUE(pd.d.requests().empty());
+  Connection conn(gw.port());
+  conn.send_raw("POST /v1/completions HTTP/1.0\r\n" + type + length + "\r\n" + kBody);
+  EXPECT_EQ(conn.read_response(10s).status, 200);
+}
+
 // A chunked body with a malformed chunk size gets a 400 answer (not a
 // silent close); a well-formed one, in any letter case, is served.
 TEST(Smuggling, BadChunkSizeIs400AndGoodChunkedBodyIsServed) {

@@ -139,12 +139,39 @@ TEST(EngineResponseParser, KeepAliveByVersionAndConnection) {
 }
 
 TEST(EngineResponseParser, NoBodyStatuses) {
-  for (const char* status : {"204 No Content", "304 Not Modified", "101 Switching"}) {
+  for (const char* status : {"204 No Content", "304 Not Modified"}) {
     const Parsed r =
         parse(std::string("HTTP/1.1 ") + status + "\r\nContent-Length: 5\r\n\r\nhello");
     EXPECT_TRUE(r.done) << status;
     EXPECT_EQ(r.body, "") << status;
   }
+}
+
+// Interim answers (1xx but 101) are skipped, fields and all, whether they
+// arrive with the final answer or byte by byte; the final answer's
+// framing and fields are what count. More than kMaxInterimAnswers of them,
+// or a 101 (never asked for), is an error.
+TEST(EngineResponseParser, InterimAnswersAreSkipped) {
+  const std::string hints =
+      "HTTP/1.1 100 Continue\r\n\r\n"
+      "HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\nContent-Type: text/x\r\n"
+      "Content-Length: 99\r\nConnection: close\r\n\r\n";
+  const std::string answer =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+  for (std::size_t piece : {std::size_t{1} << 20, std::size_t{1}, std::size_t{7}}) {
+    const Parsed r = parse(hints + answer, piece);
+    EXPECT_FALSE(r.ec) << r.ec.message();
+    EXPECT_TRUE(r.done);
+    EXPECT_EQ(r.status, 200u);
+    EXPECT_EQ(r.content_type, "application/json");
+    EXPECT_EQ(r.body, "{}");
+    EXPECT_TRUE(r.keep_alive);
+  }
+  std::string many;
+  for (std::size_t i = 0; i <= EngineResponseParser::kMaxInterimAnswers; ++i)
+    many += "HTTP/1.1 103 Early Hints\r\n\r\n";
+  EXPECT_EQ(parse(many + answer).ec, http::error::bad_status);
+  EXPECT_EQ(parse("HTTP/1.1 101 Switching Protocols\r\n\r\n" + answer).ec, http::error::bad_status);
 }
 
 // Without eager, the parse that completes the header stops there and the
