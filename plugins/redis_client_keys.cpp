@@ -20,19 +20,35 @@ namespace pdgate {
 
 namespace {
 
-// KEYS: rate (GCRA tat), slots (sorted set), tokens window prefix.
-// ARGV: per second, bucket, concurrent, tokens per minute, slot, lease ms.
+// KEYS: rate (GCRA tat), slots (sorted set), tokens window prefix,
+// reserved (hash: slot -> "tokens|deadline ms").
+// ARGV: per second, bucket, concurrent, tokens per minute, slot, lease ms,
+// tokens to reserve.
 // Returns {1, 0, ""} or {0, retry after ms, "rate"|"concurrency"|"tokens"}.
 // Time is Redis's own (TIME), so every replica is judged on one clock.
+// The tokens rule is tokens_fit()'s (core/pipeline/client_keys.hpp);
+// reservations of a replica that died expire with the slot lease.
 constexpr const char* kAdmitScript = R"lua(
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local rps, bucket = tonumber(ARGV[1]), tonumber(ARGV[2])
 local conc, tpm = tonumber(ARGV[3]), tonumber(ARGV[4])
 local lease = tonumber(ARGV[6])
+local reserve = tonumber(ARGV[7])
 if tpm > 0 then
   local used = tonumber(redis.call('GET', KEYS[3] .. ':' .. math.floor(now / 60000)) or '0')
   if used >= tpm then return {0, math.ceil(60000 - now % 60000), 'tokens'} end
+  local held = 0
+  local all = redis.call('HGETALL', KEYS[4])
+  for i = 1, #all, 2 do
+    local n, deadline = string.match(all[i + 1], '^(%d+)|(%d+)$')
+    if n == nil or tonumber(deadline) < now then
+      redis.call('HDEL', KEYS[4], all[i])
+    else
+      held = held + tonumber(n)
+    end
+  end
+  if held > 0 and used + held + reserve > tpm then return {0, 1000, 'tokens'} end
 end
 local tat = 0
 if rps > 0 then
@@ -52,12 +68,20 @@ if rps > 0 then
   redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX',
              math.ceil(bucket * 1000 / rps) + 1000)
 end
+if tpm > 0 and ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[4], ARGV[5], string.format('%d|%d', reserve, now + lease))
+  redis.call('PEXPIRE', KEYS[4], lease)
+end
 return {1, 0, ''}
 )lua";
 
-// KEYS: slots, tokens window prefix. ARGV: slot ('' when none), tokens.
+// KEYS: slots, tokens window prefix, reserved. ARGV: slot ('' when none),
+// tokens used.
 constexpr const char* kReleaseScript = R"lua(
-if ARGV[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
+if ARGV[1] ~= '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+end
 local tokens = tonumber(ARGV[2])
 if tokens > 0 then
   local t = redis.call('TIME')
@@ -129,8 +153,10 @@ class RedisLimiter final : public ClientLimiter {
   RedisLimiter(RedisClientKeys& owner, net::any_io_executor ex);
   ~RedisLimiter() override { conn_->stop(); }
 
-  net::awaitable<Admission> admit(const ClientKey& key, std::string_view request_id) override;
-  void release(const ClientKey& key, const std::string& slot, std::uint64_t tokens) override;
+  net::awaitable<Admission> admit(const ClientKey& key, std::string_view request_id,
+                                  std::uint64_t reserve) override;
+  void release(const ClientKey& key, const std::string& slot, std::uint64_t tokens,
+               std::uint64_t reserved) override;
 
  private:
   RedisClientKeys& owner_;
@@ -246,23 +272,25 @@ RedisLimiter::RedisLimiter(RedisClientKeys& owner, net::any_io_executor ex)
   conn_->start();
 }
 
-net::awaitable<Admission> RedisLimiter::admit(const ClientKey& key, std::string_view request_id) {
+net::awaitable<Admission> RedisLimiter::admit(const ClientKey& key, std::string_view request_id,
+                                              std::uint64_t reserve) {
   const auto& prefix = owner_.options().key_prefix;
   const KeyLimits& l = key.limits;
   std::string slot;
-  if (l.concurrent > 0) {
+  if (l.concurrent > 0 || l.tokens_per_minute > 0) {
     slot = owner_.nonce() + ":" + std::to_string(++next_slot_) + ":" +
            std::string(request_id.substr(0, 64));
   }
-  const std::vector<std::string> keys = {client_limit_key(prefix, key.name, "rate"),
-                                         client_limit_key(prefix, key.name, "slots"),
-                                         client_limit_key(prefix, key.name, "tokens")};
+  const std::vector<std::string> keys = {
+      client_limit_key(prefix, key.name, "rate"), client_limit_key(prefix, key.name, "slots"),
+      client_limit_key(prefix, key.name, "tokens"), client_limit_key(prefix, key.name, "reserved")};
   const std::vector<std::string> args = {number(l.requests_per_second),
                                          number(l.bucket()),
                                          std::to_string(l.concurrent),
                                          std::to_string(l.tokens_per_minute),
                                          slot,
-                                         std::to_string(owner_.options().slot_lease.count())};
+                                         std::to_string(owner_.options().slot_lease.count()),
+                                         std::to_string(reserve)};
   RedisReply r = co_await run_script(*conn_, owner_.admit_script(), keys, args);
   Admission a;
   if (r.type != RedisReply::Type::array || r.elements.size() != 3 ||
@@ -281,12 +309,14 @@ net::awaitable<Admission> RedisLimiter::admit(const ClientKey& key, std::string_
   co_return a;
 }
 
-void RedisLimiter::release(const ClientKey& key, const std::string& slot, std::uint64_t tokens) {
+void RedisLimiter::release(const ClientKey& key, const std::string& slot, std::uint64_t tokens,
+                           std::uint64_t /*reserved: the slot names it in Redis*/) {
   if (slot.empty() && tokens == 0)
     return;
   const auto& prefix = owner_.options().key_prefix;
   std::vector<std::string> keys = {client_limit_key(prefix, key.name, "slots"),
-                                   client_limit_key(prefix, key.name, "tokens")};
+                                   client_limit_key(prefix, key.name, "tokens"),
+                                   client_limit_key(prefix, key.name, "reserved")};
   std::vector<std::string> args = {slot, std::to_string(tokens)};
   // Not waited for: the client's answer is already written. A release
   // that is lost (Redis down) frees its slot when the lease ends.

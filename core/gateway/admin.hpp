@@ -51,6 +51,8 @@ class AdminApi {
   // profiler routes): the key is required when one is configured; without
   // one they stay open, as vLLM's proxies have them. nullopt: may proceed.
   std::optional<Response> authorize_operator(const Request& req) const;
+  // Whether an admin key is configured.
+  bool has_key() const { return !key_.empty(); }
 
   void set_hooks(Hooks h) { hooks_ = std::move(h); }
   // The configuration GET /admin/config shows after a reload, and the keys

@@ -10,7 +10,7 @@
 
 namespace pdgate {
 
-std::string Gateway::metrics_text() const {
+std::string Gateway::metrics_text(bool addresses) const {
   PrometheusText m;
   m.counter("pdgate_requests_total",
             "Client requests answered, by route, status and the stage that decided it.");
@@ -65,18 +65,21 @@ std::string Gateway::metrics_text() const {
 
   const auto set = registry_.snapshot();
   const auto all = set->all();
+  // The url label is left empty (no label, to Prometheus) for readers who
+  // may not see engine addresses; the id still tells instances apart.
   struct InstanceLabels {
     std::string id;
+    std::string_view url;
     const Instance* i;
   };
   std::vector<InstanceLabels> each;
   each.reserve(all.size());
   for (const auto& i : all)
-    each.push_back({std::to_string(i->id), i.get()});
+    each.push_back(
+        {std::to_string(i->id), addresses ? std::string_view(i->spec.url) : "", i.get()});
   auto per_instance = [&](std::string_view name, auto value) {
-    for (const auto& [id, i] : each) {
-      m.sample(name, {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
-               value(*i));
+    for (const auto& [id, url, i] : each) {
+      m.sample(name, {{"id", id}, {"url", url}, {"role", to_string(i->spec.role)}}, value(*i));
     }
   };
   m.gauge("pdgate_instance_in_flight", "Requests this gateway has in flight on each instance.");
@@ -84,14 +87,12 @@ std::string Gateway::metrics_text() const {
                [](const Instance& i) { return static_cast<std::int64_t>(i.in_flight.load()); });
   m.gauge("pdgate_instance_state",
           "1 for the instance's current state (active, draining, ejected).");
-  for (const auto& [id, i] : each) {
+  for (const auto& [id, url, i] : each) {
     for (auto st : {InstanceState::active, InstanceState::draining, InstanceState::ejected}) {
-      m.sample("pdgate_instance_state",
-               {{"id", id},
-                {"url", i->spec.url},
-                {"role", to_string(i->spec.role)},
-                {"state", to_string(st)}},
-               std::uint64_t{i->state() == st ? 1u : 0u});
+      m.sample(
+          "pdgate_instance_state",
+          {{"id", id}, {"url", url}, {"role", to_string(i->spec.role)}, {"state", to_string(st)}},
+          std::uint64_t{i->state() == st ? 1u : 0u});
     }
   }
   m.counter("pdgate_instance_requests_total", "Stage requests sent to each instance.");
@@ -110,34 +111,33 @@ std::string Gateway::metrics_text() const {
   m.histogram_family("pdgate_decode_time_to_first_token_seconds",
                      "Time from sending a decode instance its request to its first token: its "
                      "first SSE data event for a stream, its whole answer otherwise.");
-  for (const auto& [id, i] : each) {
+  for (const auto& [id, url, i] : each) {
     if (!decodes(*i))
       continue;
     const std::string_view role = to_string(i->spec.role);
     m.histogram_series("pdgate_decode_time_to_first_token_seconds",
-                       {{"id", id}, {"url", i->spec.url}, {"role", role}, {"stream", "true"}},
+                       {{"id", id}, {"url", url}, {"role", role}, {"stream", "true"}},
                        i->latency.ttft_stream);
     m.histogram_series("pdgate_decode_time_to_first_token_seconds",
-                       {{"id", id}, {"url", i->spec.url}, {"role", role}, {"stream", "false"}},
+                       {{"id", id}, {"url", url}, {"role", role}, {"stream", "false"}},
                        i->latency.ttft_whole);
   }
   m.histogram_family("pdgate_inter_token_latency_seconds",
                      "Time between successive SSE data events of a decode instance's streams "
                      "(events that arrive together count as 0 after the first).");
-  for (const auto& [id, i] : each) {
+  for (const auto& [id, url, i] : each) {
     if (decodes(*i)) {
       m.histogram_series("pdgate_inter_token_latency_seconds",
-                         {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
+                         {{"id", id}, {"url", url}, {"role", to_string(i->spec.role)}},
                          i->latency.inter_token);
     }
   }
   m.histogram_family("pdgate_prefill_duration_seconds",
                      "Time of successful prefill requests, sent to answered, per instance.");
-  for (const auto& [id, i] : each) {
+  for (const auto& [id, url, i] : each) {
     if (i->spec.role == Role::prefill) {
       m.histogram_series("pdgate_prefill_duration_seconds",
-                         {{"id", id}, {"url", i->spec.url}, {"role", "prefill"}},
-                         i->latency.prefill);
+                         {{"id", id}, {"url", url}, {"role", "prefill"}}, i->latency.prefill);
     }
   }
   for (const auto& [name, help, prompt] :
@@ -147,10 +147,10 @@ std::string Gateway::metrics_text() const {
                    "Completion tokens decode instances reported in their answers' usage.",
                    false}}) {
     m.counter(name, help);
-    for (const auto& [id, i] : each) {
+    for (const auto& [id, url, i] : each) {
       if (decodes(*i)) {
         const auto& l = i->latency;
-        m.sample(name, {{"id", id}, {"url", i->spec.url}, {"role", to_string(i->spec.role)}},
+        m.sample(name, {{"id", id}, {"url", url}, {"role", to_string(i->spec.role)}},
                  (prompt ? l.prompt_tokens : l.completion_tokens).load());
       }
     }

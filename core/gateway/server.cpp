@@ -79,10 +79,21 @@ http::response<http::string_body> json_response(const http::request<http::string
   return res;
 }
 
-// POST /start_profile, /stop_profile: sent to every instance.
-net::awaitable<bool> serve_profile(WorkerContext& w, MaybeTlsStream& stream,
-                                   const http::request<http::string_body>& req, RequestScope& scope,
-                                   std::string path) {
+// POST /start_profile, /stop_profile: sent to every instance. They reach
+// every engine, so they need the admin key when one is set, else a client
+// key when API keys are on; open only when neither is configured (as
+// vLLM's demo proxy has them).
+net::awaitable<bool> serve_profile(ClientRequest& c, const AdminApi& admin, std::string path) {
+  if (auto denied = admin.authorize_operator(c.req))
+    co_return co_await write_response(c.client, *denied) && c.req.keep_alive();
+  if (!admin.has_key()) {
+    if (const auto refused = co_await refuse_without_client_key(c))
+      co_return *refused;
+  }
+  WorkerContext& w = c.w;
+  MaybeTlsStream& stream = c.client;
+  const http::request<http::string_body>& req = c.req;
+  RequestScope& scope = c.scope;
   std::string body = req.body().empty() ? std::string("{}") : req.body();
   const auto set = w.registry.snapshot();
   RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
@@ -385,7 +396,7 @@ void Gateway::start() {
     });
   }
 
-  admin_->set_hooks({reload_policy_, [this] { return metrics_text(); },
+  admin_->set_hooks({reload_policy_, [this] { return metrics_text(true); },
                      [this] { return status_document(true).dump(); }});
   if (admin_acceptor_)
     net::co_spawn(admin_ioc_, serve_admin(*admin_acceptor_, admin_, cfg_.client_idle_timeout),
@@ -501,7 +512,9 @@ void Gateway::build_routes() {
     res.set(http::field::server, "pdgate");
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     res.keep_alive(c.req.keep_alive());
-    res.body() = metrics_text();
+    // Engine addresses as /status shows them: to anyone when no admin key
+    // is configured, else only to its holder.
+    res.body() = metrics_text(!admin_->authorize_operator(c.req));
     res.prepare_payload();
     return respond(c, std::move(res));
   });
@@ -513,12 +526,8 @@ void Gateway::build_routes() {
   });
   if (cfg_.profile_routes) {
     for (const char* path : {"/start_profile", "/stop_profile"}) {
-      r.add(verb::post, path, [this, path](ClientRequest& c) -> net::awaitable<bool> {
-        // They reach every engine: the admin key when one is set.
-        if (auto denied = admin_->authorize_operator(c.req))
-          return respond(c, std::move(*denied));
-        return serve_profile(c.w, c.client, c.req, c.scope, path);
-      });
+      r.add(verb::post, path,
+            [this, path](ClientRequest& c) { return serve_profile(c, *admin_, path); });
     }
   }
   // The vLLM demo proxy's endpoint, on the client port as it had it.

@@ -82,7 +82,8 @@ class Gateway {
   // refreshed from Redis) runs on `control`. Set before start().
   void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
   // Prometheus text for GET /metrics.
-  std::string metrics_text() const;
+  // `addresses`: whether instances' url labels are filled in.
+  std::string metrics_text(bool addresses) const;
   // Applies a reloaded configuration (core/gateway/config_reload.hpp): the
   // instance lists are reconciled with the registry at once, and each
   // worker, and the admin API, swaps in `next` on its own thread before

@@ -16,40 +16,46 @@ void count(std::atomic<std::uint64_t>& c) {
 
 ClientAdmission::~ClientAdmission() {
   if (limiter_ != nullptr && key_)
-    limiter_->release(*key_, slot_, tokens_);
+    limiter_->release(*key_, slot_, tokens_, reserved_);
 }
 
-boost::asio::awaitable<bool> admit_phase(WorkerContext& w,
-                                         const http::request<http::string_body>& req,
-                                         std::string_view request_id, ClientAdmission& out,
-                                         std::optional<GatewayError>& refusal) {
+bool authenticate(WorkerContext& w, const http::request<http::string_body>& req,
+                  ClientAdmission& out, std::optional<GatewayError>& refusal) {
   if (w.client_keys == nullptr)
-    co_return true;
+    return true;
   ClientKeys& keys = *w.client_keys;
-  auto& c = keys.counters();
   const auto auth = req.find(http::field::authorization);
   const std::string_view presented =
       auth == req.end() ? std::string_view{} : bearer_token(auth->value());
   out.key_ = keys.find(presented);
-  if (!out.key_) {
-    count(c.unauthenticated);
-    GatewayError e = client_error(ErrorKind::unauthenticated,
-                                  presented.empty() ? "You didn't provide an API key: send it as "
-                                                      "'Authorization: Bearer YOUR_KEY'"
-                                                    : "Incorrect API key provided");
-    refusal = std::move(e);
-    co_return false;
-  }
+  if (out.key_)
+    return true;
+  count(keys.counters().unauthenticated);
+  refusal = client_error(ErrorKind::unauthenticated,
+                         presented.empty() ? "You didn't provide an API key: send it as "
+                                             "'Authorization: Bearer YOUR_KEY'"
+                                           : "Incorrect API key provided");
+  return false;
+}
+
+boost::asio::awaitable<bool> admit_limits(WorkerContext& w, std::string_view request_id,
+                                          std::uint64_t reserve, ClientAdmission& out,
+                                          std::optional<GatewayError>& refusal) {
+  if (w.client_keys == nullptr || !out.key_)
+    co_return true;
+  ClientKeys& keys = *w.client_keys;
+  auto& c = keys.counters();
   if (!out.key_->limits.any() || !w.client_limiter) {
     count(c.admitted);
     co_return true;
   }
-  Admission a = co_await w.client_limiter->admit(*out.key_, request_id);
+  Admission a = co_await w.client_limiter->admit(*out.key_, request_id, reserve);
   switch (a.verdict) {
     case Admission::Verdict::admitted:
       count(c.admitted);
       out.limiter_ = w.client_limiter.get();
       out.slot_ = std::move(a.slot);
+      out.reserved_ = reserve;
       co_return true;
     case Admission::Verdict::limited: {
       count(a.reason == "rate"          ? c.limited_rate
@@ -79,6 +85,15 @@ boost::asio::awaitable<bool> admit_phase(WorkerContext& w,
       co_return false;
   }
   co_return true;
+}
+
+boost::asio::awaitable<bool> admit_phase(WorkerContext& w,
+                                         const http::request<http::string_body>& req,
+                                         std::string_view request_id, ClientAdmission& out,
+                                         std::optional<GatewayError>& refusal) {
+  if (!authenticate(w, req, out, refusal))
+    co_return false;
+  co_return co_await admit_limits(w, request_id, 0, out, refusal);
 }
 
 }  // namespace pdgate

@@ -225,12 +225,24 @@ LocalLimits::State& LocalLimits::state_at(const ClientKey& key, double now_ms) {
   return s;
 }
 
-Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id*/, double now_ms) {
+bool tokens_fit(std::uint64_t limit, std::uint64_t used, std::uint64_t reserved,
+                std::uint64_t reserve) {
+  if (used >= limit)
+    return false;
+  return reserved == 0 || used + reserved + reserve <= limit;
+}
+
+Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id*/, double now_ms,
+                             std::uint64_t reserve) {
   const KeyLimits& l = key.limits;
   std::lock_guard lock(mu_);
   State& s = state_at(key, now_ms);
-  if (l.tokens_per_minute > 0 && s.tokens >= l.tokens_per_minute) {
-    const auto left = static_cast<std::int64_t>(60000.0 - std::fmod(now_ms, 60000.0));
+  if (l.tokens_per_minute > 0 && !tokens_fit(l.tokens_per_minute, s.tokens, s.reserved, reserve)) {
+    // Spent this minute: back at the next one; else room comes back as
+    // requests in flight end.
+    const auto left = s.tokens >= l.tokens_per_minute
+                          ? static_cast<std::int64_t>(60000.0 - std::fmod(now_ms, 60000.0))
+                          : std::int64_t{1000};
     return {Admission::Verdict::limited, std::chrono::milliseconds(left), "tokens", {}};
   }
   RateStep step{true, s.tat_ms, 0};
@@ -244,14 +256,19 @@ Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id
     return {Admission::Verdict::limited, std::chrono::milliseconds(1000), "concurrency", {}};
   s.tat_ms = step.tat_ms;
   ++s.in_flight;
+  if (l.tokens_per_minute > 0)
+    s.reserved += reserve;
   return {};
 }
 
-void LocalLimits::release(const ClientKey& key, std::uint64_t tokens, double now_ms) {
+void LocalLimits::release(const ClientKey& key, std::uint64_t tokens, double now_ms,
+                          std::uint64_t reserved) {
   std::lock_guard lock(mu_);
   State& s = state_at(key, now_ms);
   if (s.in_flight > 0)
     --s.in_flight;
+  if (key.limits.tokens_per_minute > 0)
+    s.reserved -= std::min(s.reserved, reserved);
   s.tokens += tokens;
 }
 
@@ -260,11 +277,13 @@ namespace {
 class LocalLimiter final : public ClientLimiter {
  public:
   explicit LocalLimiter(LocalLimits& limits) : limits_(limits) {}
-  net::awaitable<Admission> admit(const ClientKey& key, std::string_view request_id) override {
-    co_return limits_.admit(key, request_id, steady_ms());
+  net::awaitable<Admission> admit(const ClientKey& key, std::string_view request_id,
+                                  std::uint64_t reserve) override {
+    co_return limits_.admit(key, request_id, steady_ms(), reserve);
   }
-  void release(const ClientKey& key, const std::string&, std::uint64_t tokens) override {
-    limits_.release(key, tokens, steady_ms());
+  void release(const ClientKey& key, const std::string&, std::uint64_t tokens,
+               std::uint64_t reserved) override {
+    limits_.release(key, tokens, steady_ms(), reserved);
   }
 
  private:

@@ -71,6 +71,14 @@ struct RateStep {
 };
 RateStep gcra_step(double tat_ms, double now_ms, double per_second, double bucket);
 
+// Whether a request reserving `reserve` tokens fits a tokens-per-minute
+// limit with `used` tokens spent this minute and `reserved` held by
+// requests in flight: the one rule the local limiter and the Redis script
+// apply. Room must be left; and a request is let in alone whatever it
+// reserves (none held, less than the limit used).
+bool tokens_fit(std::uint64_t limit, std::uint64_t used, std::uint64_t reserved,
+                std::uint64_t reserve);
+
 struct Admission {
   enum class Verdict { admitted, limited, unavailable };
   Verdict verdict = Verdict::admitted;
@@ -86,11 +94,19 @@ class ClientLimiter {
   virtual ~ClientLimiter() = default;
   // Counts the request against the key's limits, or says which one it is
   // over. `request_id` goes into the concurrency slot's name (for an
-  // operator reading Redis); the slot itself is unique.
-  virtual net::awaitable<Admission> admit(const ClientKey& key, std::string_view request_id) = 0;
+  // operator reading Redis); the slot itself is unique. `reserve` tokens
+  // (the request's prompt estimate and its max_tokens) are held against
+  // tokens_per_minute until release: a request is refused when the
+  // tokens used this minute and those reserved by requests in flight
+  // leave no room for it (one request alone is let in whatever it asks,
+  // so that a large max_tokens is not refused for ever).
+  virtual net::awaitable<Admission> admit(const ClientKey& key, std::string_view request_id,
+                                          std::uint64_t reserve) = 0;
   // The admitted request (its slot) ended, having used `tokens` (0 when
-  // unknown). Returns at once: the shared limiter sends it without waiting.
-  virtual void release(const ClientKey& key, const std::string& slot, std::uint64_t tokens) = 0;
+  // unknown) of the `reserved` it held. Returns at once: the shared
+  // limiter sends it without waiting.
+  virtual void release(const ClientKey& key, const std::string& slot, std::uint64_t tokens,
+                       std::uint64_t reserved) = 0;
 };
 
 struct ClientKeyCounters {
@@ -141,15 +157,18 @@ std::unique_ptr<ClientKeys> make_local_client_keys(KeyTable keys);
 // is injected so the arithmetic is unit-tested without a clock.
 class LocalLimits {
  public:
-  Admission admit(const ClientKey& key, std::string_view request_id, double now_ms);
-  void release(const ClientKey& key, std::uint64_t tokens, double now_ms);
+  Admission admit(const ClientKey& key, std::string_view request_id, double now_ms,
+                  std::uint64_t reserve = 0);
+  void release(const ClientKey& key, std::uint64_t tokens, double now_ms,
+               std::uint64_t reserved = 0);
 
  private:
   struct State {
     double tat_ms = 0;
     std::uint32_t in_flight = 0;
     std::int64_t minute = -1;
-    std::uint64_t tokens = 0;
+    std::uint64_t tokens = 0;    // used this minute
+    std::uint64_t reserved = 0;  // held by requests in flight
   };
   // The key's state with its token window moved to `now_ms`'s minute
   // (under mu_).

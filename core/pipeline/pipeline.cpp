@@ -1,9 +1,13 @@
 #include "core/pipeline/pipeline.hpp"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 #include <boost/beast/core/string.hpp>
+#include <nlohmann/json.hpp>
 
 #include "core/base/http_tokens.hpp"
+#include "core/base/json_edit.hpp"
 #include "core/net/http_head.hpp"
 #include "core/net/response_writer.hpp"
 #include "core/pipeline/admit_phase.hpp"
@@ -18,6 +22,7 @@
 #include "core/pipeline/request_hook_phase.hpp"
 #include "core/pipeline/tokenize_phase.hpp"
 #include "core/routing/conversation.hpp"
+#include "core/routing/request_hook.hpp"
 
 namespace pdgate {
 
@@ -117,6 +122,44 @@ bool validate_phase(RequestContext& rc) {
   return true;
 }
 
+// The tokens a completion may use, held against its key's tokens per
+// minute until its real count is known: the prompt's estimate and the
+// most it may generate (max_tokens or a chat's max_completion_tokens, the
+// larger when both are set), or --token-reserve when it sets neither.
+std::uint64_t token_reservation(const RequestContext& rc) {
+  const RequestFacts& f = rc.facts;
+  std::optional<std::int64_t> most = f.max_tokens;
+  if (f.max_completion_tokens && (!most || *f.max_completion_tokens > *most))
+    most = f.max_completion_tokens;
+  // Bounded, so that sums of reservations cannot overflow.
+  constexpr std::uint64_t kMost = std::uint64_t{1} << 40;
+  const std::uint64_t completion =
+      most ? std::min(static_cast<std::uint64_t>(*most), kMost) : rc.w.cfg.token_reserve;
+  return estimated_prompt_tokens(f.prompt_bytes) + completion;
+}
+
+// A stream's tokens are known only from its usage event. When its key
+// counts tokens and the client did not ask for usage, decode is asked for
+// it (stream_options.include_usage) and the relay keeps that event from
+// the client, which gets the stream it asked for.
+bool ask_decode_for_usage(RequestContext& rc) {
+  if (!rc.facts.stream || rc.facts.include_usage || rc.client_key == nullptr ||
+      rc.client_key->limits.tokens_per_minute == 0)
+    return true;
+  nlohmann::json options = nlohmann::json::object();
+  if (const auto raw = raw_member(rc.body, rc.index, "stream_options"); raw && *raw != "null") {
+    // A small object the validate phase found well-formed.
+    options = nlohmann::json::parse(*raw, nullptr, false);
+    if (!options.is_object())
+      options = nlohmann::json::object();
+  }
+  options["include_usage"] = true;
+  JsonBodyEditor editor(rc.body, rc.index);
+  editor.set("stream_options", options.dump());
+  rc.usage_for_gateway = true;
+  return use_edited_body(rc, editor.render(), "asking decode for usage");
+}
+
 // What routing decided, for the access log.
 // (A routed request's view has moved to the relay: its id is passed.)
 void note_routing(RequestContext& rc, const std::string& request_id) {
@@ -197,13 +240,17 @@ net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat) {
 
   // The phases of a completion, in order. Each one moves the request on
   // (true) or ends it, leaving why in rc->failure.
-  bool on = true;
-  if (w.client_keys != nullptr)
-    on = co_await admit_phase(w, c.req, rc->request_id(), admission, rc->failure);
-  const bool admitted = on;
+  bool on = authenticate(w, c.req, admission, rc->failure);
   rc->client_key = admission.key();
   on = on && validate_phase(*rc);
+  // Limits once the body says what the request may generate.
+  bool admitted = on || rc->client_key != nullptr || w.client_keys == nullptr;
+  if (on && rc->client_key != nullptr) {
+    on = co_await admit_limits(w, rc->request_id(), token_reservation(*rc), admission, rc->failure);
+    admitted = on;
+  }
   on = on && request_hook_phase(*rc);
+  on = on && ask_decode_for_usage(*rc);
   if (on && tokenizes(*rc))
     co_await tokenize_phase(*rc);
   if (on && has_media_to_encode(*rc))
@@ -231,6 +278,17 @@ net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat) {
   // Counted against the key's tokens per minute when the admission ends.
   admission.add_tokens(c.outcome.tokens_used);
   co_return keep;
+}
+
+net::awaitable<std::optional<bool>> refuse_without_client_key(ClientRequest& c) {
+  if (c.w.client_keys == nullptr)
+    co_return std::nullopt;
+  const std::string request_id = request_id_for(c.w, c.req);
+  ClientAdmission admission;
+  std::optional<GatewayError> refused;
+  if (co_await admit_phase(c.w, c.req, request_id, admission, refused))
+    co_return std::nullopt;
+  co_return co_await finish(c, request_id, *refused);
 }
 
 net::awaitable<bool> serve_models(ClientRequest& c) {

@@ -1,7 +1,8 @@
 // The completion routes' pipeline (pipeline.cpp). serve_completion() runs
 // a completion's phases in order, each in a file of its own:
-//   admit          API key and limits (admit_phase.hpp)
+//   admit          API key (admit_phase.hpp)
 //   validate       JSON body, facts, forwarded headers (pipeline.cpp)
+//   limits         the key's limits, its tokens reserved (admit_phase.hpp)
 //   request hook   the policy's on_request (request_hook_phase.hpp)
 //   tokenize       prompt token ids from an engine (tokenize_phase.hpp)
 //   encode         multimodal items to encoders (encode_phase.hpp)
@@ -13,6 +14,7 @@
 // metrics.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <boost/asio/awaitable.hpp>
@@ -28,6 +30,13 @@ net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat);
 
 // GET /v1/models, answered by a healthy decode instance.
 net::awaitable<bool> serve_models(ClientRequest& c);
+
+// For a route that is not a completion but reaches engines (profiling):
+// with API keys on, the request needs a valid client key within its
+// limits, as a completion does. Nullopt when it may go on; else the
+// refusal has been answered and the value says whether the connection may
+// be reused.
+net::awaitable<std::optional<bool>> refuse_without_client_key(ClientRequest& c);
 
 // Answers a request that failed with `err`: the status and body from the
 // error table, the request id, the log line; records status and stage in

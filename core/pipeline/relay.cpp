@@ -260,16 +260,33 @@ net::awaitable<bool> relay_whole(ClientRequest& c, DecodeRelay& r) {
   co_return reuse;
 }
 
+// The event a stream ends with when usage was asked for: no choices, and
+// the usage object.
+bool is_usage_event(std::string_view data) {
+  const auto index = index_json_object(data);
+  if (!index)
+    return false;
+  const auto choices = raw_member(data, *index, "choices");
+  const auto usage = raw_member(data, *index, "usage");
+  if (!choices || !usage || *usage == "null")
+    return false;
+  JsonArrayElements elements(*choices);
+  std::string_view first;
+  return !elements.next(first) && !elements.failed();
+}
+
 }  // namespace
 
 StreamRelay::StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
-                         const std::string& request_id, OptionalTurn& conversation, bool want_usage)
+                         const std::string& request_id, OptionalTurn& conversation, bool want_usage,
+                         bool strip_usage)
     : w_(w),
       ex_(ex),
       decode_(decode),
       request_id_(request_id),
       conversation_(conversation),
-      want_usage_(want_usage) {}
+      want_usage_(want_usage),
+      strip_usage_(strip_usage) {}
 
 StreamRelay::Filtering& StreamRelay::filtering() {
   if (!filtering_) {
@@ -328,13 +345,17 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
         usage_ = u;
     }
   }
-  if (!conversation_ && ready.find("kv_transfer_params") == std::string_view::npos) {
+  const bool strip = strip_usage_ && ready.find("\"usage\"") != std::string_view::npos;
+  if (!conversation_ && !strip && ready.find("kv_transfer_params") == std::string_view::npos) {
     out.append(ready);
     scanner_.drop_ready();
   } else {
     Filtering& f = filtering();
-    while (scanner_.next(f.event))
+    while (scanner_.next(f.event)) {
+      if (strip && is_usage_event(f.event.data))
+        continue;
       out += f.filter.on_event(f.event);
+    }
   }
   // Stored before the client sees the end of the turn, so a client that
   // sends its next turn at once (to any replica) finds them.

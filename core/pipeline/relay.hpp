@@ -26,10 +26,12 @@ namespace pdgate {
 // partial event for the next), through the output filter.
 class StreamRelay {
  public:
-  // `want_usage`: the client asked for usage (stream_options.include_usage),
-  // so the stream's last event carries it.
+  // `want_usage`: decode was asked for usage (stream_options.include_usage),
+  // so the stream's last event carries it. `strip_usage`: the gateway
+  // asked for it, not the client, whose stream goes without that event.
   StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
-              const std::string& request_id, OptionalTurn& conversation, bool want_usage);
+              const std::string& request_id, OptionalTurn& conversation, bool want_usage,
+              bool strip_usage = false);
 
   bool done() const { return ex_.done(); }
 
@@ -71,6 +73,7 @@ class StreamRelay {
   std::unique_ptr<Filtering> filtering_;
   std::string in_;
   const bool want_usage_;
+  const bool strip_usage_;
   std::optional<TokenUsage> usage_;
   std::optional<std::chrono::steady_clock::time_point> first_event_at_;
   std::chrono::steady_clock::time_point last_event_at_{};

@@ -89,6 +89,10 @@ struct RequestContext {
   const KvConnector& connector;
   // The decode instances are combined P+D ones: no prefill stage.
   bool one_hop = false;
+  // A stream whose tokens the gateway counts though the client did not ask
+  // for usage: decode is asked for it, and the relay keeps it from the
+  // client.
+  bool usage_for_gateway = false;
 
   // What prefill leaves for decode.
   InstancePtr prefill;

@@ -32,6 +32,22 @@ void apply_header_edits(ForwardedHeaders& fwd, const std::vector<HeaderEdit>& ed
   }
 }
 
+bool use_edited_body(RequestContext& rc, std::string edited, const char* what) {
+  auto index = index_json_object(edited);
+  if (!index) {
+    // Edits splice values into a valid object: this is a bug.
+    spdlog::error("request {}: {} broke the JSON: {}", rc.request_id(), what, index.error());
+    return rc.fail(gateway_error(ErrorKind::internal, "internal error editing the request body"));
+  }
+  rc.hooked_body = std::move(edited);
+  rc.body = rc.hooked_body;
+  rc.index = std::move(*index);
+  // Views into the body follow it to the edited text.
+  rc.pick().prompt_raw =
+      raw_member(rc.body, rc.index, rc.is_chat ? "messages" : "prompt").value_or("");
+  return true;
+}
+
 bool request_hook_phase(RequestContext& rc) {
   RequestHookInput in;
   in.request_id = rc.request_id();
@@ -54,20 +70,8 @@ bool request_hook_phase(RequestContext& rc) {
       return rc.fail(policy_error(d.reject_status, std::move(d.reject_message)));
     apply_header_edits(rc.fwd, d.headers);
     if (auto edited = hooked_body(rc.body, rc.index, rc.is_chat, d)) {
-      auto index = index_json_object(*edited);
-      if (!index) {
-        // Edits splice numbers into a valid object: this is a bug.
-        spdlog::error("request {}: the request hook's body edit broke the JSON: {}",
-                      rc.request_id(), index.error());
-        return rc.fail(
-            gateway_error(ErrorKind::internal, "internal error editing the request body"));
-      }
-      rc.hooked_body = std::move(*edited);
-      rc.body = rc.hooked_body;
-      rc.index = std::move(*index);
-      // Views into the body follow it to the edited text.
-      rc.pick().prompt_raw =
-          raw_member(rc.body, rc.index, rc.is_chat ? "messages" : "prompt").value_or("");
+      if (!use_edited_body(rc, std::move(*edited), "the request hook's body edit"))
+        return false;
     }
   }
   rc.one_hop = one_hop_for(rc, d.path);

@@ -18,6 +18,12 @@ namespace pdgate {
 // fail-closed hook failed), else nothing: the request goes on as decided.
 bool request_hook_phase(RequestContext& rc);
 
+// Makes `edited` (the request's body with a few fields changed) the body
+// every later phase reads: re-indexed, and the views into the body moved
+// to it. False (and the request failed with an internal error) if the edit
+// broke the JSON, which splicing into a valid object cannot do.
+bool use_edited_body(RequestContext& rc, std::string edited, const char* what);
+
 // Applies header edits to what every engine request of this client
 // request carries. Edits failing header_edit_error() are skipped (the
 // policy engine refuses them before they get here).

@@ -219,6 +219,60 @@ TEST(ClientKeys, TokensPerMinuteCountEngineUsage) {
   EXPECT_FALSE(r.header("retry-after").empty());
 }
 
+// Tokens per minute hold against concurrency: each request reserves its
+// prompt estimate and max_tokens at admission, so 20 requests of 100 tokens
+// at once under a 200-token limit, through two replicas, are not all let
+// in (issue 32, item 10: before, all 20 were admitted, since admission
+// compared only the tokens already used).
+TEST(ClientKeys, TokenLimitsReserveMaxTokensAtAdmission) {
+  TwoReplicas r("sk-c", "    tokens_per_minute: 200\n", {"--itl-ms", "20"});
+  ASSERT_TRUE(r.ready);
+  std::atomic<int> ok{0}, limited{0}, other{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 20; ++i) {
+    clients.emplace_back([&, i] {
+      const auto a = chat((i % 2 ? r.gw1 : r.gw2).port(), bearer("sk-c"), false, 100);
+      ++(a.status == 200 ? ok : a.status == 429 ? limited : other);
+    });
+  }
+  for (auto& t : clients)
+    t.join();
+  EXPECT_GE(ok.load(), 1);
+  EXPECT_LE(ok.load(), 2) << "429: " << limited;
+  EXPECT_EQ(ok + limited, 20) << "other: " << other;
+}
+
+// A stream whose client did not ask for usage is counted all the same:
+// the gateway asks decode for usage and keeps that event from the client,
+// whose stream is as it asked; the tokens count, and the next request is
+// refused (before, streams without include_usage were never counted).
+TEST(ClientKeys, StreamsCountWithoutTheClientAskingForUsage) {
+  TwoReplicas r("sk-s", "    tokens_per_minute: 50\n");
+  ASSERT_TRUE(r.ready);
+  const auto s = chat(r.gw1.port(), bearer("sk-s"), true, 60);
+  ASSERT_EQ(s.status, 200) << s.body;
+  const auto events = sse_data(s.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (const auto& e : events) {
+    if (e != "[DONE]") {
+      EXPECT_FALSE(Json::parse(e).contains("usage")) << e;
+      EXPECT_FALSE(Json::parse(e)["choices"].empty()) << e;
+    }
+  }
+  const Json sent = Json::parse(r.d.requests().back()["body"].get<std::string>());
+  EXPECT_EQ(sent["stream_options"]["include_usage"], true) << sent.dump();
+  Response next;
+  EXPECT_TRUE(eventually(
+      [&] {
+        next = chat(r.gw2.port(), bearer("sk-s"));
+        return next.status == 429;
+      },
+      5s))
+      << next.status << " " << next.body;
+  EXPECT_NE(next.body.find("tokens per minute"), std::string::npos) << next.body;
+}
+
 // Redis gone: a gateway set to fail open lets keyed requests in (and
 // counts it); one set to fail closed answers 503 with Retry-After.
 TEST(ClientKeys, RedisDownFailsOpenOrClosed) {

@@ -6,8 +6,11 @@
 
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
+#include "core/base/sha256.hpp"
 #include "tests/integration/harness.hpp"
 #include "tests/robustness/util.hpp"
 
@@ -125,6 +128,47 @@ TEST(DebugRoutes, ProfilingNeedsTheAdminKey) {
                 .status,
             404);
   EXPECT_EQ(d.stats()["profile_total"]["stop"], 0);
+}
+
+// With --api-keys on and no admin key, the profiling routes (which reach
+// every engine) need a client key as completions do: before, anyone got
+// 200 and every engine started profiling (issue 32, item 8).
+TEST(DebugRoutes, ProfilingNeedsAClientKeyWhenKeysAreOn) {
+  Sim p("prefill"), d("decode");
+  const auto keys = std::filesystem::temp_directory_path() /
+                    ("pdgate-profile-keys-" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(keys) << "keys:\n  - name: team\n    sha256: " << *sha256_hex("sk-team") << "\n";
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport(), "--api-keys", keys.string()});
+  std::filesystem::remove(keys);
+  const Headers json = {{"Content-Type", "application/json"}};
+  for (const Headers& h : {json, Headers{{"Content-Type", "application/json"},
+                                         {"Authorization", "Bearer sk-stranger"}}}) {
+    const auto r = http_request(gw.port(), "POST", "/start_profile", "{}", h);
+    EXPECT_EQ(r.status, 401) << r.body;
+    EXPECT_EQ(r.json()["error"]["type"], "AuthenticationError") << r.body;
+  }
+  EXPECT_EQ(d.stats()["profile_total"]["start"], 0);
+  const auto r =
+      http_request(gw.port(), "POST", "/start_profile", "{}",
+                   {{"Content-Type", "application/json"}, {"Authorization", "Bearer sk-team"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(d.stats()["profile_total"]["start"], 1);
+}
+
+// With an admin key, /metrics on the client port hides the engines'
+// addresses as /status does; the key's holder and the admin port see
+// them (issue 32, item 9: before, anyone read every engine's URL there).
+TEST(DebugRoutes, MetricsOnTheClientPortHideEngineAddresses) {
+  Sim p("prefill"), d("decode");
+  Operated gw({"--prefill", p.hostport(), "--decode", d.hostport()});
+  const std::string engine = "127.0.0.1:" + std::to_string(d.port());
+  const auto anyone = get(gw.port(), "/metrics");
+  ASSERT_EQ(anyone.status, 200);
+  EXPECT_EQ(anyone.body.find(engine), std::string::npos);
+  EXPECT_NE(anyone.body.find("pdgate_instance_in_flight{id="), std::string::npos) << anyone.body;
+  const auto holder = http_request(gw.port(), "GET", "/metrics", "", {{"X-API-Key", kKey}});
+  EXPECT_NE(holder.body.find(engine), std::string::npos);
+  EXPECT_NE(gw.admin_call("GET", "/metrics").body.find(engine), std::string::npos);
 }
 
 // Errors a client sees name the stage, never an engine's address, unless
