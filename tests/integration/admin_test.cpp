@@ -246,8 +246,9 @@ TEST(AdminApi, OversizedLabelsAreRefusedAndPoliciesSurvive) {
   auto args = pd_args(p, {&d});
   args.insert(args.end(), {"--policy", "least_load", "--policy-memory", "1MiB", "--workers", "1"});
   AdminGateway g(args);
-  const std::string blob(900 * 1000, 'x');
   for (Sim* e : {&e1, &e2}) {
+    // Distinct per instance: Lua would share two equal strings.
+    const std::string blob(900 * 1000, e == &e1 ? 'x' : 'y');
     auto r = g.call("POST", "/admin/instances",
                     {{"role", "decode"}, {"url", e->url()}, {"labels", {{"blob", blob}}}});
     EXPECT_EQ(r.status, 400) << r.body.substr(0, 300);
