@@ -25,6 +25,13 @@ std::optional<RegistryEntry> parse_entry(const json& e) {
   if (!role || out.url.empty())
     return std::nullopt;
   out.role = *role;
+  // A URL is short; one of megabytes would be copied into every policy
+  // state and log line.
+  if (out.url.size() > kMaxRegistryUrlBytes) {
+    out.refused = "a url longer than " + std::to_string(kMaxRegistryUrlBytes) + " bytes";
+    out.url.resize(kMaxRegistryUrlBytes);
+    return out;
+  }
   if (const auto it = e.find("labels"); it != e.end() && it->is_object()) {
     // The admin API's bounds (LabelLimits), the count checked before
     // anything is copied: one entry's labels must not grow every

@@ -19,6 +19,7 @@ namespace pdgate {
 // size first), nor more entries than this of one.
 inline constexpr std::size_t kMaxRegistryDocumentBytes = 16u << 20;
 inline constexpr std::size_t kMaxRegistryDocumentEntries = 20'000;
+inline constexpr std::size_t kMaxRegistryUrlBytes = 2048;
 
 // One entry: an instance and its state ("active", "draining", "removed").
 struct RegistryEntry {
@@ -27,8 +28,9 @@ struct RegistryEntry {
   std::string state;
   std::map<std::string, std::string> labels;
   unsigned weight = 1;
-  // Set when the entry breaks a bound the admin API holds too (labels past
-  // LabelLimits): the entry is refused, its labels not kept.
+  // Set when the entry breaks a bound (labels past LabelLimits, as the
+  // admin API holds them; a URL past kMaxRegistryUrlBytes, kept cut to
+  // that length for the log): the entry is refused, its labels not kept.
   std::optional<std::string> refused;
 };
 

@@ -32,6 +32,7 @@ void fuzz_document(std::string_view text) {
     check(doc.entries.empty() && doc.past_bound == 0, "an unusable document yields nothing");
   for (const auto& e : doc.entries) {
     check(!e.url.empty(), "an entry has a URL");
+    check(e.url.size() <= pdgate::kMaxRegistryUrlBytes, "URL bounded");
     check(e.weight >= 1 && e.weight <= 1000, "weight in range");
     if (e.refused)
       check(e.labels.empty(), "a refused entry keeps no labels");
