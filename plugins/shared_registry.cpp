@@ -67,8 +67,10 @@ return v
 // What this replica reads of the document, whoever wrote it: a document
 // past kMaxRegistryDocumentBytes is not read at all (it is reported),
 // entries past kMaxRegistryDocumentEntries are refused and counted
-// (plugins/shared_registry_document.hpp), and at most kMaxLearntInstances
-// instances learnt from Redis serve at once.
+// (plugins/shared_registry_document.hpp), and no instance is adopted from
+// it once the replica serves kMaxLearntInstances besides those of its
+// flags and file (whether learnt from Redis or added through its own
+// admin API: both are shared).
 constexpr std::size_t kMaxLearntInstances = 10'000;
 
 // A reply that is not the one expected, for a log line.
@@ -170,8 +172,8 @@ void SharedRegistry::apply(const std::string& document) {
                     " entries past the first " + std::to_string(kMaxRegistryDocumentEntries) +
                     "; they are refused");
   }
-  // Instances this replica learnt from Redis (not from its flags or
-  // file), towards kMaxLearntInstances.
+  // Instances not from this replica's flags or file, towards
+  // kMaxLearntInstances.
   std::size_t learnt = 0;
   for (const auto& i : registry_.snapshot()->all())
     learnt += i->from_config ? 0 : 1;
@@ -214,7 +216,7 @@ void SharedRegistry::apply(const std::string& document) {
         registry_.note_shared_refusal();
         log_refusal(to_string(entry->role), entry->url,
                     "this replica already serves " + std::to_string(kMaxLearntInstances) +
-                        " instances learnt from Redis");
+                        " instances learnt from Redis or the admin API");
         continue;
       }
       ++learnt;
