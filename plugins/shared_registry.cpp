@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <exception>
-#include <map>
 #include <optional>
 #include <utility>
 
@@ -17,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plugins/redis_connection.hpp"
+#include "plugins/shared_registry_document.hpp"
 
 namespace pdgate {
 
@@ -35,21 +35,48 @@ constexpr auto kRetryInterval = std::chrono::milliseconds(250);
 constexpr auto kAddBatchDelay = std::chrono::milliseconds(10);
 
 // KEYS: document, version, channel. ARGV: field, entry JSON, "1" for an
-// announcement (written only if the field is absent). A tombstone
-// ("removed") is final: a stale "active" for the same field does not undo
-// it.
+// announcement (written only if the field is absent), the tombstone TTL in
+// seconds. A tombstone ("removed", stamped with Redis' clock) holds for
+// the TTL: a stale "active" for the same field does not undo it meanwhile.
+// Every write drops the tombstones past it, so the document does not keep
+// every instance ever removed, and a URL removed once can come back.
 constexpr std::string_view kMergeScript = R"(
 local doc = redis.call('GET', KEYS[1])
 local t = {}
 if doc then t = cjson.decode(doc) end
+if type(t) ~= 'table' then t = {} end
+local now = tonumber(redis.call('TIME')[1])
+local ttl = tonumber(ARGV[4])
+for k, e in pairs(t) do
+  if type(e) == 'table' and e['state'] == 'removed' and
+     (type(e['removed_at']) ~= 'number' or now - e['removed_at'] > ttl) then
+    t[k] = nil
+  end
+end
 local old = t[ARGV[1]]
 if old and (old['state'] == 'removed' or ARGV[3] == '1') then return 0 end
-t[ARGV[1]] = cjson.decode(ARGV[2])
+local e = cjson.decode(ARGV[2])
+if e['state'] == 'removed' then e['removed_at'] = now end
+t[ARGV[1]] = e
 redis.call('SET', KEYS[1], cjson.encode(t))
 local v = redis.call('INCR', KEYS[2])
 redis.call('PUBLISH', KEYS[3], v)
 return v
 )";
+
+// What this replica reads of the document, whoever wrote it: a document
+// past kMaxRegistryDocumentBytes is not read at all (it is reported),
+// entries past kMaxRegistryDocumentEntries are refused and counted
+// (plugins/shared_registry_document.hpp), and no instance is adopted from
+// it once the replica serves kMaxLearntInstances besides those of its
+// flags and file (whether learnt from Redis or added through its own
+// admin API: both are shared).
+constexpr std::size_t kMaxLearntInstances = 10'000;
+
+// A reply that is not the one expected, for a log line.
+std::string reply_text(const RedisReply& r) {
+  return r.text.empty() ? std::string("no reply") : r.text.substr(0, 200);
+}
 
 }  // namespace
 
@@ -132,64 +159,38 @@ Result<bool> SharedRegistry::start(net::any_io_executor ex) {
   return true;
 }
 
-namespace {
-
-// One entry of the document, read without trusting it: anything of the
-// wrong type, or a weight the admin API would refuse, and it is skipped.
-struct Entry {
-  Role role = Role::decode;
-  std::string url;
-  std::string state;
-  std::map<std::string, std::string> labels;
-  unsigned weight = 1;
-};
-
-std::optional<Entry> parse_entry(const json& e) {
-  if (!e.is_object())
-    return std::nullopt;
-  auto text = [&e](const char* key) {
-    const auto it = e.find(key);
-    return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  Entry out;
-  const auto role = role_from_string(text("role"));
-  out.url = text("url");
-  out.state = text("state");
-  if (!role || out.url.empty())
-    return std::nullopt;
-  out.role = *role;
-  if (const auto it = e.find("labels"); it != e.end() && it->is_object()) {
-    for (const auto& [k, v] : it->items()) {
-      if (v.is_string())
-        out.labels[k] = v.get<std::string>();
-    }
-  }
-  if (const auto it = e.find("weight"); it != e.end()) {
-    if (!it->is_number_unsigned() || it->get<std::uint64_t>() < 1 ||
-        it->get<std::uint64_t>() > 1000) {
-      return std::nullopt;
-    }
-    out.weight = it->get<unsigned>();
-  }
-  return out;
-}
-
-}  // namespace
-
 void SharedRegistry::apply(const std::string& document) {
-  auto doc = json::parse(document, nullptr, false);
-  if (!doc.is_object())
+  RegistryDocument doc = parse_registry_document(document);
+  if (doc.problem) {
+    report_document(*doc.problem);
     return;
+  }
+  if (doc.past_bound > 0) {
+    for (std::size_t k = 0; k < doc.past_bound; ++k)
+      registry_.note_shared_refusal();
+    report_document("the document has " + std::to_string(doc.past_bound) +
+                    " entries past the first " + std::to_string(kMaxRegistryDocumentEntries) +
+                    "; they are refused");
+  }
+  // Instances not from this replica's flags or file, towards
+  // kMaxLearntInstances.
+  std::size_t learnt = 0;
+  for (const auto& i : registry_.snapshot()->all())
+    learnt += i->from_config ? 0 : 1;
+  learnt += validating_.size();
   // A validation that started this long ago has ended however it went
   // (name resolution and the model check are each bounded by
   // --model-check-timeout): its entry is validated afresh.
   const std::int64_t stale_after = 2 * cfg_.model_check_timeout.count() + 1000;
   const std::int64_t now = steady_now_ms();
   std::vector<Learnt> fresh;
-  for (const auto& [field, e] : doc.items()) {
-    auto entry = parse_entry(e);
-    if (!entry)
+  for (auto& e : doc.entries) {
+    if (e.refused) {
+      registry_.note_shared_refusal();
+      log_refusal(to_string(e.role), e.url, *e.refused);
       continue;
+    }
+    RegistryEntry* entry = &e;
     std::string key = std::string(to_string(entry->role)) + "|" + entry->url;
     const InstancePtr local = registry_.find(entry->role, entry->url);
     auto pending = validating_.find(key);
@@ -211,6 +212,14 @@ void SharedRegistry::apply(const std::string& document) {
       auto spec = parse_upstream(entry->role, entry->url);
       if (!spec)
         continue;
+      if (learnt >= kMaxLearntInstances) {
+        registry_.note_shared_refusal();
+        log_refusal(to_string(entry->role), entry->url,
+                    "this replica already serves " + std::to_string(kMaxLearntInstances) +
+                        " instances learnt from Redis or the admin API");
+        continue;
+      }
+      ++learnt;
       spec->role = entry->role;
       fresh.push_back(
           {std::move(key), NewInstance{std::move(*spec), std::move(entry->labels), entry->weight}});
@@ -219,6 +228,11 @@ void SharedRegistry::apply(const std::string& document) {
     // No longer active: an add still being validated is not made.
     if (pending != validating_.end())
       pending->second.wanted = false;
+    // An instance this replica's flags or file list is the operator's:
+    // another replica's drain or removal does not take it out of service
+    // here (else one write to Redis could drain every replica's engines).
+    if (local && local->from_config)
+      continue;
     if ((entry->state == "draining" || entry->state == "removed") && local &&
         (!local->draining.load() ||
          (entry->state == "removed" && !local->remove_when_idle.load()))) {
@@ -274,7 +288,7 @@ net::awaitable<void> SharedRegistry::validate_queued() {
     if (refused) {
       validating_.erase(l.key);
       registry_.note_shared_refusal();
-      log_refusal(l, *refused);
+      log_refusal(to_string(l.instance.spec.role), l.instance.spec.url, refused->message);
       continue;
     }
     passed_.push_back(std::move(l));
@@ -319,7 +333,19 @@ void SharedRegistry::add_passed() {
     spdlog::info("shared registry: learnt {} more instance(s)", added - 10);
 }
 
-void SharedRegistry::log_refusal(const Learnt& l, const RegistryError& why) {
+void SharedRegistry::report_document(const std::string& why) {
+  registry_.note_shared_document_error(why);
+  // Once a second at most: the loop retries every few seconds, and a
+  // writer may keep the document bad.
+  const std::int64_t now = steady_now_ms();
+  if (now - last_document_log_ms_ < 1000)
+    return;
+  last_document_log_ms_ = now;
+  spdlog::error("shared registry: {} (pdgate_shared_registry_document_errors_total)", why);
+}
+
+void SharedRegistry::log_refusal(std::string_view role, std::string_view url,
+                                 std::string_view why) {
   // At most one line a second: a document full of bad entries must not
   // flood the log.
   const std::int64_t now = steady_now_ms();
@@ -331,8 +357,8 @@ void SharedRegistry::log_refusal(const Learnt& l, const RegistryError& why) {
   if (refusals_not_logged_ > 0)
     more =
         " (and " + std::to_string(refusals_not_logged_) + " more refusal(s) since the last line)";
-  spdlog::warn("shared registry: not using {} instance {} from Redis: {}{}",
-               to_string(l.instance.spec.role), l.instance.spec.url, why.message, more);
+  spdlog::warn("shared registry: not using {} instance {} from Redis: {}{}", role,
+               url.substr(0, 256), why, more);
   last_refusal_log_ms_ = now;
   refusals_not_logged_ = 0;
 }
@@ -344,6 +370,7 @@ net::awaitable<void> SharedRegistry::loop() {
   const std::string version_key = cfg_.redis_key_prefix + "instances:version";
   const std::string channel = cfg_.redis_key_prefix + "instances:changed";
   const std::string script(kMergeScript);
+  const std::string tombstone_ttl = std::to_string(kTombstoneTtl.count());
   for (;;) {
     // Local changes first, in order; one that fails stays queued and is
     // retried (Redis may be down: we keep serving and catch up later).
@@ -371,6 +398,7 @@ net::awaitable<void> SharedRegistry::loop() {
       eval.emplace_back(next.field);
       eval.emplace_back(next.entry);
       eval.emplace_back(announce);
+      eval.emplace_back(tombstone_ttl);
       auto r = co_await conn_->command(std::move(eval));
       if (r.type != RedisReply::Type::integer) {
         retry = true;
@@ -398,11 +426,32 @@ net::awaitable<void> SharedRegistry::loop() {
       retry = !pending_.empty();
     } else if (v.type == RedisReply::Type::string && (reload_ || v.text != seen_version_)) {
       reload_ = false;
-      std::vector<std::string_view> get_doc = {get_cmd, doc_key};
-      auto d = co_await conn_->command(std::move(get_doc));
-      if (d.type == RedisReply::Type::string) {
-        apply(d.text);
+      // Its size first: a document too large is reported and not read (a
+      // writer cannot make every replica allocate and parse it).
+      const std::string strlen_cmd = "STRLEN";
+      std::vector<std::string_view> get_len = {strlen_cmd, doc_key};
+      auto n = co_await conn_->command(std::move(get_len));
+      if (n.type != RedisReply::Type::integer) {
+        report_document("could not read the document's size from Redis: " + reply_text(n));
+        reload_ = true;
+      } else if (static_cast<std::uint64_t>(n.integer) > kMaxRegistryDocumentBytes) {
+        report_document("the document is " + std::to_string(n.integer) + " bytes, more than " +
+                        std::to_string(kMaxRegistryDocumentBytes) +
+                        "; instances are left as they are");
         seen_version_ = v.text;
+      } else {
+        std::vector<std::string_view> get_doc = {get_cmd, doc_key};
+        auto d = co_await conn_->command(std::move(get_doc));
+        if (d.type == RedisReply::Type::string) {
+          apply(d.text);
+          seen_version_ = v.text;
+        } else if (d.type != RedisReply::Type::nil) {
+          // Not read (a timeout, an error): said so, and read again at
+          // the next round rather than waiting for another change.
+          report_document("could not read the document (" + std::to_string(n.integer) +
+                          " bytes) from Redis: " + reply_text(d));
+          reload_ = true;
+        }
       }
     }
     if (!woken_) {

@@ -18,12 +18,14 @@
 // counted (Registry::shared_refused_total) and tried again at the next document change.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -45,6 +47,11 @@ struct RedisConnectionsShared;
 
 class SharedRegistry final : public RegistrySync {
  public:
+  // How long a removal ("removed", a tombstone) stands in the document:
+  // meanwhile a replica that still lists the instance cannot bring it
+  // back; afterwards the next write drops it (docs/operations.md).
+  static constexpr std::chrono::seconds kTombstoneTtl{300};
+
   // `loop_guard` (this gateway's Via identity, for the validation probe)
   // must outlive it; `engine_tls` reaches https:// instances.
   SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard,
@@ -68,7 +75,10 @@ class SharedRegistry final : public RegistrySync {
   boost::asio::awaitable<void> validate_queued();
   // Adds the instances that passed and are still wanted, as one batch.
   void add_passed();
-  void log_refusal(const Learnt& l, const RegistryError& why);
+  void log_refusal(std::string_view role, std::string_view url, std::string_view why);
+  // A document that could not be read or used whole: counted
+  // (Registry::note_shared_document_error), logged at most once a second.
+  void report_document(const std::string& why);
   // `announce`: written only if Redis has no entry for the instance yet
   // (what a replica serves from its flags, or refills an empty Redis with,
   // never overrides a change made through the admin API).
@@ -116,6 +126,7 @@ class SharedRegistry final : public RegistrySync {
   std::optional<boost::asio::steady_timer> add_timer_;
   std::int64_t last_refusal_log_ms_ = 0;
   std::uint64_t refusals_not_logged_ = 0;
+  std::int64_t last_document_log_ms_ = 0;
 };
 
 }  // namespace pdgate

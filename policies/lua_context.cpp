@@ -130,6 +130,8 @@ void create_context_tables(Impl& I) {
   I.outcome_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_newtable(L);
   I.empty_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushboolean(L, 0);
+  I.arg_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
 // Pushes the stage's instances array, rebuilding it when the candidate
@@ -145,7 +147,10 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
            c.versions[i] == candidates[i]->meta_version();
   }
   if (!same) {
+    // Unset first: should the rebuild fail (the state at its memory cap),
+    // the next pick finds no array and rebuilds it.
     luaL_unref(L, LUA_REGISTRYINDEX, c.array_ref);
+    c.array_ref = LUA_NOREF;
     c.ptrs.clear();
     c.ids.clear();
     c.keys.clear();

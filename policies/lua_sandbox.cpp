@@ -228,9 +228,18 @@ Result<bool> open_sandboxed_state(Impl& I) {
 }
 
 std::string pop_error(lua_State* L) {
-  const char* msg = lua_tostring(L, -1);
-  std::string out =
-      msg != nullptr ? msg : std::string("(error object is a ") + luaL_typename(L, -1) + ")";
+  // Only a string is read as it is: lua_tostring would convert a number in
+  // place, an allocation outside any protected call.
+  std::string out;
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    std::size_t n = 0;
+    const char* msg = lua_tolstring(L, -1, &n);
+    out.assign(msg, n);
+  } else if (lua_type(L, -1) == LUA_TNUMBER) {
+    out = std::to_string(lua_tonumber(L, -1));
+  } else {
+    out = std::string("(error object is a ") + luaL_typename(L, -1) + ")";
+  }
   lua_pop(L, 1);
   return out;
 }
@@ -267,16 +276,17 @@ int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget) {
     I.fast_steps = 0;
   }
   I.in_call = false;
+  return status;
+}
+
+std::string pop_call_error(Impl& I) {
+  std::string msg = pop_error(I.L);
   // A call stopped by the budget may have failed elsewhere first (e.g. a
   // large allocation refused past the deadline says "not enough memory").
-  if (status != 0 && I.timed_out) {
-    const char* msg = lua_tostring(I.L, -1);
-    if (msg == nullptr || std::strstr(msg, kBudgetMessage) == nullptr) {
-      lua_pushfstring(I.L, "%s (%s)", kBudgetMessage, msg != nullptr ? msg : "no message");
-      lua_remove(I.L, -2);
-    }
-  }
-  return status;
+  // Composed here, not in Lua: the state may have no memory left.
+  if (I.timed_out && msg.find(kBudgetMessage) == std::string::npos)
+    msg = std::string(kBudgetMessage) + " (" + msg + ")";
+  return msg;
 }
 
 // A fresh environment table for one script, holding only safe globals.

@@ -23,6 +23,7 @@ namespace pdgate::policy {
 using detail::budgeted_call;
 using detail::Clock;
 using detail::Impl;
+using detail::pop_call_error;
 using detail::pop_error;
 using detail::push_ctx;
 using detail::push_instances;
@@ -92,6 +93,13 @@ class CallScope {
  private:
   Impl& I_;
 };
+
+// Empties the argument slot (an existing registry entry: no allocation),
+// so the state does not keep the last call's argument alive.
+void release_arg(Impl& I) {
+  lua_pushboolean(I.L, 0);
+  lua_rawseti(I.L, LUA_REGISTRYINDEX, I.arg_ref);
+}
 
 }  // namespace
 
@@ -169,7 +177,7 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
       push_sandbox_env(L);
       lua_setfenv(L, -2);
       if (budgeted_call(*I, 0, 1, kLoadBudget) != 0) {
-        return fail("policy " + src.origin + ": " + pop_error(L));
+        return fail("policy " + src.origin + ": " + pop_call_error(*I));
       }
       if (!lua_istable(L, -1)) {
         lua_pop(L, 1);
@@ -291,13 +299,28 @@ PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickCon
   const int base = lua_gettop(L);
   CallScope scope(I, ctx, hashes, candidates.size(), &candidates);
   I.cur_now_ms = steady_ms(now);
+  // ctx and the instances are made ready in the state under protection
+  // (they may not fit in what the script left of --policy-memory); an
+  // out-of-memory there fails the pick like an error in the script.
+  if (auto err = detail::run_protected(L, [&](lua_State* S) {
+        push_ctx(I, ctx);
+        lua_pop(S, 1);
+        push_instances(I, ctx.stage, candidates, steady_ms(now));
+        lua_pop(S, 1);
+      })) {
+    a.status = PickStatus::error;
+    a.error = std::move(*err);
+    lua_settop(L, base);
+    return a;
+  }
+  const int array_ref = I.caches[static_cast<int>(ctx.stage)].array_ref;
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.stages[static_cast<int>(ctx.stage)].pick_ref);
-  push_ctx(I, ctx);
-  push_instances(I, ctx.stage, candidates, steady_ms(now));
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.ctx_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, array_ref);
   const int status = budgeted_call(I, 2, 1, I.svc.budget);
   if (status != 0) {
     a.status = I.timed_out ? PickStatus::budget : PickStatus::error;
-    a.error = pop_error(L);
+    a.error = pop_call_error(I);
     lua_settop(L, base);
     return a;
   }
@@ -315,13 +338,16 @@ PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickCon
                 std::to_string(candidates.size()) + ")";
     }
   } else if (t == LUA_TTABLE) {
-    // An instance table: it must be one of this pick's, not a copy.
-    lua_getfield(L, -1, "index");
-    const double d = lua_tonumber(L, -1);
+    // An instance table: it must be one of this pick's, not a copy. Read
+    // raw: outside the protected call no metamethod of the script may run
+    // (and the key string exists: every instance table has it).
+    lua_pushliteral(L, "index");
+    lua_rawget(L, -2);
+    const double d = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : 0;
     lua_pop(L, 1);
     bool ok = d >= 1 && d <= static_cast<double>(candidates.size()) && d == std::floor(d);
     if (ok) {
-      lua_rawgeti(L, LUA_REGISTRYINDEX, I.caches[static_cast<int>(ctx.stage)].array_ref);
+      lua_rawgeti(L, LUA_REGISTRYINDEX, array_ref);
       lua_rawgeti(L, -1, static_cast<int>(d));
       ok = lua_rawequal(L, -1, -3) != 0;
       lua_pop(L, 2);
@@ -356,15 +382,28 @@ std::optional<std::string> LuaVm::on_complete(const Instance& chosen, const Pick
   lua_State* L = I.L;
   const int base = lua_gettop(L);
   CallScope scope(I, ctx, hashes, 0);
+  // Built under protection, as a pick's arguments are (see pick).
+  if (auto err = detail::run_protected(L, [&](lua_State* S) {
+        push_ctx(I, ctx);
+        lua_pop(S, 1);
+        detail::push_chosen_instance(I, ctx.stage, chosen);
+        lua_rawseti(S, LUA_REGISTRYINDEX, I.arg_ref);
+        detail::push_outcome(I, outcome);
+        lua_pop(S, 1);
+      })) {
+    lua_settop(L, base);
+    return err;
+  }
   lua_rawgeti(L, LUA_REGISTRYINDEX, st.complete_ref);
-  push_ctx(I, ctx);
-  detail::push_chosen_instance(I, ctx.stage, chosen);
-  detail::push_outcome(I, outcome);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.ctx_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.arg_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.outcome_ref);
   const int status = budgeted_call(I, 3, 0, I.svc.budget);
   std::optional<std::string> err;
   if (status != 0)
-    err = (I.timed_out ? "budget: " : "") + pop_error(L);
+    err = (I.timed_out ? "budget: " : "") + pop_call_error(I);
   lua_settop(L, base);
+  release_arg(I);
   return err;
 }
 
@@ -412,12 +451,23 @@ HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out,
       I.cur_decision = nullptr;
     }
   } clear{I};
+  // The req handle is built under protection, as a pick's arguments are.
+  if (auto err = detail::run_protected(L, [&](lua_State* S) {
+        detail::push_request_handle(I);
+        lua_rawseti(S, LUA_REGISTRYINDEX, I.arg_ref);
+      })) {
+    a.status = HookStatus::error;
+    a.error = std::move(*err);
+    lua_settop(L, base);
+    return a;
+  }
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.request_ref);
-  detail::push_request_handle(I);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.arg_ref);
   const int status = budgeted_call(I, 1, 2, I.svc.budget);
+  release_arg(I);
   if (status != 0) {
     a.status = I.timed_out ? HookStatus::budget : HookStatus::error;
-    a.error = pop_error(L);
+    a.error = pop_call_error(I);
     lua_settop(L, base);
     return a;
   }

@@ -35,7 +35,7 @@ while (($#)); do
   shift
 done
 ((${#targets[@]})) || targets=(request redis_reply json_body sse command_line lua_sandbox kv_index_record dns_answer
-  trace_context kv_events url engine_response)
+  trace_context kv_events url engine_response registry_document)
 
 # Target -> corpus folder under tests/fuzz/corpus.
 corpus_of() {

@@ -81,6 +81,10 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
         continue;
       }
       if (k < v.meta.size()) {
+        if (auto why = label_problem(v.meta[k].labels)) {
+          err(v, u->url + ": labels: " + *why);
+          continue;
+        }
         u->labels = v.meta[k].labels;
         u->weight = v.meta[k].weight;
         u->kv_events = v.meta[k].kv_events;

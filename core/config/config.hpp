@@ -54,6 +54,22 @@ struct UpstreamSpec {
   KvEventsEndpoint kv_events;
 };
 
+// Bounds on one instance's labels, whatever gave them (the config file,
+// the admin API, another replica through Redis): each policy VM copies
+// every label into its state whenever the instance set changes, and
+// /status, /admin/instances and the Redis document carry them. In the
+// spirit of Kubernetes' label limits, with room for a URL-sized value.
+struct LabelLimits {
+  static constexpr std::size_t kMaxCount = 64;
+  static constexpr std::size_t kMaxKeyBytes = 128;
+  static constexpr std::size_t kMaxValueBytes = 1024;
+  // Keys and values together.
+  static constexpr std::size_t kMaxTotalBytes = 8192;
+};
+// Why `labels` break LabelLimits (or has an empty name), or nothing: the
+// one check every source of labels runs.
+std::optional<std::string> label_problem(const std::map<std::string, std::string>& labels);
+
 // Instances found in DNS (`dns://NAME:PORT` in an instance list): every
 // address NAME resolves to (A and AAAA), on PORT, re-resolved every
 // --dns-interval (plugins/dns_discovery.hpp).

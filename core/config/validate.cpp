@@ -14,6 +14,33 @@
 
 namespace pdgate {
 
+std::optional<std::string> label_problem(const std::map<std::string, std::string>& labels) {
+  using L = LabelLimits;
+  if (labels.size() > L::kMaxCount) {
+    return "at most " + std::to_string(L::kMaxCount) + " labels per instance (got " +
+           std::to_string(labels.size()) + ")";
+  }
+  std::size_t total = 0;
+  for (const auto& [k, v] : labels) {
+    if (k.empty())
+      return std::string("a label name must not be empty");
+    if (k.size() > L::kMaxKeyBytes) {
+      return "label name '" + k.substr(0, 32) + "...' is longer than " +
+             std::to_string(L::kMaxKeyBytes) + " bytes";
+    }
+    if (v.size() > L::kMaxValueBytes) {
+      return "label '" + k + "' has a value longer than " + std::to_string(L::kMaxValueBytes) +
+             " bytes (" + std::to_string(v.size()) + ")";
+    }
+    total += k.size() + v.size();
+  }
+  if (total > L::kMaxTotalBytes) {
+    return "an instance's labels may hold at most " + std::to_string(L::kMaxTotalBytes) +
+           " bytes of names and values (got " + std::to_string(total) + ")";
+  }
+  return std::nullopt;
+}
+
 Result<Config> validate(Config c) {
   config_detail::Errors errors;
   const auto has_dns = [&](Role role) {

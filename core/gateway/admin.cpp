@@ -80,12 +80,16 @@ Result<std::optional<Instance::Labels>> labels_field(const json& j) {
     return std::optional<Instance::Labels>();
   if (!it->is_object())
     return fail("labels must be an object");
+  if (it->size() > LabelLimits::kMaxCount)
+    return fail("labels: at most " + std::to_string(LabelLimits::kMaxCount) + " per instance");
   Instance::Labels labels;
   for (const auto& [k, v] : it->items()) {
     if (!v.is_string())
       return fail("label values must be strings");
     labels[k] = v.get<std::string>();
   }
+  if (auto why = label_problem(labels))
+    return fail("labels: " + *why);
   return std::optional<Instance::Labels>(std::move(labels));
 }
 
@@ -329,8 +333,11 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
       auto arr = json::array();
       for (const auto& i : set->by_id)
         arr.push_back(instance_json(*i));
-      co_return json_response(
-          req, 200, {{"instances", arr}, {"refused_total", registry_.shared_refused_total()}});
+      co_return json_response(req, 200,
+                              {{"instances", arr},
+                               {"refused_total", registry_.shared_refused_total()},
+                               {"document_errors_total", registry_.shared_document_errors_total()},
+                               {"last_document_error", registry_.last_shared_document_error()}});
     }
     if (method == http::verb::post) {
       auto j = json::parse(req.body(), nullptr, false);

@@ -62,7 +62,7 @@ InstanceChanges reconcile_instances(Registry& registry, const Config& before, co
         }
         continue;
       }
-      added.push_back({spec, spec.labels, spec.weight});
+      added.push_back({spec, spec.labels, spec.weight, true});
     }
     for (const auto& spec : *l.before) {
       if (wanted.count(spec.url) != 0)

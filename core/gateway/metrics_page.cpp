@@ -1,6 +1,7 @@
 // The gateway's /metrics page: every counter, gauge and histogram of the
 // process, its instances, its stores and its keys, in Prometheus' text
 // format (core/observability/prometheus.hpp writes the format).
+#include <algorithm>
 #include <string>
 
 #include "core/gateway/server.hpp"
@@ -62,6 +63,11 @@ std::string Gateway::metrics_text(bool addresses) const {
   m.counter("pdgate_shared_instances_refused_total",
             "Instances in the shared registry this replica refused (allow-list, model, loop).");
   m.sample("pdgate_shared_instances_refused_total", registry_.shared_refused_total());
+  m.counter("pdgate_shared_registry_document_errors_total",
+            "Times the shared registry's document could not be read or used whole (too large, "
+            "not read in time, too many entries).");
+  m.sample("pdgate_shared_registry_document_errors_total",
+           registry_.shared_document_errors_total());
 
   const auto set = registry_.snapshot();
   const auto all = set->all();
@@ -72,11 +78,25 @@ std::string Gateway::metrics_text(bool addresses) const {
     std::string_view url;
     const Instance* i;
   };
+  // Series per instance are bounded, whatever the registry holds (a
+  // shared document of 10,000 dead entries once made this page 84 MB):
+  // the first kMaxInstanceSeries instances by id (those of the flags and
+  // file first) have them, the count of the others is a gauge of its own.
+  constexpr std::size_t kMaxInstanceSeries = 512;
   std::vector<InstanceLabels> each;
-  each.reserve(all.size());
-  for (const auto& i : all)
+  each.reserve(std::min(all.size(), kMaxInstanceSeries));
+  for (const auto& i : all) {
+    if (each.size() == kMaxInstanceSeries)
+      break;
     each.push_back(
         {std::to_string(i->id), addresses ? std::string_view(i->spec.url) : "", i.get()});
+  }
+  m.gauge("pdgate_instance_series_omitted",
+          "Instances past the first 512 by id, which have no per-instance series here.");
+  m.sample("pdgate_instance_series_omitted", std::uint64_t{all.size() - each.size()});
+  // Latency and token series of an instance never sent a request would
+  // be all zeros: it has them once it serves.
+  const auto served = [](const Instance& i) { return i.requests_total.load() > 0; };
   auto per_instance = [&](std::string_view name, auto value) {
     for (const auto& [id, url, i] : each) {
       m.sample(name, {{"id", id}, {"url", url}, {"role", to_string(i->spec.role)}}, value(*i));
@@ -112,7 +132,7 @@ std::string Gateway::metrics_text(bool addresses) const {
                      "Time from sending a decode instance its request to its first token: its "
                      "first SSE data event for a stream, its whole answer otherwise.");
   for (const auto& [id, url, i] : each) {
-    if (!decodes(*i))
+    if (!decodes(*i) || !served(*i))
       continue;
     const std::string_view role = to_string(i->spec.role);
     m.histogram_series("pdgate_decode_time_to_first_token_seconds",
@@ -126,7 +146,7 @@ std::string Gateway::metrics_text(bool addresses) const {
                      "Time between successive SSE data events of a decode instance's streams "
                      "(events that arrive together count as 0 after the first).");
   for (const auto& [id, url, i] : each) {
-    if (decodes(*i)) {
+    if (decodes(*i) && served(*i)) {
       m.histogram_series("pdgate_inter_token_latency_seconds",
                          {{"id", id}, {"url", url}, {"role", to_string(i->spec.role)}},
                          i->latency.inter_token);
@@ -135,7 +155,7 @@ std::string Gateway::metrics_text(bool addresses) const {
   m.histogram_family("pdgate_prefill_duration_seconds",
                      "Time of successful prefill requests, sent to answered, per instance.");
   for (const auto& [id, url, i] : each) {
-    if (i->spec.role == Role::prefill) {
+    if (i->spec.role == Role::prefill && served(*i)) {
       m.histogram_series("pdgate_prefill_duration_seconds",
                          {{"id", id}, {"url", url}, {"role", "prefill"}}, i->latency.prefill);
     }
@@ -148,7 +168,7 @@ std::string Gateway::metrics_text(bool addresses) const {
                    false}}) {
     m.counter(name, help);
     for (const auto& [id, url, i] : each) {
-      if (decodes(*i)) {
+      if (decodes(*i) && served(*i)) {
         const auto& l = i->latency;
         m.sample(name, {{"id", id}, {"url", url}, {"role", to_string(i->spec.role)}},
                  (prompt ? l.prompt_tokens : l.completion_tokens).load());

@@ -206,6 +206,7 @@ Registry::Registry(const Config& cfg) {
   auto set = std::make_shared<InstanceSet>();
   auto add = [&](const UpstreamSpec& s, std::vector<InstancePtr>& list) {
     auto inst = std::make_shared<Instance>(next_id_++, s, s.labels, s.weight);
+    inst->from_config = true;
     list.push_back(inst);
     set->by_id.push_back(inst);
     if (host_is_name(s.host))
@@ -290,6 +291,12 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
     InstanceSet* next = nullptr;
     for (std::size_t k = 0; k < batch.size(); ++k) {
       auto& b = batch[k];
+      // Every source checks labels before it gets here (with its own
+      // error); this holds the bound for any caller that did not.
+      if (auto why = label_problem(b.labels)) {
+        out[k].error = client_error(ErrorKind::unprocessable, "labels: " + *why);
+        continue;
+      }
       if (auto i = conflict_locked(b.spec.role, b.spec.url)) {
         out[k].error = client_error(
             ErrorKind::conflict, std::string(to_string(i->spec.role)) + " instance " + b.spec.url +
@@ -301,6 +308,7 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
       if (!next)
         next = &writable_locked(replaced);
       auto inst = std::make_shared<Instance>(next_id_++, b.spec, std::move(b.labels), b.weight);
+      inst->from_config = b.from_config;
       add_to_lists(*next, inst);
       by_url_[inst->spec.url].push_back(inst);
       out[k].instance = std::move(inst);
@@ -391,12 +399,27 @@ RegistryOutcome Registry::update(std::uint64_t id, const std::optional<Instance:
   InstancePtr inst = snapshot()->find(id);
   if (!inst)
     return {no_such_instance(id), nullptr};
+  if (labels) {
+    if (auto why = label_problem(*labels))
+      return {client_error(ErrorKind::unprocessable, "labels: " + *why), nullptr};
+  }
   if (inst->set_meta(labels, weight)) {
     inst->record(true, "labels/weight changed");
     if (notify && on_change)
       on_change(*inst, shared_state(*inst));
   }
   return {std::nullopt, std::move(inst)};
+}
+
+void Registry::note_shared_document_error(std::string why) {
+  shared_document_errors_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lock(document_error_mu_);
+  last_document_error_ = std::move(why);
+}
+
+std::string Registry::last_shared_document_error() const {
+  std::lock_guard lock(document_error_mu_);
+  return last_document_error_;
 }
 
 std::size_t Registry::forget_idle() {

@@ -90,6 +90,12 @@ struct Instance {
   // without letting a scrape up to an interval old hide or inflate ours.
   mutable std::atomic<std::int64_t> engine_other_load{0};
 
+  // Given on the command line or in the config file (at start or by a
+  // reload), not learnt at run time: the shared registry may not drain or
+  // remove it (another replica's state for it is advice this replica's
+  // operator did not give). Set before the instance is published.
+  bool from_config = false;
+
   // Draining: no new requests (the registry keeps it out of the candidate
   // lists), in-flight ones finish. Cleared only by an undrain (and never
   // once the instance is marked for removal).
@@ -215,6 +221,7 @@ struct NewInstance {
   UpstreamSpec spec;
   std::map<std::string, std::string> labels;
   unsigned weight = 1;
+  bool from_config = false;  // see Instance::from_config
 };
 
 class Registry {
@@ -270,6 +277,15 @@ class Registry {
   std::uint64_t shared_refused_total() const {
     return shared_refused_.load(std::memory_order_relaxed);
   }
+  // The shared document itself could not be read or used whole (too
+  // large, unreadable in time, not JSON, too many entries): counted, and
+  // the last reason kept, for /admin/instances and
+  // pdgate_shared_registry_document_errors_total.
+  void note_shared_document_error(std::string why);
+  std::uint64_t shared_document_errors_total() const {
+    return shared_document_errors_.load(std::memory_order_relaxed);
+  }
+  std::string last_shared_document_error() const;
 
  private:
   InstancePtr conflict_locked(Role role, const std::string& url) const;
@@ -287,6 +303,9 @@ class Registry {
   std::unordered_map<std::string, std::vector<InstancePtr>> by_url_;
   std::uint64_t next_id_ = 1;
   std::atomic<std::uint64_t> shared_refused_{0};
+  std::atomic<std::uint64_t> shared_document_errors_{0};
+  mutable std::mutex document_error_mu_;
+  std::string last_document_error_;
 };
 
 struct ClientKey;  // core/pipeline/client_keys.hpp

@@ -4,6 +4,7 @@
 // budget per call enforced by the count hook and the watchdog.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "core/base/result.hpp"
@@ -25,6 +26,28 @@ int budgeted_call(Impl& I, int nargs, int nresults, Clock::duration budget);
 void push_sandbox_env(lua_State* L);
 
 // Pops the error value on top of the stack and returns it as a message.
+// Allocates nothing in the state.
 std::string pop_error(lua_State* L);
+// pop_error for a budgeted_call's failure: names the budget when the call
+// ran past it.
+std::string pop_call_error(Impl& I);
+
+// Runs fill(L) as a protected call (lua_cpcall): what the engine builds in
+// the state for a call (the request's tables) may find the state at its
+// memory cap, and an allocation failing outside a protected call would
+// unwind through the gateway's coroutines. `fill` must leave nothing on the
+// stack (what it builds goes to registry slots). Returns the error message
+// when it failed; the state is then as fill left it when the error struck.
+template <class F>
+std::optional<std::string> run_protected(lua_State* L, F&& fill) {
+  auto* fn = &fill;
+  const auto trampoline = [](lua_State* S) -> int {
+    (*static_cast<decltype(fn)>(lua_touserdata(S, 1)))(S);
+    return 0;
+  };
+  if (lua_cpcall(L, trampoline, static_cast<void*>(fn)) == 0)
+    return std::nullopt;
+  return pop_error(L);
+}
 
 }  // namespace pdgate::policy::detail

@@ -99,6 +99,11 @@ struct LuaVm::Impl {
   std::uint32_t ctx_filled = 0;
   int outcome_ref = LUA_NOREF;
   int empty_ref = LUA_NOREF;  // a shared empty table (headers when none)
+  // A registry slot (holding false between calls) for a call's argument
+  // built fresh each call (on_request's req, on_complete's chosen
+  // instance): it is built inside a protected call (run_protected) and
+  // only fetched outside it, which allocates nothing.
+  int arg_ref = LUA_NOREF;
 
   // The request being handled, for the pdgate.* helpers.
   const PickContext* cur_ctx = nullptr;

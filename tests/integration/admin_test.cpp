@@ -235,6 +235,64 @@ TEST(AdminApi, PatchRelabelsInPlaceAndPoliciesFollow) {
   std::remove(script.c_str());
 }
 
+// Labels are bounded (issue 32, item 2; LabelLimits in core/config/config.hpp):
+// an add or a PATCH past the bounds is refused with 400 and an OpenAI-style
+// error naming the labels, and changes nothing. Before the bounds, two adds
+// with 900 KB of labels each were accepted, and the next request's pick
+// copied them into a policy state of --policy-memory 1MiB: the gateway died
+// with SIGSEGV. Labels within the bounds (64 labels) are accepted.
+TEST(AdminApi, OversizedLabelsAreRefusedAndPoliciesSurvive) {
+  Sim p("prefill"), d("decode"), e1("decode"), e2("decode");
+  auto args = pd_args(p, {&d});
+  args.insert(args.end(), {"--policy", "least_load", "--policy-memory", "1MiB", "--workers", "1"});
+  AdminGateway g(args);
+  for (Sim* e : {&e1, &e2}) {
+    // Distinct per instance: Lua would share two equal strings.
+    const std::string blob(900 * 1000, e == &e1 ? 'x' : 'y');
+    auto r = g.call("POST", "/admin/instances",
+                    {{"role", "decode"}, {"url", e->url()}, {"labels", {{"blob", blob}}}});
+    EXPECT_EQ(r.status, 400) << r.body.substr(0, 300);
+    if (r.status == 400) {
+      EXPECT_NE(r.json()["error"]["message"].get<std::string>().find("label"), std::string::npos)
+          << r.body;
+    }
+  }
+  for (int i = 0; i < 6; ++i) {
+    auto r = http_request(g.port(), "POST", "/v1/chat/completions", chat(false).dump(),
+                          {{"Content-Type", "application/json"}}, std::chrono::seconds(5));
+    ASSERT_EQ(r.status, 200) << "request " << i << ": " << fate(g.gw->process());
+  }
+  EXPECT_TRUE(g.instance_by_url(e1.url()).is_null());
+
+  const auto id = g.instance_by_url(d.url())["id"].get<int>();
+  const std::string path = "/admin/instances/" + std::to_string(id);
+  Json many = Json::object();
+  for (int i = 0; i < 65; ++i)
+    many["k" + std::to_string(i)] = "v";
+  EXPECT_EQ(g.call("PATCH", path, {{"labels", many}}).status, 400);
+  EXPECT_EQ(g.call("PATCH", path, {{"labels", {{std::string(129, 'k'), "v"}}}}).status, 400);
+  EXPECT_EQ(g.call("PATCH", path, {{"labels", {{"", "v"}}}}).status, 400);
+  EXPECT_TRUE(g.instance_by_url(d.url())["labels"].empty());
+  many.erase("k64");
+  auto ok =
+      g.call("POST", "/admin/instances", {{"role", "decode"}, {"url", e2.url()}, {"labels", many}});
+  ASSERT_EQ(ok.status, 201) << ok.body;
+  EXPECT_EQ(ok.json()["labels"].size(), 64u);
+  EXPECT_EQ(post_json(g.port(), "/v1/chat/completions", chat(false)).status, 200);
+}
+
+// The same bounds hold in the config file: a label past them is a
+// configuration error (exit 2) naming the instance and the label.
+TEST(AdminApi, OversizedLabelInConfigFileIsAConfigError) {
+  EditedFile file("pdgate.yaml", "decode:\n  - url: http://127.0.0.1:1\n    labels: {blob: " +
+                                     std::string(2000, 'x') + "}\nkv-connector: none\n");
+  Process proc("pdgate", {build_dir() + "/pdgate", "--config", file.path()});
+  const int st = proc.wait(std::chrono::seconds(10));
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << st << "\n" << proc.log();
+  EXPECT_NE(proc.log().find("label 'blob' has a value longer than 1024 bytes"), std::string::npos)
+      << proc.log();
+}
+
 // Undrain: a drained instance goes back into service under its id; an
 // instance being removed cannot be undrained (409).
 TEST(AdminApi, UndrainPutsAnInstanceBackInService) {

@@ -235,6 +235,54 @@ TEST(PolicyGateway, EscapingPolicyCannotHoldWorker) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
 }
 
+// A policy whose state fills --policy-memory (issue 32, item 1) fails its
+// calls with "not enough memory", and each falls back as any failing policy
+// does: the gateway neither dies nor refuses requests, and the failures are
+// counted. Every call refills the state to the cap, so whatever the gateway
+// builds for the next call (on_request's req handle, ctx, the instance
+// tables) is allocated with nothing left: before the fix those allocations
+// ran outside the protected call and the gateway died with SIGSEGV.
+TEST(PolicyGateway, PolicyFillingItsMemoryFallsBack) {
+  Sim d1("both", {"--itl-ms", "1"}), d2("both", {"--itl-ms", "1"});
+  ScriptFile f(R"lua(
+    local keep = {}
+    local function fill()
+      for _, size in ipairs({65536, 4096, 256, 16, 1}) do
+        pcall(function()
+          while true do keep[#keep + 1] = string.rep("y", size) .. #keep end
+        end)
+      end
+      -- Whatever is left is taken by small tables.
+      pcall(function() while true do keep[#keep + 1] = {} end end)
+    end
+    -- Not during the self-check at load (model "self-check"), which must
+    -- pass for the policy to run at all.
+    return {
+      on_request = function(req) if req.model ~= "self-check" then fill() end end,
+      pick = function(ctx, instances)
+        if ctx.model ~= "self-check" then fill() end
+        return instances[1]
+      end,
+      on_complete = function(ctx, chosen, outcome)
+        if ctx.model ~= "self-check" then fill() end
+      end,
+    }
+  )lua");
+  Gateway gw({"--model", "sim-model", "--workers", "1", "--kv-connector", "none", "--policy",
+              f.path(), "--policy-memory", "1MiB", "--policy-budget-us", "200000", "--decode",
+              d1.hostport(), d2.hostport()});
+  for (int i = 0; i < 30; ++i) {
+    auto r = http_request(gw.port(), "POST", "/v1/chat/completions",
+                          chat(hello(i), 2, "c" + std::to_string(i)).dump(),
+                          {{"content-type", "application/json"}}, std::chrono::seconds(5));
+    ASSERT_EQ(r.status, 200) << "request " << i << ": " << r.body << "\n" << gw.process().log();
+  }
+  ASSERT_TRUE(gw.process().running()) << gw.process().log();
+  const std::string metrics = get(gw.port(), "/metrics").body;
+  EXPECT_GT(metric_value(metrics, "pdgate_policy_errors_total{kind=\"error\"}"), 0) << metrics;
+  EXPECT_NE(gw.process().log().find("not enough memory"), std::string::npos);
+}
+
 // A broken policy at start-up is a configuration error with a clear message.
 TEST(PolicyGateway, BrokenPolicyAtStartup) {
   ScriptFile f("return { }");

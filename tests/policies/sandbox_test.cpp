@@ -137,6 +137,7 @@ class Sandbox {
 
   LuaVm& vm() { return *vm_; }
   PolicyWatchdog& watchdog() { return watchdog_; }
+  const std::vector<InstancePtr>& instances() const { return instances_; }
 
  private:
   KvStore kv_;
@@ -470,6 +471,53 @@ TEST(SandboxBudget, LargeStringsBounded) {
     }
     EXPECT_LE(sb.vm().memory_used(), std::size_t{64} << 20);
   }
+}
+
+// A state filled to its memory cap by the script, then asked to pick over
+// instances whose labels changed (so their tables are rebuilt, in a full
+// state) and to run on_complete (its chosen instance and outcome tables):
+// each call fails with "not enough memory" as an error of the script
+// would, or succeeds once the collector freed something; the process
+// never sees the error (issue 32, item 1: these tables were built outside
+// the protected call, and LuaJIT's error unwound through the caller).
+TEST(SandboxMemory, CallArgumentsBuiltInAFullStateFailTheCallOnly) {
+  Sandbox sb(200ms, 1u << 20);
+  ASSERT_TRUE(sb.load_ok(R"lua(
+    local keep = {}
+    local function fill()
+      for _, size in ipairs({65536, 4096, 256, 16, 1}) do
+        pcall(function()
+          while true do keep[#keep + 1] = string.rep("y", size) .. #keep end
+        end)
+      end
+      pcall(function() while true do keep[#keep + 1] = {} end end)
+    end
+    return {
+      pick = function(ctx, instances)
+        if ctx.model == "fill" then fill() end
+        return 1
+      end,
+      on_complete = function(ctx, chosen, outcome) fill() end,
+    }
+  )lua"));
+  std::size_t failed = 0;
+  for (int round = 0; round < 20; ++round) {
+    (void)sb.pick("fill");
+    for (const auto& i : sb.instances())
+      i->set_meta(Instance::Labels{{"round", std::to_string(round) + std::string(1000, 'z')}},
+                  std::nullopt);
+    const PickAnswer a = sb.pick("fine");
+    EXPECT_TRUE(a.status == PickStatus::chosen || a.status == PickStatus::error)
+        << to_string(a.status) << " " << a.error;
+    if (a.status == PickStatus::error) {
+      ++failed;
+      EXPECT_NE(a.error.find("not enough memory"), std::string::npos) << a.error;
+    }
+    Clock::duration took{};
+    (void)sb.complete("fine", &took);
+    EXPECT_LE(sb.vm().memory_used(), std::size_t{1} << 20);
+  }
+  EXPECT_GT(failed, 0u) << "the state never ran out of memory: the test proves nothing";
 }
 
 // A loop whose every instruction is slow (`..` or `<` on a 4 MB string

@@ -978,6 +978,39 @@ TEST(ConfigYaml, InstanceLabelsAndWeight) {
   EXPECT_EQ(r->prefill[1].url, "http://p2:8100");
 }
 
+// Labels past LabelLimits are refused wherever they come from: the one
+// check (label_problem) names the bound, and a YAML instance list past it
+// is a configuration error naming the instance.
+TEST(ConfigYaml, LabelBounds) {
+  using L = LabelLimits;
+  std::map<std::string, std::string> ok;
+  for (std::size_t i = 0; i < L::kMaxCount; ++i)
+    ok["k" + std::to_string(i)] = "v";
+  EXPECT_FALSE(label_problem(ok));
+  EXPECT_FALSE(
+      label_problem({{std::string(L::kMaxKeyBytes, 'k'), std::string(L::kMaxValueBytes, 'v')}}));
+  auto many = ok;
+  many["one-more"] = "v";
+  EXPECT_NE(label_problem(many).value_or("").find("at most 64 labels"), std::string::npos);
+  EXPECT_NE(label_problem({{std::string(L::kMaxKeyBytes + 1, 'k'), "v"}}).value_or("").find("128"),
+            std::string::npos);
+  EXPECT_NE(
+      label_problem({{"k", std::string(L::kMaxValueBytes + 1, 'v')}}).value_or("").find("1024"),
+      std::string::npos);
+  EXPECT_TRUE(label_problem({{"", "v"}}));
+  std::map<std::string, std::string> heavy;
+  for (int i = 0; i < 9; ++i)
+    heavy["k" + std::to_string(i)] = std::string(1000, 'v');
+  EXPECT_NE(label_problem(heavy).value_or("").find("8192 bytes"), std::string::npos);
+
+  const auto r = apply_yaml(Config{}, "decode:\n  - url: http://d1:8200\n    labels: {big: " +
+                                          std::string(2000, 'x') + "}\n");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().find("http://d1:8200: labels: label 'big' has a value longer than 1024"),
+            std::string::npos)
+      << r.error();
+}
+
 // Malformed instance entries are refused with a message naming the key and
 // the fault; all of them are reported together.
 TEST(ConfigYaml, InstanceEntryErrors) {

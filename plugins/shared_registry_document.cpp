@@ -1,0 +1,90 @@
+#include "plugins/shared_registry_document.hpp"
+
+#include <cstdint>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace pdgate {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::optional<RegistryEntry> parse_entry(const json& e) {
+  if (!e.is_object())
+    return std::nullopt;
+  auto text = [&e](const char* key) {
+    const auto it = e.find(key);
+    return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  RegistryEntry out;
+  const auto role = role_from_string(text("role"));
+  out.url = text("url");
+  out.state = text("state");
+  if (!role || out.url.empty())
+    return std::nullopt;
+  out.role = *role;
+  // A URL is short; one of megabytes would be copied into every policy
+  // state and log line.
+  if (out.url.size() > kMaxRegistryUrlBytes) {
+    out.refused = "a url longer than " + std::to_string(kMaxRegistryUrlBytes) + " bytes";
+    out.url.resize(kMaxRegistryUrlBytes);
+    return out;
+  }
+  if (const auto it = e.find("labels"); it != e.end() && it->is_object()) {
+    // The admin API's bounds (LabelLimits), the count checked before
+    // anything is copied: one entry's labels must not grow every
+    // replica's policy states.
+    if (it->size() > LabelLimits::kMaxCount) {
+      out.refused = "at most " + std::to_string(LabelLimits::kMaxCount) +
+                    " labels per instance (got " + std::to_string(it->size()) + ")";
+    } else {
+      for (const auto& [k, v] : it->items()) {
+        if (v.is_string())
+          out.labels[k] = v.get<std::string>();
+      }
+      out.refused = label_problem(out.labels);
+    }
+    if (out.refused) {
+      out.refused = "labels: " + *out.refused;
+      out.labels.clear();
+    }
+  }
+  if (const auto it = e.find("weight"); it != e.end()) {
+    if (!it->is_number_unsigned() || it->get<std::uint64_t>() < 1 ||
+        it->get<std::uint64_t>() > 1000) {
+      return std::nullopt;
+    }
+    out.weight = static_cast<unsigned>(it->get<std::uint64_t>());
+  }
+  return out;
+}
+
+}  // namespace
+
+RegistryDocument parse_registry_document(std::string_view text) {
+  RegistryDocument out;
+  if (text.size() > kMaxRegistryDocumentBytes) {
+    out.problem = "the document is " + std::to_string(text.size()) + " bytes, more than " +
+                  std::to_string(kMaxRegistryDocumentBytes);
+    return out;
+  }
+  const auto doc = json::parse(text, nullptr, false);
+  if (!doc.is_object()) {
+    out.problem = "the document is not a JSON object";
+    return out;
+  }
+  std::size_t seen = 0;
+  for (const auto& [field, e] : doc.items()) {
+    if (++seen > kMaxRegistryDocumentEntries) {
+      ++out.past_bound;
+      continue;
+    }
+    if (auto entry = parse_entry(e))
+      out.entries.push_back(std::move(*entry));
+  }
+  return out;
+}
+
+}  // namespace pdgate
