@@ -183,12 +183,14 @@ void DnsDiscovery::refuse(Source& s, const std::string& url, Reason why,
 }
 
 net::awaitable<void> DnsDiscovery::admit(Source& s, std::string url) {
+  co_await check_and_add(s, url);
+  // Not in a destructor: a frame destroyed unfinished (the control loop
+  // gone at exit) must not touch the source.
+  s.checking.erase(url);
+}
+
+net::awaitable<void> DnsDiscovery::check_and_add(Source& s, const std::string& url) {
   auto ex = co_await net::this_coro::executor;
-  struct Done {
-    Source& s;
-    const std::string& url;
-    ~Done() { s.checking.erase(url); }
-  } done{s, url};
   auto spec = parse_upstream(s.spec.role, url);
   if (!spec) {
     refuse(s, url, validation, spec.error());

@@ -97,6 +97,7 @@ class DnsDiscovery {
   // Validates and health-checks one new address; adds it if it passes and
   // the answers still list it.
   boost::asio::awaitable<void> admit(Source& s, std::string url);
+  boost::asio::awaitable<void> check_and_add(Source& s, const std::string& url);
   void refuse(Source& s, const std::string& url, Reason why, const std::string& message);
 
   const Config& cfg_;
