@@ -166,10 +166,13 @@ net::awaitable<void> DnsDiscovery::refresh(net::any_io_executor ex, Source& s) {
 void DnsDiscovery::refuse(Source& s, const std::string& url, Reason why,
                           const std::string& message) {
   ++s.refusals[why];
-  // Not checked again while the answers list it: the allow-list and the
-  // validation do not change while pdgate runs; health may.
-  s.refused[url] = why == unhealthy ? steady_now_ms() + kRecheckIntervals * interval_.count()
-                                    : std::numeric_limits<std::int64_t>::max();
+  // Outside the allow-list: not checked again while the answers list it
+  // (the list does not change while pdgate runs). Anything else may pass
+  // later (an engine still loading its model answers neither /v1/models
+  // nor /health yet): checked again after a few intervals.
+  s.refused[url] = why == allowed_upstreams
+                       ? std::numeric_limits<std::int64_t>::max()
+                       : steady_now_ms() + kRecheckIntervals * interval_.count();
   // One warning per source and reason every 10 s: a name that flaps
   // must not flood the log (the counter has them all).
   const std::int64_t now = steady_now_ms();

@@ -12,7 +12,8 @@
 // that flaps (TTL 0, a new set of dead addresses at every lookup) never
 // puts an untested address in front of requests. Addresses refused are
 // counted (pdgate_dns_refused_total) and not checked again while the
-// answer keeps them (unhealthy ones: after a few intervals). One source
+// answers keep them (outside the allow-list) or for kRecheckIntervals
+// lookups (anything else: an engine still loading may pass later). One source
 // contributes at most --dns-max-instances, addresses being checked
 // included. An instance missing from the answers is drained (its requests
 // in flight finish) and removed once idle, but only once it has been
@@ -70,8 +71,8 @@ class DnsDiscovery {
 
   // Lookups an instance may be missing from before it is drained.
   static constexpr int kAbsentIntervals = 3;
-  // Lookups an address that failed its health check waits before it is
-  // checked again.
+  // Lookups an address refused for anything but the allow-list waits
+  // before it is checked again.
   static constexpr int kRecheckIntervals = 3;
 
  private:

@@ -286,6 +286,26 @@ TEST(DnsDiscovery, AddressBackWithinAFewLookupsIsNotChurned) {
   EXPECT_EQ(chat(gw.port()).status, 200);
 }
 
+// An address that does not answer yet (an engine still loading) is not
+// added, but checked again a few lookups later: once its engine is up, it
+// becomes an instance.
+TEST(DnsDiscovery, AddressRefusedWhileDownIsAddedOnceItAnswers) {
+  if (!have_dnsmasq())
+    GTEST_SKIP() << "dnsmasq is not installed (apt-get install dnsmasq-base)";
+  Dnsmasq dns(Dnsmasq::Records{{"127.0.0.1", "engines.pdgate.test"}});
+  const std::string port = std::to_string(closed_port());
+  Gateway gw({"--model", "sim-model", "--prefill-servers-urls", "disable", "--decode",
+              "dns://engines.pdgate.test:" + port, "--dns-server",
+              "127.0.0.1:" + std::to_string(dns.port()), "--dns-interval", "200ms"});
+  std::this_thread::sleep_for(600ms);
+  EXPECT_TRUE(decodes(gw.port()).empty());
+  EXPECT_EQ(chat(gw.port()).status, 503);
+  Sim late("both", {"--port", port});
+  ASSERT_TRUE(eventually([&] { return decodes(gw.port()) == std::set{late.url()}; }, 3s))
+      << gw.process().log();
+  EXPECT_EQ(chat(gw.port()).status, 200);
+}
+
 // --allowed-upstreams holds for addresses found in DNS as for every other
 // source: of a name resolving to 127.0.0.1 and 127.0.0.2 under
 // --allowed-upstreams 127.0.0.2/32, only the second becomes an instance;
