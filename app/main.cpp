@@ -312,9 +312,16 @@ int main(int argc, char** argv) {
       }
       gateway.set_client_keys(std::move(keys), control.get_executor());
     }
-    std::optional<pdgate::DnsDiscovery> discovery;
+    // Shared with the /metrics hook; runs on the control loop.
+    std::shared_ptr<pdgate::DnsDiscovery> discovery;
     if (!cfg.dns_sources.empty()) {
-      discovery.emplace(cfg, gateway.registry(), dns_server.first, dns_server.second);
+      auto made = pdgate::DnsDiscovery::create(cfg, gateway.registry(), gateway.loop_guard(),
+                                               dns_server.first, dns_server.second);
+      if (!made) {
+        spdlog::critical("{}", made.error());
+        return 2;
+      }
+      discovery = std::move(*made);
       discovery->start(control.get_executor());
     }
     // Engine load (running, waiting, KV-cache usage) for policies, scraped
@@ -333,7 +340,7 @@ int main(int argc, char** argv) {
     events->start();
     pdgate::start_kv_event_follow(control, gateway.registry(), events, std::chrono::seconds(1));
     gateway.set_policy_hooks([engine]() { return engine->reload(); },
-                             [engine, shared_index, events](pdgate::PrometheusText& m) {
+                             [engine, shared_index, events, discovery](pdgate::PrometheusText& m) {
                                const auto& st = engine->stats();
                                const std::pair<const char*, std::uint64_t> rows[] = {
                                    {"error", st.errors.load()},
@@ -354,6 +361,8 @@ int main(int argc, char** argv) {
                                if (shared_index)
                                  pdgate::write_kv_index_metrics(m, shared_index->stats());
                                events->write_metrics(m);
+                               if (discovery)
+                                 discovery->write_metrics(m);
                              });
     // SIGHUP re-reads the command line and its config file and applies
     // what can change at run time (core/gateway/config_reload.hpp).

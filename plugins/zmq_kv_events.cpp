@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <deque>
+
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -13,12 +15,59 @@ struct ZmqContext {
   zmq::context_t ctx{1};
 };
 
+namespace {
+
+// At most `budget` events in any `window` (times in steady ms): a deque of
+// at most `budget` times.
+class RateWindow {
+ public:
+  // Records an event at `now` and says whether it was within budget.
+  bool note(std::int64_t now, int budget, std::chrono::milliseconds window) {
+    while (!times_.empty() && now - times_.front() >= window.count())
+      times_.pop_front();
+    if (static_cast<int>(times_.size()) >= budget)
+      return false;
+    times_.push_back(now);
+    return true;
+  }
+  // Whether one more would be within budget at `now`.
+  bool full(std::int64_t now, int budget, std::chrono::milliseconds window) const {
+    int recent = 0;
+    for (const auto t : times_)
+      recent += now - t < window.count();
+    return recent >= budget;
+  }
+
+ private:
+  std::deque<std::int64_t> times_;
+};
+
+}  // namespace
+
+// A replay in progress: its own DEALER socket, polled with the feeds.
+struct ZmqKvEvents::Replay {
+  zmq::socket_t socket;
+  std::int64_t next = 0;   // the sequence number wanted next
+  std::int64_t until = 0;  // exclusive
+  std::int64_t deadline_ms = 0;
+  bool whole_history = false;  // a fallback feed's resync
+  // The live message that showed the gap: applied once the replay ends.
+  std::optional<std::pair<std::int64_t, std::vector<std::uint8_t>>> held;
+};
+
 struct ZmqKvEvents::Feed {
   KvEventSubscription sub;
   zmq::socket_t socket;
   std::optional<std::int64_t> last_seq;  // the last sequence number applied
   KvFeedState state = KvFeedState::degraded;
   std::int64_t fallback_retry_ms = 0;  // steady clock: next whole-history replay
+  // While set, the stream is not read (ZMQ queues it): its messages come
+  // after the ones replayed.
+  std::optional<Replay> replay;
+  RateWindow replays;
+  RateWindow restarts;
+  // Steady clock: restarting too often, not trusted before this.
+  std::int64_t distrusted_until_ms = 0;
   KvFeedStats stats;
 };
 
@@ -158,8 +207,8 @@ bool ZmqKvEvents::apply(Feed& f, std::span<const std::uint8_t> payload) {
     cleared |= std::holds_alternative<KvAllBlocksCleared>(e);
   }
   // An engine that cleared its cache holds exactly what follows: the
-  // blocks lost in a gap no longer matter.
-  if (cleared && f.state == KvFeedState::fallback) {
+  // blocks lost in a gap no longer matter (unless it is not believed).
+  if (cleared && f.state == KvFeedState::fallback && steady_now_ms() >= f.distrusted_until_ms) {
     f.state = KvFeedState::exact;
     index_->set_state(f.sub.key, KvFeedState::exact);
     spdlog::info("kv events: {} is exact again (all blocks cleared)", f.sub.instance_url);
@@ -167,84 +216,111 @@ bool ZmqKvEvents::apply(Feed& f, std::span<const std::uint8_t> payload) {
   return true;
 }
 
-bool ZmqKvEvents::replay(Feed& f, std::int64_t from, std::int64_t until) {
-  if (f.sub.endpoint.replay.empty())
+bool ZmqKvEvents::start_replay(
+    Feed& f, std::int64_t from, std::int64_t until, bool whole_history,
+    std::optional<std::pair<std::int64_t, std::vector<std::uint8_t>>> held) {
+  const std::int64_t now = steady_now_ms();
+  if (f.sub.endpoint.replay.empty() ||
+      !f.replays.note(now, options_.replay_budget, options_.replay_window))
     return false;
   ++f.stats.replays;
-  std::int64_t next = from;
+  Replay r;
+  r.next = from;
+  r.until = until;
+  r.deadline_ms = now + options_.replay_timeout.count();
+  r.whole_history = whole_history;
+  r.held = std::move(held);
   try {
-    zmq::socket_t s(zmq_->ctx, zmq::socket_type::dealer);
-    s.set(zmq::sockopt::linger, 0);
-    s.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(options_.limits.max_bytes));
-    s.connect(f.sub.endpoint.replay);
+    r.socket = zmq::socket_t(zmq_->ctx, zmq::socket_type::dealer);
+    r.socket.set(zmq::sockopt::linger, 0);
+    r.socket.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(options_.limits.max_bytes));
+    r.socket.set(zmq::sockopt::rcvhwm, options_.queue_messages);
+    r.socket.connect(f.sub.endpoint.replay);
     std::uint8_t start[8];
     for (int i = 0; i < 8; ++i)
       start[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(from) >> (56 - 8 * i));
     // A DEALER talking to a ROUTER that answers REQ clients: the empty
-    // delimiter frame first.
-    s.send(zmq::message_t(), zmq::send_flags::sndmore);
-    s.send(zmq::buffer(start, sizeof start), zmq::send_flags::none);
-    const auto deadline = std::chrono::steady_clock::now() + options_.replay_timeout;
-    while (next < until && !stopping_.load(std::memory_order_relaxed)) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0)
-        break;
-      zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, std::min(left, options_.poll_interval)) == 0)
-        continue;
-      std::vector<zmq::message_t> frames;
-      if (!zmq::recv_multipart(s, std::back_inserter(frames), zmq::recv_flags::dontwait))
-        continue;
-      if (frames.size() == 3 && frames[0].size() == 0)
-        frames.erase(frames.begin());
-      if (frames.size() != 2 || frames[0].size() != 8)
-        break;
-      const std::int64_t seq = seq_of(bytes_of(frames[0]));
-      if (seq == -1)
-        break;  // the engine has nothing more
-      if (seq < next)
-        continue;
-      if (seq > next)
-        break;  // the engine's buffer no longer holds `next`
-      if (!apply(f, bytes_of(frames[1])))
-        break;
-      f.last_seq = seq;
-      ++next;
+    // delimiter frame first. Not sent at once (no peer yet) is queued.
+    if (!r.socket.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait) ||
+        !r.socket.send(zmq::buffer(start, sizeof start), zmq::send_flags::dontwait)) {
+      ++f.stats.replay_failures;
+      return false;
     }
   } catch (const zmq::error_t& e) {
     spdlog::warn("kv events: replay from {} failed: {}", f.sub.endpoint.replay, e.what());
-  }
-  if (next < until)
     ++f.stats.replay_failures;
-  return next >= until;
+    return false;
+  }
+  f.replay = std::move(r);
+  return true;
 }
 
-void ZmqKvEvents::on_message(Feed& f, std::int64_t seq, std::span<const std::uint8_t> payload) {
-  f.stats.last_message_ms = steady_now_ms();
-  if (f.last_seq && seq == *f.last_seq)
-    return;  // seen already (a replay overlapping the stream)
-  if (f.last_seq && seq < *f.last_seq) {
-    // Numbers start over: the engine restarted, and its cache with it.
-    spdlog::info("kv events: {} restarted (sequence {} after {})", f.sub.instance_url, seq,
-                 *f.last_seq);
-    f.last_seq.reset();
-    f.state = KvFeedState::degraded;
-    index_->clear(f.sub.key, KvFeedState::degraded);
+void ZmqKvEvents::receive_replay(Feed& f) {
+  // Bounded per round like the stream, so one long replay cannot hold up
+  // the other feeds either.
+  for (int n = 0; n < 256 && f.replay; ++n) {
+    Replay& r = *f.replay;
+    std::vector<zmq::message_t> frames;
+    std::optional<std::size_t> got;
+    try {
+      got = zmq::recv_multipart(r.socket, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      spdlog::warn("kv events: replay from {} failed: {}", f.sub.endpoint.replay, e.what());
+      finish_replay(f, false);
+      return;
+    }
+    if (!got)
+      return;
+    if (frames.size() == 3 && frames[0].size() == 0)
+      frames.erase(frames.begin());
+    if (frames.size() != 2 || frames[0].size() != 8) {
+      finish_replay(f, false);
+      return;
+    }
+    const std::int64_t seq = seq_of(bytes_of(frames[0]));
+    if (seq == -1) {
+      finish_replay(f, false);  // the engine has nothing more
+      return;
+    }
+    if (seq < r.next)
+      continue;
+    // Past `next`: the engine's buffer no longer holds it.
+    if (seq > r.next || !apply(f, bytes_of(frames[1]))) {
+      finish_replay(f, false);
+      return;
+    }
+    f.last_seq = seq;
+    if (++r.next >= r.until) {
+      finish_replay(f, true);
+      return;
+    }
   }
-  const std::int64_t expected = f.last_seq ? *f.last_seq + 1 : 0;
-  if (seq != expected) {
-    // Missed messages (or joined late): replay them, or the blocks they
-    // named cannot be known.
-    ++f.stats.gaps;
-    if (f.state == KvFeedState::exact)
-      f.state = KvFeedState::degraded;
-    index_->set_state(f.sub.key, f.state);
-    if (!f.last_seq)
-      index_->clear(f.sub.key, f.state);
-    if (f.state != KvFeedState::fallback && !replay(f, expected, seq))
+}
+
+void ZmqKvEvents::finish_replay(Feed& f, bool complete) {
+  Replay r = std::move(*f.replay);
+  f.replay.reset();
+  if (!complete)
+    ++f.stats.replay_failures;
+  if (r.whole_history) {
+    if (complete && steady_now_ms() >= f.distrusted_until_ms) {
+      f.state = KvFeedState::exact;
+      index_->set_state(f.sub.key, KvFeedState::exact);
+      spdlog::info("kv events: {} is exact again (whole history replayed)", f.sub.instance_url);
+    } else {
+      fall_back(f, "its whole history could not be replayed");
+      f.last_seq = r.until - 1;
+    }
+  } else {
+    if (!complete)
       fall_back(f, "a gap in sequence numbers could not be replayed");
+    if (r.held)
+      accept(f, r.held->first, r.held->second);
   }
+  publish(f);
+}
+
+void ZmqKvEvents::accept(Feed& f, std::int64_t seq, std::span<const std::uint8_t> payload) {
   f.last_seq = seq;
   if (!apply(f, payload)) {
     fall_back(f, "a batch could not be decoded");
@@ -256,9 +332,53 @@ void ZmqKvEvents::on_message(Feed& f, std::int64_t seq, std::span<const std::uin
   }
 }
 
+void ZmqKvEvents::on_message(Feed& f, std::int64_t seq, std::span<const std::uint8_t> payload) {
+  const std::int64_t now = steady_now_ms();
+  f.stats.last_message_ms = now;
+  if (f.last_seq && seq == *f.last_seq)
+    return;  // seen already (a replay overlapping the stream)
+  if (f.last_seq && seq < *f.last_seq) {
+    // Numbers start over: the engine restarted, and its cache with it.
+    // Believed a few times a window; past that the engine (or whoever
+    // publishes in its name) is not, and stays in fallback.
+    ++f.stats.restarts;
+    f.last_seq.reset();
+    if (!f.restarts.note(now, options_.restart_budget, options_.restart_window)) {
+      f.distrusted_until_ms = now + options_.restart_window.count();
+      fall_back(f, "its sequence numbers keep going backwards");
+    } else {
+      spdlog::info("kv events: {} restarted (sequence {})", f.sub.instance_url, seq);
+      if (f.state != KvFeedState::fallback || now >= f.distrusted_until_ms)
+        f.state = KvFeedState::degraded;
+      index_->clear(f.sub.key, f.state);
+    }
+  }
+  const std::int64_t expected = f.last_seq ? *f.last_seq + 1 : 0;
+  if (seq != expected) {
+    // Missed messages (or joined late): replay them, or the blocks they
+    // named cannot be known.
+    ++f.stats.gaps;
+    if (f.state == KvFeedState::exact)
+      f.state = KvFeedState::degraded;
+    index_->set_state(f.sub.key, f.state);
+    if (!f.last_seq)
+      index_->clear(f.sub.key, f.state);
+    if (f.state != KvFeedState::fallback) {
+      if (start_replay(f, expected, seq, false,
+                       std::pair{seq, std::vector<std::uint8_t>(payload.begin(), payload.end())}))
+        return;  // continued in finish_replay()
+      fall_back(f, f.sub.endpoint.replay.empty()
+                       ? "a gap in sequence numbers and no replay endpoint"
+                       : "a gap in sequence numbers and its replay budget spent");
+    }
+  }
+  accept(f, seq, payload);
+}
+
 void ZmqKvEvents::receive(Feed& f) {
-  // A bounded number per round, so one busy engine cannot starve others.
-  for (int n = 0; n < 256; ++n) {
+  // A bounded number per round, so one busy engine cannot starve others;
+  // none once a replay starts (the rest wait for it, queued).
+  for (int n = 0; n < 256 && !f.replay; ++n) {
     std::vector<zmq::message_t> frames;
     std::optional<std::size_t> got;
     try {
@@ -282,12 +402,22 @@ void ZmqKvEvents::receive(Feed& f) {
 void ZmqKvEvents::run() {
   while (!stopping_.load(std::memory_order_relaxed)) {
     sync_subscriptions();
+    // Each feed's stream, or its replay while one runs; the poll waits no
+    // longer than the nearest replay deadline.
     std::vector<zmq::pollitem_t> items;
     std::vector<Feed*> polled;
+    std::int64_t now = steady_now_ms();
+    auto wait = options_.poll_interval;
     for (auto& [key, f] : feeds_) {
-      if (!f->socket)
+      if (f->replay) {
+        items.push_back({f->replay->socket.handle(), 0, ZMQ_POLLIN, 0});
+        wait = std::min(wait, std::chrono::milliseconds(
+                                  std::max<std::int64_t>(0, f->replay->deadline_ms - now)));
+      } else if (f->socket) {
+        items.push_back({f->socket.handle(), 0, ZMQ_POLLIN, 0});
+      } else {
         continue;
-      items.push_back({f->socket.handle(), 0, ZMQ_POLLIN, 0});
+      }
       polled.push_back(f.get());
     }
     try {
@@ -295,34 +425,43 @@ void ZmqKvEvents::run() {
         std::this_thread::sleep_for(options_.poll_interval);
         continue;
       }
-      zmq::poll(items, options_.poll_interval);
+      zmq::poll(items, wait);
     } catch (const zmq::error_t& e) {
       spdlog::warn("kv events: poll failed: {}", e.what());
       std::this_thread::sleep_for(options_.poll_interval);
       continue;
     }
     for (std::size_t i = 0; i < items.size(); ++i) {
-      if (items[i].revents & ZMQ_POLLIN)
-        receive(*polled[i]);
+      if (!(items[i].revents & ZMQ_POLLIN))
+        continue;
+      Feed& f = *polled[i];
+      if (f.replay)
+        receive_replay(f);
+      else
+        receive(f);
+    }
+    now = steady_now_ms();
+    for (auto& [key, f] : feeds_) {
+      if (f->replay && now >= f->replay->deadline_ms) {
+        spdlog::warn("kv events: replay from {} timed out", f->sub.endpoint.replay);
+        finish_replay(*f, false);
+      }
     }
     // Fallback instances ask for their whole history now and then: an
     // engine whose replay buffer still starts at sequence 0 makes it exact.
-    const std::int64_t now = steady_now_ms();
     for (auto& [key, f] : feeds_) {
-      if (f->state != KvFeedState::fallback || !f->last_seq || f->sub.endpoint.replay.empty() ||
-          now < f->fallback_retry_ms)
+      if (f->state != KvFeedState::fallback || f->replay || !f->last_seq ||
+          f->sub.endpoint.replay.empty() || now < f->fallback_retry_ms ||
+          now < f->distrusted_until_ms)
         continue;
       const std::int64_t until = *f->last_seq + 1;
+      f->fallback_retry_ms = now + options_.resync_interval.count();
+      if (f->replays.full(now, options_.replay_budget, options_.replay_window))
+        continue;
       index_->clear(key, KvFeedState::fallback);
       f->last_seq.reset();
-      if (replay(*f, 0, until)) {
-        f->state = KvFeedState::exact;
-        index_->set_state(key, KvFeedState::exact);
-        spdlog::info("kv events: {} is exact again (whole history replayed)", f->sub.instance_url);
-      } else {
-        fall_back(*f, "its whole history could not be replayed");
+      if (!start_replay(*f, 0, until, true, std::nullopt))
         f->last_seq = until - 1;
-      }
       publish(*f);
     }
   }
@@ -355,6 +494,9 @@ void ZmqKvEvents::write_metrics(PrometheusText& m) const {
   each("pdgate_kv_events_replay_failures_total", "counter",
        "Replays that did not deliver every missing message in time.",
        [](const KvFeedStats& r) { return r.replay_failures; });
+  each("pdgate_kv_events_restarts_total", "counter",
+       "Times an instance's sequence numbers started over (an engine restart).",
+       [](const KvFeedStats& r) { return r.restarts; });
   each("pdgate_kv_events_freshness_seconds", "gauge",
        "Age of the last KV event message received (-1: none yet).", [&](const KvFeedStats& r) {
          return r.last_message_ms == 0 ? -1.0 : static_cast<double>(now - r.last_message_ms) / 1e3;

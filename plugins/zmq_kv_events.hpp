@@ -5,6 +5,11 @@
 // is repaired through the engine's replay socket within a bounded wait,
 // else that instance's blocks are dropped and it is marked `fallback`
 // until it can be trusted again (docs/kv-events.md).
+//
+// Feeds are independent: a replay is one more socket in the same poll (the
+// feed's own stream waits for it, queued by ZMQ; every other feed goes on),
+// and each feed has a replay budget, so an engine that keeps leaving gaps or
+// numbering backwards costs the others nothing and is left in `fallback`.
 #pragma once
 
 #include <atomic>
@@ -32,6 +37,16 @@ struct ZmqKvEventsOptions {
   // A fallback instance with a replay socket asks for its whole history
   // this often (it is exact again if the engine still holds it).
   std::chrono::milliseconds resync_interval{30'000};
+  // Replays per feed at most `replay_budget` in any `replay_window`: a gap
+  // past it falls back at once. Keeps an engine that leaves gap after gap
+  // (or a hostile one) from having pdgate replay forever.
+  int replay_budget = 3;
+  std::chrono::milliseconds replay_window{30'000};
+  // An engine whose numbers start over (a restart) more than this often in
+  // `restart_window` is not believed: it stays in fallback until the
+  // window has passed without one.
+  int restart_budget = 2;
+  std::chrono::milliseconds restart_window{30'000};
   KvDecodeLimits limits;
   // Messages queued per instance at most (ZMQ's receive high-water mark);
   // with limits.max_bytes per message this bounds what a fast or hostile
@@ -51,6 +66,7 @@ struct KvFeedStats {
   std::uint64_t gaps = 0;
   std::uint64_t replays = 0;
   std::uint64_t replay_failures = 0;
+  std::uint64_t restarts = 0;        // sequence numbers starting over
   std::int64_t last_message_ms = 0;  // steady clock; 0: none yet
   double last_ts = 0;                // the engine's clock in the last batch, seconds
 };
@@ -73,12 +89,22 @@ class ZmqKvEvents final : public KvEventIngest {
 
  private:
   struct Feed;
+  struct Replay;
   void run();
   void sync_subscriptions();
   void receive(Feed& f);
   void on_message(Feed& f, std::int64_t seq, std::span<const std::uint8_t> payload);
+  // Takes `seq` as the next message: applies it, exact again if it was
+  // only degraded.
+  void accept(Feed& f, std::int64_t seq, std::span<const std::uint8_t> payload);
   bool apply(Feed& f, std::span<const std::uint8_t> payload);
-  bool replay(Feed& f, std::int64_t from, std::int64_t until);
+  // Asks for [from, until): false when the feed has no replay socket, its
+  // budget is spent, or the request cannot be sent. Its answers are read
+  // by the poll loop (receive_replay); `held` is applied after them.
+  bool start_replay(Feed& f, std::int64_t from, std::int64_t until, bool whole_history,
+                    std::optional<std::pair<std::int64_t, std::vector<std::uint8_t>>> held);
+  void receive_replay(Feed& f);
+  void finish_replay(Feed& f, bool complete);
   void fall_back(Feed& f, const char* why);
   void publish(const Feed& f);
 

@@ -105,6 +105,8 @@ struct Config {
   std::vector<DnsSource> dns_sources;
   std::chrono::milliseconds dns_interval{5'000};
   std::string dns_server;  // HOST:PORT; empty: the first nameserver of /etc/resolv.conf
+  // Instances one dns:// source may contribute, added or being checked.
+  unsigned dns_max_instances = 64;
   std::string kv_connector = "nixl";
 
   // Client-side limits.

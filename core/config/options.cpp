@@ -220,6 +220,10 @@ constexpr std::array kOptions = {
            "DNS server asked for dns:// sources (default: the first nameserver of "
            "/etc/resolv.conf, port 53).",
            trimmed_field<&Config::dns_server>, kRestart},
+    Option{"dns-max-instances", "", 0, false, false, kEngines, "N",
+           "Instances one dns:// source may contribute at most, counting addresses still "
+           "being checked; further addresses in its answers are ignored (default: 64).",
+           count_field<&Config::dns_max_instances>, kRestart},
     Option{"redis", "", 0, false, false, kGeneral, "URL",
            "Conversation store for multi-turn KV reuse shared by replicas: "
            "redis://[:password@]host:port[/db], "
@@ -289,8 +293,9 @@ constexpr std::array kOptions = {
            "exits anyway (default: 30s).",
            duration_field<&Config::shutdown_timeout>, kRestart},
     Option{"allowed-upstreams", "", 0, true, false, kGeneral, "CIDR",
-           "Networks instances added at run time (admin API, Redis) must be in, e.g. "
-           "10.0.0.0/8 (default: any).",
+           "Networks instances added at run time (admin API, Redis, addresses found through "
+           "dns:// sources) must be in, e.g. 10.0.0.0/8; instances on the command line or in "
+           "the config file are trusted (default: any).",
            list_field<&Config::allowed_upstreams>, kRestart},
     Option{"health-interval", "", 0, false, false, kGeneral, "DURATION|off",
            "How often each instance's /health is checked (default: 2s).",

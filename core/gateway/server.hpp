@@ -48,6 +48,9 @@ class Gateway {
 
   const Registry& registry() const { return registry_; }
   Registry& registry() { return registry_; }
+  // This process's Via identity, for what validates instances outside the
+  // gateway (dns:// discovery).
+  const LoopGuard& loop_guard() const { return loop_guard_; }
 
   // How https:// engines are reached (core/net/tls_context.hpp), from main();
   // set before bind().

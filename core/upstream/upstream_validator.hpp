@@ -1,6 +1,7 @@
 // Whether an instance learnt at run time may be used. Instances added
-// through the admin API and instances other replicas share through Redis
-// pass the same checks: the SSRF allow-list (--allowed-upstreams) on every
+// through the admin API, instances other replicas share through Redis and
+// addresses dns:// sources resolve to (plugins/dns_discovery.hpp) pass the
+// same checks: the SSRF allow-list (--allowed-upstreams) on every
 // address the host resolves to; then one GET /v1/models carrying this
 // gateway's Via, which must not answer 508 (the instance is this gateway,
 // or forwards to it: a routing loop) and, with --model, must list the

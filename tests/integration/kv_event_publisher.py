@@ -14,6 +14,9 @@ HTTP control port a test drives:
   POST /replay     {"enabled": bool}: whether the replay socket answers.
   POST /restart    sequence numbers start again at 0 and the replay buffer
                    empties, as when the engine restarts.
+  POST /hostile    {"interval_ms": N}: from now on a batch every N ms, each
+                   numbered one less than the one before (as a hostile or
+                   broken engine might), and the replay socket never answers.
 Events are JSON objects as vLLM's would be in map form: {"type":
 "BlockStored", "block_hashes": [int], "parent_block_hash": int|null,
 "token_ids": [int], "block_size": int}, {"type": "BlockRemoved",
@@ -37,6 +40,7 @@ router = ctx.socket(zmq.ROUTER)
 replay_port = router.bind_to_random_port("tcp://127.0.0.1")
 
 lock = threading.Lock()
+pub_lock = threading.Lock()  # a ZMQ socket is used by one thread at a time
 buffer = []  # (seq, payload), as vLLM's replay buffer keeps them
 state = {"seq": 0, "replay": True}
 
@@ -75,6 +79,16 @@ def encode(batch, layout, hashes):
         return msgpack.packb([ts, events, 0], use_bin_type=True)
     return msgpack.packb({"ts": ts, "events": events, "data_parallel_rank": 0},
                          use_bin_type=True)
+
+
+def publish_backwards(interval):
+    seq = 1 << 40
+    payload = encode({"events": []}, "array", "int")
+    while True:
+        with pub_lock:
+            pub.send_multipart([b"kv@test", seq.to_bytes(8, "big"), payload])
+        seq -= 1
+        time.sleep(interval)
 
 
 def serve_replay():
@@ -118,6 +132,13 @@ class Handler(BaseHTTPRequestHandler):
                 buffer.clear()
             self.reply({"seq": 0})
             return
+        if self.path == "/hostile":
+            with lock:
+                state["replay"] = False
+            threading.Thread(target=publish_backwards, args=(req["interval_ms"] / 1000.0,),
+                             daemon=True).start()
+            self.reply({"hostile": True})
+            return
         if self.path == "/replay":
             with lock:
                 state["replay"] = bool(req["enabled"])
@@ -132,7 +153,8 @@ class Handler(BaseHTTPRequestHandler):
             state["seq"] += 1
             buffer.append((seq, payload))
         if not req.get("drop", False):
-            pub.send_multipart([b"kv@test", seq.to_bytes(8, "big"), payload])
+            with pub_lock:
+                pub.send_multipart([b"kv@test", seq.to_bytes(8, "big"), payload])
         self.reply({"seq": seq})
 
 

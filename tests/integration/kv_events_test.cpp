@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <sstream>
+#include <thread>
 
 #include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
@@ -100,6 +101,10 @@ class KvEvents : public ::testing::Test {
   }
   bool state_is(const char* state) {
     return gw_metric("pdgate_kv_events_state", ",state=\"" + std::string(state) + "\"") == 1;
+  }
+  void publish_to(const std::string& path, Json body) {
+    auto r = post_json(control_, path, body);
+    ASSERT_EQ(r.status, 200) << r.body;
   }
   void publish(Json body) {
     auto r = post_json(control_, "/publish", body);
@@ -294,6 +299,58 @@ TEST(KvEventsSim, PromptCachedByAnotherClientIsRoutedToItsEngine) {
 // vllm): what a deployment of real vLLM engines uses.
 TEST(KvEventsSim, TokenIdsFromTheEnginesTokenizeEndpoint) {
   prompt_cached_by_another_client_is_routed_to_its_engine("vllm");
+}
+
+// A publisher whose sequence numbers keep going backwards, and whose replay socket never answers,
+// does not hold up an honest engine's feed: the honest engine's blocks are in the index within a
+// second of its caching them, while the hostile feed is reported fallback (not exact) and its
+// replays stay within their budget.
+TEST_F(KvEvents, HostileFeedDoesNotStarveAnHonestOne) {
+  auto honest = event_sim("prefill");
+  Sim hostile("prefill");
+  Sim decode("decode");
+  Gateway gw({"--prefill", honest->hostport(), hostile.hostport(), "--decode", decode.hostport(),
+              "--kv-events", events_flag(*honest), "--kv-events",
+              hostile.url() + "=" + pub_ + ",replay=" + replay_, "--tokenizer", "sim"});
+  ASSERT_TRUE(heard_from(gw.port(), *honest));
+  const std::string honest_label = "instance=\"" + honest->url() + "\"";
+  const std::string hostile_label = "instance=\"" + hostile.url() + "\"";
+  publish_to("/hostile", {{"interval_ms", 5}});
+  // The hostile feed is being read: its gaps have made the gateway ask for a replay.
+  ASSERT_TRUE(eventually(
+      [&] { return metric(gw.port(), "pdgate_kv_events_replays_total", hostile_label) >= 1; },
+      kWait));
+  for (int round = 0; round < 2; ++round) {
+    std::string prompt;
+    for (int i = 0; i < 40; ++i)
+      prompt += "Round " + std::to_string(round) + " sentence " + std::to_string(i) + ". ";
+    const double before = metric(gw.port(), "pdgate_kv_index_blocks", honest_label);
+    ASSERT_EQ(post_json(honest->port(), "/v1/completions",
+                        {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 2}})
+                  .status,
+              200);
+    const auto sent = std::chrono::steady_clock::now();
+    EXPECT_TRUE(eventually(
+        [&] { return metric(gw.port(), "pdgate_kv_index_blocks", honest_label) >= before + 4; },
+        std::chrono::seconds(1)))
+        << "round " << round << ": the honest engine's blocks were not indexed within 1 s ("
+        << metric(gw.port(), "pdgate_kv_index_blocks", honest_label) << " blocks)";
+    EXPECT_LT(std::chrono::steady_clock::now() - sent, std::chrono::seconds(1));
+    EXPECT_EQ(metric(gw.port(), "pdgate_kv_events_state", honest_label + ",state=\"exact\""), 1);
+    EXPECT_NE(metric(gw.port(), "pdgate_kv_events_state", hostile_label + ",state=\"exact\""), 1);
+  }
+  // Once its numbers have gone backwards past the restart budget, the hostile feed is fallback
+  // and stays so (sampled for a second), never exact.
+  const auto fallback_for_a_second = [&] {
+    for (int i = 0; i < 10; ++i) {
+      if (metric(gw.port(), "pdgate_kv_events_state", hostile_label + ",state=\"fallback\"") != 1)
+        return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return true;
+  };
+  EXPECT_TRUE(eventually(fallback_for_a_second, kWait));
+  EXPECT_LE(metric(gw.port(), "pdgate_kv_events_replays_total", hostile_label), 3);
 }
 
 // Which prefill engine received each of the last requests.

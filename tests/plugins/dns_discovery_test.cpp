@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <poll.h>
+
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +90,92 @@ class Dnsmasq {
   std::unique_ptr<Process> proc_;
 };
 
+// A DNS server (UDP, on a free loopback port) that answers every A query
+// with `count` addresses never given before (127.x.y.z, one at a time in
+// order) with TTL 0, and every other query with no address: the records of
+// a name that flaps. Written here from RFC 1035, not with pdgate's code.
+class FlappingDns {
+ public:
+  explicit FlappingDns(int count) : count_(count) {
+    fd_ = ::socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      throw std::runtime_error("FlappingDns: cannot bind");
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~FlappingDns() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  std::uint16_t port() const { return port_; }
+  int queries() const { return queries_.load(); }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0)
+        continue;
+      unsigned char q[512];
+      sockaddr_in from{};
+      socklen_t len = sizeof from;
+      const ssize_t n = ::recvfrom(fd_, q, sizeof q, 0, reinterpret_cast<sockaddr*>(&from), &len);
+      if (n < 17)
+        continue;
+      // The question: its name, then type and class (4 bytes).
+      std::size_t end = 12;
+      while (end < static_cast<std::size_t>(n) && q[end] != 0)
+        end += q[end] + 1;
+      end += 5;
+      if (end > static_cast<std::size_t>(n))
+        continue;
+      const bool type_a = q[end - 4] == 0 && q[end - 3] == 1;
+      const int answers = type_a ? count_ : 0;
+      std::vector<unsigned char> r(q, q + end);
+      r[2] = 0x85;  // a response, authoritative, recursion desired
+      r[3] = 0x80;  // recursion available, no error
+      r[6] = 0;
+      r[7] = static_cast<unsigned char>(answers);
+      r[8] = r[9] = r[10] = r[11] = 0;
+      for (int i = 0; i < answers; ++i) {
+        const std::uint32_t k = ++next_;
+        const unsigned char rr[] = {0xC0,
+                                    12,
+                                    0,
+                                    1,
+                                    0,
+                                    1,
+                                    0,
+                                    0,
+                                    0,
+                                    0,  // name, A, IN, TTL 0
+                                    0,
+                                    4,
+                                    127,
+                                    static_cast<unsigned char>(k >> 16),
+                                    static_cast<unsigned char>(k >> 8),
+                                    static_cast<unsigned char>(k)};
+        r.insert(r.end(), rr, rr + sizeof rr);
+      }
+      ::sendto(fd_, r.data(), r.size(), 0, reinterpret_cast<sockaddr*>(&from), len);
+      ++queries_;
+    }
+  }
+  const int count_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::uint32_t next_ = 0x010000;  // from 127.1.0.1
+  std::atomic<int> queries_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 // The decode instances' URLs the gateway routes to.
 std::set<std::string> decodes(std::uint16_t port) {
   std::set<std::string> out;
@@ -162,6 +251,120 @@ TEST(DnsDiscovery, UnansweredLookupsKeepInstances) {
   std::this_thread::sleep_for(1s);
   EXPECT_EQ(decodes(gw.port()), std::set{url_a});
   EXPECT_EQ(chat(gw.port()).status, 200);
+}
+
+// How many times the gateway's log says `needle`.
+std::size_t count_in_log(Gateway& gw, const std::string& needle) {
+  const std::string log = gw.process().log();
+  std::size_t n = 0;
+  for (auto at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+// An address missing from one answer and back in the next is not churned:
+// the instance stays (not drained, not added again) and keeps serving.
+TEST(DnsDiscovery, AddressBackWithinAFewLookupsIsNotChurned) {
+  if (!have_dnsmasq())
+    GTEST_SKIP() << "dnsmasq is not installed (apt-get install dnsmasq-base)";
+  Dnsmasq dns(Dnsmasq::Records{{"127.0.0.1", "engines.pdgate.test"}});
+  Sim a("both");
+  const std::string port = std::to_string(a.port());
+  Gateway gw({"--model", "sim-model", "--prefill-servers-urls", "disable", "--decode",
+              "dns://engines.pdgate.test:" + port, "--dns-server",
+              "127.0.0.1:" + std::to_string(dns.port()), "--dns-interval", "300ms"});
+  const std::string url_a = "http://127.0.0.1:" + port;
+  ASSERT_TRUE(eventually([&] { return decodes(gw.port()) == std::set{url_a}; }, 3s))
+      << gw.process().log();
+  dns.set({});
+  std::this_thread::sleep_for(350ms);
+  dns.set({{"127.0.0.1", "engines.pdgate.test"}});
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(decodes(gw.port()), std::set{url_a});
+  EXPECT_EQ(count_in_log(gw, "instance " + url_a + " added"), 1u) << gw.process().log();
+  EXPECT_EQ(count_in_log(gw, "gone from DNS"), 0u) << gw.process().log();
+  EXPECT_EQ(chat(gw.port()).status, 200);
+}
+
+// An address that does not answer yet (an engine still loading) is not
+// added, but checked again a few lookups later: once its engine is up, it
+// becomes an instance.
+TEST(DnsDiscovery, AddressRefusedWhileDownIsAddedOnceItAnswers) {
+  if (!have_dnsmasq())
+    GTEST_SKIP() << "dnsmasq is not installed (apt-get install dnsmasq-base)";
+  Dnsmasq dns(Dnsmasq::Records{{"127.0.0.1", "engines.pdgate.test"}});
+  const std::string port = std::to_string(closed_port());
+  Gateway gw({"--model", "sim-model", "--prefill-servers-urls", "disable", "--decode",
+              "dns://engines.pdgate.test:" + port, "--dns-server",
+              "127.0.0.1:" + std::to_string(dns.port()), "--dns-interval", "200ms"});
+  std::this_thread::sleep_for(600ms);
+  EXPECT_TRUE(decodes(gw.port()).empty());
+  EXPECT_EQ(chat(gw.port()).status, 503);
+  Sim late("both", {"--port", port});
+  ASSERT_TRUE(eventually([&] { return decodes(gw.port()) == std::set{late.url()}; }, 3s))
+      << gw.process().log();
+  EXPECT_EQ(chat(gw.port()).status, 200);
+}
+
+// --allowed-upstreams holds for addresses found in DNS as for every other
+// source: of a name resolving to 127.0.0.1 and 127.0.0.2 under
+// --allowed-upstreams 127.0.0.2/32, only the second becomes an instance;
+// the first is refused, counted, and never gets a request.
+TEST(DnsDiscovery, AllowedUpstreamsHoldsForDnsAnswers) {
+  if (!have_dnsmasq())
+    GTEST_SKIP() << "dnsmasq is not installed (apt-get install dnsmasq-base)";
+  Dnsmasq dns(
+      Dnsmasq::Records{{"127.0.0.1", "engines.pdgate.test"}, {"127.0.0.2", "engines.pdgate.test"}});
+  Sim a("both");
+  Sim b("both", {"--host", "127.0.0.2", "--port", std::to_string(a.port())});
+  const std::string port = std::to_string(a.port());
+  Gateway gw({"--model", "sim-model", "--prefill-servers-urls", "disable", "--decode",
+              "dns://engines.pdgate.test:" + port, "--dns-server",
+              "127.0.0.1:" + std::to_string(dns.port()), "--dns-interval", "200ms",
+              "--allowed-upstreams", "127.0.0.2/32"});
+  const std::string url_b = "http://127.0.0.2:" + port;
+  ASSERT_TRUE(eventually([&] { return decodes(gw.port()) == std::set{url_b}; }, 3s))
+      << gw.process().log();
+  std::this_thread::sleep_for(600ms);  // a few more lookups
+  EXPECT_EQ(decodes(gw.port()), std::set{url_b});
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(chat(gw.port()).status, 200);
+  // (b's own count cannot be asked: the harness reaches a sim at 127.0.0.1)
+  EXPECT_EQ(a.requests().size(), 0u);
+  const std::string metrics = get(gw.port(), "/metrics").body;
+  EXPECT_NE(metrics.find("pdgate_dns_refused_total{source=\"dns://engines.pdgate.test:" + port +
+                         "\",reason=\"allowed_upstreams\"}"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(gw.process().log().find("outside --allowed-upstreams"), std::string::npos);
+}
+
+// A name that flaps (TTL 0, a fresh set of 50 dead addresses at every
+// lookup) never takes traffic from a healthy static decode: new addresses
+// are health-checked before they are added, so requests keep succeeding
+// and no dead address becomes an instance.
+TEST(DnsDiscovery, FlappingNameNeverDisplacesAHealthyInstance) {
+  FlappingDns dns(50);
+  Sim healthy("both");
+  const std::string dead_port = std::to_string(closed_port());
+  Gateway gw({"--model", "sim-model", "--prefill-servers-urls", "disable", "--decode",
+              healthy.hostport(), "dns://flap.pdgate.test:" + dead_port, "--dns-server",
+              "127.0.0.1:" + std::to_string(dns.port()), "--dns-interval", "200ms"});
+  ASSERT_TRUE(eventually([&] { return dns.queries() >= 4; }, 3s)) << gw.process().log();
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  int requests = 0, ok = 0;
+  std::size_t most = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    const auto r = chat(gw.port());
+    ++requests;
+    ok += r.status == 200;
+    most = std::max(most, decodes(gw.port()).size());
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(ok, requests) << gw.process().log();
+  EXPECT_EQ(most, 1u);
+  EXPECT_GE(dns.queries(), 10);
+  EXPECT_EQ(decodes(gw.port()), std::set{healthy.url()});
 }
 
 }  // namespace
