@@ -300,6 +300,54 @@ TEST(ClientConnections, IdleTlsHandshakesAreCheapAndMemoryComesBack) {
   EXPECT_EQ(curl_status(gw.port(), "/health"), 200);
 }
 
+// A client that completes `n` TLS handshakes with `port` and holds the
+// connections; it says "listening on http://127.0.0.1:1" (the line
+// Process::wait_listening waits for) once all are up, and they close when
+// it is killed.
+const char* const kTlsBurst = R"(
+import socket, ssl, sys, time
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+conns = [ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(sys.argv[1]))),
+                         server_hostname="localhost") for _ in range(int(sys.argv[2]))]
+print("listening on http://127.0.0.1:1", flush=True)
+time.sleep(600)
+)";
+
+// 1,000 TLS connections that complete their handshake hold ~70 KiB each;
+// once they close, each worker hands the freed memory back after a quiet
+// second (before, its housekeeping trimmed only after requests, and RSS
+// stayed where the burst took it).
+TEST(ClientConnections, MemoryOfAClosedTlsBurstIsGivenBack) {
+  if (access("/usr/bin/python3", X_OK) != 0)
+    GTEST_SKIP() << "needs /usr/bin/python3";
+  SelfSigned cert;
+  ASSERT_TRUE(cert.ok) << "openssl could not make a certificate";
+  Sim d{"both"};
+  Gateway gw({"--decode-servers-urls", d.url(), "--prefill-servers-urls", "disable", "--tls-cert",
+              cert.dir + "/cert.pem", "--tls-key", cert.dir + "/key.pem"});
+  const auto pid = gw.process().pid();
+  std::this_thread::sleep_for(1500ms);
+  const auto baseline = rss_kib(pid);
+  const auto held = [&] {
+    Process burst("tls-burst",
+                  {"/usr/bin/python3", "-c", kTlsBurst, std::to_string(gw.port()), "1000"});
+    burst.wait_listening(60s);
+    std::this_thread::sleep_for(300ms);
+    return rss_kib(pid);
+  }();  // the client is killed here: its connections close
+  EXPECT_TRUE(eventually([&] { return fd_count(pid) < 100; }, 10s));
+  std::this_thread::sleep_for(3s);
+  const auto after = rss_kib(pid);
+  std::printf("RSS: baseline %lld KiB, 1000 TLS connections %lld KiB, after close %lld KiB\n",
+              static_cast<long long>(baseline), static_cast<long long>(held),
+              static_cast<long long>(after));
+  ASSERT_GT(held - baseline, 20 * 1024) << "the burst did not cost what it should";
+  EXPECT_LT(after - baseline, (held - baseline) / 2) << "the burst's memory stayed resident";
+  EXPECT_EQ(curl_status(gw.port(), "/health"), 200);
+}
+
 // --max-connections: past the bound the listener stops accepting (the
 // gateway's descriptors stay near the bound however many clients connect),
 // the pause is counted, and a request waiting in the backlog is served as
