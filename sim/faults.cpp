@@ -84,6 +84,21 @@ awaitable<bool> Faults::before_work(Exchange& x, const Fault& fault, bool stream
     co_await hang_forever();
     co_return false;
   }
+  if (fault.stall_body && !stream) {
+    ++counters_.faults_injected;
+    x.log.info("request {}: sending {} of {} body bytes, then stalling (fault)", x.rid,
+               *fault.stall_body, *fault.stall_body + 1);
+    std::string bytes = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                        std::to_string(*fault.stall_body + 1) + "\r\n\r\n";
+    bytes.append(*fault.stall_body, ' ');
+    auto [ec, n] = co_await net::async_write(x.sock, net::buffer(bytes), use_nothrow);
+    std::string().swap(bytes);
+    x.response_started = true;
+    x.closed = true;  // the answer is never completed: the connection cannot be reused
+    if (!ec)
+      co_await hang_forever();  // until the client leaves (the caller watches)
+    co_return false;
+  }
   int error_status = fault.error_status.value_or(0);
   if (error_status == 0 && opts_.error_rate > 0 &&
       std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < opts_.error_rate) {

@@ -393,10 +393,17 @@ FaultParse parse_fault_header(std::string_view value) {
         return out;
       }
       out.fault.interim = n;
+    } else if (key == "stall-body" && has_arg) {
+      std::size_t n = 0;
+      if (!parse_uint(arg, n)) {
+        out.error = "X-Sim-Fault: stall-body=N expects a non-negative integer";
+        return out;
+      }
+      out.fault.stall_body = n;
     } else {
       out.error = "X-Sim-Fault: unknown item '" + item +
                   "' (expected error, error=NNN, hang, die-after=N, error-after=N, delay-ms=N, "
-                  "interim=N)";
+                  "interim=N, stall-body=N)";
       return out;
     }
   }

@@ -67,7 +67,7 @@ ParseOutcome parse_args(const std::vector<std::string>& args);
 std::string usage_text();
 
 // X-Sim-Fault: comma-separated items among `error`, `error=NNN`, `hang`,
-// `die-after=N`, `error-after=N`, `delay-ms=N`.
+// `die-after=N`, `error-after=N`, `delay-ms=N`, `stall-body=N`.
 struct Fault {
   std::optional<int> error_status;  // answer this status instead of working
   bool hang = false;
@@ -77,6 +77,9 @@ struct Fault {
   // Interim answers (103 Early Hints) sent before the real one, as a
   // server in front of an engine may.
   std::size_t interim = 0;
+  // Whole answers: send a header declaring N+1 body bytes and N of them,
+  // then hang (an engine that stalls on the last byte of a huge answer).
+  std::optional<std::size_t> stall_body;
 };
 
 struct FaultParse {

@@ -85,6 +85,9 @@ struct Config {
   std::string host = "0.0.0.0";
   std::uint16_t port = 8000;
   unsigned workers = 0;  // 0: one per core
+  // Client connections open at once, all workers together; at the bound
+  // the listeners stop accepting (the kernel's backlog holds the rest).
+  std::size_t max_connections = 16384;
   // TLS on the client listener (docs/tls.md): PEM certificate (chain) and
   // key; empty: plain HTTP. With a client CA, clients must present a
   // certificate it signed. Reloaded on SIGHUP.
@@ -128,6 +131,15 @@ struct Config {
   std::chrono::milliseconds first_byte_timeout{600'000};
   std::chrono::milliseconds upstream_idle_timeout{60'000};
   std::size_t upstream_max_idle = 64;  // idle keep-alive connections per instance per worker
+  // What all whole engine answers being read may hold together
+  // (non-streamed answers, prefill and encoder answers, error bodies).
+  std::size_t answer_memory_limit = std::size_t{1} << 30;
+  // Multimodal fan-out (core/pipeline/encode_phase.hpp): media items a
+  // request may carry, encoder calls one request makes at once, and
+  // encoder calls a worker makes at once for all its requests.
+  std::size_t encode_max_items = 1024;
+  std::size_t encode_concurrency = 16;
+  std::size_t encode_max_inflight = 256;
   // TLS to https:// engines: the CA bundle (empty: the system store), an
   // optional client certificate and key (mTLS), and whether certificates
   // go unchecked.

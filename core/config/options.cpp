@@ -35,6 +35,10 @@ constexpr std::array kOptions = {
     Option{"workers", "", 0, false, false, kListener, "N",
            "Worker threads, at most 1024; 0 means one per CPU core (default: 0).",
            uint_field<&Config::workers, 1024>, kRestart},
+    Option{"max-connections", "", 0, false, false, kListener, "N",
+           "Client connections open at once, all workers together; at the bound the listener "
+           "stops accepting until one closes (default: 16384).",
+           uint_field<&Config::max_connections, (1u << 24)>},
     // The TLS files are re-read on every reload (core/net/tls_context.hpp), from
     // the paths given at start.
     Option{"tls-cert", "", 0, false, false, kListener, "FILE",
@@ -151,6 +155,21 @@ constexpr std::array kOptions = {
     Option{"upstream-max-idle", "", 0, false, false, kUpstream, "N",
            "Idle keep-alive connections kept per engine per worker (default: 64).",
            uint_field<&Config::upstream_max_idle, (1u << 20)>, kRestart},
+    Option{"answer-memory-limit", "", 0, false, false, kUpstream, "SIZE",
+           "Memory all whole (non-streamed) engine answers being read may hold together; past "
+           "it the request is answered 503 (default: 1GiB).",
+           size_field<&Config::answer_memory_limit>},
+    Option{"encode-max-items", "", 0, false, false, kUpstream, "N",
+           "Media items one chat request may send to the encoders; more are refused with 400 "
+           "(default: 1024).",
+           uint_field<&Config::encode_max_items, (1u << 20)>},
+    Option{"encode-concurrency", "", 0, false, false, kUpstream, "N",
+           "Encoder calls one request makes at once; its other items wait (default: 16).",
+           uint_field<&Config::encode_concurrency, (1u << 16)>},
+    Option{"encode-max-inflight", "", 0, false, false, kUpstream, "N",
+           "Encoder calls each worker makes at once for all its requests; more wait, up to "
+           "--first-byte-timeout (default: 256).",
+           uint_field<&Config::encode_max_inflight, (1u << 20)>, kRestart},
     // The engines' TLS context is made once.
     Option{"upstream-ca", "", 0, false, false, kUpstream, "FILE",
            "PEM CA bundle that https:// engines' certificates must chain to (default: the "

@@ -89,6 +89,15 @@ Result<Config> validate(Config c) {
     errors.push_back("--body-memory-limit must be at least 1MiB (got " +
                      std::to_string(c.body_memory_limit) + " bytes)");
   }
+  if (c.answer_memory_limit < (1u << 20)) {
+    errors.push_back("--answer-memory-limit must be at least 1MiB (got " +
+                     std::to_string(c.answer_memory_limit) + " bytes)");
+  }
+  if (c.max_connections == 0)
+    errors.push_back("--max-connections must be at least 1");
+  if (c.encode_max_items == 0 || c.encode_concurrency == 0 || c.encode_max_inflight == 0)
+    errors.push_back(
+        "--encode-max-items, --encode-concurrency and --encode-max-inflight must be at least 1");
   if (c.policy_memory < (1u << 20)) {
     errors.push_back("--policy-memory must be at least 1MiB (got " +
                      std::to_string(c.policy_memory) + " bytes)");

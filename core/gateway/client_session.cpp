@@ -358,8 +358,17 @@ void end_request(const ClientSessionEnv& env, std::string_view path, unsigned st
 // TLS port, is closed without holding anything but its socket.
 net::awaitable<bool> accept_tls(const ClientSessionEnv& env, const Config& cfg,
                                 MaybeTlsStream& stream, net::ssl::context& ctx) {
-  auto& tls = stream.start_tls(ctx);
   stream.expires_after(cfg.header_timeout);
+  // The TLS layer (OpenSSL's connection state and buffers, tens of KiB)
+  // is made once the ClientHello's first bytes are there: until then a
+  // connection costs its socket and this frame, so connections that never
+  // say anything cannot fill the memory (and --max-connections bounds
+  // their number, the header timeout their life).
+  if (auto [wec] = co_await stream.tcp().async_wait_readable(use_tuple); wec) {
+    env.metrics.tls_handshake_failures.fetch_add(1, std::memory_order_relaxed);
+    co_return false;
+  }
+  auto& tls = stream.start_tls(ctx);
   auto [ec] = co_await tls.async_handshake(net::ssl::stream_base::server, use_tuple);
   if (!ec)
     co_return true;

@@ -53,6 +53,18 @@ std::string Gateway::metrics_text(bool addresses) const {
   m.sample("pdgate_body_memory_refusals_total", body_budget_.refusals());
   m.gauge("pdgate_body_memory_bytes", "Memory held by request bodies being received.");
   m.sample("pdgate_body_memory_bytes", static_cast<std::uint64_t>(body_budget_.used()));
+  m.counter("pdgate_answer_memory_refusals_total",
+            "Requests answered 503 because whole engine answers being read reached "
+            "--answer-memory-limit.");
+  m.sample("pdgate_answer_memory_refusals_total", answer_budget_.refusals());
+  m.gauge("pdgate_answer_memory_bytes", "Memory held by whole engine answers being read.");
+  m.sample("pdgate_answer_memory_bytes", static_cast<std::uint64_t>(answer_budget_.used()));
+  m.gauge("pdgate_client_connections", "Client connections open (--max-connections bounds them).");
+  m.sample("pdgate_client_connections",
+           static_cast<std::uint64_t>(std::max<std::int64_t>(0, open_connections_.load())));
+  m.counter("pdgate_connection_limit_reached_total",
+            "Times a worker's listener stopped accepting because --max-connections was reached.");
+  m.sample("pdgate_connection_limit_reached_total", metrics_.connection_bound_reached.load());
   m.counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
   m.sample("pdgate_ejections_total", metrics_.ejections.load());
   if (listener_tls_) {

@@ -135,6 +135,7 @@ struct Gateway::Worker {
     ctx.metrics = &g.metrics_;
     ctx.loop_guard = &g.loop_guard_;
     ctx.connector = g.connector_.get();
+    ctx.pools.set_answer_budget(&g.answer_budget_);
   }
 
   std::size_t index;
@@ -148,6 +149,11 @@ struct Gateway::Worker {
   Config cfg;
   WorkerContext ctx;
   std::optional<tcp::acceptor> acceptor;
+  // Connections this worker accepted and ended: with its requests, what
+  // tells its housekeeping the worker went quiet after a burst.
+  std::uint64_t connections_seen = 0;
+  // The accept loop is paused at --max-connections (logged once per pause).
+  bool at_connection_bound = false;
   net::steady_timer sweep_timer;
   std::thread thread;
 };
@@ -319,6 +325,7 @@ void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> n
   for (const auto& line : reconcile_instances(registry_, before, *next).lines)
     spdlog::info("SIGHUP: {}", line);
   body_budget_.set_limit(next->body_memory_limit);
+  answer_budget_.set_limit(next->answer_memory_limit);
   for (auto& wp : workers_) {
     Worker& w = *wp;
     net::post(w.ioc, [&w, next] { w.cfg = *next; });
@@ -373,7 +380,9 @@ void Gateway::start() {
             // Once per lull: a whole interval without a new request after
             // some. The allocator returns only pages freed longer ago than
             // its delay, and while requests come it does so on its own.
-            const std::uint64_t now_seen = w.ctx.requests_started;
+            // Connections count too: a burst of connections that never
+            // sent a request (idle TLS handshakes) leaves as much behind.
+            const std::uint64_t now_seen = w.ctx.requests_started + w.connections_seen;
             if (trim && now_seen == seen && now_seen != trimmed) {
               trim();
               trimmed = now_seen;
@@ -453,6 +462,27 @@ void Gateway::begin_drain() {
 
 net::awaitable<void> Gateway::accept_loop(Worker& w) {
   for (;;) {
+    // At --max-connections the listener stops accepting: a flood of idle
+    // connections waits in the kernel's backlog, costing this process
+    // nothing, instead of each getting a session (and, on a TLS listener,
+    // a TLS layer). Workers check the shared count on their own, so it may
+    // pass the bound by one connection per worker. Polled: a connection
+    // that closes on another worker has no way to wake this one.
+    if (open_connections_.load(std::memory_order_relaxed) >=
+        static_cast<std::int64_t>(w.cfg.max_connections)) {
+      if (!w.at_connection_bound) {
+        w.at_connection_bound = true;
+        metrics_.connection_bound_reached.fetch_add(1, std::memory_order_relaxed);
+        spdlog::warn("--max-connections ({}) reached: not accepting until connections close",
+                     w.cfg.max_connections);
+      }
+      net::steady_timer t(w.ioc, std::chrono::milliseconds(10));
+      co_await t.async_wait(use_tuple);
+      if (!w.acceptor->is_open())
+        co_return;
+      continue;
+    }
+    w.at_connection_bound = false;
     tcp::endpoint peer;
     auto [ec, socket] = co_await w.acceptor->async_accept(peer, use_tuple);
     if (ec) {
@@ -466,7 +496,13 @@ net::awaitable<void> Gateway::accept_loop(Worker& w) {
     }
     beast::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
-    net::co_spawn(w.ioc, serve_client(session_env_, w.ctx, std::move(socket), peer), net::detached);
+    open_connections_.fetch_add(1, std::memory_order_relaxed);
+    ++w.connections_seen;
+    net::co_spawn(w.ioc, serve_client(session_env_, w.ctx, std::move(socket), peer),
+                  [this, &w](const std::exception_ptr&) {
+                    open_connections_.fetch_sub(1, std::memory_order_relaxed);
+                    ++w.connections_seen;
+                  });
   }
 }
 

@@ -129,6 +129,11 @@ class Gateway {
   std::atomic<bool> stopping_{false};
   GatewayMetrics metrics_;
   BodyBudget body_budget_{cfg_.body_memory_limit};
+  // Whole engine answers being read (--answer-memory-limit): the same kind
+  // of budget, charged by the workers' upstream exchanges.
+  BodyBudget answer_budget_{cfg_.answer_memory_limit};
+  // Client connections open, all workers together (--max-connections).
+  std::atomic<std::int64_t> open_connections_{0};
   // This process's Via identity (routing-loop detection).
   const LoopGuard loop_guard_;
   std::function<Result<bool>()> reload_policy_;

@@ -110,6 +110,8 @@ struct GatewayMetrics {
   std::atomic<std::uint64_t> path_one_hop{0};
   // Client connections whose TLS handshake failed or timed out.
   std::atomic<std::uint64_t> tls_handshake_failures{0};
+  // Times a worker's listener paused at --max-connections.
+  std::atomic<std::uint64_t> connection_bound_reached{0};
 
  private:
   mutable std::mutex mu_;

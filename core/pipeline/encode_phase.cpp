@@ -26,7 +26,15 @@ bool is_media_type(std::string_view t) {
 struct FanOut {
   RequestScope scope;  // the encoders' connections: aborted together
   std::optional<GatewayError> first_error;
+  std::size_t next = 0;  // the next item a lane takes
 };
+
+void fail_fan_out(FanOut& fan, GatewayError error) {
+  if (fan.first_error)
+    return;
+  fan.first_error = std::move(error);
+  fan.scope.on_client_gone();  // fail fast: the siblings' work is wasted now
+}
 
 // One encoder request. On failure it records the first error and aborts
 // its siblings.
@@ -72,8 +80,42 @@ net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext 
   }
   if (error && !fan.first_error) {
     spdlog::warn("encoder request {} failed: {}", std::string(up["x-request-id"]), error->message);
-    fan.first_error = std::move(error);
-    fan.scope.on_client_gone();  // fail fast: the siblings' work is wasted now
+    fail_fan_out(fan, std::move(*error));
+  }
+}
+
+// One of a request's lanes: takes the next item, waits for one of the
+// worker's encoder slots, makes the call; again until the items run out or
+// the fan-out fails. A request makes as many calls at once as it has lanes
+// (--encode-concurrency), a worker as many as it has slots
+// (--encode-max-inflight): thousands of items never mean thousands of
+// connections.
+net::awaitable<void> encode_lane(RequestContext& rc, const std::vector<std::string_view>& items,
+                                 const std::vector<InstancePtr>& chosen, std::string_view model_raw,
+                                 const PickContext& ctx, FanOut& fan) {
+  WorkerContext& w = rc.w;
+  for (;;) {
+    if (fan.first_error || fan.scope.client_gone() || fan.next >= items.size())
+      co_return;
+    const std::size_t i = fan.next++;
+    if (!co_await w.encoder_slots.acquire(w.cfg.first_byte_timeout)) {
+      GatewayError e = gateway_error(ErrorKind::overloaded,
+                                     "encode stage failed: too many encoder calls are waiting");
+      e.stage = "encode";
+      fail_fan_out(fan, std::move(e));
+      co_return;
+    }
+    CallSlot slot(w.encoder_slots);
+    if (fan.first_error || fan.scope.client_gone())
+      co_return;
+    const std::string child_id =
+        rc.request_id() + ":" + std::to_string(i) + ":" + w.request_ids.hex(6);
+    StageSpan span = rc.trace.stage("encode", chosen[i]->spec.url, 0);
+    span.attribute("pdgate.encode.item", static_cast<std::int64_t>(i));
+    auto up = upstream_request(http::verb::post, *chosen[i], "/v1/chat/completions",
+                               make_encoder_body(model_raw, items[i]), child_id, rc.fwd,
+                               span.traceparent());
+    co_await encode_one(w, chosen[i], ctx, std::move(up), std::move(span), fan);
   }
 }
 
@@ -134,6 +176,13 @@ net::awaitable<bool> encode_phase(RequestContext& rc) {
   const auto items = find_media_items(body, index);
   if (items.empty())
     co_return true;
+  if (items.size() > w.cfg.encode_max_items) {
+    co_return rc.fail(
+        client_error(ErrorKind::bad_request,
+                     "too many image and audio items: " + std::to_string(items.size()) +
+                         " (at most " + std::to_string(w.cfg.encode_max_items) + ")",
+                     "messages"));
+  }
   const std::string_view model_raw = raw_member(body, index, "model").value_or("null");
 
   PickContext ctx = rc.pick();
@@ -159,15 +208,10 @@ net::awaitable<bool> encode_phase(RequestContext& rc) {
   FanOut fan;
   scope.add_child(&fan.scope);
   ChildGroup children(executor, [&fan] { fan.scope.on_client_gone(); });
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const std::string child_id = request_id + ":" + std::to_string(i) + ":" + w.request_ids.hex(6);
-    StageSpan span = rc.trace.stage("encode", chosen[i]->spec.url, 0);
-    span.attribute("pdgate.encode.item", static_cast<std::int64_t>(i));
-    auto up = upstream_request(http::verb::post, *chosen[i], "/v1/chat/completions",
-                               make_encoder_body(model_raw, items[i]), child_id, rc.fwd,
-                               span.traceparent());
-    children.spawn(encode_one(w, chosen[i], ctx, std::move(up), std::move(span), fan));
-  }
+  const std::size_t lanes =
+      std::min(items.size(), std::max<std::size_t>(1, w.cfg.encode_concurrency));
+  for (std::size_t l = 0; l < lanes; ++l)
+    children.spawn(encode_lane(rc, items, chosen, model_raw, ctx, fan));
   // Waits for every child, failures included (they end fast: a failure
   // aborts the rest), so none outlives `fan`.
   co_await children.wait();

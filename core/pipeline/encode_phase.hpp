@@ -1,6 +1,8 @@
 // Stage 0 of a multimodal request (E -> P -> D, E -> PD): every image or
-// audio item of `messages` goes to an encoder as its own request, all
-// concurrently, before prefill or decode see the request. The encoders
+// audio item of `messages` goes to an encoder as its own request, several
+// at once (--encode-concurrency per request, --encode-max-inflight per
+// worker; more than --encode-max-items is refused with 400), before
+// prefill or decode see the request. The encoders
 // cache what they compute by a hash of the media bytes, so every item is
 // copied byte for byte from the client's body, never re-serialized.
 #pragma once

@@ -42,6 +42,11 @@ FailureMeaning meaning_of(UpstreamFailure f) {
       // fault, and not retried.
       return {K::out_of_resources, "the gateway is out of resources", ErrorSource::gateway, false,
               false};
+    case UpstreamFailure::over_budget:
+      // The gateway holds too many whole answers at once: a 503 the
+      // client may retry later; no engine is blamed.
+      return {K::overloaded, "the gateway's memory for engine answers is used up",
+              ErrorSource::gateway, false};
     case UpstreamFailure::aborted:
       return {K::client_gone, "the client went away", ErrorSource::client, false};
     case UpstreamFailure::none:

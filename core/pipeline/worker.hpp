@@ -14,6 +14,7 @@
 #include "core/observability/metrics.hpp"
 #include "core/observability/request_ids.hpp"
 #include "core/observability/trace_context.hpp"
+#include "core/pipeline/call_slots.hpp"
 #include "core/pipeline/client_keys.hpp"
 #include "core/routing/conversation_store.hpp"
 #include "core/routing/kv_connector.hpp"
@@ -34,6 +35,7 @@ struct WorkerContext {
         picker(*picker_owner),
         pools(ex, c.upstream_max_idle, c.upstream_idle_timeout),
         client_watches(ex),
+        encoder_slots(c.encode_max_inflight),
         default_authorization(std::move(default_auth)),
         active_requests(active) {}
 
@@ -45,6 +47,9 @@ struct WorkerContext {
   UpstreamPools pools;
   // Requests whose client is not watched yet (core/net/client_watch.hpp).
   ClientWatches client_watches;
+  // Encoder calls this worker makes at once, for all its requests
+  // (--encode-max-inflight).
+  CallSlots encoder_slots;
   // Request ids (core/observability/request_ids.hpp).
   RequestIds request_ids;
   // "Bearer $OPENAI_API_KEY" when the variable was set at start-up and the

@@ -78,12 +78,13 @@ net::awaitable<beast::error_code> connect_stream(DeadlineSocket& stream,
 }
 
 UpstreamPool::UpstreamPool(net::any_io_executor ex, InstancePtr instance, std::size_t max_idle,
-                           Millis idle_timeout, const EngineTls* tls)
+                           Millis idle_timeout, const EngineTls* tls, BodyBudget* answer_budget)
     : ex_(std::move(ex)),
       instance_(std::move(instance)),
       max_idle_(max_idle),
       idle_timeout_(idle_timeout),
-      tls_(tls) {}
+      tls_(tls),
+      answer_budget_(answer_budget) {}
 
 std::unique_ptr<UpstreamConnection> UpstreamPool::take_idle() {
   const auto now = std::chrono::steady_clock::now();
@@ -194,7 +195,8 @@ net::awaitable<std::pair<UpstreamError, std::unique_ptr<UpstreamConnection>>> Up
 UpstreamPool& UpstreamPools::for_instance(const InstancePtr& inst) {
   auto& slot = pools_[inst->id];
   if (!slot)
-    slot = std::make_unique<UpstreamPool>(ex_, inst, max_idle_, idle_timeout_, tls_.get());
+    slot = std::make_unique<UpstreamPool>(ex_, inst, max_idle_, idle_timeout_, tls_.get(),
+                                          answer_budget_);
   return *slot;
 }
 
@@ -224,6 +226,8 @@ UpstreamExchange::UpstreamExchange(UpstreamPool& pool, std::unique_ptr<UpstreamC
 }
 
 UpstreamExchange::~UpstreamExchange() {
+  if (charged_ != 0)
+    pool_.answer_budget()->release(charged_);
   committed();
   --pool_.live;
   if (conn_) {
@@ -488,6 +492,11 @@ UpstreamError UpstreamExchange::parse_into(std::string& out, std::size_t max, bo
   // chunk header useful; `out` keeps its capacity meanwhile.
   const std::size_t room = std::min(max, std::max<std::size_t>(conn_->buffer.size(), 256));
   const std::size_t old = out.size();
+  if (!reserve_charged(out, old + room)) {
+    wanted = false;
+    return UpstreamError{UpstreamFailure::over_budget,
+                         "the memory for whole engine answers (--answer-memory-limit) is used up"};
+  }
   out.resize(old + room);
   parser_.lend(out.data() + old, room);
   auto ec = parse_buffered();
@@ -522,9 +531,26 @@ UpstreamError UpstreamExchange::over_limit(std::size_t limit) const {
                                                        std::to_string(limit) + " bytes"};
 }
 
+bool UpstreamExchange::reserve_charged(std::string& out, std::size_t want) {
+  if (want <= out.capacity() || !whole_)
+    return true;
+  // The growth a string would make by itself, charged before it is made:
+  // many answers growing at once cannot pass the budget together.
+  const std::size_t grown = std::max(want, 2 * out.capacity());
+  BodyBudget* budget = pool_.answer_budget();
+  if (budget != nullptr && grown > kUnchargedAnswer && grown > charged_) {
+    if (!budget->try_charge(grown - charged_))
+      return false;
+    charged_ = grown;
+  }
+  out.reserve(grown);
+  return true;
+}
+
 std::optional<net::awaitable<UpstreamError>> UpstreamExchange::read_all(std::string& out,
                                                                         std::size_t limit,
                                                                         UpstreamError& err) {
+  whole_ = true;
   err = UpstreamError{};
   while (!parser_.is_done()) {
     bool wanted = true;
@@ -540,6 +566,7 @@ std::optional<net::awaitable<UpstreamError>> UpstreamExchange::read_all(std::str
 }
 
 net::awaitable<UpstreamError> UpstreamExchange::read_all(std::string& out, std::size_t limit) {
+  whole_ = true;
   while (!parser_.is_done()) {
     auto err = co_await read_some(out, kWholeBodyRead);
     if (err)

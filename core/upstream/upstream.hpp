@@ -19,6 +19,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/net/body_budget.hpp"
 #include "core/net/engine_response_parser.hpp"
 #include "core/net/maybe_tls_stream.hpp"
 #include "core/net/request_scope.hpp"
@@ -53,7 +54,10 @@ enum class UpstreamFailure {
   aborted,
   too_large,
   local,
-  ejected
+  ejected,
+  // The answer memory budget (--answer-memory-limit) cannot take a whole
+  // answer's next bytes: the gateway's shortage, not the engine's fault.
+  over_budget
 };
 
 // Whether a socket error means the gateway ran out of something (EMFILE,
@@ -88,6 +92,10 @@ struct UpstreamError {
 // stream events, fits in one read. It is allocated only once bytes are
 // there to read (UpstreamExchange waits for them without a buffer).
 inline constexpr std::size_t kFirstRead = 4096;
+// A whole answer up to this size is not charged to the answer budget (as
+// a client body that comes with its header is not): the common small
+// answer pays no atomic operation.
+inline constexpr std::size_t kUnchargedAnswer = 64 * 1024;
 
 struct UpstreamConnection {
   explicit UpstreamConnection(const net::any_io_executor& ex) : stream(ex) {}
@@ -109,10 +117,13 @@ struct EngineTls;
 class UpstreamPool {
  public:
   // `tls` secures https:// instances (null: they cannot be reached).
+  // `answer_budget` is charged for whole answers read (null: no bound).
   UpstreamPool(net::any_io_executor ex, InstancePtr instance, std::size_t max_idle,
-               Millis idle_timeout, const EngineTls* tls = nullptr);
+               Millis idle_timeout, const EngineTls* tls = nullptr,
+               BodyBudget* answer_budget = nullptr);
 
   const InstancePtr& instance() const { return instance_; }
+  BodyBudget* answer_budget() const { return answer_budget_; }
 
   // An idle keep-alive connection, or nullptr.
   std::unique_ptr<UpstreamConnection> take_idle();
@@ -140,6 +151,7 @@ class UpstreamPool {
   std::size_t max_idle_;
   Millis idle_timeout_;
   const EngineTls* tls_;
+  BodyBudget* answer_budget_;
   std::deque<std::unique_ptr<UpstreamConnection>> idle_;
   std::optional<tcp::resolver::results_type> resolved_;
   std::chrono::steady_clock::time_point resolved_at_{};
@@ -159,12 +171,16 @@ class UpstreamPools {
   void abort_waiting(std::uint64_t instance_id);
   // How https:// instances are reached (set once, before the first use).
   void set_tls(std::shared_ptr<const EngineTls> tls) { tls_ = std::move(tls); }
+  // What whole answers read are charged to (set once, before the first
+  // use; shared by every worker).
+  void set_answer_budget(BodyBudget* budget) { answer_budget_ = budget; }
 
  private:
   net::any_io_executor ex_;
   std::size_t max_idle_;
   Millis idle_timeout_;
   std::shared_ptr<const EngineTls> tls_;
+  BodyBudget* answer_budget_ = nullptr;
   std::unordered_map<std::uint64_t, std::unique_ptr<UpstreamPool>> pools_;
 };
 
@@ -222,6 +238,9 @@ class UpstreamExchange {
   net::awaitable<UpstreamError> wait_bytes();
 
   // Reads the rest of the body into `out`, failing past `limit` bytes.
+  // Past the first kUnchargedAnswer bytes, `out`'s memory is charged to
+  // the pool's answer budget before it grows (over_budget when the budget
+  // cannot take it), and held until the exchange is destroyed.
   net::awaitable<UpstreamError> read_all(std::string& out, std::size_t limit);
   // The same without a coroutine frame when the buffer holds the rest of
   // the body (a small answer comes with its header): nullopt, and `err`
@@ -266,6 +285,9 @@ class UpstreamExchange {
   // gave none); then the caller reads and calls again.
   UpstreamError parse_into(std::string& out, std::size_t max, bool& wanted);
   UpstreamError over_limit(std::size_t limit) const;
+  // Makes room in `out` for `want` bytes, the growth charged first to the
+  // answer budget when read_all reads (false: the budget refused it).
+  bool reserve_charged(std::string& out, std::size_t want);
   // The read of a header's bytes on a plain connection that the last read
   // emptied (see fill), in two halves so that start() awaits it without
   // fill's frame.
@@ -285,6 +307,9 @@ class UpstreamExchange {
   bool needs_more_ = false;  // the parser wants bytes the buffer does not hold
   bool waiting_ = true;      // registered with the pool (see committed())
   bool ejected_ = false;     // cut off by abort_ejected()
+  bool whole_ = false;       // read_all reads: its growth is charged
+  // What `out` of read_all holds of the answer budget.
+  std::size_t charged_ = 0;
 };
 
 }  // namespace pdgate

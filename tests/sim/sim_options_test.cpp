@@ -124,6 +124,8 @@ TEST(SimFaultHeader, Forms) {
   f = parse_fault_header("error-after=3");
   EXPECT_EQ(f.fault.error_after, 3u);
   EXPECT_FALSE(f.fault.error_status);
+  f = parse_fault_header("stall-body=1048575");
+  EXPECT_EQ(f.fault.stall_body, 1048575u);
 }
 
 // Malformed fault items are reported instead of being ignored.
@@ -132,6 +134,7 @@ TEST(SimFaultHeader, Malformed) {
   EXPECT_FALSE(parse_fault_header("error=200").error.empty());
   EXPECT_FALSE(parse_fault_header("die-after=x").error.empty());
   EXPECT_FALSE(parse_fault_header("delay-ms").error.empty());
+  EXPECT_FALSE(parse_fault_header("stall-body=-1").error.empty());
 }
 
 }  // namespace
