@@ -405,7 +405,8 @@ TEST(ObservabilityMetrics, RemovedInstanceTakesItsSeries) {
   AdminGateway g({"--decode", a.hostport(), b.hostport(), "--prefill-servers-urls", "disable"});
   for (int i = 0; i < 4; ++i)
     ASSERT_EQ(post_json(g.port(), "/v1/completions", completion(true, 3, true)).status, 200);
-  const std::string before = get(g.port(), "/metrics").body;
+  const std::string before =
+      http_request(g.port(), "GET", "/metrics", "", {{"X-API-Key", kAdminKey}}).body;
   for (const Sim* s : {&a, &b}) {
     EXPECT_GE(sample(before, "pdgate_decode_time_to_first_token_seconds_count",
                      {url_label(*s), "stream=\"true\""}),
@@ -416,7 +417,8 @@ TEST(ObservabilityMetrics, RemovedInstanceTakesItsSeries) {
   ASSERT_FALSE(gone.is_null());
   ASSERT_EQ(g.call("DELETE", "/admin/instances/" + gone["id"].dump()).status, 202);
   ASSERT_TRUE(eventually([&] { return g.instance_by_url(b.url()).is_null(); }));
-  const std::string after = get(g.port(), "/metrics").body;
+  const std::string after =
+      http_request(g.port(), "GET", "/metrics", "", {{"X-API-Key", kAdminKey}}).body;
   EXPECT_EQ(after.find(url_label(b)), std::string::npos) << after;
   EXPECT_GE(sample(after, "pdgate_inter_token_latency_seconds_count", {url_label(a)}), 1) << after;
   EXPECT_GE(sample(after, "pdgate_completion_tokens_total", {url_label(a)}), 3) << after;

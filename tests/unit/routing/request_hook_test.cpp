@@ -46,8 +46,14 @@ TEST(HookedBody, CapsMaxTokens) {
   // Completions have no max_completion_tokens: left as sent.
   EXPECT_EQ(edited(R"({"max_tokens":500,"max_completion_tokens":300})", d, false),
             R"({"max_tokens":100,"max_completion_tokens":300})");
-  // Not a number: the engine refuses it, as it would without the hook.
-  EXPECT_EQ(edited(R"({"max_tokens":"many"})", d), std::nullopt);
+  // Written as vLLM reads numbers: integral floats, exponents, digit
+  // strings are capped. A value it cannot read (the validate phase
+  // refuses those first) is capped all the same, never let through.
+  EXPECT_EQ(edited(R"({"max_tokens":500.0})", d), R"({"max_tokens":100})");
+  EXPECT_EQ(edited(R"({"max_tokens":"500"})", d), R"({"max_tokens":100})");
+  EXPECT_EQ(edited(R"({"max_tokens":1e3})", d), R"({"max_tokens":100})");
+  EXPECT_EQ(edited(R"({"max_tokens":50.0})", d), std::nullopt);
+  EXPECT_EQ(edited(R"({"max_tokens":"many"})", d), R"({"max_tokens":100})");
 }
 
 // Priority is set, replaced, or left alone when already equal; no field
