@@ -192,7 +192,7 @@ kill -0 "$GWPID" 2>/dev/null || alive=no
 if ((hostile)) && [[ $alive == yes ]]; then
   {
     echo "poisoned registry writes: $(cat "$WORK/poisoned.count" 2>/dev/null || echo 0)"
-    curl -s "http://127.0.0.1:$GW/metrics" | grep -E '^pdgate_(shared_registry_document_errors_total|shared_instances_refused_total|kv_events_(restarts|replays)_total|kv_events_feed_state)' || true
+    curl -s "http://127.0.0.1:$GW/metrics" | grep -E '^pdgate_(shared_registry_document_errors_total|shared_instances_refused_total|kv_events_(restarts|replays)_total|kv_events_state)' || true
   } > "$WORK/hostile.txt"
 fi
 kills=$(wc -l < "$WORK/kills.log" 2>/dev/null || echo 0)
