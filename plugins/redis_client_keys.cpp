@@ -15,6 +15,7 @@
 
 #include "core/base/warn_limiter.hpp"
 #include "plugins/redis_connection.hpp"
+#include "plugins/redis_key_hash.hpp"
 
 namespace pdgate {
 
@@ -208,8 +209,9 @@ class RedisClientKeys final : public ClientKeys {
   const std::string& nonce() const { return nonce_; }
 
  private:
-  // Reads the key hash every refresh interval. A key whose JSON is bad is
-  // left out (and said); Redis unreachable keeps the keys last read.
+  // Reads the key hash every refresh interval. An entry that is bad (its
+  // field, its JSON, a key past the bounds) is left out, and said at most
+  // every 30 s; Redis unreachable keeps the keys last read.
   net::awaitable<void> refresh_loop(net::any_io_executor ex,
                                     std::shared_ptr<RedisConnection> conn) {
     net::steady_timer timer(ex);
@@ -224,22 +226,20 @@ class RedisClientKeys final : public ClientKeys {
         std::vector<std::string_view> argv{std::string_view("HGETALL"), hash};
         RedisReply r = co_await conn->command(argv);
         if (conn.use_count() > 1 && r.type == RedisReply::Type::array) {
-          KeyTable table;
-          for (std::size_t i = 0; i + 1 < r.elements.size(); i += 2) {
-            const std::string& hex = r.elements[i].text;
-            auto key = parse_key_json(r.elements[i + 1].text);
-            std::uint64_t held = 0;
-            if (!key) {
-              if (warn.allow(steady_now_ms(), held))
-                spdlog::warn("api key {}...: {} (left out)", hex.substr(0, 8), key.error());
-              continue;
-            }
-            table.emplace(hex, std::move(*key));
+          std::vector<std::pair<std::string_view, std::string_view>> pairs;
+          pairs.reserve(r.elements.size() / 2);
+          for (std::size_t i = 0; i + 1 < r.elements.size(); i += 2)
+            pairs.emplace_back(r.elements[i].text, r.elements[i + 1].text);
+          KeyHashRead read = keys_from_hash(pairs);
+          std::uint64_t held = 0;
+          if (read.left_out > 0 && warn.allow(steady_now_ms(), held)) {
+            spdlog::warn("api keys: {} entr{} of {} left out: {}", read.left_out,
+                         read.left_out == 1 ? "y" : "ies", hash, read.problems.front());
           }
           if (first)
-            spdlog::info("api keys: {} read from redis", table.size());
+            spdlog::info("api keys: {} read from redis", read.keys.size());
           first = false;
-          set_shared_keys(std::move(table));
+          set_shared_keys(std::move(read.keys));
         }
       }
       if (conn.use_count() == 1)

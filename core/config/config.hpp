@@ -67,8 +67,10 @@ struct LabelLimits {
   static constexpr std::size_t kMaxTotalBytes = 8192;
 };
 // Why `labels` break LabelLimits (or has an empty name), or nothing: the
-// one check every source of labels runs.
-std::optional<std::string> label_problem(const std::map<std::string, std::string>& labels);
+// one check every source of labels runs. `owner` names what carries them
+// in the message ("instance", "key").
+std::optional<std::string> label_problem(const std::map<std::string, std::string>& labels,
+                                         std::string_view owner = "instance");
 
 // Instances found in DNS (`dns://NAME:PORT` in an instance list): every
 // address NAME resolves to (A and AAAA), on PORT, re-resolved every

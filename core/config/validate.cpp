@@ -14,11 +14,12 @@
 
 namespace pdgate {
 
-std::optional<std::string> label_problem(const std::map<std::string, std::string>& labels) {
+std::optional<std::string> label_problem(const std::map<std::string, std::string>& labels,
+                                         std::string_view owner) {
   using L = LabelLimits;
   if (labels.size() > L::kMaxCount) {
-    return "at most " + std::to_string(L::kMaxCount) + " labels per instance (got " +
-           std::to_string(labels.size()) + ")";
+    return "at most " + std::to_string(L::kMaxCount) + " labels per " + std::string(owner) +
+           " (got " + std::to_string(labels.size()) + ")";
   }
   std::size_t total = 0;
   for (const auto& [k, v] : labels) {
@@ -35,8 +36,9 @@ std::optional<std::string> label_problem(const std::map<std::string, std::string
     total += k.size() + v.size();
   }
   if (total > L::kMaxTotalBytes) {
-    return "an instance's labels may hold at most " + std::to_string(L::kMaxTotalBytes) +
-           " bytes of names and values (got " + std::to_string(total) + ")";
+    return "the labels of one " + std::string(owner) + " may hold at most " +
+           std::to_string(L::kMaxTotalBytes) + " bytes of names and values (got " +
+           std::to_string(total) + ")";
   }
   return std::nullopt;
 }

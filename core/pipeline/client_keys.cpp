@@ -8,6 +8,7 @@
 
 #include "core/base/sha256.hpp"
 #include "core/base/text.hpp"
+#include "core/config/config.hpp"
 
 namespace pdgate {
 
@@ -19,12 +20,6 @@ double steady_ms() {
   return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch()).count();
 }
 
-bool is_hex64(std::string_view s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 // The fields one key may have, from YAML or JSON alike: `get(name)` yields
 // the field's text (nullopt when absent), `labels()` the label map.
 template <typename Get, typename Labels>
@@ -34,6 +29,10 @@ Result<ClientKey> read_key(Get get, Labels labels) {
   if (!name || trim(*name).empty())
     return fail("needs a name");
   k.name = std::string(trim(*name));
+  if (k.name.size() > kMaxKeyNameBytes) {
+    return fail("the name is longer than " + std::to_string(kMaxKeyNameBytes) + " bytes (" +
+                std::to_string(k.name.size()) + ")");
+  }
   auto number = [&](const char* field, double max) -> Result<double> {
     auto v = get(field);
     if (!v)
@@ -61,11 +60,25 @@ Result<ClientKey> read_key(Get get, Labels labels) {
   auto l = labels();
   if (!l)
     return fail(l.error());
+  if (auto why = label_problem(*l, "key"))
+    return fail(*why);
   k.labels = std::move(*l);
   return k;
 }
 
+// A count past the bound is refused before the labels are copied.
+Failure too_many_labels(std::size_t n) {
+  return fail("at most " + std::to_string(LabelLimits::kMaxCount) + " labels per key (got " +
+              std::to_string(n) + ")");
+}
+
 }  // namespace
+
+bool is_key_hash(std::string_view hex) {
+  return hex.size() == 64 && std::all_of(hex.begin(), hex.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
 
 double KeyLimits::bucket() const {
   if (burst > 0)
@@ -106,6 +119,8 @@ Result<KeyTable> parse_key_file(std::string_view yaml_text) {
           return out;
         if (!v.IsMap())
           return fail("labels must be a map");
+        if (v.size() > LabelLimits::kMaxCount)
+          return too_many_labels(v.size());
         for (const auto& kv : v)
           out[kv.first.as<std::string>()] = kv.second.as<std::string>();
         return out;
@@ -115,7 +130,7 @@ Result<KeyTable> parse_key_file(std::string_view yaml_text) {
         return fail(where + ": " + key.error());
       auto hash = get("sha256");
       const std::string hex = hash ? lower(trim(*hash)) : std::string();
-      if (!is_hex64(hex))
+      if (!is_key_hash(hex))
         return fail(where + " (" + key->name +
                     "): sha256 must be 64 hex digits, the SHA-256 of "
                     "the key (printf %s KEY | sha256sum)");
@@ -130,6 +145,10 @@ Result<KeyTable> parse_key_file(std::string_view yaml_text) {
 }
 
 Result<ClientKeyPtr> parse_key_json(std::string_view json_text) {
+  if (json_text.size() > kMaxKeyJsonBytes) {
+    return fail("the key's JSON is longer than " + std::to_string(kMaxKeyJsonBytes) + " bytes (" +
+                std::to_string(json_text.size()) + ")");
+  }
   const auto j = nlohmann::json::parse(json_text, nullptr, false);
   if (!j.is_object())
     return fail("not a JSON object");
@@ -146,6 +165,8 @@ Result<ClientKeyPtr> parse_key_json(std::string_view json_text) {
       return out;
     if (!it->is_object())
       return fail("labels must be an object");
+    if (it->size() > LabelLimits::kMaxCount)
+      return too_many_labels(it->size());
     for (const auto& [k, v] : it->items()) {
       if (!v.is_string())
         return fail("label values must be strings");

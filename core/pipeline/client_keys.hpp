@@ -40,6 +40,18 @@ using ClientKeyPtr = std::shared_ptr<const ClientKey>;
 // The table of keys by the hex SHA-256 of the key.
 using KeyTable = std::unordered_map<std::string, ClientKeyPtr>;
 
+// Bounds on one key, whatever gave it (the key file, Redis): the name goes
+// into every limiter call's Redis keys and the policies' request view,
+// the labels (held to LabelLimits, core/config/config.hpp, like an
+// instance's) are copied into the policy VM for every request.
+inline constexpr std::size_t kMaxKeyNameBytes = 128;
+// One key's JSON read from Redis: room for the largest labels allowed.
+inline constexpr std::size_t kMaxKeyJsonBytes = 64 * 1024;
+
+// Whether `hex` is how keys are stored: 64 lower-case hex digits (the
+// SHA-256 of the key).
+bool is_key_hash(std::string_view hex);
+
 // Parses a key file (YAML):
 //   keys:
 //     - name: team-a
@@ -49,10 +61,12 @@ using KeyTable = std::unordered_map<std::string, ClientKeyPtr>;
 //       burst: 10
 //       concurrent: 4
 //       tokens_per_minute: 100000
-// Every error names the entry; the whole file is refused on any error.
+// Every error names the entry; the whole file is refused on any error,
+// a key past the bounds above included.
 Result<KeyTable> parse_key_file(std::string_view yaml_text);
 // One key's fields from JSON (how keys are stored in Redis: a hash from the
-// hex SHA-256 to this JSON).
+// hex SHA-256 to this JSON, plugins/redis_key_hash.hpp), at most
+// kMaxKeyJsonBytes long.
 Result<ClientKeyPtr> parse_key_json(std::string_view json_text);
 
 // The key of `Authorization: Bearer <key>`; empty when the header is

@@ -317,5 +317,31 @@ TEST(ClientKeys, KeysFromRedis) {
   EXPECT_EQ(models(gw.port(), "sk-other").status, 401);
 }
 
+// A key read from Redis is bounded like labels from anywhere (issue 32):
+// a name longer than 128 bytes, or labels past LabelLimits (64 of them,
+// 1,024-byte values), leave that key out, as does a field that is not the
+// hex SHA-256 of a key; the hash's other keys still count.
+TEST(ClientKeys, KeysFromRedisAreBounded) {
+  RedisServer redis;
+  auto hset = [&](const std::string& field, const Json& doc) {
+    redis.cli("hset pdgate:api_keys " + field + " '" + doc.dump() + "'");
+  };
+  hset(*sha256_hex("sk-good"), {{"name", "good"}, {"labels", {{"tier", "gold"}}}});
+  hset(*sha256_hex("sk-long-name"), {{"name", std::string(4096, 'n')}});
+  Json many = Json::object();
+  for (int i = 0; i < 1000; ++i)
+    many["l" + std::to_string(i)] = "v";
+  hset(*sha256_hex("sk-many-labels"), {{"name", "many"}, {"labels", many}});
+  hset(*sha256_hex("sk-big-label"),
+       {{"name", "big"}, {"labels", {{"tier", std::string(4096, 'v')}}}});
+  hset("not-a-hash", {{"name", "junk"}});
+  Sim p("prefill");
+  Sim d("decode");
+  Gateway gw(engines(p, d, {"--redis", redis.url(), "--api-keys-from-redis", "true"}));
+  EXPECT_TRUE(eventually([&] { return models(gw.port(), "sk-good").status == 200; }, 10s));
+  for (const char* key : {"sk-long-name", "sk-many-labels", "sk-big-label"})
+    EXPECT_EQ(models(gw.port(), key).status, 401) << key;
+}
+
 }  // namespace
 }  // namespace pdgate::test

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/base/sha256.hpp"
+#include "core/config/config.hpp"
 
 namespace pdgate {
 namespace {
@@ -64,6 +67,56 @@ TEST(KeyFile, JsonEntries) {
   EXPECT_FALSE(parse_key_json("[]"));
   EXPECT_FALSE(parse_key_json(R"({"labels":{}})"));
   EXPECT_FALSE(parse_key_json(R"({"name":"x","labels":{"a":1}})"));
+}
+
+// A key's name and labels are bounded wherever the key comes from (issue
+// 32): a name up to kMaxKeyNameBytes and labels within LabelLimits are
+// kept, one byte or label more is refused with the bound named; a JSON
+// document longer than kMaxKeyJsonBytes is not parsed.
+TEST(KeyFile, NamesAndLabelsAreBounded) {
+  const std::string h = hash_of("k");
+  auto file = [&](const std::string& name, const std::string& labels) {
+    return parse_key_file("keys:\n  - name: " + name + "\n    sha256: " + h + "\n    labels: {" +
+                          labels + "}\n");
+  };
+  auto json = [](const std::string& name, const nlohmann::json& labels) {
+    return parse_key_json(nlohmann::json{{"name", name}, {"labels", labels}}.dump());
+  };
+  const std::string longest(kMaxKeyNameBytes, 'n');
+  std::string many_yaml;
+  nlohmann::json many = nlohmann::json::object(), most = nlohmann::json::object();
+  for (std::size_t i = 0; i <= LabelLimits::kMaxCount; ++i) {
+    many_yaml += (i ? ", l" : "l") + std::to_string(i) + ": v";
+    many["l" + std::to_string(i)] = "v";
+    if (i < LabelLimits::kMaxCount)
+      most["l" + std::to_string(i)] = "v";
+  }
+  ASSERT_TRUE(file(longest, "tier: gold"));
+  ASSERT_TRUE(json(longest, most));
+  EXPECT_EQ((*json(longest, most))->labels.size(), LabelLimits::kMaxCount);
+
+  const std::pair<Result<KeyTable>, std::string> file_cases[] = {
+      {file(longest + "n", ""), "key 1: the name is longer than 128 bytes (129)"},
+      {file("a", many_yaml), "key 1: at most 64 labels per key (got 65)"},
+      {file("a", "tier: " + std::string(LabelLimits::kMaxValueBytes + 1, 'v')), "1024 bytes"},
+      {file("a", std::string(LabelLimits::kMaxKeyBytes + 1, 'k') + ": v"), "128 bytes"},
+  };
+  for (const auto& [t, expect] : file_cases) {
+    ASSERT_FALSE(t) << expect;
+    EXPECT_NE(t.error().find(expect), std::string::npos) << t.error();
+  }
+  const std::pair<Result<ClientKeyPtr>, std::string> json_cases[] = {
+      {json(longest + "n", nlohmann::json::object()), "the name is longer than 128 bytes"},
+      {json("a", many), "at most 64 labels per key (got 65)"},
+      {json("a", {{"", "v"}}), "must not be empty"},
+      {json("a", {{"t", std::string(LabelLimits::kMaxValueBytes + 1, 'v')}}), "1024 bytes"},
+      {parse_key_json(R"({"name":"a","pad":")" + std::string(kMaxKeyJsonBytes, ' ') + R"("})"),
+       "longer than 65536 bytes"},
+  };
+  for (const auto& [k, expect] : json_cases) {
+    ASSERT_FALSE(k) << expect;
+    EXPECT_NE(k.error().find(expect), std::string::npos) << k.error();
+  }
 }
 
 // Only "Bearer <token>" carries a key (scheme case-insensitive).
