@@ -119,8 +119,12 @@ TEST(AnswerMemory, StalledWholeAnswersShareOneBudget) {
   EXPECT_GT(peak_charged, 0);
   EXPECT_LE(peak_charged, 48 << 20);
   // Without the budget all eight are held (~260 MiB with their buffers'
-  // growth); with it, less than the eight answers' own bytes.
+  // growth); with it, less than the eight answers' own bytes. (Not under
+  // ASan: its allocator keeps freed memory in quarantine, so RSS says
+  // nothing of what the gateway holds; the budget's own gauge above does.)
+#ifndef PDGATE_SANITIZED
   EXPECT_LT(grown_mib, 8 * 20) << "whole answers held past the budget";
+#endif
   EXPECT_GE(metric(gw.port(), "pdgate_answer_memory_refusals_total"), refused);
   EXPECT_TRUE(eventually([&] { return metric(gw.port(), "pdgate_answer_memory_bytes") == 0; }))
       << "the stalled answers' memory was never given back to the budget";
@@ -295,8 +299,10 @@ TEST(ClientConnections, IdleTlsHandshakesAreCheapAndMemoryComesBack) {
               static_cast<long long>(baseline), static_cast<long long>(held),
               static_cast<long long>(after));
   EXPECT_LT((held - baseline) / 1024, 40) << "idle handshakes hold a TLS layer each";
+#ifndef PDGATE_SANITIZED  // ASan's allocator gives nothing back (quarantine, no trim)
   EXPECT_LT(after - baseline, std::max<std::int64_t>(baseline / 2, 8 * 1024))
       << "memory not given back after the burst";
+#endif
   EXPECT_EQ(curl_status(gw.port(), "/health"), 200);
 }
 
@@ -344,7 +350,9 @@ TEST(ClientConnections, MemoryOfAClosedTlsBurstIsGivenBack) {
               static_cast<long long>(baseline), static_cast<long long>(held),
               static_cast<long long>(after));
   ASSERT_GT(held - baseline, 20 * 1024) << "the burst did not cost what it should";
+#ifndef PDGATE_SANITIZED  // ASan's allocator gives nothing back (quarantine, no trim)
   EXPECT_LT(after - baseline, (held - baseline) / 2) << "the burst's memory stayed resident";
+#endif
   EXPECT_EQ(curl_status(gw.port(), "/health"), 200);
 }
 
