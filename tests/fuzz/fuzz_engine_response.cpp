@@ -148,7 +148,7 @@ Outcome read_with_beast(std::string_view bytes) {
     std::size_t consumed = 0;
     Outcome out = read_one_with_beast(bytes, consumed);
     if (!out.done || out.failed || out.status / 100 != 1 || out.status == 101 ||
-        interim == EngineResponseParser::kMaxInterimAnswers)
+        interim == pdgate::EngineResponseParser::kMaxInterimAnswers)
       return out;
     bytes.remove_prefix(consumed);
   }
