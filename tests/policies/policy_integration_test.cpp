@@ -19,6 +19,7 @@
 #include "core/upstream/instance.hpp"
 #include "policies/metrics.hpp"
 #include "tests/integration/harness.hpp"
+#include "tests/policies/fill_memory_lua.hpp"
 
 namespace pdgate::test {
 namespace {
@@ -244,17 +245,7 @@ TEST(PolicyGateway, EscapingPolicyCannotHoldWorker) {
 // ran outside the protected call and the gateway died with SIGSEGV.
 TEST(PolicyGateway, PolicyFillingItsMemoryFallsBack) {
   Sim d1("both", {"--itl-ms", "1"}), d2("both", {"--itl-ms", "1"});
-  ScriptFile f(R"lua(
-    local keep = {}
-    local function fill()
-      for _, size in ipairs({65536, 4096, 256, 16, 1}) do
-        pcall(function()
-          while true do keep[#keep + 1] = string.rep("y", size) .. #keep end
-        end)
-      end
-      -- Whatever is left is taken by small tables.
-      pcall(function() while true do keep[#keep + 1] = {} end end)
-    end
+  ScriptFile f(std::string(pdgate::policy::test::kFillMemoryLua) + R"lua(
     -- Not during the self-check at load (model "self-check"), which must
     -- pass for the policy to run at all.
     return {

@@ -20,6 +20,7 @@
 #include "policies/local_kv_index.hpp"
 #include "policies/lua_vm.hpp"
 #include "policies/lua_watchdog.hpp"
+#include "tests/policies/fill_memory_lua.hpp"
 #include "tests/policies/policy_test_util.hpp"
 
 namespace pdgate::policy {
@@ -482,16 +483,7 @@ TEST(SandboxBudget, LargeStringsBounded) {
 // the protected call, and LuaJIT's error unwound through the caller).
 TEST(SandboxMemory, CallArgumentsBuiltInAFullStateFailTheCallOnly) {
   Sandbox sb(200ms, 1u << 20);
-  ASSERT_TRUE(sb.load_ok(R"lua(
-    local keep = {}
-    local function fill()
-      for _, size in ipairs({65536, 4096, 256, 16, 1}) do
-        pcall(function()
-          while true do keep[#keep + 1] = string.rep("y", size) .. #keep end
-        end)
-      end
-      pcall(function() while true do keep[#keep + 1] = {} end end)
-    end
+  ASSERT_TRUE(sb.load_ok(std::string(pdgate::policy::test::kFillMemoryLua) + R"lua(
     return {
       pick = function(ctx, instances)
         if ctx.model == "fill" then fill() end
