@@ -36,6 +36,7 @@
 #include "plugins/otlp_exporter.hpp"
 #include "plugins/redis_client_keys.hpp"
 #include "plugins/redis_kv_index.hpp"
+#include "plugins/redis_load_sync.hpp"
 #include "plugins/shared_registry.hpp"
 #include "plugins/sim_tokenizer.hpp"
 #include "plugins/zmq_kv_events.hpp"
@@ -336,6 +337,21 @@ int main(int argc, char** argv) {
       pdgate::policy::start_metrics_scraper(control, gateway.registry(), cfg.metrics_interval,
                                             cfg.health_max_concurrency, engine_tls);
     }
+    // With --redis, every replica's load on each engine reaches the others
+    // within milliseconds (plugins/redis_load_sync.hpp), on a thread of
+    // its own.
+    std::shared_ptr<pdgate::RedisLoadSync> load_sync;
+    if (!cfg.redis_url.empty() && cfg.load_sync_interval.count() > 0) {
+      pdgate::RedisLoadSyncSettings s;
+      s.redis_url = cfg.redis_url;
+      s.channel = cfg.redis_key_prefix + "load";
+      s.interval = cfg.load_sync_interval;
+      s.expiry = cfg.load_sync_expiry;
+      s.heartbeat = std::min(std::chrono::milliseconds(250), cfg.load_sync_expiry / 4);
+      load_sync = std::make_shared<pdgate::RedisLoadSync>(gateway.registry(), std::move(s));
+      if (auto started = load_sync->start(); !started)
+        spdlog::error("load sharing not started: {}", started.error());
+    }
     pdgate::policy::start_kv_index_purge(control, gateway.registry(), kv_index,
                                          std::chrono::seconds(1));
     // Instances with an event endpoint, at start or added later, are
@@ -346,7 +362,8 @@ int main(int argc, char** argv) {
     events->start();
     pdgate::start_kv_event_follow(control, gateway.registry(), events, std::chrono::seconds(1));
     gateway.set_policy_hooks([engine]() { return engine->reload(); },
-                             [engine, shared_index, events, discovery](pdgate::PrometheusText& m) {
+                             [engine, shared_index, events, discovery,
+                              load_sync](pdgate::PrometheusText& m) {
                                const auto& st = engine->stats();
                                const std::pair<const char*, std::uint64_t> rows[] = {
                                    {"error", st.errors.load()},
@@ -366,6 +383,8 @@ int main(int argc, char** argv) {
                                engine->policy_metrics().write(m);
                                if (shared_index)
                                  pdgate::write_kv_index_metrics(m, shared_index->stats());
+                               if (load_sync)
+                                 pdgate::write_load_sync_metrics(m, load_sync->stats());
                                events->write_metrics(m);
                                if (discovery)
                                  discovery->write_metrics(m);
@@ -437,6 +456,10 @@ int main(int argc, char** argv) {
       gateway.wait();
       events->stop();
     }
+    // Its thread reads the registry, which the gateway owns and destroys
+    // (the /metrics hook keeps the object itself alive until then).
+    if (load_sync)
+      load_sync->stop();
   }
   return rc;
 }

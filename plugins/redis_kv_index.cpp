@@ -20,18 +20,6 @@ namespace {
 
 using Type = RedisReply::Type;
 
-std::int64_t wall_now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::uint64_t random_origin() {
-  std::random_device rd;
-  const std::uint64_t hi = rd(), lo = rd();
-  return (hi << 32) ^ lo ^ static_cast<std::uint64_t>(wall_now_ms());
-}
-
 net::awaitable<void> sleep_for(std::chrono::milliseconds d) {
   net::steady_timer t(co_await net::this_coro::executor);
   t.expires_after(d);

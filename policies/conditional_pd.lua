@@ -6,13 +6,15 @@
 -- prompt JSON per token) or when a decode instance already holds most of
 -- it (pdgate.prefix_held: where this gateway recently sent the prompt's
 -- leading blocks). Everything else goes prefill, then decode. The picks
--- follow the prompt's blocks: the instance holding the longest prefix,
--- unless it carries more than SLACK requests over the least loaded; so a
--- one-hop request lands where its prefix is, and every pick records
--- where the prompt went.
+-- follow the prompt's blocks: the instance where the prompt is predicted
+-- to get its first token soonest (pdgate.predicted_ttft: the prompt tokens
+-- every replica queued there, then this prompt's uncached ones, with the
+-- engine's exact cached tokens where it sends KV events). So a one-hop
+-- request lands where its prefix is unless the queue there costs more,
+-- and every pick (a decode after a prefill too: it keeps the blocks it
+-- pulled) records where the prompt went.
 local SHORT_PROMPT_TOKENS = 256
 local HELD_FRACTION = 0.75
-local SLACK = 4
 
 return {
   on_request = function(req)
@@ -27,16 +29,22 @@ return {
   end,
 
   pick = function(ctx, instances)
-    local least, least_load = pdgate.least_loaded()
-    if least == nil then return nil end
+    local cold, cold_ms = pdgate.least_cost()
+    if cold == nil then return nil end
     local matches = pdgate.prefix_matches()
-    local best, best_blocks = nil, 0
-    for i, m in pairs(matches) do
+    local exact = pdgate.cached_tokens()
+    local best, best_ms = nil, cold_ms
+    for i in pairs(matches) do
       local inst = instances[i]
-      if inst.healthy and m > best_blocks and pdgate.load(inst) <= least_load + SLACK then
-        best, best_blocks = inst, m
+      if inst.healthy then
+        -- The engine's own KV events where it has a feed, else where
+        -- prompts were routed.
+        local ms = pdgate.predicted_ttft(inst, exact and exact[i])
+        if ms <= best_ms then
+          best, best_ms = inst, ms
+        end
       end
     end
-    return best or least
+    return best or cold
   end,
 }

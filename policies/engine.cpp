@@ -102,6 +102,7 @@ class LuaPicker final : public InstancePicker {
 
   InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) override {
     failed_closed_ = false;
+    last_cached_ = 0;
     if (candidates.empty())
       return nullptr;
     refresh();
@@ -117,6 +118,7 @@ class LuaPicker final : public InstancePicker {
         counters.call(static_cast<int>(ctx.stage), CallOutcome::picked);
         if (ctx.stage == Stage::prefill)
           pin(ctx, vm);
+        last_cached_ = a.cached_tokens;
         return candidates[a.index];
       case PickStatus::declined:
         stats.declined.fetch_add(1, std::memory_order_relaxed);
@@ -157,6 +159,7 @@ class LuaPicker final : public InstancePicker {
   }
 
   bool failed_closed() const override { return failed_closed_; }
+  std::int64_t last_pick_cached_tokens() const override { return last_cached_; }
 
   bool on_request(const RequestHookInput& in, RequestDecision& out) override {
     refresh();
@@ -269,6 +272,7 @@ class LuaPicker final : public InstancePicker {
   std::unordered_map<std::string, std::shared_ptr<LuaVm>> pins_;
   PrefixHashCache hashes_;
   bool failed_closed_ = false;
+  std::int64_t last_cached_ = 0;
 };
 
 }  // namespace

@@ -12,56 +12,54 @@
 -- For a candidate i its cached share of the prompt is
 --   exact feed:   pdgate.cached_tokens()[i] / prompt tokens
 --   otherwise:    pdgate.prefix_matches()[i] / prompt blocks
--- The largest share wins, unless that instance is overloaded compared with
--- the least loaded one (prefix_affinity's guard: more than BALANCE_ABS
--- requests more, and over BALANCE_REL times as many); a share under
--- MIN_SHARE counts as none and the least loaded instance takes it.
--- prefix_matches() is always asked, so the approximate index keeps
--- learning for engines whose feed falls back.
+-- The largest share wins, unless waiting there costs more than computing
+-- the whole prompt where it would start soonest (prefix_affinity's guard:
+-- pdgate.predicted_ttft against pdgate.least_cost, on the prompt tokens
+-- every replica has queued on each engine); a share under MIN_SHARE
+-- counts as none and the soonest start takes it. prefix_matches() is
+-- always asked, so the approximate index keeps learning for engines whose
+-- feed falls back.
 --
 -- Decode after a prefill pulls the KV from the prefill: least loaded.
-local BALANCE_ABS = 8
-local BALANCE_REL = 1.5
 local MIN_SHARE = 0.1
 
 local turns = { encode = 0, prefill = 0, decode = 0 }
-local load_of = pdgate.load
 
 return {
   pick = function(ctx, instances)
     local turn = turns[ctx.stage] % #instances + 1
     turns[ctx.stage] = turn
-    local least, least_load = pdgate.least_loaded(turn)
-    if least == nil then return nil end
-    if ctx.stage == "decode" and ctx.prefill ~= nil then return least end
+    if ctx.stage == "decode" and ctx.prefill ~= nil then
+      return pdgate.least_loaded(turn)
+    end
+    local cold, cold_ms = pdgate.least_cost(turn)
+    if cold == nil then return nil end
 
     local matches, blocks = pdgate.prefix_matches()
     local exact, tokens = pdgate.cached_tokens()
-    local best, best_share, best_load = nil, 0, 0
-    local function consider(inst, share)
+    local best, best_share, best_ms = nil, 0, 0
+    local function consider(inst, share, cached)
       if not inst.healthy then return end
-      local l = load_of(inst)
-      if share > best_share or (share == best_share and l < best_load) then
-        best, best_share, best_load = inst, share, l
+      local ms = pdgate.predicted_ttft(inst, cached)
+      if share > best_share or (share == best_share and ms < best_ms) then
+        best, best_share, best_ms = inst, share, ms
       end
     end
     if exact ~= nil and tokens ~= nil and tokens > 0 then
       for i, n in pairs(exact) do
-        consider(instances[i], n / tokens)
+        consider(instances[i], n / tokens, n)
       end
     end
     if blocks ~= nil and blocks > 0 then
       for i, m in pairs(matches) do
         -- An instance with an exact feed is judged by it alone.
         if exact == nil or exact[i] == nil then
-          consider(instances[i], m / blocks)
+          consider(instances[i], m / blocks, nil)
         end
       end
     end
-    if best == nil or best_share < MIN_SHARE then return least end
-    if best_load - least_load > BALANCE_ABS and best_load > BALANCE_REL * least_load then
-      return least
-    end
+    if best == nil or best_share < MIN_SHARE then return cold end
+    if best_ms > cold_ms then return cold end
     return best
   end,
 }

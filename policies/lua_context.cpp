@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "core/upstream/load_model.hpp"
 #include "policies/detail/lua_bindings.hpp"
 #include "policies/detail/lua_state.hpp"
 
@@ -189,17 +190,27 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
     // compare; the engine metrics are re-read only after a new scrape.
     Impl::Shadow& old = c.shadow[i];
     const std::int64_t in_flight = inst.in_flight.load(std::memory_order_relaxed);
+    const std::int64_t others = inst.others_in_flight.load(std::memory_order_relaxed);
+    const std::int64_t queued = inst.cluster_queued_tokens();
+    const double per_token = inst.prefill_ms_per_token.load(std::memory_order_relaxed);
     const bool healthy = inst.healthy.load(std::memory_order_relaxed);
     const std::int64_t at = inst.metrics_at_ms.load(std::memory_order_relaxed);
-    // Numbers older than 10 s describe a past the policy should not trust.
-    const bool fresh = at != 0 && now_ms - at < 10'000;
-    if (old.valid && in_flight == old.in_flight && healthy == old.healthy && at == old.metrics_at &&
-        fresh == old.has_metrics)
+    // Numbers older than this describe a past the policy should not trust.
+    const bool fresh = at != 0 && now_ms - at < kEngineMetricsFreshMs;
+    if (old.valid && in_flight == old.in_flight && others == old.others_in_flight &&
+        queued == old.queued_tokens && per_token == old.ms_per_token && healthy == old.healthy &&
+        at == old.metrics_at && fresh == old.has_metrics)
       continue;
-    Impl::Shadow now{in_flight, at, healthy, fresh, true};
+    Impl::Shadow now{in_flight, others, queued, per_token, at, healthy, fresh, true};
     lua_rawgeti(L, -1, static_cast<int>(i + 1));
     if (!old.valid || in_flight != old.in_flight)
       set_number(L, "in_flight", static_cast<double>(in_flight));
+    if (!old.valid || in_flight != old.in_flight || others != old.others_in_flight)
+      set_number(L, "cluster_in_flight", static_cast<double>(in_flight + others));
+    if (!old.valid || queued != old.queued_tokens)
+      set_number(L, "queued_tokens", static_cast<double>(queued));
+    if (!old.valid || per_token != old.ms_per_token)
+      set_number(L, "prefill_ms_per_token", per_token);
     if (!old.valid || healthy != old.healthy)
       set_bool(L, "healthy", healthy);
     if (!old.valid || fresh != old.has_metrics)

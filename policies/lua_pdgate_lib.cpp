@@ -11,6 +11,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/routing/request_hook.hpp"
+#include "core/upstream/load_model.hpp"
 #include "policies/detail/lua_bindings.hpp"
 #include "policies/detail/lua_state.hpp"
 #include "policies/prefix_hash.hpp"
@@ -23,6 +25,24 @@ Impl& in_request(lua_State* L, const char* fn) {
   if (I.cur_ctx == nullptr)
     luaL_error(L, "pdgate.%s: only callable inside pick, on_complete or on_request", fn);
   return I;
+}
+
+// The prompt's length in tokens: the engine's count when it was asked
+// (--tokenizer vllm), else the estimate every limit and policy uses.
+std::int64_t prompt_tokens(const Impl& I) {
+  if (I.cur_ctx->token_ids != nullptr)
+    return static_cast<std::int64_t>(I.cur_ctx->token_ids->size());
+  return static_cast<std::int64_t>(estimated_prompt_tokens(I.cur_ctx->prompt_raw.size()));
+}
+
+// A lookup found `tokens` of the prompt cached on candidate `i` (0-based):
+// kept for the pick's answer (the queue the request adds there) and for
+// pdgate.predicted_ttft's default.
+void note_cached(Impl& I, std::size_t i, std::int64_t tokens) {
+  if (I.cur_cached.size() != I.cur_candidates)
+    I.cur_cached.assign(I.cur_candidates, 0);
+  if (i < I.cur_cached.size())
+    I.cur_cached[i] = std::max(I.cur_cached[i], std::min(tokens, prompt_tokens(I)));
 }
 
 int l_prefix_hashes(lua_State* L) {
@@ -56,6 +76,9 @@ int l_prefix_matches(lua_State* L) {
         continue;
       lua_pushnumber(L, static_cast<double>(blocks));
       lua_rawseti(L, -2, static_cast<int>(i + 1));
+      note_cached(I, i,
+                  static_cast<std::int64_t>(
+                      estimated_prompt_tokens(blocks * I.svc.prefix_block_bytes)));
       break;
     }
   }
@@ -95,6 +118,7 @@ int l_cached_tokens(lua_State* L) {
       if (keys[i] == row.key) {
         lua_pushnumber(L, static_cast<double>(row.tokens));
         lua_rawseti(L, -2, static_cast<int>(i + 1));
+        note_cached(I, i, static_cast<std::int64_t>(row.tokens));
         break;
       }
     }
@@ -169,18 +193,6 @@ int l_conversation(lua_State* L) {
   return 1;
 }
 
-// An instance's load as the shipped policies define it: the gateway's
-// live in-flight count plus, when its metrics are fresh, the load others
-// put on the engine as of the last scrape (Instance::engine_other_load).
-// Mirrors the loop in policies/least_load.lua.
-std::int64_t load_of(const Instance& inst, std::int64_t now_ms) {
-  std::int64_t l = inst.in_flight.load(std::memory_order_relaxed);
-  const std::int64_t at = inst.metrics_at_ms.load(std::memory_order_relaxed);
-  if (at != 0 && now_ms - at < 10'000)
-    l += inst.engine_other_load.load(std::memory_order_relaxed);
-  return l;
-}
-
 // pdgate.least_loaded([start]) -> instance, its load, the highest load.
 // The scan least_load.lua would do, over the C++ instances instead of the
 // Lua tables: 256 instances take under 1 us here, ~5 us interpreted.
@@ -199,7 +211,7 @@ int l_least_loaded(lua_State* L) {
     const Instance& inst = *list[i];
     if (!inst.healthy.load(std::memory_order_relaxed))
       continue;
-    const std::int64_t l = load_of(inst, I.cur_now_ms);
+    const std::int64_t l = routing_load(inst, I.cur_now_ms);
     if (best == n || l < best_load) {
       best = i;
       best_load = l;
@@ -216,11 +228,12 @@ int l_least_loaded(lua_State* L) {
   return 3;
 }
 
-// pdgate.load(instance) -> the instance's load as least_loaded counts it,
-// from its Lua table: in_flight, plus other_load when has_metrics.
+// pdgate.load(instance) -> the instance's load as least_loaded counts it
+// (core/upstream/load_model.hpp), from its Lua table: cluster_in_flight,
+// plus other_load when has_metrics.
 int l_load(lua_State* L) {
   luaL_checktype(L, 1, LUA_TTABLE);
-  lua_getfield(L, 1, "in_flight");
+  lua_getfield(L, 1, "cluster_in_flight");
   lua_Number l = lua_tonumber(L, -1);
   lua_getfield(L, 1, "has_metrics");
   if (lua_toboolean(L, -1)) {
@@ -230,6 +243,90 @@ int l_load(lua_State* L) {
   }
   lua_pop(L, 2);
   lua_pushnumber(L, l);
+  return 1;
+}
+
+double fleet_cost(Impl& I) {
+  if (I.cur_fleet_cost < 0)
+    I.cur_fleet_cost = fleet_ms_per_token(*I.cur_list);
+  return I.cur_fleet_cost;
+}
+
+// The C++ instance behind one of this pick's instance tables (its
+// `index`), or an error.
+const Instance& pick_instance(lua_State* L, Impl& I, int arg, const char* fn, std::size_t& pos) {
+  luaL_checktype(L, arg, LUA_TTABLE);
+  lua_getfield(L, arg, "index");
+  const lua_Number d = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  if (!(d >= 1 && d <= static_cast<lua_Number>(I.cur_list->size()) && d == std::floor(d)))
+    luaL_error(L, "pdgate.%s: not one of this pick's instances", fn);
+  pos = static_cast<std::size_t>(d) - 1;
+  return *(*I.cur_list)[pos];
+}
+
+// pdgate.predicted_ttft(instance [, cached_tokens]) -> milliseconds to the
+// prompt's first token there: the prompt tokens queued on that engine by
+// every replica, then this prompt's uncached ones, at the engine's learnt
+// cost per token (core/upstream/load_model.hpp). cached_tokens defaults to
+// what this pick's prefix_matches / cached_tokens calls found there.
+int l_predicted_ttft(lua_State* L) {
+  Impl& I = impl_of(L);
+  if (I.cur_list == nullptr)
+    luaL_error(L, "pdgate.predicted_ttft: only callable inside pick");
+  std::size_t pos = 0;
+  const Instance& inst = pick_instance(L, I, 1, "predicted_ttft", pos);
+  std::int64_t cached = 0;
+  if (lua_isnoneornil(L, 2)) {
+    cached = pos < I.cur_cached.size() ? I.cur_cached[pos] : 0;
+  } else {
+    const lua_Number c = luaL_checknumber(L, 2);
+    cached = c > 0 ? static_cast<std::int64_t>(std::min<lua_Number>(c, 1e15)) : 0;
+  }
+  const std::int64_t uncached = std::max<std::int64_t>(prompt_tokens(I) - cached, 0);
+  lua_pushnumber(L, predicted_ttft_ms(inst, uncached, fleet_cost(I), I.cur_now_ms));
+  return 1;
+}
+
+// pdgate.least_cost([start]) -> the healthy instance where this prompt,
+// computed in full, would get its first token soonest, and that time (ms).
+// Ties go to the first in scan order, which begins at position `start`.
+int l_least_cost(lua_State* L) {
+  Impl& I = impl_of(L);
+  if (I.cur_list == nullptr)
+    luaL_error(L, "pdgate.least_cost: only callable inside pick");
+  const auto& list = *I.cur_list;
+  const std::size_t n = list.size();
+  const auto start = static_cast<std::size_t>(std::max<lua_Number>(luaL_optnumber(L, 1, 1), 1));
+  const std::int64_t tokens = prompt_tokens(I);
+  const double fleet = fleet_cost(I);
+  std::size_t best = n;
+  double best_ms = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t i = (start - 1 + k) % n;
+    const Instance& inst = *list[i];
+    if (!inst.healthy.load(std::memory_order_relaxed))
+      continue;
+    const double ms = predicted_ttft_ms(inst, tokens, fleet, I.cur_now_ms);
+    if (best == n || ms < best_ms) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  if (best == n)
+    return 0;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.caches[static_cast<int>(I.cur_ctx->stage)].array_ref);
+  lua_rawgeti(L, -1, static_cast<int>(best + 1));
+  lua_remove(L, -2);
+  lua_pushnumber(L, best_ms);
+  return 2;
+}
+
+// pdgate.prompt_tokens() -> the prompt's length in tokens (the engine's
+// count with --tokenizer vllm, else an estimate of 4 bytes per token).
+int l_prompt_tokens(lua_State* L) {
+  Impl& I = in_request(L, "prompt_tokens");
+  lua_pushnumber(L, static_cast<double>(prompt_tokens(I)));
   return 1;
 }
 
@@ -395,6 +492,9 @@ const luaL_Reg kPdgateLib[] = {
     {"prefix_held", l_prefix_held},
     {"least_loaded", l_least_loaded},
     {"load", l_load},
+    {"predicted_ttft", l_predicted_ttft},
+    {"least_cost", l_least_cost},
+    {"prompt_tokens", l_prompt_tokens},
     {"conversation", l_conversation},
     {"kv_get", l_kv_get},
     {"kv_set", l_kv_set},

@@ -79,6 +79,8 @@ class CallScope {
     I.cur_hashes = &h;
     I.cur_candidates = candidates;
     I.prefix_used = false;
+    I.cur_cached.clear();
+    I.cur_fleet_cost = -1;
     I.cur_where = static_cast<int>(ctx.stage);
   }
   ~CallScope() {
@@ -365,6 +367,8 @@ PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickCon
               " (expected an instance, its position, or nil)";
   }
   lua_settop(L, base);
+  if (a.status == PickStatus::chosen && a.index < I.cur_cached.size())
+    a.cached_tokens = I.cur_cached[a.index];
   if (a.status == PickStatus::chosen && I.prefix_used && !I.checking) {
     I.svc.kv_index->record_prefix(hashes.get(ctx, I.svc.prefix_block_bytes),
                                   I.caches[static_cast<int>(ctx.stage)].keys[a.index],

@@ -88,6 +88,9 @@ struct PickAnswer {
   PickStatus status = PickStatus::declined;
   std::size_t index = 0;  // into the candidates, when chosen
   std::string error;      // why, when error / invalid / budget
+  // Prompt tokens the chosen instance holds, as this pick's lookups
+  // (pdgate.prefix_matches, pdgate.cached_tokens) found; 0 when none ran.
+  std::int64_t cached_tokens = 0;
 };
 
 // How a request hook call went.

@@ -102,9 +102,10 @@ void store_metrics(const Instance& inst, const EngineMetrics& m, std::int64_t no
     inst.kv_cache_usage.store(*m.kv_usage, std::memory_order_relaxed);
   const std::int64_t engine_load = inst.engine_running.load(std::memory_order_relaxed) +
                                    inst.engine_waiting.load(std::memory_order_relaxed);
-  inst.engine_other_load.store(
-      std::max<std::int64_t>(0, engine_load - inst.in_flight.load(std::memory_order_relaxed)),
-      std::memory_order_relaxed);
+  // What every replica reported in flight there is counted live; the rest
+  // of what the engine holds came around pdgate.
+  inst.engine_other_load.store(std::max<std::int64_t>(0, engine_load - inst.cluster_in_flight()),
+                               std::memory_order_relaxed);
   inst.metrics_at_ms.store(now_ms, std::memory_order_relaxed);
 }
 

@@ -162,7 +162,7 @@ struct Config {
   std::size_t prefix_block_size = 256;    // bytes of prompt text per prefix block hash
   std::chrono::milliseconds policy_poll_interval{1000};
   // How often each engine's /metrics is scraped; 0 turns scraping off.
-  std::chrono::milliseconds metrics_interval{1000};
+  std::chrono::milliseconds metrics_interval{250};
   // Multi-turn KV reuse (docs/conversations.md).
   std::string redis_url;  // empty: the in-memory store
   std::string redis_key_prefix = "pdgate:";
@@ -170,6 +170,10 @@ struct Config {
   // With redis_url: replicas share their prefix and conversation routing
   // records (core/routing/kv_location_index.hpp).
   bool shared_kv_index = true;
+  // With --redis: replicas share their load (plugins/redis_load_sync.hpp);
+  // 0 = off.
+  std::chrono::milliseconds load_sync_interval{5};
+  std::chrono::milliseconds load_sync_expiry{1000};
   std::chrono::seconds conversation_ttl{450};
   // The exact KV-block index fed by engines' events (docs/kv-events.md):
   // blocks kept per instance and in all, how long a replay may take, and

@@ -218,7 +218,7 @@ constexpr std::array kOptions = {
            duration_field<&Config::policy_poll_interval>, kRestart},
     Option{"metrics-interval", "", 0, false, false, kPolicies, "DURATION|off",
            "How often each engine's /metrics is scraped for policies; off disables "
-           "(default: 1s).",
+           "(default: 250ms).",
            interval_field<&Config::metrics_interval>, kRestart},
     // Set up once, with the exact index it feeds.
     Option{"tokenizer", "", 0, false, false, kPolicies, "sim|vllm|none",
@@ -262,6 +262,15 @@ constexpr std::array kOptions = {
            "conversation, so prefix and conversation policies see the whole cluster's "
            "routing (default: on).",
            switch_field<&Config::shared_kv_index>, kRestart},
+    Option{"load-sync-interval", "", 0, false, false, kGeneral, "DURATION|off",
+           "With --redis, how often each replica shares its load on every engine (requests "
+           "in flight, prompt tokens queued) when it changed, so all replicas route on the "
+           "whole cluster's load; off shares none (default: 5ms).",
+           interval_field<&Config::load_sync_interval>, kRestart},
+    Option{"load-sync-expiry", "", 0, false, false, kGeneral, "DURATION",
+           "How long a replica's shared load counts without a new report: a replica that "
+           "died or lost Redis stops counting after this (default: 1s).",
+           duration_field<&Config::load_sync_expiry>, kRestart},
     Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
            "How long a conversation's decode blocks stay reusable (default: 450s).",
            duration_field<&Config::conversation_ttl>},

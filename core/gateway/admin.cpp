@@ -65,6 +65,13 @@ json instance_json(const Instance& i) {
           {"state", to_string(i.state())},
           {"healthy", i.healthy.load()},
           {"in_flight", i.in_flight.load()},
+          // What routing sees (core/upstream/load_model.hpp): every
+          // replica's requests and queued prompt tokens, the learnt cost.
+          {"load",
+           {{"cluster_in_flight", i.cluster_in_flight()},
+            {"queued_tokens", i.cluster_queued_tokens()},
+            {"engine_other_load", i.engine_other_load.load()},
+            {"prefill_ms_per_token", i.prefill_ms_per_token.load()}}},
           {"requests_total", i.requests_total.load()},
           {"failures_total", i.failures_total.load()},
           {"consecutive_failures", i.consecutive_failures.load()},

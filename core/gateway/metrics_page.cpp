@@ -117,6 +117,16 @@ std::string Gateway::metrics_text(bool addresses) const {
   m.gauge("pdgate_instance_in_flight", "Requests this gateway has in flight on each instance.");
   per_instance("pdgate_instance_in_flight",
                [](const Instance& i) { return static_cast<std::int64_t>(i.in_flight.load()); });
+  m.gauge("pdgate_instance_cluster_in_flight",
+          "Requests every gateway replica has in flight on each instance, as shared through "
+          "Redis (this one's live, the others' as of their last load report).");
+  per_instance("pdgate_instance_cluster_in_flight",
+               [](const Instance& i) { return i.cluster_in_flight(); });
+  m.gauge("pdgate_instance_queued_tokens",
+          "Prompt tokens every gateway replica's requests wait to have computed on each "
+          "instance (uncached; from being sent to the first token).");
+  per_instance("pdgate_instance_queued_tokens",
+               [](const Instance& i) { return i.cluster_queued_tokens(); });
   m.gauge("pdgate_instance_state",
           "1 for the instance's current state (active, draining, ejected).");
   for (const auto& [id, url, i] : each) {

@@ -24,7 +24,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   WorkerContext& w = rc.w;
   Routed out;
   auto r = std::make_unique<DecodeRelay>();
-  r->guard = InFlightGuard(decode);
+  r->guard = InFlightGuard(decode, rc.decode_queued_tokens);
   r->report.emplace(w.picker, decode, rc.pick());
   r->decode = decode;
   r->span =
@@ -76,6 +76,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
     co_return out;
   }
   decode->note_request_success();
+  r->guard.prompt_done();
   if (r->first_token_at) {
     r->report->first_token(*r->first_token_at);
     auto& ttft = stream ? decode->latency.ttft_stream : decode->latency.ttft_whole;
@@ -96,8 +97,10 @@ net::awaitable<std::unique_ptr<DecodeRelay>> decode_phase(RequestContext& rc) {
   for (;;) {
     rc.pick().stage = Stage::decode;
     rc.pick().chosen_prefill = rc.prefill.get();
-    if (!rc.decode || !rc.tried_decode.empty())
+    if (!rc.decode || !rc.tried_decode.empty()) {
       rc.decode = w.picker.pick(untried(rc.set->decode, rc.tried_decode), rc.pick());
+      rc.decode_queued_tokens = rc.prefill ? 0 : rc.uncached_after_pick();
+    }
     if (!rc.decode) {
       rc.fail(no_instance(Stage::decode, w.picker));
       co_return nullptr;

@@ -8,6 +8,7 @@
 #include "core/pipeline/failover.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/routing/kv_params.hpp"
+#include "core/upstream/load_model.hpp"
 
 namespace pdgate {
 
@@ -56,7 +57,12 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
     r.error = missing_kv_peer(Stage::prefill, *r.instance);
     co_return r;
   }
-  InFlightGuard guard(r.instance);
+  // The prompt tokens queued ahead on that engine (every replica's), then
+  // this prefill's own: what it waits for, and what it teaches the
+  // engine's cost per token when it is done (core/upstream/load_model.hpp).
+  const std::int64_t own_tokens = rc.uncached_after_pick();
+  const std::int64_t ahead_tokens = r.instance->cluster_queued_tokens();
+  InFlightGuard guard(r.instance, own_tokens);
   StageReport report(w.picker, r.instance, ctx);
   StageSpan span = rc.trace.stage("prefill", r.instance->spec.url,
                                   static_cast<unsigned>(rc.tried_prefill.size()));
@@ -104,8 +110,11 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   ex->finish();
   trace_usage(span, answer);
   r.instance->note_request_success();
-  r.instance->latency.prefill.observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  r.instance->latency.prefill.observe(elapsed);
+  guard.prompt_done();
+  note_prefill_time(*r.instance, ahead_tokens + own_tokens, elapsed * 1000);
   if (!rc.connector.passes_params()) {
     report.succeeded();
     co_return r;

@@ -7,6 +7,10 @@
 // of them must fit in 100 MiB.
 #pragma once
 
+#include <algorithm>
+
+#include "core/routing/request_hook.hpp"
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -116,6 +120,20 @@ struct RequestContext {
 
   const std::string& request_id() const { return view->request_id; }
   PickContext& pick() { return view->ctx; }
+
+  // The prompt tokens a leg just picked would compute on its instance:
+  // the prompt (the engine's count when asked, else the estimate policies
+  // use) less what the pick's lookups found cached there. What the leg
+  // adds to the instance's queue (InFlightGuard) for as long as it waits.
+  std::int64_t uncached_after_pick() {
+    const std::int64_t prompt =
+        token_ids.empty() ? static_cast<std::int64_t>(estimated_prompt_tokens(pick().prompt_raw.size()))
+                          : static_cast<std::int64_t>(token_ids.size());
+    return std::max<std::int64_t>(prompt - w.picker.last_pick_cached_tokens(), 0);
+  }
+  // Set with the decode pick: the uncached tokens of a decode that
+  // computes the prompt itself (one hop), 0 after a prefill.
+  std::int64_t decode_queued_tokens = 0;
 };
 
 }  // namespace pdgate

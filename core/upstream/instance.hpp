@@ -3,6 +3,7 @@
 // worker threads: their identity is immutable, their counters are atomics.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -71,6 +72,27 @@ struct Instance {
  public:
   // Requests this gateway (all workers) has in flight on the instance.
   mutable std::atomic<std::int64_t> in_flight{0};
+  // Prompt tokens this gateway's requests wait to have computed there:
+  // each leg that computes a prompt (a prefill, or a decode sent in one
+  // hop) counts its uncached tokens from being sent to its first token.
+  mutable std::atomic<std::int64_t> queued_tokens{0};
+  // The same two figures summed over the other gateway replicas, from
+  // their load reports (core/upstream/cluster_load.hpp); 0 when replicas
+  // share nothing. Written by the load-sync thread only.
+  mutable std::atomic<std::int64_t> others_in_flight{0};
+  mutable std::atomic<std::int64_t> others_queued_tokens{0};
+  // Milliseconds one queued prompt token costs on this engine, learnt from
+  // completed prefills (core/upstream/load_model.hpp); 0 until learnt.
+  mutable std::atomic<double> prefill_ms_per_token{0.0};
+
+  std::int64_t cluster_in_flight() const {
+    return in_flight.load(std::memory_order_relaxed) +
+           others_in_flight.load(std::memory_order_relaxed);
+  }
+  std::int64_t cluster_queued_tokens() const {
+    return queued_tokens.load(std::memory_order_relaxed) +
+           others_queued_tokens.load(std::memory_order_relaxed);
+  }
   mutable std::atomic<std::uint64_t> requests_total{0};
   mutable std::atomic<std::uint64_t> failures_total{0};
   mutable std::atomic<bool> healthy{true};
@@ -84,10 +106,12 @@ struct Instance {
   mutable std::atomic<std::int64_t> engine_waiting{0};
   mutable std::atomic<double> kv_cache_usage{0.0};
   mutable std::atomic<std::int64_t> metrics_at_ms{0};
-  // running + waiting minus this gateway's own in-flight requests at the
-  // time of the scrape: the load other gateways (or clients) put on the
-  // engine. Added to the exact, live in_flight, it estimates the load
-  // without letting a scrape up to an interval old hide or inflate ours.
+  // running + waiting minus the requests every gateway replica reported
+  // in flight there at the time of the scrape (never below 0): the load
+  // that reaches the engine around pdgate (clients calling it directly,
+  // another router, replicas that share nothing). Added to the live
+  // cluster-wide count, it completes the load without letting a scrape
+  // up to an interval old hide or inflate what the replicas know.
   mutable std::atomic<std::int64_t> engine_other_load{0};
 
   // Given on the command line or in the config file (at start or by a
@@ -145,31 +169,48 @@ struct Instance {
 
 using InstancePtr = std::shared_ptr<Instance>;
 
-// Counts a request against an instance for exactly as long as it lives.
+// Counts a request against an instance for exactly as long as it lives,
+// and the prompt tokens it waits to have computed there until
+// prompt_done() (or its end).
 class InFlightGuard {
  public:
   InFlightGuard() = default;
-  explicit InFlightGuard(InstancePtr inst) : inst_(std::move(inst)) {
+  explicit InFlightGuard(InstancePtr inst, std::int64_t queued_tokens = 0)
+      : inst_(std::move(inst)), queued_(std::max<std::int64_t>(queued_tokens, 0)) {
     inst_->in_flight.fetch_add(1, std::memory_order_relaxed);
     inst_->requests_total.fetch_add(1, std::memory_order_relaxed);
+    if (queued_ != 0)
+      inst_->queued_tokens.fetch_add(queued_, std::memory_order_relaxed);
   }
-  InFlightGuard(InFlightGuard&& o) noexcept : inst_(std::move(o.inst_)) {}
+  InFlightGuard(InFlightGuard&& o) noexcept
+      : inst_(std::move(o.inst_)), queued_(std::exchange(o.queued_, 0)) {}
   InFlightGuard& operator=(InFlightGuard&& o) noexcept {
     release();
     inst_ = std::move(o.inst_);
+    queued_ = std::exchange(o.queued_, 0);
     return *this;
   }
   InFlightGuard(const InFlightGuard&) = delete;
   InFlightGuard& operator=(const InFlightGuard&) = delete;
   ~InFlightGuard() { release(); }
 
+  // The engine has computed the prompt (its first token came): the
+  // request stays in flight, its tokens no longer queue.
+  void prompt_done() {
+    if (inst_ && queued_ != 0)
+      inst_->queued_tokens.fetch_sub(queued_, std::memory_order_relaxed);
+    queued_ = 0;
+  }
+
  private:
   void release() {
+    prompt_done();
     if (inst_)
       inst_->in_flight.fetch_sub(1, std::memory_order_relaxed);
     inst_.reset();
   }
   InstancePtr inst_;
+  std::int64_t queued_ = 0;
 };
 
 // An immutable view of the instance set; a new one replaces it whole when
@@ -382,6 +423,10 @@ class InstancePicker {
   // Whether the last pick's null answer came from a failed policy that is
   // fail-closed (503), not from a lack of usable instances.
   virtual bool failed_closed() const { return false; }
+  // Prompt tokens the last pick's instance was believed to hold cached,
+  // as the policy's lookups saw them (0 when it looked up nothing): the
+  // rest is the work the request queues there (InFlightGuard).
+  virtual std::int64_t last_pick_cached_tokens() const { return 0; }
 };
 
 using PickerFactory = std::function<std::unique_ptr<InstancePicker>(std::size_t worker_index)>;

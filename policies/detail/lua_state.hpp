@@ -76,6 +76,9 @@ struct LuaVm::Impl {
   // does not rebuild 256 tables.
   struct Shadow {
     std::int64_t in_flight = -1;
+    std::int64_t others_in_flight = -1;
+    std::int64_t queued_tokens = -1;  // cluster-wide
+    double ms_per_token = -1;
     std::int64_t metrics_at = -1;  // the scrape the metric fields came from
     bool healthy = false;
     bool has_metrics = false;
@@ -112,6 +115,13 @@ struct LuaVm::Impl {
   const std::vector<InstancePtr>* cur_list = nullptr;  // during a pick only
   std::int64_t cur_now_ms = 0;
   bool prefix_used = false;
+  // During a pick: the prompt tokens each candidate (by position) holds,
+  // as the lookups made so far found (the larger of the approximate and
+  // the exact answer); empty until a lookup runs.
+  std::vector<std::int64_t> cur_cached;
+  // The pick's candidates' mean learnt prefill cost (load_model.hpp), -1
+  // until a helper needs it.
+  double cur_fleet_cost = -1;
   // During self_check(): its fake instances' routes are not recorded.
   bool checking = false;
   // The request hook's request and decision, during on_request only.

@@ -1,0 +1,70 @@
+#include "core/upstream/load_model.hpp"
+
+#include <algorithm>
+
+namespace pdgate {
+
+namespace {
+
+// Weight of a new sample in the per-engine mean: a few dozen prefills
+// make an estimate, and an engine that slows down is noticed within them.
+constexpr double kAlpha = 0.1;
+// Samples are clamped so that one absurd timing (a stalled connection, a
+// clock step) cannot make an engine look free or unusable for long.
+constexpr double kMinMsPerToken = 1e-5;
+constexpr double kMaxMsPerToken = 100.0;
+
+}  // namespace
+
+std::int64_t routing_load(const Instance& inst, std::int64_t steady_now_ms) {
+  std::int64_t l = inst.cluster_in_flight();
+  const std::int64_t at = inst.metrics_at_ms.load(std::memory_order_relaxed);
+  if (at != 0 && steady_now_ms - at < kEngineMetricsFreshMs)
+    l += inst.engine_other_load.load(std::memory_order_relaxed);
+  return l;
+}
+
+double ms_per_token(const Instance& inst, double fleet) {
+  const double own = inst.prefill_ms_per_token.load(std::memory_order_relaxed);
+  return own > 0 ? own : fleet;
+}
+
+double fleet_ms_per_token(const std::vector<InstancePtr>& list) {
+  double sum = 0;
+  std::size_t n = 0;
+  for (const auto& inst : list) {
+    const double v = inst->prefill_ms_per_token.load(std::memory_order_relaxed);
+    if (v > 0) {
+      sum += v;
+      ++n;
+    }
+  }
+  return n == 0 ? 0.0 : sum / static_cast<double>(n);
+}
+
+double predicted_ttft_ms(const Instance& inst, std::int64_t uncached_tokens, double fleet,
+                         std::int64_t steady_now_ms) {
+  // Every request ahead costs its fixed part; those sent by a replica
+  // also their queued prompt tokens. The engine's own count beyond the
+  // replicas' (fresh metrics only) is of prompts pdgate never saw, whose
+  // sizes it cannot know: they count at the fixed cost.
+  const std::int64_t requests_ahead = routing_load(inst, steady_now_ms);
+  const std::int64_t tokens = inst.cluster_queued_tokens() + kBaseTokens * requests_ahead +
+                              std::max<std::int64_t>(uncached_tokens, 0) + kBaseTokens;
+  const double per = ms_per_token(inst, fleet);
+  return static_cast<double>(tokens) * (per > 0 ? per : 1.0);
+}
+
+void note_prefill_time(const Instance& inst, std::int64_t waited_tokens, double elapsed_ms) {
+  if (waited_tokens <= 0 || !(elapsed_ms >= 0))
+    return;
+  const double sample = std::clamp(elapsed_ms / static_cast<double>(waited_tokens + kBaseTokens),
+                                   kMinMsPerToken, kMaxMsPerToken);
+  const double old = inst.prefill_ms_per_token.load(std::memory_order_relaxed);
+  // Lossy under races between workers (a sample may be overwritten), which
+  // an estimate can afford; never torn.
+  inst.prefill_ms_per_token.store(old > 0 ? old + kAlpha * (sample - old) : sample,
+                                  std::memory_order_relaxed);
+}
+
+}  // namespace pdgate

@@ -1,0 +1,160 @@
+#include "plugins/redis_load_sync.hpp"
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "core/base/clock.hpp"
+#include "core/upstream/instance.hpp"
+#include "plugins/load_sync_wire.hpp"
+#include "plugins/redis_connection.hpp"
+
+namespace pdgate {
+
+namespace {
+
+constexpr std::string_view kPublish = "PUBLISH";
+
+bool same_entries(const std::vector<LoadEntry>& a, const std::vector<LoadEntry>& b) {
+  if (a.size() != b.size())
+    return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].instance != b[i].instance || a[i].in_flight != b[i].in_flight ||
+        a[i].queued_tokens != b[i].queued_tokens)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void write_load_sync_metrics(PrometheusText& m, const LoadSyncStats& s) {
+  m.counter("pdgate_load_sync_reports_total",
+            "Load reports shared between gateway replicas: published by this one, applied "
+            "from others, rejected (malformed) or refused (past a bound).");
+  const std::pair<const char*, std::uint64_t> rows[] = {
+      {"published", s.published.load()},
+      {"applied", s.applied.load()},
+      {"rejected", s.rejected.load()},
+      {"refused", s.refused.load()},
+  };
+  for (const auto& [kind, n] : rows)
+    m.sample("pdgate_load_sync_reports_total", {{"kind", kind}}, n);
+  m.gauge("pdgate_load_sync_replicas", "Other gateway replicas whose load is counted now.");
+  m.sample("pdgate_load_sync_replicas", std::uint64_t{s.replicas.load()});
+  m.counter("pdgate_load_sync_expired_total",
+            "Replicas forgotten because no load report came from them in time.");
+  m.sample("pdgate_load_sync_expired_total", std::uint64_t{s.expired.load()});
+  m.gauge("pdgate_load_sync_lag_ms",
+          "Age of the last applied load report when it arrived (ms; system clocks of two "
+          "replicas).");
+  m.sample("pdgate_load_sync_lag_ms", std::int64_t{s.lag_ms.load()});
+}
+
+RedisLoadSync::RedisLoadSync(const Registry& registry, RedisLoadSyncSettings settings)
+    : registry_(registry),
+      settings_(std::move(settings)),
+      origin_(random_origin()),
+      cluster_([&] {
+        ClusterLoadLimits l = settings_.limits;
+        l.expiry_ms = settings_.expiry.count();
+        return l;
+      }()),
+      shared_(std::make_unique<RedisConnectionsShared>()) {}
+
+RedisLoadSync::~RedisLoadSync() {
+  stop();
+}
+
+Result<bool> RedisLoadSync::start() {
+  auto endpoint = parse_redis_url(settings_.redis_url);
+  if (!endpoint)
+    return fail(endpoint.error());
+  RedisConnectionSettings c;
+  c.endpoint = *endpoint;
+  c.command_timeout = settings_.command_timeout;
+  publisher_ = RedisConnection::create(ioc_.get_executor(), c, *shared_);
+  subscriber_ = RedisConnection::create(ioc_.get_executor(), c, *shared_);
+  subscriber_->subscribe(
+      settings_.channel, [this](std::string_view payload) { on_message(payload); }, [] {});
+  publisher_->start();
+  subscriber_->start();
+  net::co_spawn(ioc_, report_loop(), net::detached);
+  thread_ = std::thread([this] { ioc_.run(); });
+  return true;
+}
+
+void RedisLoadSync::stop() {
+  if (!thread_.joinable())
+    return;
+  net::post(ioc_, [this] {
+    publisher_->stop();
+    subscriber_->stop();
+    ioc_.stop();
+  });
+  thread_.join();
+}
+
+void RedisLoadSync::on_message(std::string_view payload) {
+  auto r = load_wire::decode(payload);
+  if (!r) {
+    stats_.rejected.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  cluster_.use_instances(registry_.snapshot());
+  switch (cluster_.apply(*r, origin_, steady_now_ms())) {
+    case ClusterLoad::Applied::applied:
+      stats_.applied.fetch_add(1, std::memory_order_relaxed);
+      stats_.lag_ms.store(std::max<std::int64_t>(0, wall_now_ms() - r->wall_ms),
+                          std::memory_order_relaxed);
+      break;
+    case ClusterLoad::Applied::too_many_replicas:
+    case ClusterLoad::Applied::too_many_entries:
+      stats_.refused.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case ClusterLoad::Applied::stale:
+    case ClusterLoad::Applied::own:
+      break;
+  }
+  stats_.replicas.store(cluster_.replicas(), std::memory_order_relaxed);
+}
+
+net::awaitable<void> RedisLoadSync::report_loop() {
+  net::steady_timer timer(co_await net::this_coro::executor);
+  std::vector<LoadEntry> last;
+  std::uint64_t seq = 0;
+  std::int64_t last_sent_ms = 0;
+  for (;;) {
+    timer.expires_after(settings_.interval);
+    co_await timer.async_wait(net::as_tuple(net::use_awaitable));
+    const auto set = registry_.snapshot();
+    cluster_.use_instances(set);
+    const std::int64_t now = steady_now_ms();
+    if (const auto gone = cluster_.expire(now); gone != 0) {
+      stats_.expired.fetch_add(gone, std::memory_order_relaxed);
+      stats_.replicas.store(cluster_.replicas(), std::memory_order_relaxed);
+    }
+    LoadReport r = local_load_report(*set, origin_, seq + 1, wall_now_ms());
+    if (same_entries(r.entries, last) && now - last_sent_ms < settings_.heartbeat.count())
+      continue;
+    if (!publisher_->ready())
+      continue;  // Redis is away: the others forget us; nothing queues up
+    const std::string payload = load_wire::encode(r);
+    // (Built first: GCC 12 rejects a braced list of a literal in co_await.)
+    std::vector<std::string_view> args{kPublish, settings_.channel, payload};
+    const RedisReply reply = co_await publisher_->command(std::move(args));
+    if (reply.type == RedisReply::Type::integer) {
+      ++seq;
+      last = std::move(r.entries);
+      last_sent_ms = now;
+      stats_.published.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+}  // namespace pdgate
