@@ -234,6 +234,10 @@ int l_least_loaded(lua_State* L) {
 int l_load(lua_State* L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_getfield(L, 1, "cluster_in_flight");
+  if (lua_isnil(L, -1)) {  // a table a script made: its own count
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "in_flight");
+  }
   lua_Number l = lua_tonumber(L, -1);
   lua_getfield(L, 1, "has_metrics");
   if (lua_toboolean(L, -1)) {

@@ -146,10 +146,13 @@ TEST(PolicyPick, ContextFields) {
       assert(i.id == 1 and i.index == 1 and i.role == "decode" and i.weight == 1, "identity")
       assert(i.url == "http://10.0.0.1:8000", "url")
       assert(i.in_flight == 5 and i.healthy == true, "numbers")
-      assert(i.running == 3 and i.waiting == 2 and i.has_metrics == true, "metrics")
+      assert(i.cluster_in_flight == 7 and i.queued_tokens == 300, "cluster figures")
+      assert(instances[2].cluster_in_flight == 0 and instances[2].queued_tokens == 0, "idle")
+      assert(i.running == 6 and i.waiting == 2 and i.has_metrics == true, "metrics")
       assert(math.abs(i.kv_usage - 0.5) < 1e-9, "kv")
       assert(type(i.labels) == "table", "labels")
-      assert(pdgate.load(i) == i.in_flight + i.other_load, "load with metrics")
+      assert(pdgate.load(i) == i.cluster_in_flight + i.other_load, "load with metrics")
+      assert(i.other_load == 1, "other load " .. tostring(i.other_load))
       assert(pdgate.load(instances[2]) == instances[2].in_flight, "load without metrics")
       assert(pdgate.load({in_flight = 3, other_load = 7, has_metrics = false}) == 3, "stale")
       assert(pdgate.load({in_flight = 3, other_load = 7, has_metrics = true}) == 10, "fresh")
@@ -162,7 +165,11 @@ TEST(PolicyPick, ContextFields) {
   auto inst = fake_instances(2);
   auto prefill = fake_instances(1, Role::prefill, 9);
   inst[0]->in_flight = 5;
-  store_metrics(*inst[0], EngineMetrics{3.0, 2.0, 0.5}, steady_now_ms());
+  inst[0]->others_in_flight = 2;  // other replicas' (load sharing)
+  inst[0]->queued_tokens = 100;
+  inst[0]->others_queued_tokens = 200;
+  // The engine holds 8: the 7 the replicas know of, and 1 from elsewhere.
+  store_metrics(*inst[0], EngineMetrics{6.0, 2.0, 0.5}, steady_now_ms());
   PickContext ctx = decode_ctx("req-1");
   ctx.model = "llama";
   ctx.stream = true;

@@ -263,6 +263,12 @@ PickContext prompt_ctx(const std::string& prompt, const std::string& id) {
   return c;
 }
 
+PickContext prefill_ctx(const std::string& prompt, const std::string& id) {
+  PickContext c = prompt_ctx(prompt, id);
+  c.stage = Stage::prefill;
+  return c;
+}
+
 // prefix_affinity sends prompts sharing a long prefix to the same instance,
 // and unrelated prompts elsewhere.
 TEST(PrefixAffinity, SharedPrefixSticks) {
@@ -290,21 +296,22 @@ TEST(PrefixAffinity, SharedPrefixSticks) {
   EXPECT_EQ(distinct.size(), 4u);  // new prefixes go to the least loaded (rotating)
 }
 
-// prefix_affinity leaves a matching instance that is far more loaded than the least loaded.
+// prefix_affinity leaves a matching instance whose queue (prompt tokens every replica has
+// waiting there) costs more than computing the whole prompt elsewhere.
 TEST(PrefixAffinity, OverloadedMatchLoses) {
   auto e = engine_for("prefix_affinity");
   auto p = e->make_picker(0);
-  auto inst = fake_instances(3);
-  const std::string prompt(4000, 'q');
-  auto home = p->pick(inst, prompt_ctx(prompt, "a"));
-  home->in_flight = 30;
-  auto next = p->pick(inst, prompt_ctx(prompt, "b"));
+  auto inst = fake_instances(3, Role::prefill);
+  const std::string prompt(4000, 'q');  // ~1,000 tokens
+  auto home = p->pick(inst, prefill_ctx(prompt, "a"));
+  home->others_queued_tokens = 30'000;  // another replica's burst
+  auto next = p->pick(inst, prefill_ctx(prompt, "b"));
   EXPECT_NE(next, home);
-  // Both now hold the prefix; home is a little busier than the least
-  // loaded, which the cache is worth, and less busy than next.
-  home->in_flight = 3;
-  next->in_flight = 5;
-  EXPECT_EQ(p->pick(inst, prompt_ctx(prompt, "c")), home);
+  // Both now hold the prefix; home's queue is shorter than a cold prompt,
+  // which the cache is worth, and shorter than next's.
+  home->others_queued_tokens = 600;
+  next->others_queued_tokens = 900;
+  EXPECT_EQ(p->pick(inst, prefill_ctx(prompt, "c")), home);
 }
 
 // Prompts shorter than one block carry no prefix and go least-loaded.
@@ -329,24 +336,11 @@ std::string prompt_of(char head, std::size_t head_blocks, const std::string& tai
   return s;
 }
 
-PickOutcome done_in(double ttft_ms) {
-  PickOutcome o;
-  o.ok = true;
-  o.stage = Stage::prefill;
-  o.time_to_first_token = std::chrono::microseconds(static_cast<std::int64_t>(ttft_ms * 1000));
-  o.total = o.time_to_first_token;
-  return o;
-}
-
-PickContext prefill_ctx(const std::string& prompt, const std::string& id) {
-  PickContext c = prompt_ctx(prompt, id);
-  c.stage = Stage::prefill;
-  return c;
-}
-
-// Routes a 40-block prompt to an instance (its home), `warm` more times after that, puts
-// `load` requests on the home, and says whether the prompt's next pick stays there.
-bool stays_home_under_load(const char* policy, std::size_t instances, int warm, int load) {
+// Routes a 40-block prompt (2,560 tokens) to an instance (its home), `warm` more times after
+// that, gives the home `requests` in flight holding `queued` prompt tokens, and says whether
+// the prompt's next pick stays there.
+bool stays_home_under_load(const char* policy, std::size_t instances, int warm, int requests,
+                           std::int64_t queued) {
   auto e = engine_for(policy);
   auto p = e->make_picker(0);
   auto inst = fake_instances(instances, Role::prefill);
@@ -356,76 +350,68 @@ bool stays_home_under_load(const char* policy, std::size_t instances, int warm, 
     const std::string id = "r" + std::to_string(i);
     EXPECT_EQ(p->pick(inst, prefill_ctx(prompt, id)), home) << policy << " " << i;
   }
-  home->in_flight = load;
+  home->in_flight = requests;
+  home->queued_tokens = queued;
   return p->pick(inst, prefill_ctx(prompt, "last")) == home;
 }
 
-// cache_aware leaves the instance caching the prompt when the cold work queued there (2
-// requests, each about the prompt's size) outweighs computing the whole prompt on an idle one;
-// prefix_affinity's fixed guard (8 requests) keeps it there.
+constexpr const char* kCachePolicies[] = {"prefix_affinity", "kv_aware", "cache_aware",
+                                          "conditional_pd"};
+
+// Every cache-aware policy leaves the instance caching the prompt when the cold work queued
+// there (2 prompts of its size) outweighs computing the whole prompt on an idle one.
 TEST(CacheAware, QueuedColdWorkOutweighsTheCache) {
-  EXPECT_FALSE(stays_home_under_load("cache_aware", 2, 0, 2));
-  EXPECT_TRUE(stays_home_under_load("prefix_affinity", 2, 0, 2));
+  for (const char* policy : kCachePolicies)
+    EXPECT_FALSE(stays_home_under_load(policy, 2, 0, 2, 2 * 2560)) << policy;
 }
 
-// cache_aware keeps a long cached prefix where it is when the queue there is made of cache
-// hits (60 of them taught it that a request queued there is about one block of work), even
-// past the 8-request guard that makes prefix_affinity leave.
+// ... and keeps it there when the queue is made of cache hits (ten requests, a few hundred
+// uncached tokens in all): a request counts by its work, not by its number.
 TEST(CacheAware, QueueOfHitsIsWorthWaitingFor) {
-  EXPECT_TRUE(stays_home_under_load("cache_aware", 3, 60, 10));
-  EXPECT_FALSE(stays_home_under_load("prefix_affinity", 3, 60, 10));
+  for (const char* policy : kCachePolicies)
+    EXPECT_TRUE(stays_home_under_load(policy, 3, 5, 10, 10 * 40)) << policy;
 }
 
-// cache_aware keeps a prompt on the instance caching it when only the engine's scraped metrics
-// (other gateways' requests, up to a second old) say that instance is busy; prefix_affinity,
-// counting them, leaves.
+// Load the engine reports beyond what the replicas know (clients calling it directly) counts
+// at a request's fixed cost: a dozen such requests do not move a cached 2,560-token prompt.
 TEST(CacheAware, ScrapedLoadDoesNotMoveACachedPrompt) {
-  for (const char* policy : {"cache_aware", "prefix_affinity"}) {
+  for (const char* policy : kCachePolicies) {
     auto e = engine_for(policy);
     auto p = e->make_picker(0);
     auto inst = fake_instances(3, Role::prefill);
     const std::string prompt = prompt_of('e', 40, "", 40);
     auto home = p->pick(inst, prefill_ctx(prompt, "s0"));
     store_metrics(*home, EngineMetrics{4.0, 8.0, 0.5}, steady_now_ms());
-    const bool stayed = p->pick(inst, prefill_ctx(prompt, "s1")) == home;
-    EXPECT_EQ(stayed, std::string(policy) == "cache_aware") << policy;
+    EXPECT_EQ(p->pick(inst, prefill_ctx(prompt, "s1")), home) << policy;
   }
 }
 
-// cache_aware learns each instance's cost per block from on_complete: of two instances holding
-// the same prefix with equal loads, the one whose prefills took 10x longer is no longer chosen.
-TEST(CacheAware, LearnsPerInstanceCost) {
-  auto e = engine_for("cache_aware");
-  auto p = e->make_picker(0);
-  auto inst = fake_instances(2, Role::prefill);
-  // The same 30-block prefix recorded on both instances, then unique 10-block tails.
-  const std::string head = prompt_of('c', 30, "", 30);
-  auto first = p->pick(inst, prefill_ctx(head, "h0"));
-  first->healthy = false;
-  auto second = p->pick(inst, prefill_ctx(head, "h1"));
-  first->healthy = true;
-  ASSERT_NE(first, second);
-  InstancePtr slow = inst[0], fast = inst[1];
-  int n = 0;
-  auto run = [&](bool learn) {
+// The cost per token each engine was measured at weighs in: of two instances holding the same
+// prefix with equal queues, the one whose prefills run 10x slower is not chosen.
+TEST(CacheAware, UsesEachEnginesCostPerToken) {
+  for (const char* policy : {"cache_aware", "prefix_affinity"}) {
+    auto e = engine_for(policy);
+    auto p = e->make_picker(0);
+    auto inst = fake_instances(2, Role::prefill);
+    const std::string head = prompt_of('c', 30, "", 30);
+    auto first = p->pick(inst, prefill_ctx(head, "h0"));
+    first->healthy = false;
+    auto second = p->pick(inst, prefill_ctx(head, "h1"));
+    first->healthy = true;
+    ASSERT_NE(first, second);
+    InstancePtr slow = inst[0], fast = inst[1];
+    slow->prefill_ms_per_token = 0.5;
+    fast->prefill_ms_per_token = 0.05;
+    for (auto& i : inst)
+      i->queued_tokens = 1000;
     std::map<InstancePtr, int> count;
-    for (int i = 0; i < 40; ++i) {
-      const std::string id = "t" + std::to_string(n++);
-      const std::string prompt = prompt_of('c', 30, id + "-", 40);
-      PickContext ctx = prefill_ctx(prompt, id);
-      auto c = p->pick(inst, ctx);
-      ++count[c];
-      if (learn)
-        p->on_complete(*c, ctx, done_in(c == slow ? 100.0 : 10.0));
+    for (int i = 0; i < 20; ++i) {
+      const std::string id = "t" + std::to_string(i);
+      ++count[p->pick(inst, prefill_ctx(prompt_of('c', 30, id + "-", 40), id))];
     }
-    return count;
-  };
-  const auto before = run(false);  // nothing learned: ties rotate
-  EXPECT_GT(before.at(slow), 10);
-  run(true);
-  const auto after = run(false);
-  EXPECT_EQ(after.count(slow), 0u);
-  EXPECT_EQ(after.at(fast), 40);
+    EXPECT_EQ(count.count(slow), 0u) << policy;
+    EXPECT_EQ(count[fast], 20) << policy;
+  }
 }
 
 // cache_aware routes a decode that follows a prefill to the least loaded decode: the KV comes

@@ -653,7 +653,7 @@ TEST(ConfigPolicies, Defaults) {
   EXPECT_EQ(c.policy_memory, 64u << 20);
   EXPECT_EQ(c.prefix_block_size, 256u);
   EXPECT_EQ(c.policy_poll_interval, std::chrono::milliseconds(1000));
-  EXPECT_EQ(c.metrics_interval, std::chrono::milliseconds(1000));
+  EXPECT_EQ(c.metrics_interval, std::chrono::milliseconds(250));
 }
 
 // Every policy flag parses into its field.
