@@ -361,34 +361,33 @@ int main(int argc, char** argv) {
     auto events = std::make_shared<pdgate::ZmqKvEvents>(block_index, event_options);
     events->start();
     pdgate::start_kv_event_follow(control, gateway.registry(), events, std::chrono::seconds(1));
-    gateway.set_policy_hooks([engine]() { return engine->reload(); },
-                             [engine, shared_index, events, discovery,
-                              load_sync](pdgate::PrometheusText& m) {
-                               const auto& st = engine->stats();
-                               const std::pair<const char*, std::uint64_t> rows[] = {
-                                   {"error", st.errors.load()},
-                                   {"invalid", st.invalid.load()},
-                                   {"budget_exceeded", st.budget_exceeded.load()},
-                                   {"on_complete_error", st.on_complete_errors.load()},
-                                   {"reload_failure", st.reload_failures.load()},
-                               };
-                               m.counter("pdgate_policy_errors_total",
-                                         "Policy failures by kind (picks fell back to "
-                                         "round-robin).");
-                               for (const auto& [kind, n] : rows)
-                                 m.sample("pdgate_policy_errors_total", {{"kind", kind}}, n);
-                               m.counter("pdgate_policy_picks_total", "Policy picks.");
-                               m.sample("pdgate_policy_picks_total",
-                                        std::uint64_t{st.picks.load()});
-                               engine->policy_metrics().write(m);
-                               if (shared_index)
-                                 pdgate::write_kv_index_metrics(m, shared_index->stats());
-                               if (load_sync)
-                                 pdgate::write_load_sync_metrics(m, load_sync->stats());
-                               events->write_metrics(m);
-                               if (discovery)
-                                 discovery->write_metrics(m);
-                             });
+    gateway.set_policy_hooks(
+        [engine]() { return engine->reload(); },
+        [engine, shared_index, events, discovery, load_sync](pdgate::PrometheusText& m) {
+          const auto& st = engine->stats();
+          const std::pair<const char*, std::uint64_t> rows[] = {
+              {"error", st.errors.load()},
+              {"invalid", st.invalid.load()},
+              {"budget_exceeded", st.budget_exceeded.load()},
+              {"on_complete_error", st.on_complete_errors.load()},
+              {"reload_failure", st.reload_failures.load()},
+          };
+          m.counter("pdgate_policy_errors_total",
+                    "Policy failures by kind (picks fell back to "
+                    "round-robin).");
+          for (const auto& [kind, n] : rows)
+            m.sample("pdgate_policy_errors_total", {{"kind", kind}}, n);
+          m.counter("pdgate_policy_picks_total", "Policy picks.");
+          m.sample("pdgate_policy_picks_total", std::uint64_t{st.picks.load()});
+          engine->policy_metrics().write(m);
+          if (shared_index)
+            pdgate::write_kv_index_metrics(m, shared_index->stats());
+          if (load_sync)
+            pdgate::write_load_sync_metrics(m, load_sync->stats());
+          events->write_metrics(m);
+          if (discovery)
+            discovery->write_metrics(m);
+        });
     // SIGHUP re-reads the command line and its config file and applies
     // what can change at run time (core/gateway/config_reload.hpp).
     pdgate::ConfigReloader reloader(

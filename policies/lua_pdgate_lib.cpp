@@ -76,9 +76,9 @@ int l_prefix_matches(lua_State* L) {
         continue;
       lua_pushnumber(L, static_cast<double>(blocks));
       lua_rawseti(L, -2, static_cast<int>(i + 1));
-      note_cached(I, i,
-                  static_cast<std::int64_t>(
-                      estimated_prompt_tokens(blocks * I.svc.prefix_block_bytes)));
+      note_cached(
+          I, i,
+          static_cast<std::int64_t>(estimated_prompt_tokens(blocks * I.svc.prefix_block_bytes)));
       break;
     }
   }

@@ -110,8 +110,10 @@ Result<Config> validate(Config c) {
   }
   if (c.load_sync_expiry < std::chrono::milliseconds(50) ||
       (c.load_sync_interval.count() > 0 && c.load_sync_expiry < 4 * c.load_sync_interval)) {
-    errors.push_back("--load-sync-expiry must be at least 50ms and 4 times --load-sync-interval "
-                     "(got " + config_detail::duration_text(c.load_sync_expiry) + ")");
+    errors.push_back(
+        "--load-sync-expiry must be at least 50ms and 4 times --load-sync-interval "
+        "(got " +
+        config_detail::duration_text(c.load_sync_expiry) + ")");
   }
   if (c.max_header_bytes < 1024) {
     errors.push_back("--max-header-size must be at least 1KiB (got " +

@@ -55,6 +55,9 @@ nlohmann::json instances_json(const std::vector<InstancePtr>& list, bool address
                    {"role", to_string(i->spec.role)},
                    {"healthy", i->healthy.load()},
                    {"in_flight", i->in_flight.load()},
+                   // Every replica's, as shared through Redis (load sharing).
+                   {"cluster_in_flight", i->cluster_in_flight()},
+                   {"queued_tokens", i->cluster_queued_tokens()},
                    {"requests_total", i->requests_total.load()},
                    {"failures_total", i->failures_total.load()}});
   }

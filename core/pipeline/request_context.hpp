@@ -127,8 +127,9 @@ struct RequestContext {
   // adds to the instance's queue (InFlightGuard) for as long as it waits.
   std::int64_t uncached_after_pick() {
     const std::int64_t prompt =
-        token_ids.empty() ? static_cast<std::int64_t>(estimated_prompt_tokens(pick().prompt_raw.size()))
-                          : static_cast<std::int64_t>(token_ids.size());
+        token_ids.empty()
+            ? static_cast<std::int64_t>(estimated_prompt_tokens(pick().prompt_raw.size()))
+            : static_cast<std::int64_t>(token_ids.size());
     return std::max<std::int64_t>(prompt - w.picker.last_pick_cached_tokens(), 0);
   }
   // Set with the decode pick: the uncached tokens of a decode that

@@ -4,7 +4,9 @@
 
 namespace pdgate {
 
-InstanceKey load_key(const Instance& inst) { return instance_key(inst.spec.url); }
+InstanceKey load_key(const Instance& inst) {
+  return instance_key(inst.spec.url);
+}
 
 LoadReport local_load_report(const InstanceSet& set, std::uint64_t origin, std::uint64_t seq,
                              std::int64_t wall_ms) {
@@ -14,7 +16,8 @@ LoadReport local_load_report(const InstanceSet& set, std::uint64_t origin, std::
     const std::int64_t q = inst->queued_tokens.load(std::memory_order_relaxed);
     if (f <= 0 && q <= 0)
       continue;
-    r.entries.push_back({load_key(*inst), std::max<std::int64_t>(f, 0), std::max<std::int64_t>(q, 0)});
+    r.entries.push_back(
+        {load_key(*inst), std::max<std::int64_t>(f, 0), std::max<std::int64_t>(q, 0)});
   }
   // One URL in two roles is one engine: its entries are merged.
   std::sort(r.entries.begin(), r.entries.end(),

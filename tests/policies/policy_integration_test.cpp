@@ -482,8 +482,8 @@ TEST(PolicyEvidence, CacheAwarePoliciesSpreadAHotPrefix) {
   EXPECT_GT(st.busiest_share, 0.9);
   for (const char* policy : {"prefix_affinity", "cache_aware"}) {
     const auto r = run_hot_prefix(policy);
-    std::printf("%-16s hit rate %.3f, mean TTFT %.1f ms, busiest engine %.2f\n", policy,
-                r.hit_rate, r.mean_ms, r.busiest_share);
+    std::printf("%-16s hit rate %.3f, mean TTFT %.1f ms, busiest engine %.2f\n", policy, r.hit_rate,
+                r.mean_ms, r.busiest_share);
     EXPECT_EQ(r.failures, 0u) << policy;
     EXPECT_LT(r.busiest_share, 0.6) << policy;
     EXPECT_LT(r.mean_ms, st.mean_ms * 0.7) << policy;

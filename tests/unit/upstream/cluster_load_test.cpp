@@ -1,0 +1,135 @@
+// What replicas' load reports add up to (core/upstream/cluster_load.hpp) and what the load
+// model predicts from it (core/upstream/load_model.hpp).
+#include "core/upstream/cluster_load.hpp"
+
+#include <gtest/gtest.h>
+
+#include "core/upstream/load_model.hpp"
+
+namespace pdgate {
+namespace {
+
+InstancePtr instance(std::uint64_t id, const std::string& host, Role role = Role::both) {
+  UpstreamSpec spec;
+  spec.host = host;
+  spec.port = 8000;
+  spec.role = role;
+  spec.url = "http://" + host + ":8000";
+  return std::make_shared<Instance>(id, spec);
+}
+
+std::shared_ptr<InstanceSet> set_of(std::vector<InstancePtr> list) {
+  auto s = std::make_shared<InstanceSet>();
+  s->by_id = std::move(list);
+  return s;
+}
+
+LoadReport report(std::uint64_t origin, std::uint64_t seq, std::vector<LoadEntry> entries) {
+  return {origin, seq, 0, std::move(entries)};
+}
+
+TEST(ClusterLoad, SumsOtherReplicasAndReplacesEachWhole) {
+  auto a = instance(1, "10.0.0.1"), b = instance(2, "10.0.0.2");
+  ClusterLoad c;
+  c.use_instances(set_of({a, b}));
+  const InstanceKey ka = load_key(*a), kb = load_key(*b);
+  EXPECT_EQ(c.apply(report(7, 1, {{ka, 2, 500}, {kb, 1, 0}}), 99, 0),
+            ClusterLoad::Applied::applied);
+  EXPECT_EQ(c.apply(report(8, 1, {{ka, 3, 100}}), 99, 0), ClusterLoad::Applied::applied);
+  EXPECT_EQ(a->others_in_flight.load(), 5);
+  EXPECT_EQ(a->others_queued_tokens.load(), 600);
+  EXPECT_EQ(b->others_in_flight.load(), 1);
+  // A new report replaces the replica's last one whole: b is no longer named.
+  c.apply(report(7, 2, {{ka, 1, 0}}), 99, 0);
+  EXPECT_EQ(a->others_in_flight.load(), 4);
+  EXPECT_EQ(a->others_queued_tokens.load(), 100);
+  EXPECT_EQ(b->others_in_flight.load(), 0);
+  // Stale or own reports change nothing.
+  EXPECT_EQ(c.apply(report(7, 1, {{ka, 50, 0}}), 99, 0), ClusterLoad::Applied::stale);
+  EXPECT_EQ(c.apply(report(99, 1, {{ka, 50, 0}}), 99, 0), ClusterLoad::Applied::own);
+  EXPECT_EQ(a->others_in_flight.load(), 4);
+  // This replica's own figures stay its own.
+  a->in_flight = 2;
+  EXPECT_EQ(a->cluster_in_flight(), 6);
+}
+
+TEST(ClusterLoad, SilentReplicasExpireAndNewInstancesGetTheSums) {
+  auto a = instance(1, "10.0.0.1");
+  ClusterLoadLimits limits;
+  limits.expiry_ms = 1000;
+  ClusterLoad c(limits);
+  c.use_instances(set_of({a}));
+  c.apply(report(7, 1, {{load_key(*a), 3, 10}}), 99, 0);
+  c.apply(report(8, 1, {{load_key(*a), 1, 0}}), 99, 900);
+  EXPECT_EQ(c.expire(1500), 1u);  // 7 silent 1.5 s; 8 heard 0.6 s ago
+  EXPECT_EQ(a->others_in_flight.load(), 1);
+  EXPECT_EQ(c.replicas(), 1u);
+  // The same engine re-added (a new Instance): it starts with the sums.
+  auto again = instance(3, "10.0.0.1");
+  c.use_instances(set_of({again}));
+  EXPECT_EQ(again->others_in_flight.load(), 1);
+  c.clear();
+  EXPECT_EQ(again->others_in_flight.load(), 0);
+  EXPECT_EQ(c.replicas(), 0u);
+}
+
+TEST(ClusterLoad, BoundsOnReplicasAndEntries) {
+  ClusterLoadLimits limits;
+  limits.max_replicas = 2;
+  limits.max_entries = 1;
+  ClusterLoad c(limits);
+  EXPECT_EQ(c.apply(report(1, 1, {}), 99, 0), ClusterLoad::Applied::applied);
+  EXPECT_EQ(c.apply(report(2, 1, {}), 99, 0), ClusterLoad::Applied::applied);
+  EXPECT_EQ(c.apply(report(3, 1, {}), 99, 0), ClusterLoad::Applied::too_many_replicas);
+  EXPECT_EQ(c.apply(report(1, 2, {{5, 1, 1}, {6, 1, 1}}), 99, 0),
+            ClusterLoad::Applied::too_many_entries);
+}
+
+TEST(ClusterLoad, LocalReportMergesOneEngineInTwoRoles) {
+  auto p = instance(1, "10.0.0.1", Role::prefill), d = instance(2, "10.0.0.1", Role::decode);
+  auto idle = instance(3, "10.0.0.2");
+  p->in_flight = 2;
+  p->queued_tokens = 300;
+  d->in_flight = 1;
+  const LoadReport r = local_load_report(*set_of({p, d, idle}), 5, 9, 1234);
+  ASSERT_EQ(r.entries.size(), 1u);  // the idle engine is not named
+  EXPECT_EQ(r.entries[0].instance, load_key(*p));
+  EXPECT_EQ(r.entries[0].in_flight, 3);
+  EXPECT_EQ(r.entries[0].queued_tokens, 300);
+  EXPECT_EQ(r.seq, 9u);
+}
+
+TEST(LoadModel, PredictsQueuedTokensAtTheLearntCost) {
+  auto a = instance(1, "10.0.0.1"), b = instance(2, "10.0.0.2");
+  // Nothing learnt: the prediction is in tokens, the same rule for all.
+  EXPECT_DOUBLE_EQ(predicted_ttft_ms(*a, 1000, 0.0, 0), 1000 + kBaseTokens);
+  a->others_queued_tokens = 4000;
+  a->others_in_flight = 2;
+  EXPECT_DOUBLE_EQ(predicted_ttft_ms(*a, 1000, 0.0, 0),
+                   4000 + 2 * kBaseTokens + 1000 + kBaseTokens);
+  // Learnt from completed prefills: 2 ms per token on b.
+  for (int i = 0; i < 50; ++i)
+    note_prefill_time(*b, 1000 - kBaseTokens, 2000);
+  EXPECT_NEAR(b->prefill_ms_per_token.load(), 2.0, 1e-9);
+  EXPECT_NEAR(fleet_ms_per_token({a, b}), 2.0, 1e-9);  // a takes the fleet's
+  EXPECT_NEAR(predicted_ttft_ms(*b, 100, fleet_ms_per_token({a, b}), 0), 2.0 * (100 + kBaseTokens),
+              1e-9);
+  // Absurd timings are bounded, never negative or infinite.
+  note_prefill_time(*b, 1, 1e12);
+  EXPECT_LE(b->prefill_ms_per_token.load(), 100.0);
+  note_prefill_time(*b, 0, 5);  // nothing waited for: nothing learnt
+}
+
+TEST(LoadModel, RoutingLoadCountsFreshEngineLoadBeyondTheReplicas) {
+  auto a = instance(1, "10.0.0.1");
+  a->in_flight = 2;
+  a->others_in_flight = 3;
+  a->engine_other_load = 4;
+  EXPECT_EQ(routing_load(*a, 100'000), 5);  // no scrape yet
+  a->metrics_at_ms = 99'000;
+  EXPECT_EQ(routing_load(*a, 100'000), 9);
+  EXPECT_EQ(routing_load(*a, 99'000 + kEngineMetricsFreshMs + 1), 5);  // too old
+}
+
+}  // namespace
+}  // namespace pdgate
