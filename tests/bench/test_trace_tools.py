@@ -54,6 +54,79 @@ class TraceGen(unittest.TestCase):
             self.assertGreater(inf, 0.3, kind)
 
 
+def max_window(times_s, width_s=1.0):
+    """The most records in any window of width_s seconds (sorted times)."""
+    best, j = 0, 0
+    for i, t in enumerate(times_s):
+        while t - times_s[j] >= width_s:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def dispersion(times_s, duration_s):
+    """Variance over mean of the counts in 1-s bins: ~1 for Poisson arrivals."""
+    counts = [0] * int(duration_s)
+    for t in times_s:
+        counts[min(int(t), len(counts) - 1)] += 1
+    mean = sum(counts) / len(counts)
+    return sum((c - mean) ** 2 for c in counts) / len(counts) / mean
+
+
+class HotPrefix(unittest.TestCase):
+    # Every request is one of at most 4 long prefixes (>= 4k tokens: 8 full blocks) and a
+    # question of its own (64-512 tokens, so at most 2 blocks of its own); one prefix is hot.
+    def test_few_long_shared_prefixes(self):
+        rs = trace_gen.generate("hot-prefix", 8.0, 60.0, 1)
+        groups = {}
+        for r in rs:
+            groups.setdefault(r["hash_ids"][0], []).append(r)
+        self.assertLessEqual(len(groups), 4)
+        self.assertGreaterEqual(len(groups), 3)
+        for first, g in groups.items():
+            common = g[0]["hash_ids"]
+            for r in g[1:]:
+                k = 0
+                while k < min(len(common), len(r["hash_ids"])) and common[k] == r["hash_ids"][k]:
+                    k += 1
+                common = common[:k]
+            self.assertGreaterEqual(len(common), 4096 // 512, first)
+            for r in g:
+                own = r["input_length"] - len(common) * 512
+                self.assertGreaterEqual(own, 64, r)
+                self.assertLessEqual(own, 512 + 511, r)
+                self.assertLessEqual(len(r["hash_ids"]) - len(common), 2, r)
+        sizes = sorted((len(g) for g in groups.values()), reverse=True)
+        self.assertGreater(sizes[0], 0.4 * len(rs), sizes)
+        self.assertGreater(sizes[0], 2 * sizes[1], sizes)
+        inf, _ = trace_ceilings.ceilings(rs, 10 ** 9)
+        self.assertGreater(inf, 0.8)
+
+    # Arrivals come in bursts: the busiest 1-s window holds several times the mean rate and
+    # the 1-s counts are far more spread than Poisson's (system-prompts: dispersion ~1),
+    # while the mean rate stays --rate.
+    def test_bursty_with_the_mean_rate(self):
+        for seed in (1, 2, 3):
+            rs = trace_gen.generate("hot-prefix", 8.0, 60.0, seed)
+            ts = [r["timestamp"] / 1000.0 for r in rs]
+            self.assertGreater(len(rs) / 60.0, 8.0 * 0.8, seed)
+            self.assertLess(len(rs) / 60.0, 8.0 * 1.25, seed)
+            self.assertGreaterEqual(max_window(ts), 3 * 8, seed)
+            self.assertGreater(dispersion(ts, 60.0), 5.0, seed)
+        long = trace_gen.generate("hot-prefix", 8.0, 600.0, 4)
+        self.assertAlmostEqual(len(long) / 600.0, 8.0, delta=0.8)
+        poisson = [r["timestamp"] / 1000.0 for r in trace_gen.generate("system-prompts", 8.0, 60.0, 1)]
+        self.assertLess(dispersion(poisson, 60.0), 2.0)
+        self.assertLess(max_window(poisson), 3 * 8)
+
+    # The same seed gives the same trace (prefixes and arrival times); another seed another one.
+    def test_deterministic(self):
+        a = trace_gen.generate("hot-prefix", 8.0, 30.0, 7)
+        self.assertEqual(a, trace_gen.generate("hot-prefix", 8.0, 30.0, 7))
+        b = trace_gen.generate("hot-prefix", 8.0, 30.0, 8)
+        self.assertNotEqual([r["timestamp"] for r in a], [r["timestamp"] for r in b])
+
+
 class Prompts(unittest.TestCase):
     # A prompt is 4 bytes per token; equal leading ids give equal leading bytes, and two
     # different ids differ in every 64-byte (16-token) engine block.
