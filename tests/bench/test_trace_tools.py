@@ -193,13 +193,47 @@ class RoutingScript(unittest.TestCase):
                  "--build", os.environ["PDGATE_BUILD_DIR"], "--out", out],
                 capture_output=True, text=True, timeout=240)
             self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertIn("| 1 | round_robin |", p.stdout)
+            self.assertIn("| 1 | alternating | round_robin |", p.stdout)
             row = json.loads(open(os.path.join(out, "rows.jsonl")).readline())
             self.assertEqual(row["failures"], 0, row)
             self.assertEqual(row["requests"], 40)
             inf, _ = trace_ceilings.ceilings(rs, 1 << 22)
             self.assertGreater(inf, 0.3)
             self.assertAlmostEqual(row["hit_rate"], inf, places=3)
+
+    # Two replicas give an alternating and a through-one row from one run, each with the
+    # gateways' metrics asked for: alternating splits the requests between the replicas,
+    # through-one sends them all to the first; a metric no gateway has is null, not an error.
+    def test_traffic_rows_and_gateway_metrics(self):
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "t.jsonl")
+            rs = trace_gen.generate("hot-prefix", 8.0, 30.0, 5)[:20]
+            with open(trace, "w") as f:
+                for i, r in enumerate(rs):
+                    r["timestamp"] = i * 50
+                    f.write(json.dumps(r) + "\n")
+            out = os.path.join(d, "out")
+            p = subprocess.run(
+                ["bash", os.path.join(ROOT, "bench", "routing.sh"), "--trace", trace, "--replicas", "2",
+                 "--policies", "prefix_affinity", "--engines", "1", "--kv-tokens", str(1 << 20),
+                 "--prefill-us-per-token", "1", "--itl-ms", "1", "--max-tokens", "2",
+                 "--collect-gateway-metrics", "pdgate_requests_total,pdgate_no_such_metric",
+                 "--build", os.environ["PDGATE_BUILD_DIR"], "--out", out],
+                capture_output=True, text=True, timeout=240)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("| 2 | alternating | prefix_affinity |", p.stdout)
+            self.assertIn("| 2 | through-one | prefix_affinity |", p.stdout)
+            with open(os.path.join(out, "rows.jsonl")) as f:
+                rows = [json.loads(l) for l in f if l.strip()]
+            self.assertEqual([r["traffic"] for r in rows], ["alternating", "through-one"])
+            for r in rows:
+                self.assertEqual(r["failures"], 0, r)
+                self.assertEqual(r["requests"], 20)
+                self.assertEqual(r["gateway_metrics"]["pdgate_no_such_metric"], [None, None])
+            self.assertEqual(rows[0]["gateway_metrics"]["pdgate_requests_total"], [10, 10])
+            first, idle = rows[1]["gateway_metrics"]["pdgate_requests_total"]
+            self.assertEqual(first, 20)
+            self.assertIn(idle, (None, 0))
 
 
 if __name__ == "__main__":
