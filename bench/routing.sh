@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # Routing quality: replays a request trace (Mooncake JSONL: timestamp,
 # input_length, output_length, hash_ids of 512-token blocks) through N
-# gateway replicas -- requests alternate between them, as behind a load
-# balancer -- over K prefill + K decode pdgate-sim engines, once per
-# (replica count, prefill policy), with fresh engines (empty caches) each
-# time. Reports per row the prefill engines' prefix-cache hit rate (their
-# /metrics: hits / queries, in tokens), TTFT p50/p90/p99 and failures, and
-# once the two ceilings computed from the trace (bench/trace_ceilings.py).
+# gateway replicas over K prefill + K decode pdgate-sim engines, once per
+# (replica count, traffic, prefill policy), with fresh engines (empty
+# caches) and gateways (and Redis, with --redis) each time. Reports per row the prefill
+# engines' prefix-cache hit rate (their /metrics: hits / queries, in
+# tokens), TTFT p50/p90/p99 and failures, and once the two ceilings
+# computed from the trace (bench/trace_ceilings.py).
 #
 #   bench/routing.sh [--trace FILE | --kind mix] [--replicas "1 2 4"]
+#                    [--traffic "alternating through-one"]
 #                    [--policies "round_robin least_load prefix_affinity cache_aware"]
 #                    [--engines 4] [--speed 1] [--limit N] [--kv-tokens 32768]
 #                    [--prefill-us-per-token 70] [--itl-ms 5] [--max-tokens 16]
 #                    [--decode-policy least_load] [--gateway-arg ARG]... [--redis]
-#                    [--kv-events] [--tokenizer sim|vllm] [--build build] [--out DIR]
+#                    [--kv-events] [--tokenizer sim|vllm]
+#                    [--collect-gateway-metrics NAME[,NAME]]...
+#                    [--build build] [--out DIR]
 #
 # --trace replays a file as it is (e.g. a public Mooncake trace, if one is
 # on disk); without it a synthetic trace is generated (bench/trace_gen.py
-# --kind, 60 s at 8 requests/s, seed 1). --gateway-arg passes a flag to
+# --kind, e.g. mix or hot-prefix; 60 s at 8 requests/s, seed 1).
+# --traffic: "alternating" sends the requests alternately to the N
+# replicas, as behind a load balancer; "through-one" starts the same N
+# replicas (same flags, same Redis) but sends the whole trace to the first
+# (the other N-1 idle), so sharing between replicas is separated from CPU
+# contention. Default: both for N > 1; with one replica they are the same
+# and one row, "alternating", is run. --gateway-arg passes a flag to
 # every gateway (repeatable). A policy written PREFILL/DECODE (e.g.
 # conditional_pd/conditional_pd) sets the row's decode policy too, instead
 # of --decode-policy. --redis starts a fresh redis-server (unix
@@ -26,7 +35,10 @@
 # every sim publish vLLM's KV cache events and every gateway subscribe to
 # them all (--kv-events URL=ENDPOINT,replay=ENDPOINT) with the sim's
 # tokenizer (--tokenizer vllm: the engines' POST /tokenize instead), so
-# policies see exact cached tokens. Results: a
+# policies see exact cached tokens. --collect-gateway-metrics (repeatable,
+# comma separated) reads each gateway's /metrics after the replay and
+# puts gateway_metrics {NAME: [value per gateway]} in the row (a series
+# name as exposed, its label sets summed; null where absent). Results: a
 # markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
 # Not run by CI (minutes per run; see bench/README.md, "Routing quality").
 set -euo pipefail
@@ -34,6 +46,8 @@ set -euo pipefail
 trace=""
 kind=mix
 replicas="1 2 4"
+traffic=""
+gateway_metrics=()
 policies="round_robin least_load prefix_affinity cache_aware"
 engines=4
 speed=1
@@ -54,6 +68,11 @@ while (($#)); do
     --trace) trace=$2; shift ;;
     --kind) kind=$2; shift ;;
     --replicas) replicas=$2; shift ;;
+    --traffic) traffic=$2; shift ;;
+    --collect-gateway-metrics)
+      IFS=, read -r -a names <<< "$2"
+      for m in "${names[@]}"; do [[ -z $m ]] || gateway_metrics+=("$m"); done
+      shift ;;
     --policies) policies=$2; shift ;;
     --engines) engines=$2; shift ;;
     --speed) speed=$2; shift ;;
@@ -69,7 +88,7 @@ while (($#)); do
     --tokenizer) tokenizer=$2; shift ;;
     --build) BUILD=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,43p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "routing.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -79,6 +98,16 @@ BUILD=$(cd "$BUILD" && pwd)
 for bin in pdgate pdgate-sim; do
   [[ -x $BUILD/$bin ]] || { echo "routing.sh: $BUILD/$bin missing (build it first)" >&2; exit 2; }
 done
+for t in $traffic; do
+  [[ $t == alternating || $t == through-one ]] ||
+    { echo "routing.sh: --traffic takes alternating and/or through-one, not $t" >&2; exit 2; }
+done
+# The traffic rows for N replicas: --traffic, or both; one replica: one row.
+traffic_for() {
+  local n=$1
+  if ((n == 1)); then echo alternating; return; fi
+  echo "${traffic:-alternating through-one}"
+}
 # The sims count 16-token KV blocks.
 (( kv_tokens >= 16 )) || { echo "routing.sh: --kv-tokens must be at least 16" >&2; exit 2; }
 kv_blocks=$((kv_tokens / 16))
@@ -144,6 +173,38 @@ print("%.0f" % total)
 PY
 }
 
+# gateway_metrics_json PORT...: {NAME: [value per gateway]} for the names of
+# --collect-gateway-metrics, each value the series' label sets summed, null
+# where the gateway has no such series or its /metrics could not be read.
+gateway_metrics_json() {
+  python3 - "${#gateway_metrics[@]}" "${gateway_metrics[@]}" "$@" <<'PY'
+import json, math, sys, urllib.request
+k = int(sys.argv[1])
+names, ports = sys.argv[2:2 + k], sys.argv[2 + k:]
+out = {name: [] for name in names}
+for port in ports:
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10).read().decode()
+    except Exception:
+        text = ""
+    sums = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series = line.split("{")[0].split(" ")[0]
+        if series in out:
+            try:
+                v = float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            sums[series] = sums.get(series, 0.0) + v
+    for name in names:
+        v = sums.get(name)
+        out[name].append(v if v is not None and math.isfinite(v) else None)
+print(json.dumps(out))
+PY
+}
+
 sim_events=()
 if ((kv_events)); then
   sim_events=(--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
@@ -160,59 +221,69 @@ events_flag() {
 }
 
 for n in $replicas; do
-  for policy in $policies; do
-    pre=() dec=() pports=() ev_args=()
-    for k in $(seq "$engines"); do
-      start "p$k" "$BUILD/pdgate-sim" --role prefill --log-level warn --kv-blocks "$kv_blocks" \
-        --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
-        --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
-      port=$(< "$WORK/port")
-      pre+=("127.0.0.1:$port") pports+=("$port")
-      if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
-      start "d$k" "$BUILD/pdgate-sim" --role decode --log-level warn --kv-blocks "$kv_blocks" \
-        --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
-        --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
-      port=$(< "$WORK/port")
-      dec+=("127.0.0.1:$port")
-      if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
-    done
-    row_args=("${gateway_args[@]}" "${ev_args[@]}")
-    if ((kv_events)); then row_args+=(--tokenizer "$tokenizer"); fi
-    if ((redis)); then
-      sock=$(mktemp -u "$WORK/redis.XXXXXX.sock")
-      redis-server --port 0 --unixsocket "$sock" --save "" --appendonly no \
-        > "$WORK/redis.log" 2>&1 &
-      echo "$!" >> "$PIDS"
-      for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
-      [[ -S $sock ]] || { echo "routing.sh: redis-server did not start" >&2; exit 1; }
-      row_args+=(--redis "unix://$sock")
-    fi
-    # A policy written PREFILL/DECODE sets both for the row (a request hook
-    # lives in the decode policy: conditional_pd/conditional_pd).
-    row_decode=$decode_policy
-    [[ $policy != */* ]] || row_decode=${policy#*/}
-    urls=()
-    for r in $(seq "$n"); do
-      port=$(start "g$r" "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 1 --log-level warn \
-        --model sim-model --policy-prefill "${policy%%/*}" --policy-decode "$row_decode" \
-        "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
-      urls+=(--url "http://127.0.0.1:$port")
-    done
-    replay=$(python3 "$ROOT/bench/trace_replay.py" --trace "$trace" "${urls[@]}" --speed "$speed" \
-      --limit "$limit" --max-tokens "$max_tokens")
-    hits=$(metric_sum 'vllm:prefix_cache_hits_total' "${pports[@]}")
-    queries=$(metric_sum 'vllm:prefix_cache_queries_total' "${pports[@]}")
-    stop_all
-    python3 - "$n" "$policy" "$hits" "$queries" "$replay" "$ceil" >> "$OUT/rows.jsonl" <<'PY'
+  for row_traffic in $(traffic_for "$n"); do
+    for policy in $policies; do
+      pre=() dec=() pports=() ev_args=()
+      for k in $(seq "$engines"); do
+        start "p$k" "$BUILD/pdgate-sim" --role prefill --log-level warn --kv-blocks "$kv_blocks" \
+          --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
+          --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
+        port=$(< "$WORK/port")
+        pre+=("127.0.0.1:$port") pports+=("$port")
+        if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
+        start "d$k" "$BUILD/pdgate-sim" --role decode --log-level warn --kv-blocks "$kv_blocks" \
+          --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
+          --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
+        port=$(< "$WORK/port")
+        dec+=("127.0.0.1:$port")
+        if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
+      done
+      row_args=("${gateway_args[@]}" "${ev_args[@]}")
+      if ((kv_events)); then row_args+=(--tokenizer "$tokenizer"); fi
+      if ((redis)); then
+        sock=$(mktemp -u "$WORK/redis.XXXXXX.sock")
+        redis-server --port 0 --unixsocket "$sock" --save "" --appendonly no \
+          > "$WORK/redis.log" 2>&1 &
+        echo "$!" >> "$PIDS"
+        for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+        [[ -S $sock ]] || { echo "routing.sh: redis-server did not start" >&2; exit 1; }
+        row_args+=(--redis "unix://$sock")
+      fi
+      # A policy written PREFILL/DECODE sets both for the row (a request hook
+      # lives in the decode policy: conditional_pd/conditional_pd).
+      row_decode=$decode_policy
+      [[ $policy != */* ]] || row_decode=${policy#*/}
+      urls=() gports=()
+      for r in $(seq "$n"); do
+        port=$(start "g$r" "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 1 --log-level warn \
+          --model sim-model --policy-prefill "${policy%%/*}" --policy-decode "$row_decode" \
+          "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
+        urls+=(--url "http://127.0.0.1:$port") gports+=("$port")
+      done
+      # through-one: all N replicas run, the trace goes to the first only.
+      [[ $row_traffic == alternating ]] || urls=("${urls[@]:0:2}")
+      replay=$(python3 "$ROOT/bench/trace_replay.py" --trace "$trace" "${urls[@]}" --speed "$speed" \
+        --limit "$limit" --max-tokens "$max_tokens")
+      gmetrics=null
+      if ((${#gateway_metrics[@]})); then gmetrics=$(gateway_metrics_json "${gports[@]}"); fi
+      hits=$(metric_sum 'vllm:prefix_cache_hits_total' "${pports[@]}")
+      queries=$(metric_sum 'vllm:prefix_cache_queries_total' "${pports[@]}")
+      stop_all
+      python3 - "$n" "$row_traffic" "$policy" "$hits" "$queries" "$replay" "$ceil" "$gmetrics" \
+        >> "$OUT/rows.jsonl" <<'PY'
 import json, sys
-n, policy, hits, queries, replay, ceil = sys.argv[1:]
-row = {"replicas": int(n), "policy": policy, "hits": int(hits), "queries": int(queries),
+n, traffic, policy, hits, queries, replay, ceil, gmetrics = sys.argv[1:]
+row = {"replicas": int(n), "traffic": traffic, "policy": policy, "hits": int(hits),
+       "queries": int(queries),
        "hit_rate": round(int(hits) / int(queries), 4) if int(queries) else 0.0,
        "ceilings": json.loads(ceil)}
 row.update(json.loads(replay))
+if json.loads(gmetrics) is not None:
+    row["gateway_metrics"] = json.loads(gmetrics)
 print(json.dumps(row))
 PY
-    tail -1 "$OUT/rows.jsonl" >&2
+      tail -1 "$OUT/rows.jsonl" >&2
+    done
   done
 done
 
@@ -222,13 +293,13 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 if not rows:
     sys.exit(0)
 c = rows[0]["ceilings"]
-print("| replicas | prefill policy | hit rate | TTFT p50 | p90 | p99 | failures |")
-print("|---|---|---|---|---|---|---|")
+print("| replicas | traffic | prefill policy | hit rate | TTFT p50 | p90 | p99 | failures |")
+print("|---|---|---|---|---|---|---|---|")
 for r in rows:
     t = r["ttft_ms"]
     ms = lambda v: "-" if v is None else "%.0f ms" % v
-    print("| %d | %s | %.3f | %s | %s | %s | %d / %d |" % (
-        r["replicas"], r["policy"], r["hit_rate"], ms(t["p50"]), ms(t["p90"]), ms(t["p99"]),
+    print("| %d | %s | %s | %.3f | %s | %s | %s | %d / %d |" % (
+        r["replicas"], r.get("traffic", "alternating"), r["policy"], r["hit_rate"], ms(t["p50"]), ms(t["p90"]), ms(t["p99"]),
         r["failures"], r["requests"]))
 print()
 print("Ceilings from the trace: one infinite cache %.3f; one LRU cache of the engines' "

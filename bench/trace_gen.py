@@ -21,6 +21,13 @@ Workloads (--kind):
                   some long ones over a few shared documents: the workload
                   where sending short prompts in one hop (conditional
                   disaggregation, bench/conditional_pd.sh) should pay
+  hot-prefix      4 long shared prefixes (4-12k tokens, Zipf popularity:
+                  the hottest takes ~60% of the requests), each request one
+                  prefix + a question of its own (64-512 tokens), arriving
+                  in bursts: 1-2 s at 4x the mean rate, then 4-8 s at a
+                  quarter of it (the mean stays --rate). The workload where
+                  several gateway replicas pile onto the engine caching the
+                  hot prefix at the same moment
 
 Usage: trace_gen.py --kind mix --duration-s 60 --rate 8 --seed 1 > trace.jsonl
 """
@@ -142,12 +149,51 @@ def short_long(rng, ids, rate, duration_s, short_share=0.75):
                                                                         question)
 
 
+def on_off_times(rng, rate_per_s, duration_s, burst_s=(1.0, 2.0), gap_s=(4.0, 8.0),
+                 burst_factor=4.0, gap_factor=0.25):
+    """Bursty arrivals: Poisson at burst_factor x rate during bursts of
+    burst_s seconds, at gap_factor x rate during the gaps of gap_s seconds
+    between them. With the defaults the mean rate is rate_per_s (a burst
+    of 1.5 s on average carries 4 x 1.5 = 6 s of requests, a gap of 6 s
+    1.5 s: 7.5 s of requests in 7.5 s). The trace starts part-way into a
+    gap, so the first burst does not come at time 0."""
+    t = 0.0
+    burst = False
+    seg = rng.uniform(0.0, rng.uniform(*gap_s))
+    while t < duration_s:
+        end = min(duration_s, t + seg)
+        lam = rate_per_s * (burst_factor if burst else gap_factor)
+        # Poisson arrivals restarted at each segment (memoryless).
+        u = t + rng.expovariate(lam)
+        while u < end:
+            yield u
+            u += rng.expovariate(lam)
+        t = end
+        burst = not burst
+        seg = rng.uniform(*(burst_s if burst else gap_s))
+
+
+def hot_prefix(rng, ids, rate, duration_s):
+    """One request per session: one of 4 long prefixes (4-12k tokens, Zipf
+    popularity with s = 1.5: ~60/21/12/7% of the requests) + a question
+    of its own (64-512 tokens), bursty arrivals (on_off_times)."""
+    prefixes = []
+    for _ in range(4):
+        tokens = rng.randint(4096, 12288)
+        prefixes.append((ids.fresh(blocks_for(tokens)), tokens))
+    for t in on_off_times(rng, rate, duration_s):
+        p_ids, p_tokens = prefixes[zipf_pick(rng, len(prefixes), s=1.5)]
+        question = rng.randint(64, 512)
+        yield t, p_tokens + question, rng.randint(16, 128), extend(ids, p_ids, p_tokens, question)
+
+
 KINDS = {
     "system-prompts": [(system_prompts, 1.0)],
     "multi-turn": [(multi_turn, 1.0)],
     "agent-loops": [(agent_loops, 1.0)],
     "mix": [(system_prompts, 0.3), (multi_turn, 0.35), (agent_loops, 0.35)],
     "short-long": [(short_long, 1.0)],
+    "hot-prefix": [(hot_prefix, 1.0)],
 }
 
 

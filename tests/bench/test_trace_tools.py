@@ -54,6 +54,79 @@ class TraceGen(unittest.TestCase):
             self.assertGreater(inf, 0.3, kind)
 
 
+def max_window(times_s, width_s=1.0):
+    """The most records in any window of width_s seconds (sorted times)."""
+    best, j = 0, 0
+    for i, t in enumerate(times_s):
+        while t - times_s[j] >= width_s:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def dispersion(times_s, duration_s):
+    """Variance over mean of the counts in 1-s bins: ~1 for Poisson arrivals."""
+    counts = [0] * int(duration_s)
+    for t in times_s:
+        counts[min(int(t), len(counts) - 1)] += 1
+    mean = sum(counts) / len(counts)
+    return sum((c - mean) ** 2 for c in counts) / len(counts) / mean
+
+
+class HotPrefix(unittest.TestCase):
+    # Every request is one of at most 4 long prefixes (>= 4k tokens: 8 full blocks) and a
+    # question of its own (64-512 tokens, so at most 2 blocks of its own); one prefix is hot.
+    def test_few_long_shared_prefixes(self):
+        rs = trace_gen.generate("hot-prefix", 8.0, 60.0, 1)
+        groups = {}
+        for r in rs:
+            groups.setdefault(r["hash_ids"][0], []).append(r)
+        self.assertLessEqual(len(groups), 4)
+        self.assertGreaterEqual(len(groups), 3)
+        for first, g in groups.items():
+            common = g[0]["hash_ids"]
+            for r in g[1:]:
+                k = 0
+                while k < min(len(common), len(r["hash_ids"])) and common[k] == r["hash_ids"][k]:
+                    k += 1
+                common = common[:k]
+            self.assertGreaterEqual(len(common), 4096 // 512, first)
+            for r in g:
+                own = r["input_length"] - len(common) * 512
+                self.assertGreaterEqual(own, 64, r)
+                self.assertLessEqual(own, 512 + 511, r)
+                self.assertLessEqual(len(r["hash_ids"]) - len(common), 2, r)
+        sizes = sorted((len(g) for g in groups.values()), reverse=True)
+        self.assertGreater(sizes[0], 0.4 * len(rs), sizes)
+        self.assertGreater(sizes[0], 2 * sizes[1], sizes)
+        inf, _ = trace_ceilings.ceilings(rs, 10 ** 9)
+        self.assertGreater(inf, 0.8)
+
+    # Arrivals come in bursts: the busiest 1-s window holds several times the mean rate and
+    # the 1-s counts are far more spread than Poisson's (system-prompts: dispersion ~1),
+    # while the mean rate stays --rate.
+    def test_bursty_with_the_mean_rate(self):
+        for seed in (1, 2, 3):
+            rs = trace_gen.generate("hot-prefix", 8.0, 60.0, seed)
+            ts = [r["timestamp"] / 1000.0 for r in rs]
+            self.assertGreater(len(rs) / 60.0, 8.0 * 0.8, seed)
+            self.assertLess(len(rs) / 60.0, 8.0 * 1.25, seed)
+            self.assertGreaterEqual(max_window(ts), 3 * 8, seed)
+            self.assertGreater(dispersion(ts, 60.0), 5.0, seed)
+        long = trace_gen.generate("hot-prefix", 8.0, 600.0, 4)
+        self.assertAlmostEqual(len(long) / 600.0, 8.0, delta=0.8)
+        poisson = [r["timestamp"] / 1000.0 for r in trace_gen.generate("system-prompts", 8.0, 60.0, 1)]
+        self.assertLess(dispersion(poisson, 60.0), 2.0)
+        self.assertLess(max_window(poisson), 3 * 8)
+
+    # The same seed gives the same trace (prefixes and arrival times); another seed another one.
+    def test_deterministic(self):
+        a = trace_gen.generate("hot-prefix", 8.0, 30.0, 7)
+        self.assertEqual(a, trace_gen.generate("hot-prefix", 8.0, 30.0, 7))
+        b = trace_gen.generate("hot-prefix", 8.0, 30.0, 8)
+        self.assertNotEqual([r["timestamp"] for r in a], [r["timestamp"] for r in b])
+
+
 class Prompts(unittest.TestCase):
     # A prompt is 4 bytes per token; equal leading ids give equal leading bytes, and two
     # different ids differ in every 64-byte (16-token) engine block.
@@ -120,13 +193,47 @@ class RoutingScript(unittest.TestCase):
                  "--build", os.environ["PDGATE_BUILD_DIR"], "--out", out],
                 capture_output=True, text=True, timeout=240)
             self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertIn("| 1 | round_robin |", p.stdout)
+            self.assertIn("| 1 | alternating | round_robin |", p.stdout)
             row = json.loads(open(os.path.join(out, "rows.jsonl")).readline())
             self.assertEqual(row["failures"], 0, row)
             self.assertEqual(row["requests"], 40)
             inf, _ = trace_ceilings.ceilings(rs, 1 << 22)
             self.assertGreater(inf, 0.3)
             self.assertAlmostEqual(row["hit_rate"], inf, places=3)
+
+    # Two replicas give an alternating and a through-one row from one run, each with the
+    # gateways' metrics asked for: alternating splits the requests between the replicas,
+    # through-one sends them all to the first; a metric no gateway has is null, not an error.
+    def test_traffic_rows_and_gateway_metrics(self):
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "t.jsonl")
+            rs = trace_gen.generate("hot-prefix", 8.0, 30.0, 5)[:20]
+            with open(trace, "w") as f:
+                for i, r in enumerate(rs):
+                    r["timestamp"] = i * 50
+                    f.write(json.dumps(r) + "\n")
+            out = os.path.join(d, "out")
+            p = subprocess.run(
+                ["bash", os.path.join(ROOT, "bench", "routing.sh"), "--trace", trace, "--replicas", "2",
+                 "--policies", "prefix_affinity", "--engines", "1", "--kv-tokens", str(1 << 20),
+                 "--prefill-us-per-token", "1", "--itl-ms", "1", "--max-tokens", "2",
+                 "--collect-gateway-metrics", "pdgate_requests_total,pdgate_no_such_metric",
+                 "--build", os.environ["PDGATE_BUILD_DIR"], "--out", out],
+                capture_output=True, text=True, timeout=240)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("| 2 | alternating | prefix_affinity |", p.stdout)
+            self.assertIn("| 2 | through-one | prefix_affinity |", p.stdout)
+            with open(os.path.join(out, "rows.jsonl")) as f:
+                rows = [json.loads(l) for l in f if l.strip()]
+            self.assertEqual([r["traffic"] for r in rows], ["alternating", "through-one"])
+            for r in rows:
+                self.assertEqual(r["failures"], 0, r)
+                self.assertEqual(r["requests"], 20)
+                self.assertEqual(r["gateway_metrics"]["pdgate_no_such_metric"], [None, None])
+            self.assertEqual(rows[0]["gateway_metrics"]["pdgate_requests_total"], [10, 10])
+            first, idle = rows[1]["gateway_metrics"]["pdgate_requests_total"]
+            self.assertEqual(first, 20)
+            self.assertIn(idle, (None, 0))
 
 
 if __name__ == "__main__":
