@@ -41,7 +41,8 @@ return {
     local exact = pdgate.cached_tokens()
     local function consider(i)
       local inst = instances[i]
-      if not inst.healthy or inst == best then return end
+      -- The soonest cold start is weighed again with its own cached part.
+      if not inst.healthy then return end
       -- An engine with an exact feed is judged by it alone.
       local ms = pdgate.predicted_ttft(inst, exact and exact[i])
       if ms < best_ms then

@@ -13,6 +13,9 @@ constexpr double kAlpha = 0.1;
 // clock step) cannot make an engine look free or unusable for long.
 constexpr double kMinMsPerToken = 1e-5;
 constexpr double kMaxMsPerToken = 100.0;
+// Engines whose learnt costs are within this factor of the fleet's mean
+// are priced alike.
+constexpr double kSameSpeed = 1.5;
 
 }  // namespace
 
@@ -26,7 +29,17 @@ std::int64_t routing_load(const Instance& inst, std::int64_t steady_now_ms) {
 
 double ms_per_token(const Instance& inst, double fleet) {
   const double own = inst.prefill_ms_per_token.load(std::memory_order_relaxed);
-  return own > 0 ? own : fleet;
+  if (own <= 0)
+    return fleet;
+  // An estimate from a few dozen prefills is noisy (queues measured a few
+  // milliseconds late, batching): engines of one speed must not look
+  // different, or every cold prompt goes to whichever looked cheapest and
+  // its cache churns (four replicas, each learning from a quarter of the
+  // prefills, lost 0.06 of the hit rate that way). Only an engine clearly
+  // faster or slower than the fleet is priced on its own.
+  if (fleet > 0 && own < fleet * kSameSpeed && own > fleet / kSameSpeed)
+    return fleet;
+  return own;
 }
 
 double fleet_ms_per_token(const std::vector<InstancePtr>& list) {

@@ -114,6 +114,14 @@ TEST(LoadModel, PredictsQueuedTokensAtTheLearntCost) {
   EXPECT_NEAR(fleet_ms_per_token({a, b}), 2.0, 1e-9);  // a takes the fleet's
   EXPECT_NEAR(predicted_ttft_ms(*b, 100, fleet_ms_per_token({a, b}), 0), 2.0 * (100 + kBaseTokens),
               1e-9);
+  // Engines within 1.5x of the fleet's mean are priced alike (an estimate's
+  // noise must not split equal engines); one clearly slower on its own.
+  auto c = instance(3, "10.0.0.3");
+  c->prefill_ms_per_token = 2.5;
+  EXPECT_NEAR(ms_per_token(*c, fleet_ms_per_token({b, c})), 2.25, 1e-9);
+  c->prefill_ms_per_token = 8.0;
+  EXPECT_NEAR(ms_per_token(*c, fleet_ms_per_token({b, c})), 8.0, 1e-9);
+  EXPECT_NEAR(ms_per_token(*b, fleet_ms_per_token({b, c})), 2.0, 1e-9);
   // Absurd timings are bounded, never negative or infinite.
   note_prefill_time(*b, 1, 1e12);
   EXPECT_LE(b->prefill_ms_per_token.load(), 100.0);
