@@ -17,7 +17,9 @@
 --   prefills (time / tokens waited for); engines not learnt yet take the
 --   mean of those that are.
 --
--- The candidate with the lowest prediction wins. Unlike prefix_affinity, which keeps the longest match
+-- The candidate with the lowest score wins: the prediction less what the
+-- cache saves there (leaving a cache costs the cluster that compute again,
+-- and delays what queues behind it: counted twice). Unlike prefix_affinity, which keeps the longest match
 -- unless its queue outweighs a cold start, a partial match elsewhere may
 -- win, and a long cached prefix is worth a longer queue than a short one.
 -- Candidates without a match all compute the whole prompt: only the best
@@ -26,7 +28,14 @@
 -- Decode after a prefill (ctx.prefill set) pulls the KV from the prefill,
 -- so the prefix cache does not matter there: least loaded. One-hop decode
 -- (no prefill stage) is routed like a prefill.
-local turns = { encode = 0, prefill = 0, decode = 0 }
+-- Where each stage's tie-breaking scan starts: per stage (or a request's
+-- prefill pick would always move the decode rotation by the same step),
+-- and from a point of this worker's own, the clock's microseconds when the
+-- script loaded: replicas (and workers) behind one balancer, each taking
+-- every Nth request, would otherwise move in lockstep and send their tied
+-- picks to the same instance.
+local origin = math.floor(pdgate.now_ms() * 1000) % 65521
+local turns = { encode = origin, prefill = origin, decode = origin }
 
 return {
   pick = function(ctx, instances)
@@ -35,18 +44,22 @@ return {
     if ctx.stage == "decode" and ctx.prefill ~= nil then
       return pdgate.least_loaded(turn)
     end
-    local best, best_ms = pdgate.least_cost(turn)
+    local best, best_score = pdgate.least_cost(turn)
     if best == nil then return nil end
     local matches = pdgate.prefix_matches()
     local exact = pdgate.cached_tokens()
     local function consider(i)
       local inst = instances[i]
-      -- The soonest cold start is weighed again with its own cached part.
       if not inst.healthy then return end
       -- An engine with an exact feed is judged by it alone.
-      local ms = pdgate.predicted_ttft(inst, exact and exact[i])
-      if ms < best_ms then
-        best, best_ms = inst, ms
+      local cached = exact and exact[i]
+      local ms, saved = pdgate.predicted_ttft(inst, cached)
+      -- What the cache saves there counts twice: the cluster computes it
+      -- again wherever else the request goes, and whatever queues behind
+      -- it there waits for that too.
+      local score = ms - saved
+      if score < best_score then
+        best, best_score = inst, score
       end
     end
     for i in pairs(matches) do consider(i) end

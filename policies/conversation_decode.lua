@@ -7,9 +7,14 @@
 local MAX_EXTRA = 4    -- requests above the least loaded it may carry
 local MAX_RATIO = 2.0  -- ... and by at most this factor
 
--- Where each stage's tie-breaking scan starts; per stage, or a request's
--- prefill pick would always move the decode rotation by the same step.
-local turns = { encode = 0, prefill = 0, decode = 0 }
+-- Where each stage's tie-breaking scan starts: per stage (or a request's
+-- prefill pick would always move the decode rotation by the same step),
+-- and from a point of this worker's own, the clock's microseconds when the
+-- script loaded: replicas (and workers) behind one balancer, each taking
+-- every Nth request, would otherwise move in lockstep and send their tied
+-- picks to the same instance.
+local origin = math.floor(pdgate.now_ms() * 1000) % 65521
+local turns = { encode = origin, prefill = origin, decode = origin }
 
 -- Load as pdgate.least_loaded counts it (docs/policies.md): live
 -- in-flight plus, when the engine's metrics are fresh, others' load.

@@ -12,10 +12,10 @@
 -- For a candidate i its cached share of the prompt is
 --   exact feed:   pdgate.cached_tokens()[i] / prompt tokens
 --   otherwise:    pdgate.prefix_matches()[i] / prompt blocks
--- The largest share wins, unless waiting there costs more than computing
--- the whole prompt where it would start soonest (prefix_affinity's guard:
--- pdgate.predicted_ttft against pdgate.least_cost, on the prompt tokens
--- every replica has queued on each engine); a share under MIN_SHARE
+-- The largest share wins, unless waiting there costs more than leaving
+-- the cache (prefix_affinity's guard: pdgate.predicted_ttft against
+-- pdgate.least_cost, on the prompt tokens every replica has queued on each
+-- engine, leaving counted at twice what the cache saves); a share under MIN_SHARE
 -- counts as none and the soonest start takes it. prefix_matches() is
 -- always asked, so the approximate index keeps learning for engines whose
 -- feed falls back.
@@ -23,7 +23,14 @@
 -- Decode after a prefill pulls the KV from the prefill: least loaded.
 local MIN_SHARE = 0.1
 
-local turns = { encode = 0, prefill = 0, decode = 0 }
+-- Where each stage's tie-breaking scan starts: per stage (or a request's
+-- prefill pick would always move the decode rotation by the same step),
+-- and from a point of this worker's own, the clock's microseconds when the
+-- script loaded: replicas (and workers) behind one balancer, each taking
+-- every Nth request, would otherwise move in lockstep and send their tied
+-- picks to the same instance.
+local origin = math.floor(pdgate.now_ms() * 1000) % 65521
+local turns = { encode = origin, prefill = origin, decode = origin }
 
 return {
   pick = function(ctx, instances)
@@ -37,12 +44,12 @@ return {
 
     local matches, blocks = pdgate.prefix_matches()
     local exact, tokens = pdgate.cached_tokens()
-    local best, best_share, best_ms = nil, 0, 0
+    local best, best_share, best_ms, best_saved = nil, 0, 0, 0
     local function consider(inst, share, cached)
       if not inst.healthy then return end
-      local ms = pdgate.predicted_ttft(inst, cached)
+      local ms, saved = pdgate.predicted_ttft(inst, cached)
       if share > best_share or (share == best_share and ms < best_ms) then
-        best, best_share, best_ms = inst, share, ms
+        best, best_share, best_ms, best_saved = inst, share, ms, saved
       end
     end
     if exact ~= nil and tokens ~= nil and tokens > 0 then
@@ -59,7 +66,8 @@ return {
       end
     end
     if best == nil or best_share < MIN_SHARE then return cold end
-    if best_ms > cold_ms then return cold end
+    -- prefix_affinity's rule: leaving the cache costs twice what it saves.
+    if best_ms - cold_ms > best_saved then return cold end
     return best
   end,
 }

@@ -1,9 +1,10 @@
 -- least_load: the healthy instance with the fewest requests.
 --
--- An instance's load is the requests this gateway has in flight on it
--- (exact, instant) plus, when its metrics are fresh, the load others put on
--- its engine as of the last scrape (running + waiting minus our own
--- in-flight then: other gateways' requests). Ties are broken by a rotating
+-- An instance's load is the requests every gateway replica has in flight
+-- on it (this one's exact and instant, the others' from their load
+-- reports, milliseconds old) plus, when its metrics are fresh, what its
+-- engine holds beyond them as of the last scrape (running + waiting minus
+-- the replicas' in-flight then). Ties are broken by a rotating
 -- start, so equal instances share the traffic instead of the first one
 -- taking it all.
 --
@@ -14,15 +15,20 @@
 --   for k = 0, #instances - 1 do
 --     local inst = instances[(start - 1 + k) % #instances + 1]
 --     if inst.healthy then
---       local l = inst.in_flight
+--       local l = inst.cluster_in_flight
 --       if inst.has_metrics then l = l + inst.other_load end
 --       if l < best_load then best, best_load = inst, l end
 --     end
 --   end
 --   return best
--- Where each stage's tie-breaking scan starts; per stage, or a request's
--- prefill pick would always move the decode rotation by the same step.
-local turns = { encode = 0, prefill = 0, decode = 0 }
+-- Where each stage's tie-breaking scan starts: per stage (or a request's
+-- prefill pick would always move the decode rotation by the same step),
+-- and from a point of this worker's own, the clock's microseconds when the
+-- script loaded: replicas (and workers) behind one balancer, each taking
+-- every Nth request, would otherwise move in lockstep and send their tied
+-- picks to the same instance.
+local origin = math.floor(pdgate.now_ms() * 1000) % 65521
+local turns = { encode = origin, prefill = origin, decode = origin }
 
 return {
   pick = function(ctx, instances)

@@ -272,8 +272,10 @@ const Instance& pick_instance(lua_State* L, Impl& I, int arg, const char* fn, st
 // pdgate.predicted_ttft(instance [, cached_tokens]) -> milliseconds to the
 // prompt's first token there: the prompt tokens queued on that engine by
 // every replica, then this prompt's uncached ones, at the engine's learnt
-// cost per token (core/upstream/load_model.hpp). cached_tokens defaults to
-// what this pick's prefix_matches / cached_tokens calls found there.
+// cost per token (core/upstream/load_model.hpp); and what the cached part
+// is worth (its tokens at the fleet's cost per token). cached_tokens
+// defaults to what this pick's prefix_matches / cached_tokens calls found
+// there.
 int l_predicted_ttft(lua_State* L) {
   Impl& I = impl_of(L);
   if (I.cur_list == nullptr)
@@ -287,9 +289,14 @@ int l_predicted_ttft(lua_State* L) {
     const lua_Number c = luaL_checknumber(L, 2);
     cached = c > 0 ? static_cast<std::int64_t>(std::min<lua_Number>(c, 1e15)) : 0;
   }
-  const std::int64_t uncached = std::max<std::int64_t>(prompt_tokens(I) - cached, 0);
-  lua_pushnumber(L, predicted_ttft_ms(inst, uncached, fleet_cost(I), I.cur_now_ms));
-  return 1;
+  const std::int64_t prompt = prompt_tokens(I);
+  cached = std::min(cached, prompt);
+  const double fleet = fleet_cost(I);
+  lua_pushnumber(L, predicted_ttft_ms(inst, prompt - cached, fleet, I.cur_now_ms));
+  // What computing the cached part again would cost, at the fleet's rate
+  // (an engine's own rate would make a slow engine's cache look worth more).
+  lua_pushnumber(L, static_cast<double>(cached) * (fleet > 0 ? fleet : 1.0));
+  return 2;
 }
 
 // pdgate.least_cost([start]) -> the healthy instance where this prompt,

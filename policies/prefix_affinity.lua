@@ -7,22 +7,28 @@
 -- with --redis, every replica) routed to each instance (bounded, entries
 -- expire after 10 minutes); pdgate.prefix_matches() answers, for this
 -- request, how many leading blocks each instance received recently. The
--- longest match wins, unless waiting there costs more than computing the
--- whole prompt where it would start soonest: pdgate.predicted_ttft (the
--- prompt tokens every replica has queued on that engine, then this
--- prompt's uncached ones, at the engine's learnt cost per token) against
--- pdgate.least_cost (the same for the whole prompt). So a hot prefix
--- spreads to a second engine exactly when its home's queue outgrows the
--- prefix, and comes back when the queue drains. A match shorter than
+-- longest match wins, unless the wait there costs more than leaving the
+-- cache: pdgate.predicted_ttft (the prompt tokens every replica has queued
+-- on that engine, then this prompt's uncached ones, at the engine's learnt
+-- cost per token) against pdgate.least_cost (the same for the whole prompt
+-- where it would start soonest), plus what leaving costs the cluster (the
+-- cached part computed again, which delays whatever queues behind it
+-- there). So a hot prefix spreads to a second engine when its home's queue
+-- outgrows twice the prefix, and comes back when the queue drains. A match shorter than
 -- MIN_MATCH of the prompt's blocks counts as none. Whichever instance is
 -- chosen is recorded as holding this prompt's blocks.
 --
 -- Decode after a prefill pulls the KV from the prefill: least loaded.
 local MIN_MATCH = 0.1
 
--- Where each stage's tie-breaking scan starts; per stage, or a request's
--- prefill pick would always move the decode rotation by the same step.
-local turns = { encode = 0, prefill = 0, decode = 0 }
+-- Where each stage's tie-breaking scan starts: per stage (or a request's
+-- prefill pick would always move the decode rotation by the same step),
+-- and from a point of this worker's own, the clock's microseconds when the
+-- script loaded: replicas (and workers) behind one balancer, each taking
+-- every Nth request, would otherwise move in lockstep and send their tied
+-- picks to the same instance.
+local origin = math.floor(pdgate.now_ms() * 1000) % 65521
+local turns = { encode = origin, prefill = origin, decode = origin }
 
 return {
   pick = function(ctx, instances)
@@ -45,7 +51,12 @@ return {
       end
     end
     if best == nil or best_blocks < MIN_MATCH * blocks then return cold end
-    if best_ms > cold_ms then return cold end
+    -- Leaving the cache costs twice what it saves: this request computes
+    -- the cached part again, and so does every prompt queued behind it on
+    -- the engine it goes to. So the cache is left only when waiting for it
+    -- costs more than that: best_ms - cold_ms > saved.
+    local _, saved = pdgate.predicted_ttft(best)
+    if best_ms - cold_ms > saved then return cold end
     return best
   end,
 }
