@@ -28,6 +28,15 @@
 -- Decode after a prefill (ctx.prefill set) pulls the KV from the prefill,
 -- so the prefix cache does not matter there: least loaded. One-hop decode
 -- (no prefill stage) is routed like a prefill.
+-- What leaving a cache costs, in multiples of what it saves: 1 counts
+-- only this request's time; the cluster pays too (the cached part is
+-- computed again, what queues behind it on the engine it goes to waits for
+-- that, and the prefix now takes room in two caches). Higher keeps
+-- prefixes home longer: more hits, longer queues in bursts. 3 did best on
+-- the benchmark's traces (bench/README.md, "Routing quality"); 1 lost a
+-- fifth of the hits on a conversation trace and bought no latency.
+local LEAVE_COST = 3
+
 -- Where each stage's tie-breaking scan starts: per stage (or a request's
 -- prefill pick would always move the decode rotation by the same step),
 -- and from a point of this worker's own, the clock's microseconds when the
@@ -57,7 +66,7 @@ return {
       -- What the cache saves there counts twice: the cluster computes it
       -- again wherever else the request goes, and whatever queues behind
       -- it there waits for that too.
-      local score = ms - saved
+      local score = ms - (LEAVE_COST - 1) * saved
       if score < best_score then
         best, best_score = inst, score
       end

@@ -40,8 +40,9 @@ return {
         -- The engine's own KV events where it has a feed, else where
         -- prompts were routed.
         local ms, saved = pdgate.predicted_ttft(inst, exact and exact[i])
-        -- Leaving a cache costs twice what it saves (see prefix_affinity).
-        local score = ms - saved
+        -- Leaving a cache costs three times what it saves (prefix_affinity's
+        -- LEAVE_COST).
+        local score = ms - 2 * saved
         if score <= best_ms then
           best, best_ms = inst, score
         end

@@ -22,6 +22,14 @@
 --
 -- Decode after a prefill pulls the KV from the prefill: least loaded.
 local MIN_SHARE = 0.1
+-- What leaving a cache costs, in multiples of what it saves: 1 counts
+-- only this request's time; the cluster pays too (the cached part is
+-- computed again, what queues behind it on the engine it goes to waits for
+-- that, and the prefix now takes room in two caches). Higher keeps
+-- prefixes home longer: more hits, longer queues in bursts. 3 did best on
+-- the benchmark's traces (bench/README.md, "Routing quality"); 1 lost a
+-- fifth of the hits on a conversation trace and bought no latency.
+local LEAVE_COST = 3
 
 -- Where each stage's tie-breaking scan starts: per stage (or a request's
 -- prefill pick would always move the decode rotation by the same step),
@@ -67,7 +75,7 @@ return {
     end
     if best == nil or best_share < MIN_SHARE then return cold end
     -- prefix_affinity's rule: leaving the cache costs twice what it saves.
-    if best_ms - cold_ms > best_saved then return cold end
+    if best_ms - cold_ms > (LEAVE_COST - 1) * best_saved then return cold end
     return best
   end,
 }

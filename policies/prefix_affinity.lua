@@ -20,6 +20,14 @@
 --
 -- Decode after a prefill pulls the KV from the prefill: least loaded.
 local MIN_MATCH = 0.1
+-- What leaving a cache costs, in multiples of what it saves: 1 counts
+-- only this request's time; the cluster pays too (the cached part is
+-- computed again, what queues behind it on the engine it goes to waits for
+-- that, and the prefix now takes room in two caches). Higher keeps
+-- prefixes home longer: more hits, longer queues in bursts. 3 did best on
+-- the benchmark's traces (bench/README.md, "Routing quality"); 1 lost a
+-- fifth of the hits on a conversation trace and bought no latency.
+local LEAVE_COST = 3
 
 -- Where each stage's tie-breaking scan starts: per stage (or a request's
 -- prefill pick would always move the decode rotation by the same step),
@@ -56,7 +64,7 @@ return {
     -- the engine it goes to. So the cache is left only when waiting for it
     -- costs more than that: best_ms - cold_ms > saved.
     local _, saved = pdgate.predicted_ttft(best)
-    if best_ms - cold_ms > saved then return cold end
+    if best_ms - cold_ms > (LEAVE_COST - 1) * saved then return cold end
     return best
   end,
 }

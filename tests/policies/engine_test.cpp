@@ -615,7 +615,7 @@ TEST(PolicyDocs, WorkedExampleRuns) {
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string doc = ss.str();
-  const auto start = doc.find("```lua\n");
+  const auto start = doc.find("```lua\n", doc.find("## Writing a policy"));
   ASSERT_NE(start, std::string::npos);
   const auto end = doc.find("```", start + 7);
   TempScript s(doc.substr(start + 7, end - start - 7), "tenant_split");
@@ -629,6 +629,43 @@ TEST(PolicyDocs, WorkedExampleRuns) {
   premium.headers = {{"x-tenant", "premium"}};
   EXPECT_EQ(p->pick(inst, premium), inst[1]);
   EXPECT_EQ(p->pick(inst, decode_ctx()), inst[2]);
+  EXPECT_EQ(e->stats().fallbacks(), 0u);
+}
+
+// The example of a policy reading the cluster-wide figures (docs/policies.md, "Replicas
+// share their load") keeps a prompt where its prefix is, leaves it when every replica's
+// queue there is more than a second ahead of the soonest start, and never picks an instance
+// with 32 requests in flight across the replicas.
+TEST(PolicyDocs, ClusterFiguresExampleRuns) {
+  std::ifstream in(std::string(PDGATE_TEST_SOURCE_DIR) + "/docs/policies.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const auto start = doc.find("```lua\n", doc.find("### Replicas share their load"));
+  ASSERT_NE(start, std::string::npos);
+  const auto end = doc.find("```", start + 7);
+  TempScript s(doc.substr(start + 7, end - start - 7), "cluster_figures");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3, Role::prefill);
+  const std::string prompt(8000, 'p');  // ~2,000 tokens
+  auto ctx = [&](const std::string& id) {
+    PickContext c = decode_ctx(id);
+    c.stage = Stage::prefill;
+    c.prompt_raw = prompt;
+    return c;
+  };
+  auto home = p->pick(inst, ctx("a"));
+  ASSERT_TRUE(home);
+  EXPECT_EQ(p->pick(inst, ctx("b")), home);
+  home->others_queued_tokens = 1500;  // another replica's queue: a cold start costs more
+  EXPECT_EQ(p->pick(inst, ctx("c")), home);
+  home->others_queued_tokens = 5000;  // more than 1,000 (ms, at 1 per token) behind
+  EXPECT_NE(p->pick(inst, ctx("d")), home);
+  home->others_queued_tokens = 0;
+  home->others_in_flight = 32;
+  EXPECT_NE(p->pick(inst, ctx("e")), home);
   EXPECT_EQ(e->stats().fallbacks(), 0u);
 }
 

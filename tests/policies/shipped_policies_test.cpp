@@ -359,10 +359,13 @@ constexpr const char* kCachePolicies[] = {"prefix_affinity", "kv_aware", "cache_
                                           "conditional_pd"};
 
 // Every cache-aware policy leaves the instance caching the prompt when the cold work queued
-// there (2 prompts of its size) outweighs computing the whole prompt on an idle one.
+// there (4 prompts of its size) costs more than leaving the cache (three times what it
+// saves), and stays while it costs less (2 prompts of its size).
 TEST(CacheAware, QueuedColdWorkOutweighsTheCache) {
-  for (const char* policy : kCachePolicies)
-    EXPECT_FALSE(stays_home_under_load(policy, 2, 0, 2, 2 * 2560)) << policy;
+  for (const char* policy : kCachePolicies) {
+    EXPECT_FALSE(stays_home_under_load(policy, 2, 0, 4, 4 * 2560)) << policy;
+    EXPECT_TRUE(stays_home_under_load(policy, 2, 0, 2, 2 * 2560)) << policy;
+  }
 }
 
 // ... and keeps it there when the queue is made of cache hits (ten requests, a few hundred
