@@ -605,20 +605,28 @@ TEST(PrefixHash, ScriptSeesRoutedPrefix) {
   }
 }
 
-// --- The documented example -------------------------------------------
+// --- The documented examples ------------------------------------------
+
+// The first Lua block of docs/policies.md after `heading`, empty if none.
+std::string doc_example(const std::string& heading) {
+  std::ifstream in(std::string(PDGATE_TEST_SOURCE_DIR) + "/docs/policies.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const auto at = doc.find(heading);
+  const auto start = at == std::string::npos ? at : doc.find("```lua\n", at);
+  if (start == std::string::npos)
+    return {};
+  const auto end = doc.find("```", start + 7);
+  return doc.substr(start + 7, end - start - 7);
+}
 
 // The worked example in docs/policies.md loads, passes its self-check and
 // routes as the text says.
 TEST(PolicyDocs, WorkedExampleRuns) {
-  std::ifstream in(std::string(PDGATE_TEST_SOURCE_DIR) + "/docs/policies.md");
-  ASSERT_TRUE(in) << "docs/policies.md not found";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string doc = ss.str();
-  const auto start = doc.find("```lua\n", doc.find("## Writing a policy"));
-  ASSERT_NE(start, std::string::npos);
-  const auto end = doc.find("```", start + 7);
-  TempScript s(doc.substr(start + 7, end - start - 7), "tenant_split");
+  const std::string example = doc_example("## Writing a policy");
+  ASSERT_FALSE(example.empty()) << "docs/policies.md: no example under \"Writing a policy\"";
+  TempScript s(example, "tenant_split");
   auto e = engine_for(s.path());
   ASSERT_TRUE(e);
   auto p = e->make_picker(0);
@@ -637,14 +645,9 @@ TEST(PolicyDocs, WorkedExampleRuns) {
 // queue there is more than a second ahead of the soonest start, and never picks an instance
 // with 32 requests in flight across the replicas.
 TEST(PolicyDocs, ClusterFiguresExampleRuns) {
-  std::ifstream in(std::string(PDGATE_TEST_SOURCE_DIR) + "/docs/policies.md");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string doc = ss.str();
-  const auto start = doc.find("```lua\n", doc.find("### Replicas share their load"));
-  ASSERT_NE(start, std::string::npos);
-  const auto end = doc.find("```", start + 7);
-  TempScript s(doc.substr(start + 7, end - start - 7), "cluster_figures");
+  const std::string example = doc_example("### Replicas share their load");
+  ASSERT_FALSE(example.empty()) << "docs/policies.md: no example under \"Replicas share\"";
+  TempScript s(example, "cluster_figures");
   auto e = engine_for(s.path());
   ASSERT_TRUE(e);
   auto p = e->make_picker(0);
