@@ -19,9 +19,10 @@
 --
 -- The candidate with the lowest score wins: the prediction less what the
 -- cache saves there (leaving a cache costs the cluster that compute again,
--- and delays what queues behind it: counted twice). Unlike prefix_affinity, which keeps the longest match
--- unless its queue outweighs a cold start, a partial match elsewhere may
--- win, and a long cached prefix is worth a longer queue than a short one.
+-- and delays what queues behind it: LEAVE_COST). Unlike prefix_affinity,
+-- which keeps the longest match unless its queue outweighs a cold start,
+-- a partial match elsewhere may win, and a long cached prefix is worth a
+-- longer queue than a short one.
 -- Candidates without a match all compute the whole prompt: only the best
 -- of them (pdgate.least_cost, in C++) is weighed against the matches.
 --
@@ -63,9 +64,9 @@ return {
       -- An engine with an exact feed is judged by it alone.
       local cached = exact and exact[i]
       local ms, saved = pdgate.predicted_ttft(inst, cached)
-      -- What the cache saves there counts twice: the cluster computes it
-      -- again wherever else the request goes, and whatever queues behind
-      -- it there waits for that too.
+      -- What the cache saves there counts LEAVE_COST - 1 times beyond this
+      -- request's own wait: the cluster computes it again wherever else
+      -- the request goes, and whatever queues behind it there waits too.
       local score = ms - (LEAVE_COST - 1) * saved
       if score < best_score then
         best, best_score = inst, score

@@ -15,8 +15,8 @@
 -- The largest share wins, unless waiting there costs more than leaving
 -- the cache (prefix_affinity's guard: pdgate.predicted_ttft against
 -- pdgate.least_cost, on the prompt tokens every replica has queued on each
--- engine, leaving counted at twice what the cache saves); a share under MIN_SHARE
--- counts as none and the soonest start takes it. prefix_matches() is
+-- engine, leaving counted at LEAVE_COST times what the cache saves); a
+-- share under MIN_SHARE counts as none and the soonest start takes it. prefix_matches() is
 -- always asked, so the approximate index keeps learning for engines whose
 -- feed falls back.
 --
@@ -74,7 +74,8 @@ return {
       end
     end
     if best == nil or best_share < MIN_SHARE then return cold end
-    -- prefix_affinity's rule: leaving the cache costs twice what it saves.
+    -- prefix_affinity's rule: leaving costs LEAVE_COST times what the
+    -- cache saves.
     if best_ms - cold_ms > (LEAVE_COST - 1) * best_saved then return cold end
     return best
   end,

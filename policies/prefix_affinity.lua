@@ -14,8 +14,8 @@
 -- where it would start soonest), plus what leaving costs the cluster (the
 -- cached part computed again, which delays whatever queues behind it
 -- there). So a hot prefix spreads to a second engine when its home's queue
--- outgrows twice the prefix, and comes back when the queue drains. A match shorter than
--- MIN_MATCH of the prompt's blocks counts as none. Whichever instance is
+-- outgrows a few times the prefix, and comes back when the queue drains.
+-- A match shorter than MIN_MATCH of the prompt's blocks counts as none. Whichever instance is
 -- chosen is recorded as holding this prompt's blocks.
 --
 -- Decode after a prefill pulls the KV from the prefill: least loaded.
@@ -59,10 +59,9 @@ return {
       end
     end
     if best == nil or best_blocks < MIN_MATCH * blocks then return cold end
-    -- Leaving the cache costs twice what it saves: this request computes
-    -- the cached part again, and so does every prompt queued behind it on
-    -- the engine it goes to. So the cache is left only when waiting for it
-    -- costs more than that: best_ms - cold_ms > saved.
+    -- The cache is left only when waiting for it costs more than leaving
+    -- it: the wait beyond the soonest cold start against LEAVE_COST times
+    -- what the cache saves, less the once this request pays in either case.
     local _, saved = pdgate.predicted_ttft(best)
     if best_ms - cold_ms > (LEAVE_COST - 1) * saved then return cold end
     return best
