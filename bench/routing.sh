@@ -8,7 +8,7 @@
 # tokens), TTFT p50/p90/p99 and failures, and once the two ceilings
 # computed from the trace (bench/trace_ceilings.py).
 #
-#   bench/routing.sh [--trace FILE | --kind mix] [--replicas "1 2 4"]
+#   bench/routing.sh [--trace FILE | --kind mix [--trace-seconds 60]] [--replicas "1 2 4"]
 #                    [--traffic "alternating through-one"]
 #                    [--policies "round_robin least_load prefix_affinity cache_aware"]
 #                    [--engines 4] [--speed 1] [--limit N] [--kv-tokens 32768]
@@ -20,7 +20,8 @@
 #
 # --trace replays a file as it is (e.g. a public Mooncake trace, if one is
 # on disk); without it a synthetic trace is generated (bench/trace_gen.py
-# --kind, e.g. mix or hot-prefix; 60 s at 8 requests/s, seed 1).
+# --kind, e.g. mix or hot-prefix; --trace-seconds (60) at 8 requests/s,
+# seed 1: longer traces make the tail percentiles steadier).
 # --traffic: "alternating" sends the requests alternately to the N
 # replicas, as behind a load balancer; "through-one" starts the same N
 # replicas (same flags, same Redis) but sends the whole trace to the first
@@ -45,6 +46,7 @@ set -euo pipefail
 
 trace=""
 kind=mix
+trace_seconds=60
 replicas="1 2 4"
 traffic=""
 gateway_metrics=()
@@ -67,6 +69,7 @@ while (($#)); do
   case "$1" in
     --trace) trace=$2; shift ;;
     --kind) kind=$2; shift ;;
+    --trace-seconds) trace_seconds=$2; shift ;;
     --replicas) replicas=$2; shift ;;
     --traffic) traffic=$2; shift ;;
     --collect-gateway-metrics)
@@ -88,7 +91,7 @@ while (($#)); do
     --tokenizer) tokenizer=$2; shift ;;
     --build) BUILD=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,43p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,44p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "routing.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -154,7 +157,7 @@ start() {
 
 if [[ -z $trace ]]; then
   trace=$WORK/trace-$kind.jsonl
-  python3 "$ROOT/bench/trace_gen.py" --kind "$kind" --duration-s 60 --rate 8 --seed 1 > "$trace"
+  python3 "$ROOT/bench/trace_gen.py" --kind "$kind" --duration-s "$trace_seconds" --rate 8 --seed 1 > "$trace"
 fi
 ceil=$(python3 "$ROOT/bench/trace_ceilings.py" "$trace" --limit "$limit" \
   --capacity-tokens $((kv_blocks * 16 * engines)))
