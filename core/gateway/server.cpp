@@ -58,6 +58,7 @@ nlohmann::json instances_json(const std::vector<InstancePtr>& list, bool address
                    // Every replica's, as shared through Redis (load sharing).
                    {"cluster_in_flight", i->cluster_in_flight()},
                    {"queued_tokens", i->cluster_queued_tokens()},
+                   {"prefill_ms_per_token", i->prefill_ms_per_token.load()},
                    {"requests_total", i->requests_total.load()},
                    {"failures_total", i->failures_total.load()}});
   }

@@ -7,6 +7,7 @@
 #include "core/pipeline/failover.hpp"
 #include "core/pipeline/prefill_phase.hpp"
 #include "core/routing/kv_params.hpp"
+#include "core/upstream/load_model.hpp"
 
 namespace pdgate {
 
@@ -24,6 +25,11 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   WorkerContext& w = rc.w;
   Routed out;
   auto r = std::make_unique<DecodeRelay>();
+  // A decode sent in one hop computes the prompt: it waits for the tokens
+  // queued ahead there, like a prefill, and teaches the engine's cost the
+  // same way once its first token is in.
+  const std::int64_t ahead_tokens =
+      rc.decode_queued_tokens > 0 ? decode->cluster_queued_tokens() : 0;
   r->guard = InFlightGuard(decode, rc.decode_queued_tokens);
   r->report.emplace(w.picker, decode, rc.pick());
   r->decode = decode;
@@ -79,6 +85,12 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   r->guard.prompt_done();
   if (r->first_token_at) {
     r->report->first_token(*r->first_token_at);
+    if (rc.decode_queued_tokens > 0) {
+      note_prefill_time(
+          *decode, ahead_tokens + rc.decode_queued_tokens,
+          std::chrono::duration<double, std::milli>(*r->first_token_at - r->report->started())
+              .count());
+    }
     auto& ttft = stream ? decode->latency.ttft_stream : decode->latency.ttft_whole;
     ttft.observe(std::chrono::duration<double>(*r->first_token_at - r->report->started()).count());
   }

@@ -163,5 +163,25 @@ TEST(LoadSync, RedisDownEachReplicaRoutesOnItsOwnView) {
   }
 }
 
+// An engine that computes prompts in one hop (no prefill stage) learns its cost per token
+// from its first tokens, as a prefill engine does from its answers: /status shows it.
+TEST(OneHopLoadModel, EnginesLearnTheirPrefillCost) {
+  Sim d{"both", {"--prefill-us-per-token", "200"}};
+  Gateway g({"--model", "sim-model", "--workers", "1", "--kv-connector", "none", "--policy",
+             "cache_aware", "--metrics-interval", "off", "--decode", d.hostport()});
+  for (int i = 0; i < 3; ++i) {
+    std::string prompt = "learn " + std::to_string(i) + " ";
+    while (prompt.size() < 8000)
+      prompt += "a prompt long enough to take a measurable time to compute; ";
+    ASSERT_EQ(post_json(g.port(), "/v1/completions", completion(prompt, 1)).status, 200);
+  }
+  const Json st = g.status();
+  ASSERT_EQ(st["instances"]["decode"].size(), 1u);
+  const double per_token = st["instances"]["decode"][0].value("prefill_ms_per_token", 0.0);
+  // ~2,000 tokens at 0.2 ms each: about 0.2 ms per token, with the fixed costs around it.
+  EXPECT_GT(per_token, 0.05);
+  EXPECT_LT(per_token, 2.0);
+}
+
 }  // namespace
 }  // namespace pdgate::test
