@@ -20,17 +20,6 @@ namespace {
 
 constexpr std::string_view kPublish = "PUBLISH";
 
-bool same_entries(const std::vector<LoadEntry>& a, const std::vector<LoadEntry>& b) {
-  if (a.size() != b.size())
-    return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i].instance != b[i].instance || a[i].in_flight != b[i].in_flight ||
-        a[i].queued_tokens != b[i].queued_tokens)
-      return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 void write_load_sync_metrics(PrometheusText& m, const LoadSyncStats& s) {
@@ -106,7 +95,8 @@ void RedisLoadSync::on_message(std::string_view payload) {
     stats_.rejected.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  cluster_.use_instances(registry_.snapshot());
+  // The instances are refreshed by the report loop, every interval: a
+  // message needs no registry lock of its own.
   switch (cluster_.apply(*r, origin_, steady_now_ms())) {
     case ClusterLoad::Applied::applied:
       stats_.applied.fetch_add(1, std::memory_order_relaxed);
@@ -132,15 +122,14 @@ net::awaitable<void> RedisLoadSync::report_loop() {
   for (;;) {
     timer.expires_after(settings_.interval);
     co_await timer.async_wait(net::as_tuple(net::use_awaitable));
-    const auto set = registry_.snapshot();
-    cluster_.use_instances(set);
+    cluster_.use_instances(registry_.snapshot());
     const std::int64_t now = steady_now_ms();
     if (const auto gone = cluster_.expire(now); gone != 0) {
       stats_.expired.fetch_add(gone, std::memory_order_relaxed);
       stats_.replicas.store(cluster_.replicas(), std::memory_order_relaxed);
     }
-    LoadReport r = local_load_report(*set, origin_, seq + 1, wall_now_ms());
-    if (same_entries(r.entries, last) && now - last_sent_ms < settings_.heartbeat.count())
+    LoadReport r = cluster_.local_report(origin_, seq + 1, wall_now_ms());
+    if (r.entries == last && now - last_sent_ms < settings_.heartbeat.count())
       continue;
     if (!publisher_->ready())
       continue;  // Redis is away: the others forget us; nothing queues up

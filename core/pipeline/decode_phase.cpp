@@ -85,14 +85,12 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   r->guard.prompt_done();
   if (r->first_token_at) {
     r->report->first_token(*r->first_token_at);
-    if (rc.decode_queued_tokens > 0) {
-      note_prefill_time(
-          *decode, ahead_tokens + rc.decode_queued_tokens,
-          std::chrono::duration<double, std::milli>(*r->first_token_at - r->report->started())
-              .count());
-    }
+    const double ttft_s =
+        std::chrono::duration<double>(*r->first_token_at - r->report->started()).count();
+    if (rc.decode_queued_tokens > 0)
+      note_prefill_time(*decode, ahead_tokens + rc.decode_queued_tokens, ttft_s * 1000);
     auto& ttft = stream ? decode->latency.ttft_stream : decode->latency.ttft_whole;
-    ttft.observe(std::chrono::duration<double>(*r->first_token_at - r->report->started()).count());
+    ttft.observe(ttft_s);
   }
   // The decode stage counts as succeeded once its first bytes are in:
   // what happens while relaying is the stream's own business.

@@ -8,9 +8,6 @@
 #pragma once
 
 #include <algorithm>
-
-#include "core/routing/request_hook.hpp"
-
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -34,6 +31,7 @@
 #include "core/routing/conversation.hpp"
 #include "core/routing/kv_connector.hpp"
 #include "core/routing/request_facts.hpp"
+#include "core/upstream/load_model.hpp"
 
 namespace pdgate {
 
@@ -126,11 +124,7 @@ struct RequestContext {
   // use) less what the pick's lookups found cached there. What the leg
   // adds to the instance's queue (InFlightGuard) for as long as it waits.
   std::int64_t uncached_after_pick() {
-    const std::int64_t prompt =
-        token_ids.empty()
-            ? static_cast<std::int64_t>(estimated_prompt_tokens(pick().prompt_raw.size()))
-            : static_cast<std::int64_t>(token_ids.size());
-    return std::max<std::int64_t>(prompt - w.picker.last_pick_cached_tokens(), 0);
+    return std::max<std::int64_t>(prompt_tokens(pick()) - w.picker.last_pick_cached_tokens(), 0);
   }
   // Set with the decode pick: the uncached tokens of a decode that
   // computes the prompt itself (one hop), 0 after a prefill.

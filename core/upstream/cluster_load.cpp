@@ -8,30 +8,19 @@ InstanceKey load_key(const Instance& inst) {
   return instance_key(inst.spec.url);
 }
 
-LoadReport local_load_report(const InstanceSet& set, std::uint64_t origin, std::uint64_t seq,
-                             std::int64_t wall_ms) {
+LoadReport ClusterLoad::local_report(std::uint64_t origin, std::uint64_t seq,
+                                     std::int64_t wall_ms) const {
   LoadReport r{origin, seq, wall_ms, {}};
-  for (const auto& inst : set.by_id) {
-    const std::int64_t f = inst->in_flight.load(std::memory_order_relaxed);
-    const std::int64_t q = inst->queued_tokens.load(std::memory_order_relaxed);
-    if (f <= 0 && q <= 0)
-      continue;
-    r.entries.push_back(
-        {load_key(*inst), std::max<std::int64_t>(f, 0), std::max<std::int64_t>(q, 0)});
-  }
-  // One URL in two roles is one engine: its entries are merged.
-  std::sort(r.entries.begin(), r.entries.end(),
-            [](const LoadEntry& a, const LoadEntry& b) { return a.instance < b.instance; });
-  std::size_t out = 0;
-  for (std::size_t i = 0; i < r.entries.size(); ++i) {
-    if (out != 0 && r.entries[out - 1].instance == r.entries[i].instance) {
-      r.entries[out - 1].in_flight += r.entries[i].in_flight;
-      r.entries[out - 1].queued_tokens += r.entries[i].queued_tokens;
-    } else {
-      r.entries[out++] = r.entries[i];
+  for (const auto& [key, list] : by_key_) {
+    LoadEntry e{key, 0, 0};
+    for (const Instance* inst : list) {
+      e.in_flight += std::max<std::int64_t>(inst->in_flight.load(std::memory_order_relaxed), 0);
+      e.queued_tokens +=
+          std::max<std::int64_t>(inst->queued_tokens.load(std::memory_order_relaxed), 0);
     }
+    if (e.in_flight > 0 || e.queued_tokens > 0)
+      r.entries.push_back(e);
   }
-  r.entries.resize(out);
   return r;
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +31,7 @@ struct LoadEntry {
   InstanceKey instance = 0;
   std::int64_t in_flight = 0;
   std::int64_t queued_tokens = 0;
+  bool operator==(const LoadEntry&) const = default;
 };
 
 struct LoadReport {
@@ -51,11 +53,6 @@ struct ClusterLoadLimits {
 // The key a replica's reports name an instance by.
 InstanceKey load_key(const Instance& inst);
 
-// This replica's report: one entry per engine URL with anything in flight
-// or queued (instances of one URL in two roles are one engine: summed).
-LoadReport local_load_report(const InstanceSet& set, std::uint64_t origin, std::uint64_t seq,
-                             std::int64_t wall_ms);
-
 class ClusterLoad {
  public:
   explicit ClusterLoad(ClusterLoadLimits limits = {}) : limits_(limits) {}
@@ -73,6 +70,11 @@ class ClusterLoad {
   std::size_t expire(std::int64_t steady_now_ms);
   // Forgets every replica.
   void clear();
+
+  // This replica's report on the instances in use: one entry per engine
+  // URL with anything in flight or queued (instances of one URL in two
+  // roles are one engine: summed), by key.
+  LoadReport local_report(std::uint64_t origin, std::uint64_t seq, std::int64_t wall_ms) const;
 
   std::size_t replicas() const { return replicas_.size(); }
   // The other replicas' sum for one engine (tests, admin).
@@ -93,7 +95,8 @@ class ClusterLoad {
 
   ClusterLoadLimits limits_;
   std::shared_ptr<const InstanceSet> set_;
-  std::unordered_map<InstanceKey, std::vector<const Instance*>> by_key_;
+  // The instances in use by key, ordered so that reports are.
+  std::map<InstanceKey, std::vector<const Instance*>> by_key_;
   std::unordered_map<std::uint64_t, Replica> replicas_;
   std::unordered_map<InstanceKey, LoadEntry> totals_;
   std::vector<InstanceKey> changed_;

@@ -1,5 +1,7 @@
 #include "core/upstream/load_model.hpp"
 
+#include "core/routing/request_hook.hpp"
+
 #include <algorithm>
 
 namespace pdgate {
@@ -55,6 +57,25 @@ double fleet_ms_per_token(const std::vector<InstancePtr>& list) {
   return n == 0 ? 0.0 : sum / static_cast<double>(n);
 }
 
+namespace {
+
+// With no cost learnt anywhere, a token costs 1: predictions compare tokens.
+double or_unit(double ms_per_token) {
+  return ms_per_token > 0 ? ms_per_token : 1.0;
+}
+
+}  // namespace
+
+double cached_worth_ms(std::int64_t cached_tokens, double fleet) {
+  return static_cast<double>(std::max<std::int64_t>(cached_tokens, 0)) * or_unit(fleet);
+}
+
+std::int64_t prompt_tokens(const PickContext& ctx) {
+  if (ctx.token_ids != nullptr)
+    return static_cast<std::int64_t>(ctx.token_ids->size());
+  return static_cast<std::int64_t>(estimated_prompt_tokens(ctx.prompt_raw.size()));
+}
+
 double predicted_ttft_ms(const Instance& inst, std::int64_t uncached_tokens, double fleet,
                          std::int64_t steady_now_ms) {
   // Every request ahead costs its fixed part; those sent by a replica
@@ -64,8 +85,7 @@ double predicted_ttft_ms(const Instance& inst, std::int64_t uncached_tokens, dou
   const std::int64_t requests_ahead = routing_load(inst, steady_now_ms);
   const std::int64_t tokens = inst.cluster_queued_tokens() + kBaseTokens * requests_ahead +
                               std::max<std::int64_t>(uncached_tokens, 0) + kBaseTokens;
-  const double per = ms_per_token(inst, fleet);
-  return static_cast<double>(tokens) * (per > 0 ? per : 1.0);
+  return static_cast<double>(tokens) * or_unit(ms_per_token(inst, fleet));
 }
 
 void note_prefill_time(const Instance& inst, std::int64_t waited_tokens, double elapsed_ms) {

@@ -48,6 +48,14 @@ double fleet_ms_per_token(const std::vector<InstancePtr>& list);
 double predicted_ttft_ms(const Instance& inst, std::int64_t uncached_tokens, double fleet,
                          std::int64_t steady_now_ms);
 
+// What computing `cached_tokens` again would cost at the fleet's rate
+// (an engine's own rate would make a slow engine's cache look worth more).
+double cached_worth_ms(std::int64_t cached_tokens, double fleet);
+
+// The prompt's length in tokens: the engine's count when it was asked
+// (--tokenizer vllm), else the estimate every limit and policy uses.
+std::int64_t prompt_tokens(const PickContext& ctx);
+
 // Learns from one completed prefill: `waited_tokens` (queued ahead when
 // it was sent, plus its own) took `elapsed_ms`.
 void note_prefill_time(const Instance& inst, std::int64_t waited_tokens, double elapsed_ms);

@@ -91,7 +91,9 @@ TEST(ClusterLoad, LocalReportMergesOneEngineInTwoRoles) {
   p->in_flight = 2;
   p->queued_tokens = 300;
   d->in_flight = 1;
-  const LoadReport r = local_load_report(*set_of({p, d, idle}), 5, 9, 1234);
+  ClusterLoad c;
+  c.use_instances(set_of({p, d, idle}));
+  const LoadReport r = c.local_report(5, 9, 1234);
   ASSERT_EQ(r.entries.size(), 1u);  // the idle engine is not named
   EXPECT_EQ(r.entries[0].instance, load_key(*p));
   EXPECT_EQ(r.entries[0].in_flight, 3);
