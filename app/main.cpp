@@ -24,9 +24,11 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/version.hpp>
 
+#include "core/gateway/access_log.hpp"
 #include "core/gateway/config_reload.hpp"
 #include "core/gateway/control_loop.hpp"
 #include "core/gateway/server.hpp"
+#include "core/net/tls_context.hpp"
 #include "core/routing/kv_block_index.hpp"
 #include "core/upstream/instance_address.hpp"
 #include "core/upstream/kv_event_follow.hpp"
@@ -85,36 +87,64 @@ bool wants_engine_tls(const pdgate::Config& c) {
   return false;
 }
 
+// The files a start loads after the configuration is read, loaded (and
+// for the access log, probed) as the start would: the listener's
+// certificate, key and client CA, the engines' CA and client certificate,
+// the access log, the OTLP exporter's settings. Each problem is appended.
+void check_files(const pdgate::Config& cfg, std::vector<std::string>& errors) {
+  if (auto tls = pdgate::make_listener_tls(cfg); !tls)
+    errors.push_back(tls.error());
+  if (wants_engine_tls(cfg)) {
+    const pdgate::EngineTls engine_tls(pdgate::EngineTlsOptions::from(cfg));
+    if (auto err = engine_tls.make_now(); !err.empty())
+      errors.push_back(err);
+  }
+  if (cfg.access_log != "off") {
+    if (auto problem = pdgate::AccessLog::problem(cfg.access_log))
+      errors.push_back(*problem);
+  }
+  if (!cfg.otlp_endpoint.empty()) {
+    if (auto options = pdgate::otlp_options(cfg, PDGATE_VERSION); !options)
+      errors.push_back(options.error());
+  }
+}
+
 int main(int argc, char** argv) {
   tune_malloc();
-  auto parsed = pdgate::parse_command_line(argc, argv);
-  if (!parsed) {
-    // Every mistake, a line each, as compilers list them.
-    std::string_view errors = parsed.error();
-    while (!errors.empty()) {
-      const auto line = errors.substr(0, errors.find('\n'));
-      std::fprintf(stderr, "pdgate: %.*s\n", static_cast<int>(line.size()), line.data());
-      errors.remove_prefix(std::min(line.size() + 1, errors.size()));
+  // Every mistake is collected, a line each, as compilers list them:
+  // --check-config (as nginx -t) reports them all in one run, flags and
+  // files alike.
+  std::vector<std::string> errors;
+  pdgate::CommandLine parsed = pdgate::read_command_line(argc, argv, errors);
+  const auto report = [&errors] {
+    for (const auto& e : errors) {
+      std::string_view rest = e;
+      while (!rest.empty()) {
+        const auto line = rest.substr(0, rest.find('\n'));
+        std::fprintf(stderr, "pdgate: %.*s\n", static_cast<int>(line.size()), line.data());
+        rest.remove_prefix(std::min(line.size() + 1, rest.size()));
+      }
     }
-    std::fputs("Try 'pdgate --help'.\n", stderr);
-    // --check-config reports an invalid configuration with 1 (as nginx -t
-    // does); starting with one is a usage error, 2.
-    for (int i = 1; i < argc; ++i) {
-      if (std::string_view(argv[i]) == "--check-config")
-        return 1;
-    }
-    return 2;
-  }
-  if (parsed->help) {
+  };
+  if (parsed.help) {
     std::fputs(pdgate::help_text().c_str(), stdout);
     return 0;
   }
-  if (parsed->version) {
+  if (parsed.version && errors.empty()) {
     std::printf("pdgate %s (Boost %d.%d, %s)\n", PDGATE_VERSION, BOOST_VERSION / 100000,
                 BOOST_VERSION / 100 % 1000, LUAJIT_VERSION);
     return 0;
   }
-  const pdgate::Config& cfg = parsed->config;
+  // --check-config reports an invalid configuration with 1 (as nginx -t
+  // does); starting with one is a usage error, 2. A start with mistakes in
+  // its flags stops here; a check goes on to the files they name.
+  if (!errors.empty() && !parsed.check_only) {
+    report();
+    std::fputs("Try 'pdgate --help'.\n", stderr);
+    return 2;
+  }
+  const int config_error = parsed.check_only ? 1 : 2;
+  const pdgate::Config& cfg = parsed.config;
   // Logs go to stderr; stdout carries only the "listening" line, which
   // scripts and tests read to learn the port.
   spdlog::set_default_logger(spdlog::stderr_color_mt("pdgate"));
@@ -126,10 +156,8 @@ int main(int argc, char** argv) {
   store_options.redis_timeout = cfg.redis_timeout;
   store_options.memory_capacity = cfg.conversation_cache_size;
   auto stores = pdgate::make_conversation_stores(store_options);
-  if (!stores) {
-    std::fprintf(stderr, "pdgate: %s\nTry 'pdgate --help'.\n", stores.error().c_str());
-    return parsed->check_only ? 1 : 2;
-  }
+  if (!stores)
+    errors.push_back(stores.error());
 
   // Where prompt prefixes and conversations were routed, for the policies:
   // with --redis (unless --shared-kv-index off) shared by every replica.
@@ -153,26 +181,17 @@ int main(int argc, char** argv) {
   // A broken policy at start-up is a configuration error, reported like one.
   auto policies =
       pdgate::policy::PolicyEngine::create(pdgate::policy::settings_from(cfg), kv_index);
-  if (!policies) {
-    std::fprintf(stderr, "pdgate: %s\n", policies.error().c_str());
-    return parsed->check_only ? 1 : 2;
-  }
-  const auto engine = *policies;
-  if (cfg.tokenizer == "sim")
-    engine->set_exact_kv(block_index, std::make_shared<pdgate::SimTokenizer>());
-  else
-    engine->set_exact_kv(block_index, nullptr);
+  if (!policies)
+    errors.push_back(policies.error());
 
   // dns:// instance sources need a DNS server to ask (not resolved here:
   // --check-config resolves nothing).
   std::pair<std::string, std::uint16_t> dns_server;
   if (!cfg.dns_sources.empty()) {
-    auto server = pdgate::DnsDiscovery::server_from(cfg);
-    if (!server) {
-      std::fprintf(stderr, "pdgate: %s\n", server.error().c_str());
-      return parsed->check_only ? 1 : 2;
-    }
-    dns_server = *server;
+    if (auto server = pdgate::DnsDiscovery::server_from(cfg); !server)
+      errors.push_back(server.error());
+    else
+      dns_server = *server;
   }
 
   // API keys from a file: read once here, before anything serves; a bad
@@ -184,25 +203,42 @@ int main(int argc, char** argv) {
     text << in.rdbuf();
     auto table = in ? pdgate::parse_key_file(text.str())
                     : pdgate::Result<pdgate::KeyTable>(pdgate::fail("cannot read the file"));
-    if (!table) {
-      std::fprintf(stderr, "pdgate: --api-keys %s: %s\n", cfg.api_keys_file.c_str(),
-                   table.error().c_str());
-      return parsed->check_only ? 1 : 2;
-    }
-    file_keys = std::move(*table);
+    if (!table)
+      errors.push_back("--api-keys " + cfg.api_keys_file + ": " + table.error());
+    else
+      file_keys = std::move(*table);
   }
+  // The files the start loads later, loaded now as it would: a check that
+  // passes is a start that gets past them.
+  check_files(cfg, errors);
+  if (!errors.empty()) {
+    report();
+    return config_error;
+  }
+  const auto engine = *policies;
+  if (cfg.tokenizer == "sim")
+    engine->set_exact_kv(block_index, std::make_shared<pdgate::SimTokenizer>());
+  else
+    engine->set_exact_kv(block_index, nullptr);
+
   const auto policy_of = [&cfg](const std::string& stage_policy) {
     return stage_policy.empty() ? cfg.policy : stage_policy;
   };
-  if (parsed->check_only) {
+  if (parsed.check_only) {
     // Everything that can be checked without the network has been: the
-    // flags, the file and the policy scripts (loaded and self-checked).
+    // flags, the file, the policy scripts (loaded and self-checked) and
+    // every file the configuration names. dns:// sources are resolved
+    // only when pdgate runs: they are named, not counted.
+    std::string dns;
+    for (const auto& d : cfg.dns_sources)
+      dns += (dns.empty() ? "; resolved at start: " : ", ") + d.text() + " (" +
+             pdgate::to_string(d.role) + ")";
     std::printf(
-        "pdgate: configuration OK: %zu prefill, %zu decode, %zu encode instance(s); connector "
+        "pdgate: configuration OK: %zu prefill, %zu decode, %zu encode instance(s)%s; connector "
         "%s; policies prefill=%s decode=%s encode=%s\n",
-        cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), cfg.kv_connector.c_str(),
-        policy_of(cfg.policy_prefill).c_str(), policy_of(cfg.policy_decode).c_str(),
-        policy_of(cfg.policy_encode).c_str());
+        cfg.prefill.size(), cfg.decode.size(), cfg.encode.size(), dns.c_str(),
+        cfg.kv_connector.c_str(), policy_of(cfg.policy_prefill).c_str(),
+        policy_of(cfg.policy_decode).c_str(), policy_of(cfg.policy_encode).c_str());
     return 0;
   }
 

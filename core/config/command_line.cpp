@@ -42,7 +42,7 @@ Result<std::string> read_file(const std::string& path) {
 
 namespace pdgate {
 
-Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
+CommandLine read_command_line(int argc, const char* const* argv, std::vector<std::string>& errors) {
   CommandLine cl;
   // Help wins over every other mistake, so `pdgate --typo --help` helps.
   for (int i = 1; i < argc; ++i) {
@@ -53,7 +53,6 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
     }
   }
 
-  config_detail::Errors errors;
   config_detail::RawMap flags;
   std::string config_path;
   bool config_given = false;
@@ -149,7 +148,7 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
   // Cross-field rules are checked even after a bad value, so one run
   // lists everything to fix; a rule broken only because a bad value was
   // left at its default is still worth knowing about.
-  auto valid = validate(std::move(config));
+  auto valid = validate(config);
   if (!valid) {
     std::string_view rest = valid.error();
     while (!rest.empty()) {
@@ -157,10 +156,18 @@ Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
       errors.emplace_back(rest.substr(0, nl));
       rest.remove_prefix(std::min(nl + 1, rest.size()));
     }
+    cl.config = std::move(config);
+  } else {
+    cl.config = std::move(*valid);
   }
+  return cl;
+}
+
+Result<CommandLine> parse_command_line(int argc, const char* const* argv) {
+  config_detail::Errors errors;
+  CommandLine cl = read_command_line(argc, argv, errors);
   if (!errors.empty())
     return config_detail::fail_all(errors);
-  cl.config = std::move(*valid);
   return cl;
 }
 

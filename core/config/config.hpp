@@ -274,6 +274,10 @@ struct CommandLine {
 // flags on top of it, so flags override the file. On mistakes it goes on
 // reading and returns every one, a line each, each naming its flag or key.
 Result<CommandLine> parse_command_line(int argc, const char* const* argv);
+// The same, but never giving up: every mistake is appended to `errors`
+// and the result is what could be read (a value in error left at its
+// default), so --check-config can go on to load the files it names.
+CommandLine read_command_line(int argc, const char* const* argv, std::vector<std::string>& errors);
 
 // Parses a YAML document (the --config file's text) into `base`.
 Result<Config> apply_yaml(Config base, const std::string& yaml_text);

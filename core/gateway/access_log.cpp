@@ -1,6 +1,7 @@
 #include "core/gateway/access_log.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -271,6 +272,31 @@ Result<std::unique_ptr<AccessLog>> AccessLog::open(const std::string& target,
     owned = true;
   }
   return std::unique_ptr<AccessLog>(new AccessLog(out, owned, format, capacity));
+}
+
+std::optional<std::string> AccessLog::problem(const std::string& target) {
+  if (target == "stderr")
+    return std::nullopt;
+  auto cannot = [&target](int err) {
+    return "--access-log: cannot open " + target + ": " + std::strerror(err);
+  };
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      return cannot(EISDIR);
+    if (::access(target.c_str(), W_OK) != 0)
+      return cannot(errno);
+    return std::nullopt;
+  }
+  if (errno != ENOENT)
+    return cannot(errno);
+  // Missing: open() creates it, which takes a folder it may write in.
+  const auto slash = target.rfind('/');
+  const std::string folder =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : target.substr(0, slash));
+  if (::access(folder.c_str(), W_OK | X_OK) != 0)
+    return cannot(errno);
+  return std::nullopt;
 }
 
 AccessLog::AccessLog(std::FILE* out, bool owned, AccessLogFormat format, std::size_t capacity)

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -42,6 +43,10 @@ class AccessLog {
   // opened.
   static Result<std::unique_ptr<AccessLog>> open(const std::string& target, AccessLogFormat format,
                                                  std::size_t capacity = kDefaultCapacity);
+  // Why open() would fail for `target`, found without creating or
+  // writing anything (--check-config): the file is not writable, or is
+  // missing and its folder is not. Nothing when it would open.
+  static std::optional<std::string> problem(const std::string& target);
   AccessLog(const AccessLog&) = delete;
   AccessLog& operator=(const AccessLog&) = delete;
   // Writes what is queued, then stops the writer.

@@ -216,6 +216,18 @@ TEST(Config, CheckConfig) {
   }
 }
 
+// --check-config names instances found in DNS as such, not as "0
+// instances": they are resolved only when pdgate runs.
+TEST(Config, CheckConfigNamesDnsSources) {
+  const auto [code, out] = run_pdgate(
+      "--check-config --prefill dns://prefill.engines.test:8100 --decode "
+      "dns://decode.engines.test:8200 127.0.0.1:8201 --dns-server 127.0.0.1:53");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("dns://prefill.engines.test:8100"), std::string::npos) << out;
+  EXPECT_NE(out.find("dns://decode.engines.test:8200"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 decode"), std::string::npos) << out;
+}
+
 // --check-config reports every mistake of a config at once (file keys,
 // flags, cross-field rules, an instance listed twice, a bad labelled
 // entry), each named, and exits 1 without resolving or contacting anything.

@@ -518,5 +518,62 @@ TEST(TlsConfig, BadFilesAreReportedAtStart) {
   EXPECT_NE(r.out.find("--upstream-ca"), std::string::npos) << r.out;
 }
 
+// --check-config loads every file the configuration names, as the start
+// would, and reports every problem in one run (as nginx -t does): a
+// missing certificate, a key that does not match its certificate, a client
+// CA that does not parse, an engine CA that is missing, an access log that
+// cannot be written, a policy that does not load and a bad flag, together,
+// each named, exit 1.
+TEST(TlsConfig, CheckConfigLoadsEveryFile) {
+  ASSERT_TRUE(pki->ok());
+  const std::string pdgate = "timeout 20 " + build_dir() + "/pdgate --check-config ";
+  const std::string engines = "--decode 127.0.0.1:1 --prefill-servers-urls disable ";
+  // Good files: OK.
+  auto r =
+      run(pdgate + engines + "--tls-cert " + pki->path("server-chain.pem") + " --tls-key " +
+          pki->path("server.key") + " --tls-client-ca " + pki->path("ca.pem") + " --upstream-ca " +
+          pki->path("ca.pem") + " --access-log " + pki->path("check-access.log") + " 2>&1");
+  EXPECT_EQ(r.exit, 0) << r.out;
+  EXPECT_NE(r.out.find("configuration OK"), std::string::npos) << r.out;
+  // Checking writes nothing: the access log is not created.
+  EXPECT_FALSE(std::ifstream(pki->path("check-access.log")).good());
+
+  const std::string bad_policy = pki->path("broken.lua");
+  std::ofstream(bad_policy) << "return { pick = function( end }\n";
+  std::ofstream(pki->path("not-a-ca.pem")) << "not a certificate\n";
+  // Each file problem alone.
+  struct Bad {
+    std::string args;
+    std::string says;
+  };
+  const Bad bad[] = {
+      {"--tls-cert /nonexistent/cert.pem --tls-key " + pki->path("server.key"),
+       "/nonexistent/cert.pem"},
+      {"--tls-cert " + pki->path("server.pem") + " --tls-key " + pki->path("client.key"),
+       "--tls-key"},
+      {"--tls-cert " + pki->path("server-chain.pem") + " --tls-key " + pki->path("server.key") +
+           " --tls-client-ca " + pki->path("not-a-ca.pem"),
+       "not-a-ca.pem"},
+      {"--upstream-ca /nonexistent/ca.pem", "--upstream-ca"},
+      {"--access-log /nonexistent-dir/access.log", "/nonexistent-dir/access.log"},
+  };
+  for (const auto& b : bad) {
+    r = run(pdgate + engines + b.args + " 2>&1");
+    EXPECT_EQ(r.exit, 1) << b.args << ": " << r.out;
+    EXPECT_NE(r.out.find(b.says), std::string::npos) << b.args << ": " << r.out;
+    EXPECT_EQ(r.out.find("configuration OK"), std::string::npos) << r.out;
+  }
+  // All at once, with a policy that does not load and a bad flag: every
+  // one is reported in the same run.
+  r = run(pdgate + engines + "--port 70000 --policy " + bad_policy + " --tls-cert " +
+          pki->path("server.pem") + " --tls-key " + pki->path("client.key") +
+          " --upstream-ca /nonexistent/ca.pem --access-log /nonexistent-dir/access.log 2>&1");
+  EXPECT_EQ(r.exit, 1) << r.out;
+  for (const char* says :
+       {"--port", "broken.lua", "--tls-key", "--upstream-ca", "/nonexistent-dir/access.log"}) {
+    EXPECT_NE(r.out.find(says), std::string::npos) << says << " not in: " << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace pdgate::test
