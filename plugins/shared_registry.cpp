@@ -36,10 +36,12 @@ constexpr auto kAddBatchDelay = std::chrono::milliseconds(10);
 
 // KEYS: document, version, channel. ARGV: field, entry JSON, "1" for an
 // announcement (written only if the field is absent), the tombstone TTL in
-// seconds. A tombstone ("removed", stamped with Redis' clock) holds for
-// the TTL: a stale "active" for the same field does not undo it meanwhile.
-// Every write drops the tombstones past it, so the document does not keep
-// every instance ever removed, and a URL removed once can come back.
+// seconds, "1" for an add through the admin API. A tombstone ("removed",
+// stamped with Redis' clock) holds for the TTL: a stale "active" for the
+// same field (a replica that has not heard of the removal yet) does not
+// undo it meanwhile. An add does: it is an operator's word, newer than the
+// removal. Every write drops the tombstones past it, so the document does
+// not keep every instance ever removed.
 constexpr std::string_view kMergeScript = R"(
 local doc = redis.call('GET', KEYS[1])
 local t = {}
@@ -54,7 +56,8 @@ for k, e in pairs(t) do
   end
 end
 local old = t[ARGV[1]]
-if old and (old['state'] == 'removed' or ARGV[3] == '1') then return 0 end
+if old and ARGV[3] == '1' then return 0 end
+if old and old['state'] == 'removed' and ARGV[5] ~= '1' then return 0 end
 local e = cjson.decode(ARGV[2])
 if e['state'] == 'removed' then e['removed_at'] = now end
 t[ARGV[1]] = e
@@ -96,23 +99,26 @@ SharedRegistry::~SharedRegistry() {
 }
 
 void SharedRegistry::queue(const Instance& i, const std::string& state, bool announce) {
+  // An add is written as "active" that may replace a removal's tombstone.
+  const bool added = state == "added";
   json entry = {{"role", to_string(i.spec.role)},
                 {"url", i.spec.url},
                 {"labels", *i.labels()},
                 {"weight", i.weight()},
-                {"state", state}};
+                {"state", added ? "active" : state}};
   std::string field = std::string(to_string(i.spec.role)) + "|" + i.spec.url;
   std::lock_guard lock(mu_);
   // One entry per instance: the latest state replaces a queued one, so the
-  // queue stays bounded however long Redis is away.
+  // queue stays bounded however long Redis is away. A queued add stays an
+  // add (a drain right after it still replaces the tombstone).
   for (auto& c : pending_) {
     if (c.field == field) {
       if (!announce)
-        c = {std::move(field), entry.dump(), false};
+        c = {std::move(field), entry.dump(), false, added || c.added};
       return;
     }
   }
-  pending_.push_back({std::move(field), entry.dump(), announce});
+  pending_.push_back({std::move(field), entry.dump(), announce, added});
 }
 
 void SharedRegistry::wake(bool reload) {
@@ -395,10 +401,12 @@ net::awaitable<void> SharedRegistry::loop() {
       eval.emplace_back(version_key);
       eval.emplace_back(channel);
       const std::string announce = next.announce ? "1" : "0";
+      const std::string added = next.added ? "1" : "0";
       eval.emplace_back(next.field);
       eval.emplace_back(next.entry);
       eval.emplace_back(announce);
       eval.emplace_back(tombstone_ttl);
+      eval.emplace_back(added);
       auto r = co_await conn_->command(std::move(eval));
       if (r.type != RedisReply::Type::integer) {
         retry = true;

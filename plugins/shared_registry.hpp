@@ -99,6 +99,7 @@ class SharedRegistry final : public RegistrySync {
     std::string field;  // role|url
     std::string entry;  // JSON
     bool announce = false;
+    bool added = false;  // an add: replaces a removal's tombstone
     bool operator==(const Change&) const = default;
   };
   std::deque<Change> pending_;

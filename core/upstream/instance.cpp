@@ -319,7 +319,7 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
       continue;
     o.instance->record(true, "added");
     if (notify && on_change)
-      on_change(*o.instance, "active");
+      on_change(*o.instance, "added");
   }
   return out;
 }

@@ -301,8 +301,9 @@ class Registry {
   // flight. Returns how many were forgotten.
   std::size_t forget_idle();
   // Called after every local change with the instance and its new state
-  // ("active", "draining", "removed"; labels and weight changes are
-  // notified with the state it is in), to share it; set before serving.
+  // ("added" when it was just added, then "active", "draining",
+  // "removed"; labels and weight changes are notified with the state it is
+  // in), to share it; set before serving.
   std::function<void(const Instance&, const std::string&)> on_change;
   // Called, on whichever thread ejected it, when an instance is ejected
   // (failed checks or requests), so that requests still waiting on it

@@ -129,6 +129,45 @@ TEST(SharedRegistry, RelabelAndUndrainReachTheOtherReplica) {
   EXPECT_FALSE(extra.requests().empty()) << "B does not route to the undrained instance";
 }
 
+// An engine removed and then added again through the admin API is back on
+// every replica: the one that saw the removal and one started afterwards.
+// The re-add is the operator's latest word, newer than the removal's
+// tombstone (which only stops a stale "active" from undoing a removal).
+TEST(SharedRegistry, RemovedThenAddedAgainReachesEveryReplica) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode"), extra("decode");
+  TwoReplicas r2(p, d, redis);
+  auto call = [](std::uint16_t port, const std::string& method, const std::string& target,
+                 const Json& body = nullptr) {
+    return http_request(port, method, target, body.is_null() ? "" : body.dump(),
+                        {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
+  };
+  const Json instance = {{"role", "decode"}, {"url", extra.url()}};
+  auto r = call(r2.a_admin, "POST", "/admin/instances", instance);
+  ASSERT_EQ(r.status, 201) << r.body;
+  ASSERT_TRUE(
+      eventually([&] { return r2.b.status()["decode_node_count"] == 2; }, std::chrono::seconds(2)));
+  ASSERT_EQ(
+      call(r2.a_admin, "DELETE", "/admin/instances/" + std::to_string(r.json()["id"].get<int>()))
+          .status,
+      202);
+  ASSERT_TRUE(
+      eventually([&] { return r2.b.status()["decode_node_count"] == 1; }, std::chrono::seconds(2)));
+  r = call(r2.a_admin, "POST", "/admin/instances", instance);
+  ASSERT_EQ(r.status, 201) << r.body;
+  EXPECT_TRUE(
+      eventually([&] { return r2.b.status()["decode_node_count"] == 2; }, std::chrono::seconds(2)))
+      << "B never got the re-added engine back";
+  Gateway c(r2.args, {{"ADMIN_API_KEY", kKey}});
+  EXPECT_TRUE(
+      eventually([&] { return c.status()["decode_node_count"] == 2; }, std::chrono::seconds(3)))
+      << "a replica started after the re-add does not list it";
+  // And it serves through C.
+  for (int i = 0; i < 6; ++i)
+    ASSERT_EQ(post_json(c.port(), "/v1/chat/completions", chat()).status, 200);
+  EXPECT_FALSE(extra.requests().empty());
+}
+
 // With Redis gone, replicas keep serving with their last known set.
 TEST(SharedRegistry, RedisDownKeepsLastKnownSet) {
   auto redis = std::make_unique<RedisServer>();
