@@ -1,5 +1,6 @@
 #include "core/gateway/admin.hpp"
 
+#include "core/base/url.hpp"
 #include "core/routing/kv_events.hpp"
 
 #include <cstdlib>
@@ -294,6 +295,57 @@ net::awaitable<AdminApi::Response> AdminApi::handle_demo_add(Request& req) {
   co_return co_await add(req, role, j["instance"].get<std::string>(), {}, 1, std::move(no_events));
 }
 
+std::variant<std::uint64_t, GatewayError> AdminApi::instance_id_of(std::string_view segment,
+                                                                   std::string_view target) const {
+  // An id: this replica's number for the instance.
+  if (!segment.empty() && segment.find_first_not_of("0123456789") == std::string_view::npos) {
+    char* end = nullptr;
+    const std::string digits(segment);
+    const unsigned long long id = std::strtoull(digits.c_str(), &end, 10);
+    return static_cast<std::uint64_t>(id);
+  }
+  // Else its URL, the same on every replica: percent-encoded
+  // (http%3A%2F%2Fhost%3A8000) or host:port as written, with ?role= when
+  // the URL serves in two roles.
+  auto text = percent_decoded(segment);
+  if (!text || text->empty())
+    return client_error(ErrorKind::not_found, "no instance " + std::string(segment));
+  auto spec = parse_upstream(Role::decode, *text);
+  if (!spec)
+    return client_error(ErrorKind::not_found, "no instance " + *text + ": " + spec.error());
+  std::optional<Role> role;
+  if (const auto q = target.find('?'); q != std::string_view::npos) {
+    auto items = query_items(target.substr(q + 1));
+    if (!items)
+      return client_error(ErrorKind::bad_request, "query: " + items.error());
+    for (const auto& [k, v] : *items) {
+      if (k != "role")
+        continue;
+      role = role_from_string(v);
+      if (!role)
+        return client_error(ErrorKind::bad_request, "role must be prefill, decode, encode or both");
+    }
+  }
+  const auto set = registry_.snapshot();
+  InstancePtr match;
+  for (const auto& i : set->by_id) {
+    if (i->spec.url != spec->url || (role && i->spec.role != *role))
+      continue;
+    if (match) {
+      return client_error(ErrorKind::conflict, spec->url +
+                                                   " is registered in more than one role (" +
+                                                   to_string(match->spec.role) + ", " +
+                                                   to_string(i->spec.role) + "): add ?role=ROLE");
+    }
+    match = i;
+  }
+  if (!match) {
+    return client_error(ErrorKind::not_found, "no " + std::string(role ? to_string(*role) : "") +
+                                                  (role ? " " : "") + "instance " + spec->url);
+  }
+  return match->id;
+}
+
 net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
   const std::string path(path_of(req.target()));
   const auto method = req.method();
@@ -382,11 +434,10 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
       undrain = true;
       rest.resize(rest.size() - 8);
     }
-    char* end = nullptr;
-    const unsigned long long id = std::strtoull(rest.c_str(), &end, 10);
-    if (rest.empty() || end != rest.c_str() + rest.size()) {
-      co_return error(req, 404, "no instance " + rest);
-    }
+    const auto found = instance_id_of(rest, req.target());
+    if (const auto* e = std::get_if<GatewayError>(&found))
+      co_return make_error_response(*e, req.version(), req.keep_alive());
+    const std::uint64_t id = std::get<std::uint64_t>(found);
     // The instance is the one drain() acted on: it may be forgotten (no
     // longer findable) the moment drain() returns, when it had nothing in
     // flight and was already marked for removal.

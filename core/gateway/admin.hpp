@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -76,6 +77,11 @@ class AdminApi {
   boost::asio::awaitable<Response> handle_demo_add(Request& req);
 
  private:
+  // The instance /admin/instances/{segment} names: its id, or its URL
+  // (percent-encoded, or host:port) with ?role= in `target` when the URL
+  // serves in two roles; else why not (404, 409, 400).
+  std::variant<std::uint64_t, GatewayError> instance_id_of(std::string_view segment,
+                                                           std::string_view target) const;
   AdminApi(const Config& cfg, Registry& registry, std::string key, UpstreamValidator validator)
       : cfg_(cfg),
         live_(std::make_shared<const Config>(cfg)),

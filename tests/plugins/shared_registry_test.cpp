@@ -168,6 +168,72 @@ TEST(SharedRegistry, RemovedThenAddedAgainReachesEveryReplica) {
   EXPECT_FALSE(extra.requests().empty());
 }
 
+// Behind a load balancer an operator does not know which replica answers,
+// and ids are per replica: the admin API also addresses an instance by its
+// URL (percent-encoded, or host:port as written), and a drain by URL sent
+// to either replica acts on the same engine. A URL listed in two roles
+// needs ?role=; an unknown one is a 404.
+TEST(SharedRegistry, AdminAddressesAnInstanceByUrlOnEitherReplica) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode"), extra("decode");
+  TwoReplicas r2(p, d, redis);
+  const auto b_admin = r2.b.process().wait_listening();
+  auto call = [](std::uint16_t port, const std::string& method, const std::string& target,
+                 const Json& body = nullptr) {
+    return http_request(port, method, target, body.is_null() ? "" : body.dump(),
+                        {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
+  };
+  ASSERT_EQ(call(r2.a_admin, "POST", "/admin/instances", {{"role", "decode"}, {"url", extra.url()}})
+                .status,
+            201);
+  auto state_on = [&](std::uint16_t admin) {
+    const Json listed = call(admin, "GET", "/admin/instances").json();
+    for (const auto& i : listed["instances"]) {
+      if (i["url"] == extra.url() && i["role"] == "decode")
+        return i["state"].get<std::string>();
+    }
+    return std::string();
+  };
+  ASSERT_TRUE(eventually([&] { return state_on(b_admin) == "active"; }, std::chrono::seconds(2)))
+      << call(b_admin, "GET", "/admin/instances").body;
+  // http://127.0.0.1:PORT, percent-encoded, drained through B.
+  std::string encoded;
+  for (const char c : extra.url()) {
+    if (c == ':' || c == '/')
+      encoded += c == ':' ? "%3A" : "%2F";
+    else
+      encoded += c;
+  }
+  auto r = call(b_admin, "POST", "/admin/instances/" + encoded + "/drain");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["url"], extra.url());
+  EXPECT_TRUE(
+      eventually([&] { return state_on(r2.a_admin) == "draining"; }, std::chrono::seconds(2)));
+  // host:port as written, undrained through A; GET by URL on B.
+  r = call(r2.a_admin, "POST", "/admin/instances/" + extra.hostport() + "/undrain");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(eventually([&] { return state_on(b_admin) == "active"; }, std::chrono::seconds(2)));
+  r = call(b_admin, "GET", "/admin/instances/" + encoded + "?role=decode");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["url"], extra.url());
+  EXPECT_EQ(call(b_admin, "GET", "/admin/instances/" + encoded + "?role=prefill").status, 404);
+  EXPECT_EQ(call(b_admin, "GET", "/admin/instances/127.0.0.1:1").status, 404);
+  // The same URL in two roles: the role must be said.
+  ASSERT_EQ(
+      call(r2.a_admin, "POST", "/admin/instances", {{"role", "prefill"}, {"url", extra.url()}})
+          .status,
+      201);
+  r = call(r2.a_admin, "GET", "/admin/instances/" + encoded);
+  EXPECT_EQ(r.status, 409) << r.body;
+  EXPECT_NE(r.body.find("role"), std::string::npos) << r.body;
+  // A removal by URL reaches the other replica.
+  ASSERT_EQ(call(b_admin, "DELETE", "/admin/instances/" + encoded + "?role=decode").status, 202);
+  EXPECT_TRUE(eventually(
+      [&] { return state_on(r2.a_admin) != "active" && state_on(r2.a_admin) != "draining"; },
+      std::chrono::seconds(2)))
+      << state_on(r2.a_admin);
+}
+
 // With Redis gone, replicas keep serving with their last known set.
 TEST(SharedRegistry, RedisDownKeepsLastKnownSet) {
   auto redis = std::make_unique<RedisServer>();
