@@ -198,13 +198,8 @@ int main(int argc, char** argv) {
   // file is a configuration error (and --check-config reports it).
   pdgate::KeyTable file_keys;
   if (!cfg.api_keys_file.empty()) {
-    std::ifstream in(cfg.api_keys_file);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto table = in ? pdgate::parse_key_file(text.str())
-                    : pdgate::Result<pdgate::KeyTable>(pdgate::fail("cannot read the file"));
-    if (!table)
-      errors.push_back("--api-keys " + cfg.api_keys_file + ": " + table.error());
+    if (auto table = pdgate::read_key_file(cfg.api_keys_file); !table)
+      errors.push_back(table.error());
     else
       file_keys = std::move(*table);
   }
@@ -438,6 +433,22 @@ int main(int argc, char** argv) {
            return engine->reload(pdgate::policy::settings_from(next));
          },
          [&gateway] { return gateway.prepare_tls_reload(); },
+         [&gateway, &cfg]() -> pdgate::Result<std::function<void()>> {
+           // The --api-keys file, re-read whole: a file that does not
+           // parse refuses the reload and the keys in force stay.
+           pdgate::ClientKeys* keys = gateway.client_keys();
+           if (keys == nullptr || cfg.api_keys_file.empty())
+             return std::function<void()>();
+           auto table = pdgate::read_key_file(cfg.api_keys_file);
+           if (!table)
+             return pdgate::fail(table.error());
+           return std::function<void()>(
+               [keys, path = cfg.api_keys_file, next = std::move(*table)]() mutable {
+                 const auto c = keys->replace_file_keys(std::move(next));
+                 spdlog::info("SIGHUP: API keys re-read from {}: {} added, {} removed, {} changed",
+                              path, c.added, c.removed, c.changed);
+               });
+         },
          [&gateway](const pdgate::Config& before, std::shared_ptr<const pdgate::Config> next,
                     std::vector<std::string> restart_needed) {
            gateway.apply_config(before, std::move(next), std::move(restart_needed));

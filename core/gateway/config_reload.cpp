@@ -149,6 +149,13 @@ net::awaitable<Result<bool>> ConfigReloader::once() {
       co_return fail("TLS: " + t.error());
     install_tls = std::move(*t);
   }
+  std::function<void()> install_keys;
+  if (hooks_.prepare_keys) {
+    auto k = hooks_.prepare_keys();
+    if (!k)
+      co_return fail("API keys: " + k.error());
+    install_keys = std::move(*k);
+  }
   if (hooks_.reload_policies) {
     if (auto p = hooks_.reload_policies(*next); !p)
       co_return fail("policies: " + p.error());
@@ -157,6 +164,8 @@ net::awaitable<Result<bool>> ConfigReloader::once() {
     install_tls();
     spdlog::info("SIGHUP: TLS certificate and key reloaded; new connections use them");
   }
+  if (install_keys)
+    install_keys();
   if (!next->log_level.empty() && next->log_level != before.log_level)
     spdlog::set_level(spdlog::level::from_str(next->log_level));
   auto previous = running_;

@@ -48,6 +48,9 @@ class ConfigReloader {
     // refuses the reload. The action it returns (empty: nothing to do)
     // installs them once the rest of the reload is accepted.
     std::function<Result<std::function<void()>>()> prepare_tls;
+    // Reads the --api-keys file again, as prepare_tls: a file that does
+    // not parse refuses the reload; the action installs the keys.
+    std::function<Result<std::function<void()>>()> prepare_keys;
     // Hands an accepted configuration to the gateway's threads, with the
     // keys the file changed that wait for a restart.
     std::function<void(const Config& before, std::shared_ptr<const Config> next,

@@ -84,6 +84,8 @@ class Gateway {
   // API keys and limits (--api-keys); their background work (keys
   // refreshed from Redis) runs on `control`. Set before start().
   void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
+  // The client keys set_client_keys() installed, or nullptr.
+  ClientKeys* client_keys() const { return client_keys_.get(); }
   // Prometheus text for GET /metrics.
   // `addresses`: whether instances' url labels are filled in.
   std::string metrics_text(bool addresses) const;

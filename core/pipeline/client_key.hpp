@@ -18,12 +18,14 @@ struct KeyLimits {
   std::uint64_t tokens_per_minute = 0;  // prompt + completion; 0: no limit
   bool any() const { return requests_per_second > 0 || concurrent > 0 || tokens_per_minute > 0; }
   double bucket() const;  // the burst actually used
+  bool operator==(const KeyLimits&) const = default;
 };
 
 struct ClientKey {
   std::string name;
   std::map<std::string, std::string> labels;
   KeyLimits limits;
+  bool operator==(const ClientKey&) const = default;
 };
 
 }  // namespace pdgate

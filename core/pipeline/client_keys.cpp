@@ -1,5 +1,9 @@
 #include "core/pipeline/client_keys.hpp"
 
+#include <fstream>
+#include <sstream>
+#include <utility>
+
 #include <algorithm>
 #include <cmath>
 
@@ -199,8 +203,18 @@ RateStep gcra_step(double tat_ms, double now_ms, double per_second, double bucke
   return {true, next, 0};
 }
 
+Result<KeyTable> read_key_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto table = in ? parse_key_file(text.str()) : Result<KeyTable>(fail("cannot read the file"));
+  if (!table)
+    return fail("--api-keys " + path + ": " + table.error());
+  return table;
+}
+
 ClientKeys::ClientKeys(KeyTable file_keys, bool fail_open)
-    : file_keys_(std::move(file_keys)),
+    : file_keys_(std::make_shared<const KeyTable>(std::move(file_keys))),
       shared_keys_(std::make_shared<const KeyTable>()),
       fail_open_(fail_open) {}
 
@@ -210,13 +224,14 @@ ClientKeyPtr ClientKeys::find(std::string_view presented) const {
   const auto hex = sha256_hex(presented);
   if (!hex)
     return nullptr;
-  if (auto it = file_keys_.find(*hex); it != file_keys_.end())
-    return it->second;
-  std::shared_ptr<const KeyTable> shared;
+  std::shared_ptr<const KeyTable> file, shared;
   {
     std::lock_guard lock(mu_);
+    file = file_keys_;
     shared = shared_keys_;
   }
+  if (auto it = file->find(*hex); it != file->end())
+    return it->second;
   auto it = shared->find(*hex);
   return it == shared->end() ? nullptr : it->second;
 }
@@ -227,11 +242,31 @@ void ClientKeys::set_shared_keys(KeyTable shared) {
   shared_keys_ = std::move(next);
 }
 
+ClientKeys::FileKeyChanges ClientKeys::replace_file_keys(KeyTable keys) {
+  auto next = std::make_shared<const KeyTable>(std::move(keys));
+  std::shared_ptr<const KeyTable> old;
+  {
+    std::lock_guard lock(mu_);
+    old = std::exchange(file_keys_, next);
+  }
+  FileKeyChanges c;
+  for (const auto& [hex, key] : *next) {
+    const auto it = old->find(hex);
+    if (it == old->end())
+      ++c.added;
+    else if (!(*it->second == *key))
+      ++c.changed;
+  }
+  for (const auto& [hex, key] : *old)
+    c.removed += next->count(hex) == 0 ? 1 : 0;
+  return c;
+}
+
 std::size_t ClientKeys::size() const {
   std::lock_guard lock(mu_);
-  std::size_t n = file_keys_.size();
+  std::size_t n = file_keys_->size();
   for (const auto& [hex, k] : *shared_keys_)
-    n += file_keys_.count(hex) ? 0 : 1;
+    n += file_keys_->count(hex) ? 0 : 1;
   return n;
 }
 

@@ -64,6 +64,9 @@ bool is_key_hash(std::string_view hex);
 // Every error names the entry; the whole file is refused on any error,
 // a key past the bounds above included.
 Result<KeyTable> parse_key_file(std::string_view yaml_text);
+// The --api-keys file at `path`, read and parsed (at start and on SIGHUP,
+// on the control thread): errors name the file.
+Result<KeyTable> read_key_file(const std::string& path);
 // One key's fields from JSON (how keys are stored in Redis: a hash from the
 // hex SHA-256 to this JSON, plugins/redis_key_hash.hpp), at most
 // kMaxKeyJsonBytes long.
@@ -149,6 +152,18 @@ class ClientKeys {
   const ClientKeyCounters& counters() const { return counters_; }
   std::size_t size() const;
 
+  // What replacing the file's keys changed: keys only the new table has,
+  // keys only the old one had, keys in both whose name, labels or limits
+  // differ.
+  struct FileKeyChanges {
+    std::size_t added = 0;
+    std::size_t removed = 0;
+    std::size_t changed = 0;
+  };
+  // Replaces the keys read from --api-keys (SIGHUP re-read the file).
+  // Requests already admitted keep the key they were admitted with.
+  FileKeyChanges replace_file_keys(KeyTable keys);
+
  protected:
   ClientKeys(KeyTable file_keys, bool fail_open);
   // Replaces the keys learnt from a shared source (file keys stay; a file
@@ -156,8 +171,8 @@ class ClientKeys {
   void set_shared_keys(KeyTable shared);
 
  private:
-  const KeyTable file_keys_;
-  mutable std::mutex mu_;  // a lookup is a hash and one map probe
+  mutable std::mutex mu_;  // a lookup is a hash and two pointer copies
+  std::shared_ptr<const KeyTable> file_keys_;
   std::shared_ptr<const KeyTable> shared_keys_;
   const bool fail_open_;
   ClientKeyCounters counters_;

@@ -2,6 +2,8 @@
 // pdgate-sim engines and, for the shared limits, a real redis-server.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -91,6 +93,43 @@ TEST(ClientKeys, RefusedAndAccepted) {
   EXPECT_EQ(models(gw.port(), "sk-bad").status, 401);
   EXPECT_EQ(sample(gw.port(), "pdgate_client_key_requests_total{outcome=\"unauthenticated\"}"), 4);
   EXPECT_EQ(sample(gw.port(), "pdgate_client_key_requests_total{outcome=\"admitted\"}"), 2);
+}
+
+// SIGHUP re-reads the --api-keys file, all or nothing: a key added is
+// served, a key removed is refused (revoked without a restart), a changed
+// limit applies, and the log counts what changed; a file that no longer
+// parses is refused whole and the keys in force stay.
+TEST(ClientKeys, SighupRereadsTheKeyFile) {
+  Sim p("prefill");
+  Sim d("decode");
+  KeyFile keys(entry("team-a", "sk-a") + entry("team-b", "sk-b"));
+  Gateway gw(engines(p, d, {"--api-keys", keys.path()}));
+  ASSERT_EQ(chat(gw.port(), bearer("sk-a")).status, 200);
+  ASSERT_EQ(chat(gw.port(), bearer("sk-b")).status, 200);
+  ASSERT_EQ(chat(gw.port(), bearer("sk-c")).status, 401);
+  // b revoked, c added, a limited to one request at a time per second.
+  std::ofstream(keys.path()) << "keys:\n"
+                             << entry("team-a", "sk-a",
+                                      "    requests_per_second: 0.2\n    burst: 1\n")
+                             << entry("team-c", "sk-c");
+  gw.process().signal(SIGHUP);
+  ASSERT_TRUE(eventually([&] { return chat(gw.port(), bearer("sk-c")).status == 200; }, 3s))
+      << gw.process().log();
+  EXPECT_EQ(chat(gw.port(), bearer("sk-b")).status, 401);
+  EXPECT_TRUE(eventually(
+      [&] { return gw.process().log().find("1 added, 1 removed, 1 changed") != std::string::npos; },
+      2s))
+      << gw.process().log();
+  EXPECT_EQ(chat(gw.port(), bearer("sk-a")).status, 200);
+  EXPECT_EQ(chat(gw.port(), bearer("sk-a")).status, 429);
+  // A broken file: refused whole, c still served, b still refused.
+  std::ofstream(keys.path()) << "keys:\n  - name: broken\n    sha256: nothex\n";
+  gw.process().signal(SIGHUP);
+  EXPECT_TRUE(eventually(
+      [&] { return gw.process().log().find("configuration refused") != std::string::npos; }, 3s))
+      << gw.process().log();
+  EXPECT_EQ(chat(gw.port(), bearer("sk-c")).status, 200);
+  EXPECT_EQ(chat(gw.port(), bearer("sk-b")).status, 401);
 }
 
 // Two replicas sharing one Redis, one key (`limits` in YAML) known to
