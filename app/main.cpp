@@ -465,7 +465,7 @@ int main(int argc, char** argv) {
            gateway.stop();
            control.stop();
          },
-         [&reloader] { reloader.reload(); }},
+         [&reloader] { reloader.reload(); }, [&gateway] { gateway.reopen_logs(); }},
         cfg.shutdown_timeout);
     auto port = gateway.bind();
     if (!port) {

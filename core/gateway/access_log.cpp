@@ -7,6 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <utility>
+
+#include <spdlog/spdlog.h>
 
 #include "core/base/json_body.hpp"
 #include "core/upstream/instance.hpp"
@@ -256,22 +259,55 @@ std::string format_access_line(const RequestRecord& r, AccessLogFormat format) {
   return format == AccessLogFormat::json ? format_json(r) : format_text(r);
 }
 
+namespace {
+
+// `path` opened for appending (created 0640), or why not.
+Result<std::FILE*> open_for_append(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0)
+    return fail("--access-log: cannot open " + path + ": " + std::strerror(errno));
+  std::FILE* out = ::fdopen(fd, "a");
+  if (out == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    return fail("--access-log: cannot open " + path + ": " + std::strerror(err));
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<AccessLog>> AccessLog::open(const std::string& target,
                                                    AccessLogFormat format, std::size_t capacity) {
   std::FILE* out = stderr;
-  bool owned = false;
   if (target != "stderr") {
-    const int fd = ::open(target.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-    if (fd < 0)
-      return fail("--access-log: cannot open " + target + ": " + std::strerror(errno));
-    out = ::fdopen(fd, "a");
-    if (out == nullptr) {
-      ::close(fd);
-      return fail("--access-log: cannot open " + target + ": " + std::strerror(errno));
-    }
-    owned = true;
+    auto opened = open_for_append(target);
+    if (!opened)
+      return fail(opened.error());
+    out = *opened;
   }
-  return std::unique_ptr<AccessLog>(new AccessLog(out, owned, format, capacity));
+  return std::unique_ptr<AccessLog>(new AccessLog(out, target, format, capacity));
+}
+
+void AccessLog::reopen() {
+  if (target_ == "stderr")
+    return;
+  {
+    std::lock_guard lock(mu_);
+    reopen_ = true;
+  }
+  wake_.notify_one();
+}
+
+void AccessLog::reopen_now() {
+  auto opened = open_for_append(target_);
+  if (!opened) {
+    spdlog::error("SIGUSR1: {}; still writing to the file open before", opened.error());
+    return;
+  }
+  std::fclose(out_);
+  out_ = *opened;
+  spdlog::info("SIGUSR1: access log reopened at {}", target_);
 }
 
 std::optional<std::string> AccessLog::problem(const std::string& target) {
@@ -299,8 +335,13 @@ std::optional<std::string> AccessLog::problem(const std::string& target) {
   return std::nullopt;
 }
 
-AccessLog::AccessLog(std::FILE* out, bool owned, AccessLogFormat format, std::size_t capacity)
-    : out_(out), owned_(owned), format_(format), capacity_(capacity) {
+AccessLog::AccessLog(std::FILE* out, std::string target, AccessLogFormat format,
+                     std::size_t capacity)
+    : out_(out),
+      target_(std::move(target)),
+      owned_(target_ != "stderr"),
+      format_(format),
+      capacity_(capacity) {
   queue_.reserve(std::min(capacity_, kWakeAt));
   writer_ = std::thread([this] { run(); });
 }
@@ -340,11 +381,14 @@ void AccessLog::run() {
   std::string text;
   for (;;) {
     bool stopping = false;
+    bool reopen = false;
     {
       std::unique_lock lock(mu_);
-      wake_.wait_for(lock, kFlushInterval, [this] { return stop_ || queue_.size() >= kWakeAt; });
+      wake_.wait_for(lock, kFlushInterval,
+                     [this] { return stop_ || reopen_ || queue_.size() >= kWakeAt; });
       batch.swap(queue_);
       stopping = stop_;
+      reopen = std::exchange(reopen_, false);
     }
     if (!batch.empty()) {
       text.clear();
@@ -357,6 +401,8 @@ void AccessLog::run() {
       written_.fetch_add(batch.size(), std::memory_order_relaxed);
       batch.clear();
     }
+    if (reopen)
+      reopen_now();
     if (stopping) {
       std::lock_guard lock(mu_);
       if (queue_.empty())

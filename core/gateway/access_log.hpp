@@ -55,14 +55,22 @@ class AccessLog {
   // Queues the record; drops (and counts) it when the queue is full.
   void submit(RequestRecord&& r);
 
+  // Opens the file again at its path (SIGUSR1, once logrotate renamed
+  // it): lines queued before go to the old file, later ones to the new.
+  // Done by the writer thread; a path that cannot be opened keeps the old
+  // file (and says so in the log). Nothing for "stderr".
+  void reopen();
+
   std::uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   std::uint64_t written() const { return written_.load(std::memory_order_relaxed); }
 
  private:
-  AccessLog(std::FILE* out, bool owned, AccessLogFormat format, std::size_t capacity);
+  AccessLog(std::FILE* out, std::string target, AccessLogFormat format, std::size_t capacity);
   void run();
+  void reopen_now();  // on the writer thread
 
   std::FILE* out_;
+  const std::string target_;  // the path; "stderr" when not a file
   const bool owned_;
   const AccessLogFormat format_;
   const std::size_t capacity_;
@@ -70,6 +78,7 @@ class AccessLog {
   std::condition_variable wake_;
   std::vector<RequestRecord> queue_;
   bool stop_ = false;
+  bool reopen_ = false;
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<std::uint64_t> written_{0};
   std::thread writer_;

@@ -17,9 +17,11 @@ ControlLoop::ControlLoop(boost::asio::io_context& ioc, Hooks hooks,
       deadline_(drain_deadline),
       terminate_(ioc, SIGINT, SIGTERM),
       reload_(ioc, SIGHUP),
+      reopen_(ioc, SIGUSR1),
       drain_timer_(ioc) {
   wait_terminate();
   wait_reload();
+  wait_reopen();
 }
 
 void ControlLoop::wait_terminate() {
@@ -52,6 +54,17 @@ void ControlLoop::wait_reload() {
   });
 }
 
+void ControlLoop::wait_reopen() {
+  reopen_.async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec)
+      return;
+    spdlog::info("SIGUSR1: reopening the log files");
+    if (hooks_.reopen_logs)
+      hooks_.reopen_logs();
+    wait_reopen();
+  });
+}
+
 void ControlLoop::drain() {
   if (draining_)
     return;
@@ -68,6 +81,7 @@ void ControlLoop::check_drain() {
       spdlog::warn("drain deadline passed with {} request(s) in flight", left);
     terminate_.cancel();
     reload_.cancel();
+    reopen_.cancel();
     hooks_.stop();
     return;
   }

@@ -22,6 +22,7 @@ class ControlLoop {
     std::function<std::int64_t()> in_flight;  // requests still being served
     std::function<void()> stop;               // stop serving (drained or deadline)
     std::function<void()> reload;             // SIGHUP
+    std::function<void()> reopen_logs;        // SIGUSR1, after logrotate renamed them
   };
 
   // Arms the signals on `ioc` (which must run on the control thread).
@@ -35,12 +36,14 @@ class ControlLoop {
  private:
   void wait_terminate();
   void wait_reload();
+  void wait_reopen();
   void check_drain();
 
   Hooks hooks_;
   std::chrono::milliseconds deadline_;
   boost::asio::signal_set terminate_;
   boost::asio::signal_set reload_;
+  boost::asio::signal_set reopen_;
   boost::asio::steady_timer drain_timer_;
   std::chrono::steady_clock::time_point drain_until_{};
   bool draining_ = false;

@@ -280,6 +280,11 @@ Result<std::uint16_t> Gateway::bind() {
   return port;
 }
 
+void Gateway::reopen_logs() {
+  if (access_log_)
+    access_log_->reopen();
+}
+
 void Gateway::set_engine_tls(std::shared_ptr<const EngineTls> tls) {
   engine_tls_ = std::move(tls);
   for (auto& w : workers_)

@@ -84,6 +84,8 @@ class Gateway {
   // API keys and limits (--api-keys); their background work (keys
   // refreshed from Redis) runs on `control`. Set before start().
   void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
+  // Reopens the access log file at its path (SIGUSR1).
+  void reopen_logs();
   // The client keys set_client_keys() installed, or nullptr.
   ClientKeys* client_keys() const { return client_keys_.get(); }
   // Prometheus text for GET /metrics.

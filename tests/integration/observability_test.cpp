@@ -364,6 +364,31 @@ TEST_F(Observability, AccessLogNamesThePolicyInForce) {
   std::filesystem::remove(config);
 }
 
+// SIGUSR1 reopens the access log, as nginx's does, for logrotate's rename
+// then signal: lines before the signal stay in the renamed file, lines
+// after it go to a new file at the configured path; nothing is lost.
+TEST_F(Observability, SigusrOneReopensTheAccessLog) {
+  Sim d("both", {"--itl-ms", "1"});
+  Gateway gw({"--decode", d.hostport(), "--prefill-servers-urls", "disable", "--access-log",
+              log_path_, "--access-log-format", "json"});
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(post_json(gw.port(), "/v1/completions", completion(false, 2)).status, 200);
+  ASSERT_EQ(wait_lines(log_path_, 3).size(), 3u);
+  const std::string rotated = log_path_ + ".1";
+  std::filesystem::rename(log_path_, rotated);
+  gw.process().signal(SIGUSR1);
+  ASSERT_TRUE(
+      eventually([&] { return std::filesystem::exists(log_path_); }, std::chrono::seconds(3)))
+      << "no new file after SIGUSR1\n"
+      << gw.process().log();
+  for (int i = 0; i < 2; ++i)
+    ASSERT_EQ(post_json(gw.port(), "/v1/completions", completion(false, 2)).status, 200);
+  EXPECT_EQ(wait_lines(log_path_, 2).size(), 2u);
+  EXPECT_EQ(read_json_lines(rotated).size(), 3u);
+  EXPECT_NE(gw.process().log().find("SIGUSR1"), std::string::npos) << gw.process().log();
+  std::filesystem::remove(rotated);
+}
+
 // The text format: one key=value line per request, on stderr when asked.
 TEST_F(Observability, TextAccessLogOnStderr) {
   Sim d("both", {"--itl-ms", "1"});
@@ -384,14 +409,16 @@ TEST_F(Observability, TextAccessLogOnStderr) {
   EXPECT_NE(log.find(" decode=" + d.url() + " "), std::string::npos) << log;
 }
 
-// An access log that cannot be opened stops the start with a clear error.
+// An access log that cannot be opened stops the start with a clear error,
+// found with the other files of the configuration before anything listens
+// (exit 2, as every configuration error).
 TEST(ObservabilityStart, UnopenableAccessLogIsAnError) {
   Process gw("pdgate",
              {build_dir() + "/pdgate", "--port", "0", "--decode", "127.0.0.1:9",
               "--prefill-servers-urls", "disable", "--access-log", "/nonexistent-dir/access.log"});
   const int status = gw.wait(std::chrono::seconds(10));
   ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_NE(gw.log().find("/nonexistent-dir/access.log"), std::string::npos) << gw.log();
 }
 
