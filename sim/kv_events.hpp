@@ -59,16 +59,16 @@ struct CacheGroup {
 };
 
 struct BlockStored {
-  std::vector<std::uint64_t> block_hashes;
-  std::optional<std::uint64_t> parent_block_hash;  // the block before the first one
-  std::vector<std::uint32_t> token_ids;            // every token of these blocks, in order
-  std::size_t block_size = 0;                      // tokens per block
-  std::string lora_name;                           // empty: the base model's blocks
-  std::int64_t lora_id = 0;                        // vLLM's int id of that adapter (1, 2, ...)
-  CacheGroup group;
+  std::vector<std::uint64_t> block_hashes{};
+  std::optional<std::uint64_t> parent_block_hash{};  // the block before the first one
+  std::vector<std::uint32_t> token_ids{};            // every token of these blocks, in order
+  std::size_t block_size = 0;                        // tokens per block
+  std::string lora_name{};                           // empty: the base model's blocks
+  std::int64_t lora_id = 0;                          // vLLM's int id of that adapter (1, 2, ...)
+  CacheGroup group{};
 };
 struct BlockRemoved {
-  std::vector<std::uint64_t> block_hashes;
+  std::vector<std::uint64_t> block_hashes{};
   std::uint32_t group_idx = 0;
 };
 struct AllBlocksCleared {};

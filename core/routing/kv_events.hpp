@@ -29,28 +29,30 @@ using EngineBlockHash = std::uint64_t;
 // keep a window or a state, not the prefix: docs/kv-events.md.
 bool is_full_attention_kind(std::string_view kind);
 
+// Every field has a default member initializer, so aggregates naming only
+// the first fields stay clear of -Wmissing-field-initializers.
 struct KvBlockStored {
-  std::vector<EngineBlockHash> block_hashes;
-  std::optional<EngineBlockHash> parent;  // none: the first block of a prompt
+  std::vector<EngineBlockHash> block_hashes{};
+  std::optional<EngineBlockHash> parent{};  // none: the first block of a prompt
   // block_hashes.size() * block_size ids, the blocks' tokens in order.
-  std::vector<std::uint32_t> token_ids;
+  std::vector<std::uint32_t> token_ids{};
   std::uint32_t block_size = 0;
-  std::optional<std::int64_t> lora_id;     // deprecated by vLLM for lora_name; older engines
-  std::optional<std::string> lora_name;    // the adapter the blocks were computed with
-  std::optional<std::string> medium;       // "GPU", "CPU", ...; none: an engine before the field
-  std::optional<std::uint32_t> group_idx;  // the KV-cache group; none: the only one
-  std::optional<std::string> kv_cache_spec_kind;  // the group's kind; none: not said
+  std::optional<std::int64_t> lora_id{};     // deprecated by vLLM for lora_name; older engines
+  std::optional<std::string> lora_name{};    // the adapter the blocks were computed with
+  std::optional<std::string> medium{};       // "GPU", "CPU", ...; none: an engine before the field
+  std::optional<std::uint32_t> group_idx{};  // the KV-cache group; none: the only one
+  std::optional<std::string> kv_cache_spec_kind{};  // the group's kind; none: not said
   // One per block when the engine sent extra_keys (else empty): a hash of
   // what besides the tokens and the LoRA name keyed the block (multimodal
   // inputs, cache_salt, prompt embeddings), 0 for a block keyed by its
   // tokens alone.
-  std::vector<std::uint64_t> extra_keys;
+  std::vector<std::uint64_t> extra_keys{};
 };
 
 struct KvBlockRemoved {
-  std::vector<EngineBlockHash> block_hashes;
-  std::optional<std::string> medium;
-  std::optional<std::uint32_t> group_idx;
+  std::vector<EngineBlockHash> block_hashes{};
+  std::optional<std::string> medium{};
+  std::optional<std::uint32_t> group_idx{};
 };
 
 struct KvAllBlocksCleared {};
