@@ -182,10 +182,11 @@ TEST(KvBlockIndex, OnlyFullAttentionGroupsAreIndexed) {
   EXPECT_EQ(tokens_on(index, 4, tokens), 32u);
   EXPECT_EQ(index.total_blocks(), 6u);
   for (const auto& row : index.instances()) {
-    if (row.key == 1)
+    if (row.key == 1) {
       EXPECT_EQ(row.ignored_group, 2u);
-    if (row.key == 2)
+    } else if (row.key == 2) {
       EXPECT_EQ(row.ignored_group, 4u);
+    }
   }
   // The sliding-window group evicts both hashes: the full-attention blocks stay.
   index.apply(1, KvBlockRemoved{{1, 2}, "GPU", 1});
@@ -224,8 +225,9 @@ TEST(KvBlockIndex, MediaGpuAndCpuCountOthersDoNot) {
   index.apply(1, KvBlockRemoved{{1}, "CPU", std::nullopt});
   EXPECT_EQ(tokens_on(index, 1, tokens), 0u);
   for (const auto& row : index.instances()) {
-    if (row.key == 2)
+    if (row.key == 2) {
       EXPECT_EQ(row.ignored_medium, 1u);
+    }
   }
 }
 
