@@ -1,10 +1,18 @@
 // Decodes one vLLM KV-event batch (the third frame of a ZMQ message) from
-// MessagePack into events. Pure: bytes in, events or an error out. Both
-// layouts vLLM has used are read: a positional array [ts, [events...],
-// data_parallel_rank?] with events as tagged arrays ["BlockStored", ...],
-// and a map {"ts", "events", "data_parallel_rank"} with events as maps
-// tagged by "type". Every count is capped, so a hostile publisher cannot
-// make the gateway hold more than a bounded multiple of what it sent.
+// MessagePack into events. Pure: bytes in, events or an error out. Every
+// layout vLLM has used is read (checked against vLLM's
+// vllm/distributed/kv_events.py): the batch a positional array [ts,
+// [events...], data_parallel_rank?] or a map {"ts", "events",
+// "data_parallel_rank"}; each event a positional array ["BlockStored", ...]
+// (msgspec array_like, vLLM before its events became maps) or a map tagged
+// by "type" (current vLLM). Positional events may stop after any field
+// (older engines, msgspec's omit_defaults) and may carry fields after the
+// last one known here (newer engines): those are skipped. Every count and
+// string is capped, every known field's type checked, so a hostile
+// publisher cannot make the gateway hold more than a bounded multiple of
+// what it sent; a batch with one malformed event is refused whole (the
+// feed then falls back: a removal skipped alone would leave a block the
+// engine no longer has).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +30,9 @@ struct KvDecodeLimits {
   std::size_t max_hashes = 65'536;        // per event
   std::size_t max_token_ids = 1u << 20;   // per event
   std::size_t max_block_size = 1u << 16;  // tokens per block
+  std::size_t max_string = 1024;          // bytes of a lora_name, medium or kind
+  std::uint32_t max_group_idx = 1023;     // KV-cache groups per engine
+  std::int64_t max_dp_rank = 65'535;      // data_parallel_rank
 };
 
 Result<KvEventBatch> decode_kv_event_batch(std::span<const std::uint8_t> payload,

@@ -191,6 +191,10 @@ void ZmqKvEvents::fall_back(Feed& f, const char* why) {
   index_->clear(f.sub.key, KvFeedState::fallback);
 }
 
+InstanceKey kv_event_source(const KvEventSubscription& feed, const KvEventBatch& /*batch*/) {
+  return feed.key;
+}
+
 bool ZmqKvEvents::apply(Feed& f, std::span<const std::uint8_t> payload) {
   auto batch = decode_kv_event_batch(payload, options_.limits);
   if (!batch) {
@@ -202,8 +206,9 @@ bool ZmqKvEvents::apply(Feed& f, std::span<const std::uint8_t> payload) {
   f.stats.events += batch->events.size();
   f.stats.last_ts = batch->ts;
   bool cleared = false;
+  const InstanceKey key = kv_event_source(f.sub, *batch);
   for (const auto& e : batch->events) {
-    index_->apply(f.sub.key, e);
+    index_->apply(key, e);
     cleared |= std::holds_alternative<KvAllBlocksCleared>(e);
   }
   // An engine that cleared its cache holds exactly what follows: the
@@ -517,6 +522,19 @@ void ZmqKvEvents::write_metrics(PrometheusText& m) const {
     for (const auto& r : rows) {
       if (r.key == b.key)
         m.sample("pdgate_kv_index_blocks", {{"instance", r.instance_url}}, std::uint64_t{b.blocks});
+    }
+  }
+  m.counter("pdgate_kv_index_ignored_blocks_total",
+            "Stored blocks not indexed by design: of a KV-cache group that is not full attention "
+            "(reason=group), or on a medium other than the engine's GPU or CPU (reason=medium).");
+  for (const auto& b : blocks) {
+    for (const auto& r : rows) {
+      if (r.key != b.key)
+        continue;
+      m.sample("pdgate_kv_index_ignored_blocks_total",
+               {{"instance", r.instance_url}, {"reason", "group"}}, b.ignored_group);
+      m.sample("pdgate_kv_index_ignored_blocks_total",
+               {{"instance", r.instance_url}, {"reason", "medium"}}, b.ignored_medium);
     }
   }
   m.counter("pdgate_kv_index_dropped_blocks_total",

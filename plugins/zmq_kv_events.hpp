@@ -71,6 +71,13 @@ struct KvFeedStats {
   double last_ts = 0;                // the engine's clock in the last batch, seconds
 };
 
+// The index key a decoded batch's events are applied under: the feed's
+// instance. A batch's data_parallel_rank is carried to here and not used
+// yet: vLLM publishes each rank on its own port (endpoint port + rank), so
+// one subscription is one rank today; when instances are keyed by rank,
+// this is where (feed, rank) becomes the key.
+InstanceKey kv_event_source(const KvEventSubscription& feed, const KvEventBatch& batch);
+
 class ZmqKvEvents final : public KvEventIngest {
  public:
   ZmqKvEvents(std::shared_ptr<KvBlockIndex> index, ZmqKvEventsOptions options);

@@ -105,7 +105,8 @@ int l_cached_tokens(lua_State* L) {
   if (ids == nullptr || ids->empty())
     return 0;
   const auto& keys = I.caches[static_cast<int>(I.cur_ctx->stage)].keys;
-  const auto rows = I.svc.block_index->cached_tokens(*ids);
+  // The request's model: a LoRA adapter's name matches only its blocks.
+  const auto rows = I.svc.block_index->cached_tokens(*ids, I.cur_ctx->model);
   lua_createtable(L, 0, static_cast<int>(keys.size()));
   for (const auto& row : rows) {
     if (!row.exact)

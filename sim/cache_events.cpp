@@ -16,7 +16,8 @@ namespace pdgate::sim {
 // BlockStored per run of consecutive new blocks, whose parent is the block
 // before the run.
 std::vector<std::int64_t> CacheEvents::insert(std::string_view text,
-                                              const std::vector<std::uint64_t>& hashes) {
+                                              const std::vector<std::uint64_t>& hashes,
+                                              std::string_view lora) {
   if (events_ == nullptr)
     return cache_.insert(hashes);
   CacheChanges changes;
@@ -24,8 +25,18 @@ std::vector<std::int64_t> CacheEvents::insert(std::string_view text,
   if (changes.empty())
     return ids;
   std::vector<KvEvent> events;
-  if (!changes.removed.empty())
-    events.emplace_back(BlockRemoved{std::move(changes.removed)});
+  // Every group of a hybrid model caches the same blocks of a prompt in
+  // its own pages, and vLLM reports each group's on their own.
+  const auto& groups = opts_.kv_cache_groups;
+  if (!changes.removed.empty()) {
+    for (const CacheGroup& g : groups)
+      events.emplace_back(BlockRemoved{changes.removed, g.idx});
+  }
+  std::int64_t lora_id = 0;
+  for (std::size_t i = 0; i < opts_.lora_modules.size(); ++i) {
+    if (opts_.lora_modules[i] == lora)
+      lora_id = static_cast<std::int64_t>(i) + 1;
+  }
   const std::size_t bs = cache_.block_size();
   const std::size_t block_bytes = bs * kBytesPerToken;
   const auto& stored = changes.stored;
@@ -42,7 +53,12 @@ std::vector<std::int64_t> CacheEvents::insert(std::string_view text,
       event.parent_block_hash = hashes[first - 1];
     event.token_ids = token_ids(text.substr(first * block_bytes, count * block_bytes));
     event.block_size = bs;
-    events.emplace_back(std::move(event));
+    event.lora_name = std::string(lora);
+    event.lora_id = lora_id;
+    for (const CacheGroup& g : groups) {
+      event.group = g;
+      events.emplace_back(event);
+    }
     i = end;
   }
   publish(events);

@@ -26,8 +26,11 @@ class CacheEvents {
       : cache_(cache), events_(events), opts_(opts), log_(log) {}
 
   // Inserts a block chain (the hashes of `text`'s blocks) and publishes what
-  // changed; returns the blocks' ids, as PrefixCache::insert does.
-  std::vector<std::int64_t> insert(std::string_view text, const std::vector<std::uint64_t>& hashes);
+  // changed, once per KV-cache group (--kv-cache-groups), the blocks of a
+  // LoRA adapter (`lora`, one of --lora-modules; empty: the base model)
+  // named as such; returns the blocks' ids, as PrefixCache::insert does.
+  std::vector<std::int64_t> insert(std::string_view text, const std::vector<std::uint64_t>& hashes,
+                                   std::string_view lora = {});
 
   // Empties the cache (POST /reset_prefix_cache) and publishes
   // AllBlocksCleared.

@@ -97,7 +97,7 @@ awaitable<void> Generator::generate_inner(Exchange& x, bool chat) {
   const bool skip_prefill = received.skip_prefill;
 
   // Prefix cache, then prefill.
-  const auto hashes = cache_.block_hashes(g.prompt.text);
+  const auto hashes = cache_.block_hashes(g.prompt.text, g.lora);
   const std::size_t local_cached = cached_prefix_tokens(cache_.match(hashes), bs, prompt_tokens);
   counters_.prefix_cache_queries += prompt_tokens;
   counters_.prefix_cache_hits += local_cached;
@@ -119,7 +119,7 @@ awaitable<void> Generator::generate_inner(Exchange& x, bool chat) {
   rec.cached_tokens = cached;
   // Blocks computed here or pulled from a prefill are cached, as vLLM
   // caches a request's full blocks once their KV is in place.
-  cache_events_.insert(g.prompt.text, hashes);
+  cache_events_.insert(g.prompt.text, hashes, g.lora);
 
   ojson issued = nullptr;
   if (g.remote_decode)

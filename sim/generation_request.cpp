@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <regex>
 #include <string_view>
@@ -63,7 +64,13 @@ std::optional<HttpError> parse_generation(const Request& req, bool chat, const S
     return HttpError{400, "Invalid JSON in request body"};
   if (!body.is_object())
     return HttpError{400, "Request body must be a JSON object"};
-  if (std::optional<HttpError> e = check_model(body, opts.model))
+  // A LoRA adapter served besides the base model is a model of its own.
+  if (const auto m = body.find("model");
+      m != body.end() && m->is_string() &&
+      std::find(opts.lora_modules.begin(), opts.lora_modules.end(), m->get<std::string>()) !=
+          opts.lora_modules.end())
+    g.lora = m->get<std::string>();
+  else if (std::optional<HttpError> e = check_model(body, opts.model))
     return e;
   if (body.contains("stream") && !body["stream"].is_null()) {
     if (!body["stream"].is_boolean())

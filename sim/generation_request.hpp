@@ -29,6 +29,7 @@ struct GenRequest {
   bool remote_prefill = false;  // decode side of the handshake: pull, then decode
   bool remote_decode = false;   // prefill side: compute, then issue params
   bool names_remote = false;    // prefill handed a remote's blocks (multi-turn)
+  std::string lora;             // the LoRA adapter the request names (--lora-modules), or empty
 };
 
 struct HttpError {

@@ -83,27 +83,40 @@ void write_hashes(MsgpackWriter& w, const std::vector<std::uint64_t>& hs, HashKi
     write_hash(w, h, kind);
 }
 
-// One field: its name first in the map layout, nothing extra in the array one.
-void field(MsgpackWriter& w, EventLayout layout, std::string_view name) {
-  if (layout == EventLayout::map)
-    w.str(name);
+// Event fields are named in the map and vllm layouts, positional in array.
+bool named_fields(EventLayout layout) {
+  return layout != EventLayout::array;
 }
 
-void open_struct(MsgpackWriter& w, EventLayout layout, std::uint32_t fields) {
-  layout == EventLayout::map ? w.map(fields) : w.array(fields);
+// One field: its name first when fields are named, nothing extra otherwise.
+void field(MsgpackWriter& w, EventLayout layout, std::string_view name) {
+  if (named_fields(layout))
+    w.str(name);
 }
 
 // An event's container and its type tag: positional element 0, or the
 // "type" key. `fields` counts the tag.
 void open_event(MsgpackWriter& w, EventLayout layout, std::uint32_t fields, std::string_view type) {
-  open_struct(w, layout, fields);
+  named_fields(layout) ? w.map(fields) : w.array(fields);
   field(w, layout, "type");
   w.str(type);
 }
 
+void optional_str(MsgpackWriter& w, std::string_view s) {
+  if (s.empty()) {
+    w.nil();
+  } else {
+    w.str(s);
+  }
+}
+
 void write_event(MsgpackWriter& w, const KvEvent& e, EventLayout layout, HashKind kind) {
+  // The fields vLLM added after lora_name (msgspec omits a None default:
+  // kv_cache_spec_sliding_window is sent for sliding-window groups only).
+  const bool extended = named_fields(layout);
   if (const auto* s = std::get_if<BlockStored>(&e)) {
-    open_event(w, layout, 8, "BlockStored");
+    const bool window = s->group.kind == "sliding_window";
+    open_event(w, layout, extended ? 11u + window : 8u, "BlockStored");
     field(w, layout, "block_hashes");
     write_hashes(w, s->block_hashes, kind);
     field(w, layout, "parent_block_hash");
@@ -119,17 +132,47 @@ void write_event(MsgpackWriter& w, const KvEvent& e, EventLayout layout, HashKin
     field(w, layout, "block_size");
     w.uinteger(s->block_size);
     field(w, layout, "lora_id");
-    w.nil();
+    if (s->lora_name.empty()) {
+      w.nil();
+    } else {
+      w.integer(s->lora_id);
+    }
     field(w, layout, "medium");
     w.str("GPU");
     field(w, layout, "lora_name");
-    w.nil();
+    optional_str(w, s->lora_name);
+    if (!extended)
+      return;
+    // One entry per block: the keys besides its tokens, here the adapter's
+    // name (vLLM's generate_block_hash_extra_keys), else None.
+    field(w, layout, "extra_keys");
+    w.array(static_cast<std::uint32_t>(s->block_hashes.size()));
+    for (std::size_t i = 0; i < s->block_hashes.size(); ++i) {
+      if (s->lora_name.empty()) {
+        w.nil();
+      } else {
+        w.array(1);
+        w.str(s->lora_name);
+      }
+    }
+    field(w, layout, "group_idx");
+    w.uinteger(s->group.idx);
+    field(w, layout, "kv_cache_spec_kind");
+    w.str(s->group.kind);
+    if (window) {
+      field(w, layout, "kv_cache_spec_sliding_window");
+      w.uinteger(4 * s->block_size);
+    }
   } else if (const auto* r = std::get_if<BlockRemoved>(&e)) {
-    open_event(w, layout, 3, "BlockRemoved");
+    open_event(w, layout, extended ? 4 : 3, "BlockRemoved");
     field(w, layout, "block_hashes");
     write_hashes(w, r->block_hashes, kind);
     field(w, layout, "medium");
     w.str("GPU");
+    if (extended) {
+      field(w, layout, "group_idx");
+      w.uinteger(r->group_idx);
+    }
   } else {
     open_event(w, layout, 1, "AllBlocksCleared");
   }
@@ -175,14 +218,19 @@ std::string hash_bytes(std::uint64_t hash) {
 std::string encode_batch(double ts, const std::vector<KvEvent>& events, int data_parallel_rank,
                          EventLayout layout, HashKind hashes) {
   MsgpackWriter w;
-  open_struct(w, layout, 3);
-  field(w, layout, "ts");
+  // The batch is positional but in the map layout.
+  const bool batch_map = layout == EventLayout::map;
+  batch_map ? w.map(3) : w.array(3);
+  if (batch_map)
+    w.str("ts");
   w.float64(ts);
-  field(w, layout, "events");
+  if (batch_map)
+    w.str("events");
   w.array(static_cast<std::uint32_t>(events.size()));
   for (const KvEvent& e : events)
     write_event(w, e, layout, hashes);
-  field(w, layout, "data_parallel_rank");
+  if (batch_map)
+    w.str("data_parallel_rank");
   w.integer(data_parallel_rank);
   return w.take();
 }

@@ -42,18 +42,34 @@ bool endpoint_binds(std::string_view endpoint);
 // How block hashes go on the wire: ints (vLLM before 0.10) or 32-byte
 // values (newer vLLMs hash blocks with SHA-256).
 enum class HashKind { integer, bytes };
-// Batches and events as positional arrays (msgspec array_like, current
-// vLLM) or as maps keyed by field name (older vLLMs).
-enum class EventLayout { array, map };
+// How batches and events go on the wire (vLLM's vllm/distributed/kv_events.py):
+// - vllm: as current vLLM sends them: the batch a positional array (msgspec
+//   array_like), each event a map tagged by "type" carrying every field,
+//   extra_keys, group_idx and kv_cache_spec_kind included;
+// - array: as vLLM did before its events became maps: batch and events
+//   positional, events ending at lora_name (no group, kind or extra keys);
+// - map: batch and events both maps, with every field.
+enum class EventLayout { vllm, array, map };
+
+// One KV-cache group of the simulated model: its index is its position in
+// --kv-cache-groups, its kind one of vLLM's KVCacheSpecKind values.
+struct CacheGroup {
+  std::uint32_t idx = 0;
+  std::string kind = "full_attention";
+};
 
 struct BlockStored {
-  std::vector<std::uint64_t> block_hashes;
-  std::optional<std::uint64_t> parent_block_hash;  // the block before the first one
-  std::vector<std::uint32_t> token_ids;            // every token of these blocks, in order
-  std::size_t block_size = 0;                      // tokens per block
+  std::vector<std::uint64_t> block_hashes{};
+  std::optional<std::uint64_t> parent_block_hash{};  // the block before the first one
+  std::vector<std::uint32_t> token_ids{};            // every token of these blocks, in order
+  std::size_t block_size = 0;                        // tokens per block
+  std::string lora_name{};                           // empty: the base model's blocks
+  std::int64_t lora_id = 0;                          // vLLM's int id of that adapter (1, 2, ...)
+  CacheGroup group{};
 };
 struct BlockRemoved {
-  std::vector<std::uint64_t> block_hashes;
+  std::vector<std::uint64_t> block_hashes{};
+  std::uint32_t group_idx = 0;
 };
 struct AllBlocksCleared {};
 using KvEvent = std::variant<BlockStored, BlockRemoved, AllBlocksCleared>;
@@ -65,7 +81,8 @@ std::string hash_bytes(std::uint64_t hash);
 
 // msgpack(KVEventBatch): [ts, [events...], data_parallel_rank] or
 // {"ts", "events", "data_parallel_rank"}; each event tagged by its type
-// ("BlockStored", "BlockRemoved", "AllBlocksCleared") with medium "GPU".
+// ("BlockStored", "BlockRemoved", "AllBlocksCleared") with medium "GPU",
+// in `layout`.
 std::string encode_batch(double ts, const std::vector<KvEvent>& events, int data_parallel_rank,
                          EventLayout layout, HashKind hashes);
 

@@ -1,5 +1,6 @@
 #include "sim/options.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <functional>
@@ -116,7 +117,15 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
                             "hwm": 100000, "max_queue_size": 100000, "topic": ""};
                             a port of * binds an ephemeral port (printed at startup)
   --kv-events-hash H        int|bytes: block hashes as integers or 32-byte values (int)
-  --kv-events-format F      array|map: msgpack layout of batches and events (array)
+  --kv-events-format F      vllm|array|map: msgpack layout of batches and events: as
+                            current vLLM (positional batch, events as maps with
+                            group_idx, kv_cache_spec_kind, extra_keys), as older vLLMs
+                            (all positional, no group fields), or all maps (vllm)
+  --kv-cache-groups K,K     the model's KV-cache groups by kind (full_attention,
+                            sliding_window, mamba, ...); each group's blocks are
+                            published on their own (full_attention)
+  --lora-modules NAME[=PATH]  serve a LoRA adapter too (repeatable): requests naming
+                            it are served and their blocks published with lora_name
   --help                    print this text
 
 Flags take `--flag value` or `--flag=value`; boolean flags also accept
@@ -268,8 +277,38 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
        }},
       {"--kv-events-hash",
        choice_flag(o.kv_events_hash, {{"int", HashKind::integer}, {"bytes", HashKind::bytes}})},
-      {"--kv-events-format",
-       choice_flag(o.kv_events_format, {{"array", EventLayout::array}, {"map", EventLayout::map}})},
+      {"--kv-events-format", choice_flag(o.kv_events_format, {{"vllm", EventLayout::vllm},
+                                                              {"array", EventLayout::array},
+                                                              {"map", EventLayout::map}})},
+      {"--kv-cache-groups",
+       [&](const std::string& v) -> std::string {
+         std::vector<CacheGroup> groups;
+         std::size_t from = 0;
+         while (from <= v.size()) {
+           const std::size_t comma = std::min(v.find(',', from), v.size());
+           const std::string kind = v.substr(from, comma - from);
+           if (kind.empty() || kind.size() > 64 ||
+               kind.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos)
+             return "expects KIND[,KIND...], each a vLLM KVCacheSpecKind (full_attention, "
+                    "sliding_window, mamba, ...)";
+           groups.push_back({static_cast<std::uint32_t>(groups.size()), kind});
+           from = comma + 1;
+         }
+         o.kv_cache_groups = std::move(groups);
+         return {};
+       }},
+      {"--lora-modules",
+       [&](const std::string& v) -> std::string {
+         // vLLM's NAME=PATH (the path is not read: the sim has no weights).
+         const std::string name = v.substr(0, v.find('='));
+         if (name.empty())
+           return "expects NAME[=PATH]";
+         if (name == o.model ||
+             std::find(o.lora_modules.begin(), o.lora_modules.end(), name) != o.lora_modules.end())
+           return "names a model already served";
+         o.lora_modules.push_back(name);
+         return {};
+       }},
   };
   const std::map<std::string, bool*> booleans = {
       {"--hang", &o.hang},

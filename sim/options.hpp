@@ -54,7 +54,12 @@ struct SimOptions {
   // vLLM's --kv-events-config, and how the events are encoded.
   KvEventsConfig kv_events;
   HashKind kv_events_hash = HashKind::integer;
-  EventLayout kv_events_format = EventLayout::array;
+  EventLayout kv_events_format = EventLayout::vllm;
+  // The model's KV-cache groups, as its events name them (--kv-cache-groups).
+  std::vector<CacheGroup> kv_cache_groups{CacheGroup{}};
+  // LoRA adapters served besides the base model (--lora-modules NAME[=PATH]):
+  // a request naming one is served, its blocks published with lora_name.
+  std::vector<std::string> lora_modules;
 };
 
 struct ParseOutcome {

@@ -12,11 +12,12 @@ PrefixCache::PrefixCache(std::size_t block_size_tokens, std::size_t capacity_blo
       capacity_(std::max<std::size_t>(1, capacity_blocks)),
       enabled_(enabled) {}
 
-std::vector<std::uint64_t> PrefixCache::block_hashes(std::string_view text) const {
+std::vector<std::uint64_t> PrefixCache::block_hashes(std::string_view text,
+                                                     std::string_view lora) const {
   const std::size_t block_bytes = block_size_ * kBytesPerToken;
   std::vector<std::uint64_t> out;
   out.reserve(text.size() / block_bytes);
-  std::uint64_t h = 14695981039346656037ull;
+  std::uint64_t h = lora.empty() ? 14695981039346656037ull : fnv1a64(lora);
   for (std::size_t off = 0; off + block_bytes <= text.size(); off += block_bytes) {
     // Chaining: the previous hash is the FNV basis of the next block.
     h = fnv1a64(text.substr(off, block_bytes), h);

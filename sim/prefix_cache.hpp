@@ -28,7 +28,10 @@ class PrefixCache {
   PrefixCache(std::size_t block_size_tokens, std::size_t capacity_blocks, bool enabled = true);
 
   // Chained hashes of the text's full blocks (a partial tail block has none).
-  std::vector<std::uint64_t> block_hashes(std::string_view text) const;
+  // `lora`: the LoRA adapter computing them (empty: the base model); its
+  // blocks are other KV, so the chain starts from its name, as vLLM's
+  // block hashes take the adapter in their extra keys.
+  std::vector<std::uint64_t> block_hashes(std::string_view text, std::string_view lora = {}) const;
 
   // Number of leading blocks present; those become most recently used.
   std::size_t match(const std::vector<std::uint64_t>& hashes);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -22,17 +23,36 @@ namespace pdgate {
 // index needs to follow parents and removals.
 using EngineBlockHash = std::uint64_t;
 
+// vLLM's KVCacheSpecKind values whose blocks hold every token of a prefix
+// (full attention and its MLA and attention-sink variants). Other kinds
+// (sliding_window, mamba, chunked_local_attention, cross_attention, ...)
+// keep a window or a state, not the prefix: docs/kv-events.md.
+bool is_full_attention_kind(std::string_view kind);
+
+// Every field has a default member initializer, so aggregates naming only
+// the first fields stay clear of -Wmissing-field-initializers.
 struct KvBlockStored {
-  std::vector<EngineBlockHash> block_hashes;
-  std::optional<EngineBlockHash> parent;  // none: the first block of a prompt
+  std::vector<EngineBlockHash> block_hashes{};
+  std::optional<EngineBlockHash> parent{};  // none: the first block of a prompt
   // block_hashes.size() * block_size ids, the blocks' tokens in order.
-  std::vector<std::uint32_t> token_ids;
+  std::vector<std::uint32_t> token_ids{};
   std::uint32_t block_size = 0;
-  std::optional<std::int64_t> lora_id;
+  std::optional<std::int64_t> lora_id{};     // deprecated by vLLM for lora_name; older engines
+  std::optional<std::string> lora_name{};    // the adapter the blocks were computed with
+  std::optional<std::string> medium{};       // "GPU", "CPU", ...; none: an engine before the field
+  std::optional<std::uint32_t> group_idx{};  // the KV-cache group; none: the only one
+  std::optional<std::string> kv_cache_spec_kind{};  // the group's kind; none: not said
+  // One per block when the engine sent extra_keys (else empty): a hash of
+  // what besides the tokens and the LoRA name keyed the block (multimodal
+  // inputs, cache_salt, prompt embeddings), 0 for a block keyed by its
+  // tokens alone.
+  std::vector<std::uint64_t> extra_keys{};
 };
 
 struct KvBlockRemoved {
-  std::vector<EngineBlockHash> block_hashes;
+  std::vector<EngineBlockHash> block_hashes{};
+  std::optional<std::string> medium{};
+  std::optional<std::uint32_t> group_idx{};
 };
 
 struct KvAllBlocksCleared {};
@@ -42,6 +62,10 @@ using KvEvent = std::variant<KvBlockStored, KvBlockRemoved, KvAllBlocksCleared>;
 struct KvEventBatch {
   double ts = 0;  // the engine's wall clock, seconds since the epoch
   std::vector<KvEvent> events;
+  // The engine's data-parallel rank (vLLM's publisher sets it on every
+  // batch; each rank publishes on its own port). Checked by the decoder
+  // (0 to 65535); events are applied under kv_event_source() (see
+  // plugins/zmq_kv_events.hpp), the one place a rank would name an index key.
   std::optional<std::int64_t> data_parallel_rank;
   std::size_t unknown_events = 0;  // of a type this version does not know: skipped
 };

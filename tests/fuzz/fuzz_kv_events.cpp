@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "core/routing/kv_block_index.hpp"
 #include "plugins/kv_event_decoder.hpp"
@@ -35,15 +37,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     index.apply(2, e);
   }
   index.set_state(1, KvFeedState::exact);
+  // Looked up as the base model and as each adapter the events named
+  // (LoRA roots, groups, media and extra keys all take part).
   std::vector<std::uint32_t> tokens;
+  std::vector<std::string> models = {""};
   for (const auto& e : b->events) {
     if (const auto* s = std::get_if<KvBlockStored>(&e)) {
-      tokens = s->token_ids;
-      break;
+      if (tokens.empty())
+        tokens = s->token_ids;
+      if (s->lora_name && models.size() < 4)
+        models.push_back(*s->lora_name);
+      if (!s->extra_keys.empty() && s->extra_keys.size() != s->block_hashes.size())
+        std::abort();
     }
   }
-  for (const auto& row : index.cached_tokens(tokens)) {
-    if (row.tokens > tokens.size())
+  for (const auto& model : models) {
+    for (const auto& row : index.cached_tokens(tokens, model)) {
+      if (row.tokens > tokens.size())
+        std::abort();
+    }
+  }
+  for (const auto& row : index.instances()) {
+    if (row.blocks > 64)
       std::abort();
   }
   if (index.total_blocks() > 96)

@@ -212,13 +212,13 @@ TEST_F(KvEvents, UndecodablePayloadFallsBackAndGatewayServes) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
-// A prefill sim publishing its KV events on a port of its choosing.
-std::unique_ptr<Sim> event_sim(const std::string& role) {
-  return std::make_unique<Sim>(
-      role, std::vector<std::string>{
-                "--kv-events-config",
+// A sim publishing its KV events on a port of its choosing.
+std::unique_ptr<Sim> event_sim(const std::string& role, std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(),
+               {"--kv-events-config",
                 R"({"enable_kv_cache_events": true, "publisher": "zmq", )"
                 R"("endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"})"});
+  return std::make_unique<Sim>(role, std::move(extra));
 }
 
 std::string events_flag(Sim& sim) {
@@ -412,6 +412,121 @@ TEST(KvEventsSim, KvAwareFollowsEvictionsPrefixAffinityDoesNot) {
   const Landed approximate = repeats_after_eviction("prefix_affinity");
   EXPECT_EQ(approximate.first, 3u);
   EXPECT_EQ(approximate.second, 0u);
+}
+
+// Two combined (one-hop) engines behind a gateway routing on their KV events with kExactPolicy.
+struct OneHopPair {
+  std::unique_ptr<Sim> a, b;
+  EditedFile policy{"exact.lua", kExactPolicy};
+  std::unique_ptr<Gateway> gw;
+  std::string a_label, b_label;
+
+  OneHopPair(const std::vector<std::string>& a_args, const std::vector<std::string>& b_args)
+      : a(event_sim("both", a_args)), b(event_sim("both", b_args)) {
+    gw = std::make_unique<Gateway>(std::vector<std::string>{
+        "--decode", a->hostport(), b->hostport(), "--prefill-servers-urls", "disable",
+        "--kv-events", events_flag(*a), "--kv-events", events_flag(*b), "--tokenizer", "sim",
+        "--policy-decode", policy.path()});
+    a_label = "instance=\"" + a->url() + "\"";
+    b_label = "instance=\"" + b->url() + "\"";
+  }
+  double blocks(const std::string& label) {
+    return metric(gw->port(), "pdgate_kv_index_blocks", label);
+  }
+};
+
+std::string long_prompt(const std::string& words, int sentences) {
+  std::string prompt;
+  for (int i = 0; i < sentences; ++i)
+    prompt += words + " " + std::to_string(i) + ". ";
+  return prompt;
+}
+
+// Both engines serve the base model and the LoRA adapter "ad1", and both cache the same prompt:
+// one computed with the adapter, the other with the base model. A request naming the adapter
+// goes to the engine holding the adapter's blocks, a base request to the one holding the base
+// model's: a LoRA's blocks are not the base model's, in either direction. `format`: how the
+// engines encode their events (current vLLM's, or older vLLMs' positional events).
+void lora_and_base_requests_route_on_their_own_blocks(const std::string& format) {
+  const std::vector<std::string> args = {"--lora-modules", "ad1=/adapters/ad1",
+                                         "--kv-events-format", format};
+  OneHopPair pair(args, args);
+  ASSERT_TRUE(heard_from(pair.gw->port(), *pair.a));
+  ASSERT_TRUE(heard_from(pair.gw->port(), *pair.b));
+  const std::string prompt = long_prompt("Sphinx of black quartz, judge my vow", 40);
+  const Json lora = {{"model", "ad1"}, {"prompt", prompt}, {"max_tokens", 2}};
+  const Json base = {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 2}};
+  ASSERT_EQ(post_json(pair.a->port(), "/v1/completions", lora).status, 200);
+  ASSERT_EQ(post_json(pair.b->port(), "/v1/completions", base).status, 200);
+  ASSERT_TRUE(eventually(
+      [&] { return pair.blocks(pair.a_label) >= 4 && pair.blocks(pair.b_label) >= 4; }, kWait));
+  pair.a->clear();
+  pair.b->clear();
+  for (int i = 0; i < 3; ++i) {
+    auto r = post_json(pair.gw->port(), "/v1/completions", lora);
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(completions_on(*pair.a), 3u) << "LoRA requests on the engine holding the adapter's";
+  EXPECT_EQ(completions_on(*pair.b), 0u);
+  pair.a->clear();
+  pair.b->clear();
+  for (int i = 0; i < 3; ++i) {
+    auto r = post_json(pair.gw->port(), "/v1/completions", base);
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(completions_on(*pair.b), 3u) << "base requests on the engine holding the base model's";
+  EXPECT_EQ(completions_on(*pair.a), 0u);
+}
+
+TEST(KvEventsSim, LoraAndBaseRequestsRouteOnTheirOwnBlocks) {
+  lora_and_base_requests_route_on_their_own_blocks("vllm");
+}
+
+TEST(KvEventsSim, LoraAndBaseRequestsRouteOnTheirOwnBlocksOldLayout) {
+  lora_and_base_requests_route_on_their_own_blocks("array");
+}
+
+// A hybrid engine (a full-attention and a sliding-window group) caches the first half of a
+// prompt; an engine whose groups are all mamba and sliding window caches the whole prompt. Only
+// full-attention blocks hold a prefix: the prompt goes to the hybrid engine, the other's blocks
+// are counted as ignored and none of them is in the index, and the hybrid engine's two groups
+// index each block once.
+TEST(KvEventsSim, NonAttentionGroupsDoNotMakeAnEngineLookCached) {
+  OneHopPair pair({"--kv-cache-groups", "full_attention,sliding_window"},
+                  {"--kv-cache-groups", "mamba,sliding_window"});
+  ASSERT_TRUE(heard_from(pair.gw->port(), *pair.a));
+  ASSERT_TRUE(heard_from(pair.gw->port(), *pair.b));
+  const std::string prompt = long_prompt("How vexingly quick daft zebras jump", 40);
+  const std::string half = prompt.substr(0, prompt.size() / 2);
+  const double b_events = metric(pair.gw->port(), "pdgate_kv_events_total", pair.b_label);
+  const Json whole = {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 2}};
+  ASSERT_EQ(post_json(pair.a->port(), "/v1/completions",
+                      {{"model", "sim-model"}, {"prompt", half}, {"max_tokens", 2}})
+                .status,
+            200);
+  ASSERT_EQ(post_json(pair.b->port(), "/v1/completions", whole).status, 200);
+  const std::string ignored = "pdgate_kv_index_ignored_blocks_total";
+  const auto half_blocks = static_cast<double>(half.size() / (16 * 4));  // 16 tokens of 4 bytes
+  // Both engines' stored events are in: the hybrid engine's blocks, and the other engine's two
+  // BlockStored (one per group) counted among its events.
+  ASSERT_TRUE(eventually(
+      [&] {
+        return pair.blocks(pair.a_label) == half_blocks &&
+               metric(pair.gw->port(), "pdgate_kv_events_total", pair.b_label) >= b_events + 2;
+      },
+      kWait))
+      << pair.blocks(pair.a_label) << " blocks on the hybrid engine";
+  EXPECT_EQ(pair.blocks(pair.b_label), 0);
+  EXPECT_GE(metric(pair.gw->port(), ignored, pair.b_label + ",reason=\"group\""), 8);
+  EXPECT_EQ(metric(pair.gw->port(), ignored, pair.a_label + ",reason=\"group\""), half_blocks);
+  pair.a->clear();
+  pair.b->clear();
+  for (int i = 0; i < 3; ++i) {
+    auto r = post_json(pair.gw->port(), "/v1/completions", whole);
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(completions_on(*pair.a), 3u);
+  EXPECT_EQ(completions_on(*pair.b), 0u);
 }
 
 // Instances added through the admin API with an event endpoint are subscribed, and removed ones

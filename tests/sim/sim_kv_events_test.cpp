@@ -25,17 +25,37 @@ TEST(SimKvEvents, ArrayLayoutMatchesVllmsPositionalEncoding) {
             "6c656172656400");
 }
 
-// Map layout: {"ts", "events": [{"type": ..., field: value...}], "data_parallel_rank"}.
-TEST(SimKvEvents, MapLayoutMatchesOlderVllmsKeyedEncoding) {
+// Map layout: {"ts", "events": [{"type": ..., field: value...}], "data_parallel_rank"}, each
+// event with the fields current vLLM adds (extra_keys, group_idx, kv_cache_spec_kind).
+TEST(SimKvEvents, MapLayoutMatchesVllmsKeyedEncoding) {
   std::vector<KvEvent> events = {BlockStored{{1, 2}, 7, {10}, 1}, BlockRemoved{{3}},
                                  AllBlocksCleared{}};
   EXPECT_EQ(hex(encode_batch(1.5, events, 0, EventLayout::map, HashKind::integer)),
-            "83a27473cb3ff8000000000000a66576656e74739388a474797065ab426c6f636b53746f726564ac62"
-            "6c6f636b5f686173686573920102b1706172656e745f626c6f636b5f6861736807a9746f6b656e5f69"
-            "6473910aaa626c6f636b5f73697a6501a76c6f72615f6964c0a66d656469756da3475055a96c6f7261"
-            "5f6e616d65c083a474797065ac426c6f636b52656d6f766564ac626c6f636b5f686173686573910"
-            "3a66d656469756da347505581a474797065b0416c6c426c6f636b73436c6561726564b2646174615f70"
-            "6172616c6c656c5f72616e6b00");
+            "83a27473cb3ff8000000000000a66576656e7473938ba474797065ab426c6f636b53746f726564ac626c"
+            "6f636b5f686173686573920102b1706172656e745f626c6f636b5f6861736807a9746f6b656e5f696473"
+            "910aaa626c6f636b5f73697a6501a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e61"
+            "6d65c0aa65787472615f6b65797392c0c0a967726f75705f69647800b26b765f63616368655f73706563"
+            "5f6b696e64ae66756c6c5f617474656e74696f6e84a474797065ac426c6f636b52656d6f766564ac626c"
+            "6f636b5f6861736865739103a66d656469756da3475055a967726f75705f6964780081a474797065b041"
+            "6c6c426c6f636b73436c6561726564b2646174615f706172616c6c656c5f72616e6b00");
+}
+
+// Current vLLM's layout: a positional batch of event maps; a LoRA adapter's block names it
+// (lora_id, lora_name, extra_keys) and a sliding-window group's carries its window.
+TEST(SimKvEvents, VllmLayoutMatchesCurrentVllmsEncoding) {
+  BlockStored lora{{5}, std::nullopt, {1, 2}, 2};
+  lora.lora_name = "ad1";
+  lora.lora_id = 1;
+  lora.group = {1, "sliding_window"};
+  std::vector<KvEvent> events = {lora, BlockRemoved{{3}, 1}};
+  EXPECT_EQ(hex(encode_batch(1.5, events, 0, EventLayout::vllm, HashKind::integer)),
+            "93cb3ff8000000000000928ca474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573"
+            "9105b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473920102aa626c6f636b5f73"
+            "697a6502a76c6f72615f696401a66d656469756da3475055a96c6f72615f6e616d65a3616431aa657874"
+            "72615f6b6579739191a3616431a967726f75705f69647801b26b765f63616368655f737065635f6b696e"
+            "64ae736c6964696e675f77696e646f77bc6b765f63616368655f737065635f736c6964696e675f77696e"
+            "646f770884a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739103a66d6564"
+            "69756da3475055a967726f75705f6964780100");
 }
 
 // Byte hashes are 32-byte bin values starting with the hash itself, big-endian.

@@ -74,13 +74,17 @@ TEST(SimOptions, RejectsBadInput) {
   EXPECT_FALSE(parse({"--role", "both", "--hang=maybe"}).options);
 }
 
-// KV events are off by default; the three flags set the config, the hash kind and the layout.
+// KV events are off by default; the three flags set the config, the hash kind and the layout
+// (current vLLM's by default).
 TEST(SimOptions, KvEventFlags) {
   auto d = parse({"--role", "both"});
   ASSERT_TRUE(d.options) << d.error;
   EXPECT_FALSE(d.options->kv_events.enabled);
   EXPECT_EQ(d.options->kv_events_hash, HashKind::integer);
-  EXPECT_EQ(d.options->kv_events_format, EventLayout::array);
+  EXPECT_EQ(d.options->kv_events_format, EventLayout::vllm);
+  ASSERT_EQ(d.options->kv_cache_groups.size(), 1u);
+  EXPECT_EQ(d.options->kv_cache_groups[0].kind, "full_attention");
+  EXPECT_TRUE(d.options->lora_modules.empty());
   auto r = parse({"--role", "prefill", "--kv-events-config",
                   R"({"enable_kv_cache_events": true, "endpoint": "tcp://*:*", "topic": "t"})",
                   "--kv-events-hash=bytes", "--kv-events-format", "map"});
@@ -97,6 +101,23 @@ TEST(SimOptions, KvEventFlags) {
   EXPECT_NE(bad.error.find("endpont"), std::string::npos);
   EXPECT_FALSE(parse({"--role", "both", "--kv-events-hash", "sha"}).options);
   EXPECT_FALSE(parse({"--role", "both", "--kv-events-format", "json"}).options);
+}
+
+// --kv-cache-groups names each group's kind in order; --lora-modules adds adapters by name (the
+// path is vLLM's and ignored), never the base model's name twice.
+TEST(SimOptions, CacheGroupsAndLoraModules) {
+  auto o = parse({"--role", "both", "--kv-cache-groups", "full_attention,mamba", "--lora-modules",
+                  "ad1=/p/ad1", "--lora-modules", "ad2"});
+  ASSERT_TRUE(o.options) << o.error;
+  ASSERT_EQ(o.options->kv_cache_groups.size(), 2u);
+  EXPECT_EQ(o.options->kv_cache_groups[1].idx, 1u);
+  EXPECT_EQ(o.options->kv_cache_groups[1].kind, "mamba");
+  EXPECT_EQ(o.options->lora_modules, (std::vector<std::string>{"ad1", "ad2"}));
+  EXPECT_FALSE(parse({"--role", "both", "--kv-cache-groups", "full_attention,"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--kv-cache-groups", "Full Attention"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--lora-modules", "=/p"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--lora-modules", "sim-model"}).options);
+  EXPECT_FALSE(parse({"--role", "both", "--lora-modules", "a", "--lora-modules", "a=/x"}).options);
 }
 
 // --help short-circuits parsing even when other flags are invalid.

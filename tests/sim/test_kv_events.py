@@ -48,9 +48,11 @@ class Sim:
     """A pdgate-sim with KV events on ephemeral ports, and a subscriber."""
 
     def __init__(self, role="both", extra=(), replay=False, topic="kv-test", config=None,
-                 sub=None):
+                 sub=None, fmt="array"):
         """`sub`: a SUB socket that already bound the endpoint (the sim
-        connects to it); by default the test's SUB connects to the sim."""
+        connects to it); by default the test's SUB connects to the sim.
+        `fmt`: --kv-events-format; most tests read older vLLMs' positional
+        events, test_current_vllm_layout current vLLM's."""
         cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
                "endpoint": "tcp://127.0.0.1:*", "topic": topic}
         if replay:
@@ -61,7 +63,7 @@ class Sim:
         self.proc = subprocess.Popen(
             [SIM, "--role", role, "--block-size", str(BLOCK), "--prefill-base-ms", "0",
              "--prefill-us-per-token", "0", "--itl-ms", "0", "--kv-events-config", json.dumps(cfg),
-             *extra],
+             "--kv-events-format", fmt, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.endpoint = self.replay_endpoint = None
         self.port = None
@@ -269,6 +271,40 @@ class KvEventsTest(unittest.TestCase):
         _, _, b2, _ = sim.recv()
         self.assertEqual(b2[1][0][2], hashes[1])
         self.assertEqual(len(b2[1][0][1][0]), 32)
+
+    # The default layout is current vLLM's: a positional batch of events as maps, each
+    # carrying its KV-cache group and kind (--kv-cache-groups: one event per group), the
+    # adapter that computed it (--lora-modules: lora_name, lora_id and extra_keys naming it),
+    # and kv_cache_spec_sliding_window for sliding-window groups only. An adapter's blocks
+    # hash apart from the base model's for the same prompt.
+    def test_current_vllm_layout(self):
+        sim = self.start(fmt="vllm", extra=["--kv-cache-groups", "full_attention,sliding_window",
+                                            "--lora-modules", "ad1=/adapters/ad1"])
+        sim.complete(blocks("a", "b"), model="ad1")
+        _, _, batch, _ = sim.recv()
+        self.assert_batch_shape(batch)
+        full, window = batch[1]
+        for ev, idx, kind in ((full, 0, "full_attention"), (window, 1, "sliding_window")):
+            self.assertEqual(ev["type"], "BlockStored")
+            self.assertEqual(ev["group_idx"], idx)
+            self.assertEqual(ev["kv_cache_spec_kind"], kind)
+            self.assertEqual(ev["lora_name"], "ad1")
+            self.assertEqual(ev["lora_id"], 1)
+            self.assertEqual(ev["medium"], "GPU")
+            self.assertEqual(ev["extra_keys"], [["ad1"], ["ad1"]])
+            self.assertEqual(ev["token_ids"], token_ids(text_of(blocks("a", "b"))))
+        self.assertEqual(full["block_hashes"], window["block_hashes"])
+        self.assertNotIn("kv_cache_spec_sliding_window", full)
+        self.assertEqual(window["kv_cache_spec_sliding_window"], 4 * BLOCK)
+        sim.complete(blocks("a", "b"))
+        _, _, base, _ = sim.recv()
+        ev = base[1][0]
+        self.assertIsNone(ev["lora_name"])
+        self.assertIsNone(ev["lora_id"])
+        self.assertEqual(ev["extra_keys"], [None, None])
+        self.assertFalse(set(ev["block_hashes"]) & set(full["block_hashes"]))
+        status, _ = sim.post("/v1/completions", {"prompt": "x", "max_tokens": 1, "model": "ad2"})
+        self.assertEqual(status, 404)
 
     # --kv-events-format map: the batch and its events are maps keyed by field name, with
     # the same content as the positional layout.

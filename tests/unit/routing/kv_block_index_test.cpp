@@ -120,16 +120,128 @@ TEST(KvBlockIndex, CapsAndUnknownParentsDropBlocks) {
   EXPECT_EQ(index.total_blocks(), 2u);
 }
 
-// LoRA adapters' blocks are different KV: a request without the adapter does not match them.
-TEST(KvBlockIndex, LoraBlocksAreApart) {
+std::size_t tokens_for(const KvBlockIndex& index, InstanceKey key,
+                       const std::vector<std::uint32_t>& request, std::string_view model) {
+  for (const auto& row : index.cached_tokens(request, model))
+    if (row.key == key)
+      return row.tokens;
+  return 0;
+}
+
+// A LoRA adapter's blocks are different KV: a request naming the adapter matches only them, a
+// base request (or one naming another model) only the base model's.
+TEST(KvBlockIndex, LoraBlocksAreApartFromTheBaseModels) {
+  KvBlockIndex index;
+  const auto tokens = iota_tokens(48);
+  auto lora = stored({1, 2, 3}, std::nullopt, tokens, 16);
+  lora.lora_name = "ad1";
+  lora.lora_id = 1;
+  index.apply(1, lora);
+  index.apply(2, stored({1}, std::nullopt, {tokens.begin(), tokens.begin() + 16}, 16));
+  index.set_state(1, KvFeedState::exact);
+  index.set_state(2, KvFeedState::exact);
+  EXPECT_EQ(tokens_for(index, 1, tokens, "ad1"), 48u);
+  EXPECT_EQ(tokens_for(index, 2, tokens, "ad1"), 0u);
+  EXPECT_EQ(tokens_for(index, 1, tokens, "base-model"), 0u);
+  EXPECT_EQ(tokens_for(index, 2, tokens, "base-model"), 16u);
+  EXPECT_EQ(tokens_for(index, 2, tokens, ""), 16u);
+  // An engine before lora_name said only lora_id: its blocks match no request, base or not.
+  auto old = stored({9}, std::nullopt, {tokens.begin(), tokens.begin() + 16}, 16);
+  old.lora_id = 4;
+  index.apply(3, old);
+  index.set_state(3, KvFeedState::exact);
+  EXPECT_EQ(tokens_for(index, 3, tokens, ""), 0u);
+  EXPECT_EQ(tokens_for(index, 3, tokens, "ad1"), 0u);
+}
+
+// Only full-attention groups hold prefixes: a sliding-window or mamba group's blocks are not
+// indexed (counted as ignored), and the kind a group's stored event said is remembered for its
+// later events without one. Groups keep their blocks apart: evicting a hash from the
+// sliding-window group (vLLM does, early) leaves the full-attention group's block of the same
+// hash. An event without group or kind (an older engine) is full attention.
+TEST(KvBlockIndex, OnlyFullAttentionGroupsAreIndexed) {
+  KvBlockIndex index;
+  const auto tokens = iota_tokens(32);
+  const auto in_group = [&](std::uint32_t group, std::optional<std::string> kind) {
+    auto s = stored({1, 2}, std::nullopt, tokens, 16);
+    s.group_idx = group;
+    s.kv_cache_spec_kind = std::move(kind);
+    return s;
+  };
+  index.apply(1, in_group(0, "full_attention"));
+  index.apply(1, in_group(1, "sliding_window"));
+  index.apply(2, in_group(0, "mamba"));
+  index.apply(2, in_group(1, "sliding_window_mla"));
+  index.apply(3, in_group(0, "mla_attention"));
+  index.apply(4, stored({1, 2}, std::nullopt, tokens, 16));
+  for (InstanceKey k = 1; k <= 4; ++k)
+    index.set_state(k, KvFeedState::exact);
+  EXPECT_EQ(tokens_on(index, 1, tokens), 32u);
+  EXPECT_EQ(tokens_on(index, 2, tokens), 0u);
+  EXPECT_EQ(tokens_on(index, 3, tokens), 32u);
+  EXPECT_EQ(tokens_on(index, 4, tokens), 32u);
+  EXPECT_EQ(index.total_blocks(), 6u);
+  for (const auto& row : index.instances()) {
+    if (row.key == 1) {
+      EXPECT_EQ(row.ignored_group, 2u);
+    } else if (row.key == 2) {
+      EXPECT_EQ(row.ignored_group, 4u);
+    }
+  }
+  // The sliding-window group evicts both hashes: the full-attention blocks stay.
+  index.apply(1, KvBlockRemoved{{1, 2}, "GPU", 1});
+  EXPECT_EQ(tokens_on(index, 1, tokens), 32u);
+  // A later event of group 1 without a kind is still sliding window; of a new group, full.
+  index.apply(2, in_group(1, std::nullopt));
+  EXPECT_EQ(tokens_on(index, 2, tokens), 0u);
+  index.apply(2, in_group(7, std::nullopt));
+  EXPECT_EQ(tokens_on(index, 2, tokens), 32u);
+  // The full-attention group's own eviction does remove them.
+  index.apply(1, KvBlockRemoved{{2}, "GPU", 0});
+  EXPECT_EQ(tokens_on(index, 1, tokens), 16u);
+}
+
+// Blocks on the engine's GPU or its own CPU offload count as cached there; a removal from one
+// medium leaves the copy on the other; blocks on other media (shared storage) are not indexed.
+TEST(KvBlockIndex, MediaGpuAndCpuCountOthersDoNot) {
   KvBlockIndex index;
   const auto tokens = iota_tokens(16);
-  auto s = stored({1}, std::nullopt, tokens, 16);
-  s.lora_id = 3;
+  auto gpu = stored({1}, std::nullopt, tokens, 16);
+  gpu.medium = "GPU";
+  auto cpu = gpu;
+  cpu.medium = "CPU";
+  auto disk = gpu;
+  disk.medium = "STORAGE";
+  index.apply(1, gpu);
+  index.apply(1, cpu);
+  index.apply(2, disk);
+  index.set_state(1, KvFeedState::exact);
+  index.set_state(2, KvFeedState::exact);
+  EXPECT_EQ(tokens_on(index, 2, tokens), 0u);
+  index.apply(1, KvBlockRemoved{{1}, "GPU", std::nullopt});
+  EXPECT_EQ(tokens_on(index, 1, tokens), 16u);  // still offloaded to its CPU
+  index.apply(1, KvBlockRemoved{{1}, "STORAGE", std::nullopt});
+  EXPECT_EQ(tokens_on(index, 1, tokens), 16u);  // not a medium counted: changes nothing
+  index.apply(1, KvBlockRemoved{{1}, "CPU", std::nullopt});
+  EXPECT_EQ(tokens_on(index, 1, tokens), 0u);
+  for (const auto& row : index.instances()) {
+    if (row.key == 2) {
+      EXPECT_EQ(row.ignored_medium, 1u);
+    }
+  }
+}
+
+// A block keyed by more than its tokens (an image, a cache_salt) matches no token-only
+// request, nor do the blocks chained after it; blocks before it still do.
+TEST(KvBlockIndex, ExtraKeysMakeBlocksUnmatchable) {
+  KvBlockIndex index;
+  const auto tokens = iota_tokens(48);
+  auto s = stored({1, 2, 3}, std::nullopt, tokens, 16);
+  s.extra_keys = {0, 0xabcdef, 0};
   index.apply(1, s);
   index.set_state(1, KvFeedState::exact);
-  EXPECT_EQ(tokens_on(index, 1, tokens), 0u);
-  EXPECT_EQ(index.cached_tokens(tokens, 3)[0].tokens, 16u);
+  EXPECT_EQ(tokens_on(index, 1, tokens), 16u);
+  EXPECT_EQ(index.total_blocks(), 3u);  // kept, so removals and children follow
 }
 
 }  // namespace
