@@ -245,6 +245,28 @@ std::string Gateway::metrics_text(bool addresses) const {
       m.sample("pdgate_client_key_requests_total", {{"outcome", outcome}},
                std::uint64_t{n->load()});
     }
+    // Per key, by its name (bounded: ClientKeys::kMaxKeySeries, then
+    // "other"). Every outcome is written once a key was seen, so a rate of
+    // 429s reads 0 rather than nothing.
+    m.counter("pdgate_key_requests_total",
+              "Requests per API key (its name), by outcome: admitted, limited_rate, "
+              "limited_concurrency, limited_tokens (answered 429), limiter_unavailable.");
+    client_keys_->for_each_key_stats([&m](const std::string& name, const KeyStats& k) {
+      for (const auto& [outcome, n] :
+           {std::pair{"admitted", &k.admitted}, std::pair{"limited_rate", &k.limited_rate},
+            std::pair{"limited_concurrency", &k.limited_concurrency},
+            std::pair{"limited_tokens", &k.limited_tokens},
+            std::pair{"limiter_unavailable", &k.limiter_unavailable}}) {
+        m.sample("pdgate_key_requests_total", {{"key", name}, {"outcome", outcome}},
+                 std::uint64_t{n->load()});
+      }
+    });
+    m.counter("pdgate_key_tokens_total",
+              "Prompt and completion tokens per API key (its name), as the engines counted "
+              "them.");
+    client_keys_->for_each_key_stats([&m](const std::string& name, const KeyStats& k) {
+      m.sample("pdgate_key_tokens_total", {{"key", name}}, std::uint64_t{k.tokens.load()});
+    });
     m.gauge("pdgate_client_keys", "API keys known (file and Redis).");
     m.sample("pdgate_client_keys", std::uint64_t{client_keys_->size()});
   }

@@ -15,6 +15,8 @@ void count(std::atomic<std::uint64_t>& c) {
 }  // namespace
 
 ClientAdmission::~ClientAdmission() {
+  if (stats_ != nullptr && tokens_ > 0)
+    stats_->tokens.fetch_add(tokens_, std::memory_order_relaxed);
   if (limiter_ != nullptr && key_)
     limiter_->release(*key_, slot_, tokens_, reserved_);
 }
@@ -28,8 +30,10 @@ bool authenticate(WorkerContext& w, const http::request<http::string_body>& req,
   const std::string_view presented =
       auth == req.end() ? std::string_view{} : bearer_token(auth->value());
   out.key_ = keys.find(presented);
-  if (out.key_)
+  if (out.key_) {
+    out.stats_ = &keys.stats_for(*out.key_);
     return true;
+  }
   count(keys.counters().unauthenticated);
   refusal = client_error(ErrorKind::unauthenticated,
                          presented.empty() ? "You didn't provide an API key: send it as "
@@ -45,14 +49,17 @@ boost::asio::awaitable<bool> admit_limits(WorkerContext& w, std::string_view req
     co_return true;
   ClientKeys& keys = *w.client_keys;
   auto& c = keys.counters();
+  KeyStats& k = *out.stats_;
   if (!out.key_->limits.any() || !w.client_limiter) {
     count(c.admitted);
+    count(k.admitted);
     co_return true;
   }
   Admission a = co_await w.client_limiter->admit(*out.key_, request_id, reserve);
   switch (a.verdict) {
     case Admission::Verdict::admitted:
       count(c.admitted);
+      count(k.admitted);
       out.limiter_ = w.client_limiter.get();
       out.slot_ = std::move(a.slot);
       out.reserved_ = reserve;
@@ -61,6 +68,9 @@ boost::asio::awaitable<bool> admit_limits(WorkerContext& w, std::string_view req
       count(a.reason == "rate"          ? c.limited_rate
             : a.reason == "concurrency" ? c.limited_concurrency
                                         : c.limited_tokens);
+      count(a.reason == "rate"          ? k.limited_rate
+            : a.reason == "concurrency" ? k.limited_concurrency
+                                        : k.limited_tokens);
       const char* what = a.reason == "rate"          ? "requests per second"
                          : a.reason == "concurrency" ? "concurrent requests"
                                                      : "tokens per minute";
@@ -75,6 +85,7 @@ boost::asio::awaitable<bool> admit_limits(WorkerContext& w, std::string_view req
     }
     case Admission::Verdict::unavailable:
       count(c.limiter_unavailable);
+      count(k.limiter_unavailable);
       if (keys.fail_open()) {
         spdlog::debug("request {}: limiter unavailable ({}); admitted (fail open)", request_id,
                       a.reason);

@@ -41,6 +41,7 @@ class ClientAdmission {
                                                    std::optional<GatewayError>& refusal);
   ClientLimiter* limiter_ = nullptr;  // set once a slot is held
   ClientKeyPtr key_;
+  KeyStats* stats_ = nullptr;  // the key's counts, once authenticated
   std::string slot_;
   std::uint64_t tokens_ = 0;
   std::uint64_t reserved_ = 0;

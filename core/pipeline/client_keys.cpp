@@ -262,6 +262,38 @@ ClientKeys::FileKeyChanges ClientKeys::replace_file_keys(KeyTable keys) {
   return c;
 }
 
+KeyStats& ClientKeys::stats_for(const ClientKey& key) {
+  {
+    std::shared_lock lock(stats_mu_);
+    if (auto it = stats_.find(key.name); it != stats_.end())
+      return *it->second;
+  }
+  std::unique_lock lock(stats_mu_);
+  if (auto it = stats_.find(key.name); it != stats_.end())
+    return *it->second;
+  if (stats_.size() >= kMaxKeySeries || key.name == kOtherKeys) {
+    other_used_.store(true, std::memory_order_relaxed);
+    return other_stats_;
+  }
+  return *stats_.emplace(key.name, std::make_unique<KeyStats>()).first->second;
+}
+
+void ClientKeys::for_each_key_stats(
+    const std::function<void(const std::string& name, const KeyStats&)>& fn) const {
+  std::vector<std::pair<std::string, const KeyStats*>> rows;
+  {
+    std::shared_lock lock(stats_mu_);
+    rows.reserve(stats_.size());
+    for (const auto& [name, st] : stats_)
+      rows.emplace_back(name, st.get());
+  }
+  std::sort(rows.begin(), rows.end());
+  for (const auto& [name, st] : rows)
+    fn(name, *st);
+  if (other_used_.load(std::memory_order_relaxed))
+    fn(std::string(kOtherKeys), other_stats_);
+}
+
 std::size_t ClientKeys::size() const {
   std::lock_guard lock(mu_);
   std::size_t n = file_keys_->size();

@@ -18,9 +18,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -137,6 +139,18 @@ struct ClientKeyCounters {
   std::atomic<std::uint64_t> limiter_unavailable{0};
 };
 
+// One key's counts for /metrics, under its name (ClientKey::name).
+struct KeyStats {
+  std::atomic<std::uint64_t> admitted{0};
+  std::atomic<std::uint64_t> limited_rate{0};
+  std::atomic<std::uint64_t> limited_concurrency{0};
+  std::atomic<std::uint64_t> limited_tokens{0};
+  std::atomic<std::uint64_t> limiter_unavailable{0};
+  // Prompt and completion tokens of its requests, as the engines counted
+  // them (what tokens_per_minute is counted in).
+  std::atomic<std::uint64_t> tokens{0};
+};
+
 // The process-wide part: the key table, the per-worker limiters, counters.
 class ClientKeys {
  public:
@@ -164,6 +178,17 @@ class ClientKeys {
   // Requests already admitted keep the key they were admitted with.
   FileKeyChanges replace_file_keys(KeyTable keys);
 
+  // Per-key series are bounded: the first kMaxKeySeries names get their
+  // own, later ones share the series named kOtherKeys (a key table from
+  // Redis may hold any number of keys; /metrics must not grow with it).
+  static constexpr std::size_t kMaxKeySeries = 256;
+  static constexpr std::string_view kOtherKeys = "other";
+  // `key`'s counts (stable for the process's life).
+  KeyStats& stats_for(const ClientKey& key);
+  // Every series so far, by name (kOtherKeys last when used).
+  void for_each_key_stats(
+      const std::function<void(const std::string& name, const KeyStats&)>& fn) const;
+
  protected:
   ClientKeys(KeyTable file_keys, bool fail_open);
   // Replaces the keys learnt from a shared source (file keys stay; a file
@@ -176,6 +201,10 @@ class ClientKeys {
   std::shared_ptr<const KeyTable> shared_keys_;
   const bool fail_open_;
   ClientKeyCounters counters_;
+  mutable std::shared_mutex stats_mu_;
+  std::unordered_map<std::string, std::unique_ptr<KeyStats>> stats_;
+  KeyStats other_stats_;
+  std::atomic<bool> other_used_{false};
 };
 
 // Keys from a file, limits kept in this process (no Redis): each replica

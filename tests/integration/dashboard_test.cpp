@@ -74,8 +74,13 @@ TEST(Dashboard, EveryExpressionReturnsData) {
   const auto started = Clock::now();
   Sim p("prefill", {"--prefill-base-ms", "1"});
   Sim d("decode", {"--itl-ms", "2"});
+  // With an API key, so the per-key panels have a key to show.
+  const auto keys = std::filesystem::path(::testing::TempDir()) /
+                    ("dashboard-keys-" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(keys) << "keys:\n  - name: dashboard\n    sha256: "
+                      << "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n";
   Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport(), "--policy", "least_load",
-              "--access-log", "off"});
+              "--access-log", "off", "--api-keys", keys.string()});
 
   const auto dir =
       std::filesystem::path(::testing::TempDir()) / ("prometheus-" + std::to_string(::getpid()));
@@ -113,7 +118,7 @@ TEST(Dashboard, EveryExpressionReturnsData) {
                    {"stream", i % 2 == 0}};
       if (i % 2 == 0)
         body["stream_options"] = {{"include_usage", true}};
-      post_json(gw.port(), "/v1/chat/completions", body);
+      post_json(gw.port(), "/v1/chat/completions", body, {{"Authorization", "Bearer test"}});
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
@@ -145,6 +150,7 @@ TEST(Dashboard, EveryExpressionReturnsData) {
   prom.signal(SIGTERM);
   prom.wait(std::chrono::seconds(10));
   std::filesystem::remove_all(dir);
+  std::filesystem::remove(keys);
   EXPECT_LT(Clock::now() - started, std::chrono::seconds(60));
 }
 

@@ -132,6 +132,48 @@ TEST(ClientKeys, SighupRereadsTheKeyFile) {
   EXPECT_EQ(chat(gw.port(), bearer("sk-b")).status, 401);
 }
 
+// Per-key metrics under the key's name: requests by outcome (429s by the
+// limit that refused them) and tokens as the engine counted them; the
+// series are bounded: keys past the 256th share the series "other".
+TEST(ClientKeys, PerKeyMetricsAreNamedAndBounded) {
+  Sim p("prefill");
+  Sim d("decode");
+  std::string entries = entry("team-a", "sk-a", "    requests_per_second: 0.2\n    burst: 1\n") +
+                        entry("team-b", "sk-b");
+  for (int i = 0; i < 260; ++i)
+    entries += entry("bulk-" + std::to_string(i), "sk-bulk-" + std::to_string(i));
+  KeyFile keys(entries);
+  Gateway gw(engines(p, d, {"--api-keys", keys.path()}));
+  auto r = chat(gw.port(), bearer("sk-a"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto usage = r.json()["usage"];
+  EXPECT_EQ(chat(gw.port(), bearer("sk-a")).status, 429);
+  ASSERT_EQ(chat(gw.port(), bearer("sk-b")).status, 200);
+  ASSERT_EQ(chat(gw.port(), bearer("sk-b")).status, 200);
+  EXPECT_EQ(sample(gw.port(), "pdgate_key_requests_total{key=\"team-a\",outcome=\"admitted\"}"), 1);
+  EXPECT_EQ(sample(gw.port(), "pdgate_key_requests_total{key=\"team-a\",outcome=\"limited_rate\"}"),
+            1);
+  EXPECT_EQ(sample(gw.port(), "pdgate_key_requests_total{key=\"team-b\",outcome=\"admitted\"}"), 2);
+  EXPECT_EQ(sample(gw.port(), "pdgate_key_requests_total{key=\"team-b\",outcome=\"limited_rate\"}"),
+            0);
+  EXPECT_EQ(sample(gw.port(), "pdgate_key_tokens_total{key=\"team-a\"}"),
+            usage["prompt_tokens"].get<double>() + usage["completion_tokens"].get<double>());
+  // 2 named so far; 254 more get their own series, the last 6 share "other".
+  for (int i = 0; i < 260; ++i)
+    ASSERT_EQ(models(gw.port(), "sk-bulk-" + std::to_string(i)).status, 200);
+  const std::string page = get(gw.port(), "/metrics").body;
+  std::size_t series = 0;
+  for (auto at = page.find("\npdgate_key_tokens_total{"); at != std::string::npos;
+       at = page.find("\npdgate_key_tokens_total{", at + 1))
+    ++series;
+  EXPECT_EQ(series, 257u);  // 256 names and "other"
+  EXPECT_EQ(sample(gw.port(), "pdgate_key_requests_total{key=\"other\",outcome=\"admitted\"}"), 6);
+  EXPECT_EQ(sample(gw.port(), "pdgate_key_requests_total{key=\"bulk-253\",outcome=\"admitted\"}"),
+            1);
+  EXPECT_EQ(sample(gw.port(), "pdgate_key_requests_total{key=\"bulk-254\",outcome=\"admitted\"}"),
+            -1);
+}
+
 // Two replicas sharing one Redis, one key (`limits` in YAML) known to
 // both, engines behind them; ready once each replica admits the key.
 struct TwoReplicas {
