@@ -60,8 +60,10 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   }
   UpstreamError rerr;
   if (stream) {
-    r->stream.emplace(w, *ex, *decode, rc.request_id(), r->conversation,
-                      rc.facts.include_usage || rc.usage_for_gateway, rc.usage_for_gateway);
+    r->stream.emplace(
+        w, *ex, *decode, rc.request_id(), r->conversation,
+        rc.facts.include_usage || rc.usage_for_gateway || rc.api == GenerationApi::responses,
+        rc.usage_for_gateway);
     while (!rerr && r->first.empty() && !r->stream->done())
       rerr = co_await r->stream->read_into(r->first);
     r->first_token_at = r->stream->first_event_at();
