@@ -166,34 +166,17 @@ class Server {
   }
 
   static std::string route_label(std::string_view path) {
-    static constexpr std::string_view kKnown[] = {"/v1/completions",
-                                                  "/v1/chat/completions",
-                                                  "/v1/models",
-                                                  "/health",
-                                                  "/start_profile",
-                                                  "/stop_profile",
-                                                  "/metrics",
-                                                  "/sim/requests",
-                                                  "/sim/stats",
-                                                  "/sim/kv/pull",
-                                                  "/tokenize",
-                                                  "/reset_prefix_cache",
-                                                  "/v1/responses",
-                                                  "/detokenize",
-                                                  "/v1/embeddings",
-                                                  "/pooling",
-                                                  "/classify",
-                                                  "/score",
-                                                  "/v1/score",
-                                                  "/rerank",
-                                                  "/v1/rerank",
-                                                  "/v2/rerank",
-                                                  "/v1/audio/transcriptions",
-                                                  "/v1/audio/translations"};
+    static constexpr std::string_view kKnown[] = {
+        "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+        "/start_profile",  "/stop_profile",        "/metrics",   "/sim/requests",
+        "/sim/stats",      "/sim/kv/pull",         "/tokenize",  "/reset_prefix_cache",
+        "/v1/responses"};
     for (auto k : kKnown) {
       if (path == k)
         return std::string(k);
     }
+    if (is_one_hop_path(path))
+      return std::string(path);
     return "other";
   }
 

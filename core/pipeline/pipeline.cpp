@@ -403,11 +403,8 @@ net::awaitable<bool> serve_forwarded(ClientRequest& c, std::string_view engine_p
     } else {
       report.header(ex->status());
       span.status(ex->status());
-      if (ex->status() >= 500) {
-        failed = co_await engine_status_error(Stage::decode, *ex, *inst);
-      } else if (UpstreamError rerr = co_await ex->read_all(answer, kMaxForwardedAnswer); rerr) {
+      if (UpstreamError rerr = co_await ex->read_all(answer, kMaxForwardedAnswer); rerr)
         failed = upstream_failure(Stage::decode, rerr);
-      }
     }
     if (failed) {
       blame(w, *inst, *failed);
@@ -420,8 +417,10 @@ net::awaitable<bool> serve_forwarded(ClientRequest& c, std::string_view engine_p
                    engine_path, inst->spec.url, to_string(failed->kind));
       continue;
     }
-    // An engine's 4xx (a bad body, an unknown model) is its answer: the
-    // client gets it as the engine wrote it, OpenAI error JSON.
+    // Whatever status the engine answered with is its answer, relayed as
+    // it wrote it (vLLM's errors are OpenAI error JSON): a bad body's 400,
+    // an unknown model's 404, and a 508 that a looping gateway answered,
+    // which the admin API's check of a new instance must see.
     report.first_token();
     if (ex->status() < 400)
       report.succeeded();

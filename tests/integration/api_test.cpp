@@ -287,20 +287,29 @@ TEST(ForwardedApis, NeedAKeyAndFailOverOnConnectionErrors) {
               "--eject-after", "1000"});
   std::filesystem::remove(keys);
   const std::string body = Json{{"model", "sim-model"}, {"input", "a"}}.dump();
-  for (const std::string path : {"/v1/embeddings", "/tokenize", "/v1/responses"}) {
-    const std::string b = path == "/tokenize" ? Json{{"prompt", "a"}}.dump() : body;
-    const auto refused = http_request(gw.port(), "POST", path, b, kJson);
-    EXPECT_EQ(refused.status, 401) << path << ": " << refused.body;
-    EXPECT_EQ(refused.json()["error"]["type"], "AuthenticationError");
+  // Refused before any engine, without a key or with a wrong one, on every
+  // route that reaches an engine.
+  for (const std::string path :
+       {"/tokenize", "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
+        "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/v1/audio/transcriptions",
+        "/v1/audio/translations", "/v1/responses"}) {
+    for (const Headers& h : {kJson, Headers{{"Content-Type", "application/json"},
+                                            {"Authorization", "Bearer sk-stranger"}}}) {
+      const auto refused = http_request(gw.port(), "POST", path, body, h);
+      EXPECT_EQ(refused.status, 401) << path << ": " << refused.body;
+      EXPECT_EQ(refused.json()["error"]["type"], "AuthenticationError") << path;
+    }
+    EXPECT_TRUE(engine_requests(d.port(), path).empty()) << path;
   }
-  EXPECT_TRUE(engine_requests(d.port(), "/v1/embeddings").empty());
+  const auto models = get(gw.port(), "/v1/models");
+  EXPECT_EQ(models.status, 401) << models.body;
   const Headers auth = {{"Content-Type", "application/json"}, {"Authorization", "Bearer sk-team"}};
   for (int i = 0; i < 4; ++i) {
     const auto r = http_request(gw.port(), "POST", "/v1/embeddings", body, auth);
     EXPECT_EQ(r.status, 200) << r.body;
   }
   EXPECT_EQ(engine_requests(d.port(), "/v1/embeddings").size(), 4u);
-  EXPECT_TRUE(counted(gw.port(), "/v1/embeddings", 401, 1));
+  EXPECT_TRUE(counted(gw.port(), "/v1/embeddings", 401, 2));
   EXPECT_TRUE(counted(gw.port(), "/v1/embeddings", 200, 4));
   // /v1/responses in one hop, with the key.
   const auto one = http_request(gw.port(), "POST", "/v1/responses", body, auth);

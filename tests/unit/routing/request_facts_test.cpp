@@ -106,7 +106,7 @@ TEST(ReadFacts, ResponsesFields) {
 TEST(ReadFacts, ResponsesRefusals) {
   for (const std::string body :
        {R"({"model":"m"})", R"({"input":3})", R"({"input":null})", R"({"input":{}})",
-        R"({"input":"x","max_output_tokens":0})", R"({"input":"x","max_output_tokens":"5"})",
+        R"({"input":"x","max_output_tokens":0})", R"({"input":"x","max_output_tokens":1.5})",
         R"({"input":"x","previous_response_id":5})", R"({"input":"x","background":true})"}) {
     EXPECT_FALSE(read_facts(body, must_index(body), GenerationApi::responses).ok()) << body;
   }
