@@ -134,6 +134,8 @@ TEST(ResponsesApi, StreamedThroughPrefillAndDecode) {
       "response.content_part.done", "response.output_item.done",
       "response.completed"};
   EXPECT_EQ(types, want) << r.body;
+  // Byte for byte what decode wrote.
+  EXPECT_EQ(r.body, dec[0]["stream_sent"].get<std::string>());
   const Json done = Json::parse(sse_data(events.back())[0]);
   EXPECT_EQ(done["response"]["status"], "completed");
   EXPECT_EQ(done["response"]["usage"]["output_tokens"], 5);
