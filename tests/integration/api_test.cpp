@@ -277,7 +277,8 @@ TEST(ForwardedApis, AudioTranscriptionUploadArrivesIntact) {
 }
 
 // With API keys on, the forwarded endpoints need a client key as the
-// completions do; a connection refused by one engine goes to another.
+// completions do; a connection refused by one engine goes to another
+// (health checks off, so the dead instance stays in the rotation).
 TEST(ForwardedApis, NeedAKeyAndFailOverOnConnectionErrors) {
   Sim d("decode");
   const auto keys = std::filesystem::temp_directory_path() /
@@ -286,7 +287,7 @@ TEST(ForwardedApis, NeedAKeyAndFailOverOnConnectionErrors) {
   const std::string dead = "127.0.0.1:" + std::to_string(closed_port());
   Gateway gw({"--prefill-servers-urls", "disable", "--decode-servers-urls",
               "http://" + dead + ",http://" + d.hostport(), "--api-keys", keys.string(),
-              "--eject-after", "1000"});
+              "--eject-after", "1000", "--health-interval", "off"});
   std::filesystem::remove(keys);
   const std::string body = Json{{"model", "sim-model"}, {"input", "a"}}.dump();
   // Refused before any engine, without a key or with a wrong one, on every
@@ -311,6 +312,13 @@ TEST(ForwardedApis, NeedAKeyAndFailOverOnConnectionErrors) {
     EXPECT_EQ(r.status, 200) << r.body;
   }
   EXPECT_EQ(engine_requests(d.port(), "/v1/embeddings").size(), 4u);
+  // Round robin sent some of them to the dead instance first: each went on
+  // to the live one.
+  const std::string m = get(gw.port(), "/metrics").body;
+  const std::string series = "pdgate_retries_total{stage=\"decode\"} ";
+  const auto at = m.find(series);
+  ASSERT_NE(at, std::string::npos) << m;
+  EXPECT_GE(std::stod(m.substr(at + series.size())), 1) << m;
   EXPECT_TRUE(counted(gw.port(), "/v1/embeddings", 401, 2));
   EXPECT_TRUE(counted(gw.port(), "/v1/embeddings", 200, 4));
   // /v1/responses in one hop, with the key.
