@@ -143,6 +143,32 @@ TEST(ResponsesApi, StreamedThroughPrefillAndDecode) {
   EXPECT_EQ(dec[0]["completion_tokens"], 5);
 }
 
+// The sum of a histogram's series, from /metrics text.
+double metric_value(std::uint16_t port, const std::string& series) {
+  const std::string m = get(port, "/metrics").body;
+  const auto at = m.find("\n" + series + " ");
+  if (at == std::string::npos)
+    return -1;
+  return std::stod(m.substr(at + series.size() + 2));
+}
+
+// Decode's first events (response.created, ...) come before its first
+// token, at once: the time to first token is the time to the first delta.
+// Here decode's KV pull takes 400 ms, before its first token.
+TEST(ResponsesApi, TimeToFirstTokenIsTheFirstDelta) {
+  Sim p("prefill"), d("decode", {"--kv-pull-ms", "400"});
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport()});
+  const auto r =
+      http_request(gw.port(), "POST", "/v1/responses", responses_request(true).dump(), kJson);
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_TRUE(eventually([&] {
+    return metric_value(gw.port(), "pdgate_time_to_first_token_seconds_count{stream=\"true\"}") ==
+           1;
+  }));
+  EXPECT_GE(metric_value(gw.port(), "pdgate_time_to_first_token_seconds_sum{stream=\"true\"}"),
+            0.4);
+}
+
 // Not streamed: the whole response object, decode's, with the usage the
 // gateway counts.
 TEST(ResponsesApi, WholeAnswerThroughPrefillAndDecode) {
