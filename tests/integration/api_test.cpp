@@ -87,7 +87,9 @@ Json responses_request(bool stream) {
 // named events byte for byte: the client reads what decode wrote.
 TEST(ResponsesApi, StreamedThroughPrefillAndDecode) {
   Sim p("prefill"), d("decode");
-  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport()});
+  // Params shown: the gateway has nothing to take out of the events (its
+  // default hides decode's params, DecodeParamsInTheCompletedEventAreHidden).
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport(), "--expose-kv-params", "true"});
   const auto r =
       http_request(gw.port(), "POST", "/v1/responses", responses_request(true).dump(), kJson);
   ASSERT_EQ(r.status, 200) << r.body;
@@ -167,6 +169,29 @@ TEST(ResponsesApi, TimeToFirstTokenIsTheFirstDelta) {
   }));
   EXPECT_GE(metric_value(gw.port(), "pdgate_time_to_first_token_seconds_sum{stream=\"true\"}"),
             0.4);
+}
+
+// A decode that keeps its blocks for a next turn names them (its host,
+// port, engine id) in response.completed's response: the client must not
+// see them unless --expose-kv-params, as for completions; the event keeps
+// its name.
+TEST(ResponsesApi, DecodeParamsInTheCompletedEventAreHidden) {
+  Sim p("prefill"), d("decode", {"--issue-decode-kv"});
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport()});
+  const auto r =
+      http_request(gw.port(), "POST", "/v1/responses", responses_request(true).dump(), kJson);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto dec = engine_requests(d.port(), "/v1/responses");
+  ASSERT_EQ(dec.size(), 1u);
+  ASSERT_TRUE(dec[0]["kv_params_issued"].get<bool>());
+  EXPECT_EQ(r.body.find("kv_transfer_params"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find(std::to_string(d.port())), std::string::npos) << r.body;
+  const auto events = raw_events(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().rfind("event: response.completed\n", 0), 0u) << events.back();
+  const Json done = Json::parse(sse_data(events.back())[0]);
+  EXPECT_EQ(done["type"], "response.completed");
+  EXPECT_EQ(done["response"]["usage"]["output_tokens"], 5);
 }
 
 // Not streamed: the whole response object, decode's, with the usage the
