@@ -11,11 +11,13 @@
 #include <boost/system/system_error.hpp>
 #include <ctime>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "sim/generation_request.hpp"
 #include "sim/responses.hpp"
+#include "sim/responses_api.hpp"
 #include "sim/tokenizer.hpp"
 
 namespace pdgate::sim {
@@ -33,10 +35,10 @@ Generator::Generator(const SimOptions& opts, spdlog::logger& log, Counters& coun
       scheduler_(opts.max_num_seqs, opts.max_waiting),
       prefill_lanes_(opts.prefill_lanes, std::numeric_limits<std::size_t>::max()) {}
 
-awaitable<void> Generator::generate(Exchange& x, bool chat) {
+awaitable<void> Generator::generate(Exchange& x, SimApi api) {
   bool failed = false;
   try {
-    co_await generate_inner(x, chat);
+    co_await generate_inner(x, api);
   } catch (const boost::system::system_error& e) {
     // Cancellation (client gone) surfaces as operation_aborted.
     if (e.code() != net::error::operation_aborted) {
@@ -53,11 +55,11 @@ awaitable<void> Generator::generate(Exchange& x, bool chat) {
   }
 }
 
-awaitable<void> Generator::generate_inner(Exchange& x, bool chat) {
+awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
+  const bool chat = api == SimApi::chat;
   RequestRecord& rec = *x.rec;
   GenRequest g;
-  if (std::optional<HttpError> err =
-          parse_generation(x.req, chat, opts_, counters_, log_, rec, g)) {
+  if (std::optional<HttpError> err = parse_generation(x.req, api, opts_, counters_, log_, rec, g)) {
     co_await send_error(x, err->code, err->message);
     co_return;
   }
@@ -78,11 +80,20 @@ awaitable<void> Generator::generate_inner(Exchange& x, bool chat) {
 
   ResponseMeta meta{(chat ? "chatcmpl-" : "cmpl-") + x.rid, opts_.model,
                     static_cast<std::int64_t>(std::time(nullptr)), chat};
+  // /v1/responses: its answer and events (sim/responses_api.hpp).
+  std::optional<ResponsesAnswer> responses;
+  if (api == SimApi::responses)
+    responses.emplace(x.rid, opts_.model, meta.created, g.body, g.max_tokens);
   // Like vLLM (a StreamingResponse), streaming headers go out as soon as
   // the request is accepted, before it is scheduled.
   if (g.stream) {
     if (!co_await write_stream_headers(x))
       co_return;
+    if (responses) {
+      std::string events = responses->start_events();
+      if (!co_await write_event(x, std::move(events)))
+        co_return;
+    }
   }
 
   Scheduler::Slot slot = co_await scheduler_.acquire();
@@ -148,6 +159,12 @@ awaitable<void> Generator::generate_inner(Exchange& x, bool chat) {
     }
     if (!g.stream)
       continue;
+    if (responses) {
+      std::string event = responses->delta_event(token);
+      if (!co_await write_event(x, std::move(event)))
+        co_return;
+      continue;
+    }
     if (i == 0 && chat) {
       std::string role_event = sse_event(make_role_chunk(meta));
       if (!co_await write_event(x, std::move(role_event)))
@@ -164,6 +181,18 @@ awaitable<void> Generator::generate_inner(Exchange& x, bool chat) {
   rec.kv_params_issued = !issued.is_null();
   const Usage usage{prompt_tokens, g.max_tokens};
   ++counters_.requests_completed;
+  if (responses) {
+    if (g.stream) {
+      std::string events = responses->finish_events(text, usage, cached, issued);
+      if (!co_await write_event(x, std::move(events)))
+        co_return;
+      co_await end_stream(x);
+      co_return;
+    }
+    std::string body = dump(responses->whole(text, usage, cached, issued));
+    co_await reply(x, http::status::ok, std::move(body), "application/json");
+    co_return;
+  }
   if (g.stream) {
     if (g.include_usage) {
       ojson chunk = make_usage_chunk(meta, usage);

@@ -10,6 +10,7 @@
 
 #include "sim/cache_events.hpp"
 #include "sim/faults.hpp"
+#include "sim/generation_request.hpp"
 #include "sim/http_exchange.hpp"
 #include "sim/kv_transfer.hpp"
 #include "sim/latency.hpp"
@@ -26,7 +27,7 @@ class Generator {
             KvTransfer& kv, PrefixCache& cache, CacheEvents& cache_events);
 
   // Serves one request; any failure before the answer started becomes a 500.
-  awaitable<void> generate(Exchange& x, bool chat);
+  awaitable<void> generate(Exchange& x, SimApi api);
 
   std::size_t running() const { return scheduler_.running(); }
   std::size_t waiting() const { return scheduler_.waiting(); }
@@ -34,7 +35,7 @@ class Generator {
   std::size_t active_blocks() const { return active_blocks_; }
 
  private:
-  awaitable<void> generate_inner(Exchange& x, bool chat);
+  awaitable<void> generate_inner(Exchange& x, SimApi api);
 
   const SimOptions& opts_;
   spdlog::logger& log_;

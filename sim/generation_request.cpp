@@ -3,6 +3,8 @@
 // co_await expression (GCC 12 mis-destroys conditional temporaries there).
 #include "sim/generation_request.hpp"
 
+#include "sim/responses_api.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -49,9 +51,11 @@ std::optional<HttpError> check_model(const json& body, const std::string& model)
   return HttpError{404, "The model `" + name + "` does not exist."};
 }
 
-std::optional<HttpError> parse_generation(const Request& req, bool chat, const SimOptions& opts,
+std::optional<HttpError> parse_generation(const Request& req, SimApi api, const SimOptions& opts,
                                           Counters& counters, spdlog::logger& log,
                                           RequestRecord& rec, GenRequest& g) {
+  const bool chat = api == SimApi::chat;
+  const bool responses = api == SimApi::responses;
   if (auto it = req.find("x-sim-fault"); it != req.end()) {
     FaultParse fp = parse_fault_header(it->value());
     rec.fault = std::string(it->value());
@@ -96,7 +100,9 @@ std::optional<HttpError> parse_generation(const Request& req, bool chat, const S
     log.warn("request {}: --kv-connector {} rule broken: {}", rec.request_id, opts.kv_connector, v);
     return HttpError{400, v};
   }
-  PromptResult pr = chat ? chat_prompt(body) : completion_prompt(body);
+  PromptResult pr = responses ? responses_prompt(body)
+                    : chat    ? chat_prompt(body)
+                              : completion_prompt(body);
   if (!pr.ok())
     return HttpError{400, pr.error};
   g.prompt = std::move(pr.prompt);
@@ -104,8 +110,12 @@ std::optional<HttpError> parse_generation(const Request& req, bool chat, const S
   rec.prompt_tokens = prompt_tokens;
 
   g.max_tokens = opts.default_max_tokens;
-  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+  // A ResponsesRequest reads max_output_tokens alone (and ignores
+  // max_tokens, as vLLM does).
+  for (const char* key : {"max_completion_tokens", "max_tokens", "max_output_tokens"}) {
     if (!chat && std::string_view(key) == "max_completion_tokens")
+      continue;
+    if (responses != (std::string_view(key) == "max_output_tokens"))
       continue;
     if (!body.contains(key) || body[key].is_null())
       continue;
@@ -131,6 +141,7 @@ std::optional<HttpError> parse_generation(const Request& req, bool chat, const S
                               " > " + limit + " - " + pt + ")."};
   }
 
+  g.body = body;
   // The request's side of the handshake, from its kv_transfer_params.
   if (body.contains("kv_transfer_params") && body["kv_transfer_params"].is_object() &&
       opts.role != SimRole::encode) {

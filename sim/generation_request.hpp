@@ -18,6 +18,9 @@
 
 namespace pdgate::sim {
 
+// The API a generation request speaks (its route).
+enum class SimApi { completions, chat, responses };
+
 // A generation request after validation: everything the coroutine needs.
 struct GenRequest {
   Fault fault;
@@ -25,6 +28,7 @@ struct GenRequest {
   bool include_usage = false;
   Prompt prompt;
   std::size_t max_tokens = 0;
+  nlohmann::json body;          // the request's body, parsed
   nlohmann::json kv;            // kv_transfer_params, or null
   bool remote_prefill = false;  // decode side of the handshake: pull, then decode
   bool remote_decode = false;   // prefill side: compute, then issue params
@@ -40,10 +44,10 @@ struct HttpError {
 // vLLM answers 404 for a model it does not serve; no model means ours.
 std::optional<HttpError> check_model(const nlohmann::json& body, const std::string& model);
 
-// Fills `g` from a POST to /v1/completions (or, with `chat`, to
-// /v1/chat/completions) and notes the fault header and prompt size in
+// Fills `g` from a POST to /v1/completions, /v1/chat/completions or
+// /v1/responses (`api`) and notes the fault header and prompt size in
 // `rec`; returns the error to answer instead when the request is refused.
-std::optional<HttpError> parse_generation(const Request& req, bool chat, const SimOptions& opts,
+std::optional<HttpError> parse_generation(const Request& req, SimApi api, const SimOptions& opts,
                                           Counters& counters, spdlog::logger& log,
                                           RequestRecord& rec, GenRequest& g);
 

@@ -135,6 +135,8 @@ awaitable<bool> write_event(Exchange& x, std::string data) {
     co_return false;
   }
   ++x.events_written;
+  if (x.rec && x.rec->stream_sent.size() < kMaxStreamRecord)
+    x.rec->stream_sent.append(data, 0, kMaxStreamRecord - x.rec->stream_sent.size());
   if (x.rec && !x.rec->first_token_at_ms)
     x.rec->first_token_at_ms = now_ms();
   co_return co_await fire_stream_faults(x);

@@ -58,6 +58,7 @@ nlohmann::ordered_json to_json(const RequestRecord& r) {
   j["prompt_tokens"] = r.prompt_tokens;
   j["cached_tokens"] = r.cached_tokens;
   j["completion_tokens"] = r.completion_tokens;
+  j["stream_sent"] = r.stream_sent;
   return j;
 }
 

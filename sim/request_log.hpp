@@ -42,7 +42,13 @@ struct RequestRecord {
   std::size_t prompt_tokens = 0;
   std::size_t cached_tokens = 0;
   std::size_t completion_tokens = 0;
+  // A stream's first kMaxStreamRecord bytes of events as written (after
+  // the headers, before chunk framing): what a relay must pass on byte
+  // for byte.
+  std::string stream_sent;
 };
+
+inline constexpr std::size_t kMaxStreamRecord = 16u << 10;
 
 nlohmann::ordered_json to_json(const RequestRecord& r);
 

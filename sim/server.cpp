@@ -38,6 +38,7 @@
 #include "sim/kv_event_publisher.hpp"
 #include "sim/kv_transfer.hpp"
 #include "sim/metrics.hpp"
+#include "sim/one_hop_api.hpp"
 #include "sim/prefix_cache.hpp"
 #include "sim/random_ids.hpp"
 #include "sim/request_log.hpp"
@@ -168,11 +169,14 @@ class Server {
     static constexpr std::string_view kKnown[] = {
         "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
         "/start_profile",  "/stop_profile",        "/metrics",   "/sim/requests",
-        "/sim/stats",      "/sim/kv/pull",         "/tokenize",  "/reset_prefix_cache"};
+        "/sim/stats",      "/sim/kv/pull",         "/tokenize",  "/reset_prefix_cache",
+        "/v1/responses"};
     for (auto k : kKnown) {
       if (path == k)
         return std::string(k);
     }
+    if (is_one_hop_path(path))
+      return std::string(path);
     return "other";
   }
 
@@ -209,13 +213,22 @@ class Server {
 
     if (opts_.hang && !sim_path)
       co_return co_await faults_.hang(x);
-    if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/responses") {
       if (req.method() == http::verb::post) {
-        co_return co_await watched(x, generator_.generate(x, path == "/v1/chat/completions"));
+        const SimApi api = path == "/v1/chat/completions" ? SimApi::chat
+                           : path == "/v1/responses"      ? SimApi::responses
+                                                          : SimApi::completions;
+        co_return co_await watched(x, generator_.generate(x, api));
       }
     }
     if (path == "/sim/kv/pull" && req.method() == http::verb::post) {
       co_return co_await kv_.serve_pull(x);
+    }
+    if (is_one_hop_path(path) && req.method() == http::verb::post) {
+      OneHopAnswer a = answer_one_hop(path, req[http::field::content_type], req.body(), opts_.model,
+                                      x.rid, static_cast<std::int64_t>(std::time(nullptr)));
+      co_return co_await reply(x, static_cast<http::status>(a.status), std::move(a.body),
+                               a.content_type);
     }
     if (path == "/tokenize" && req.method() == http::verb::post) {
       SimpleAnswer a = tokenize(req.body());
@@ -237,7 +250,8 @@ class Server {
     const SimpleAnswer not_allowed{http::status::method_not_allowed,
                                    "{\"detail\":\"Method Not Allowed\"}", kJson};
     auto only = [&](http::verb v, SimpleAnswer ok) { return method == v ? ok : not_allowed; };
-    if (path == "/v1/completions" || path == "/v1/chat/completions")
+    if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/responses" ||
+        is_one_hop_path(path))
       return not_allowed;
     if (path == "/sim/kv/pull" || path == "/tokenize")
       return not_allowed;

@@ -527,13 +527,40 @@ net::awaitable<bool> respond(ClientRequest& c, http::response<http::string_body>
 void Gateway::build_routes() {
   using http::verb;
   auto& r = routes_;
-  r.add(
-      verb::post, "/v1/completions", [](ClientRequest& c) { return serve_completion(c, false); },
-      true);
-  r.add(
-      verb::post, "/v1/chat/completions",
-      [](ClientRequest& c) { return serve_completion(c, true); }, true);
-  r.add(verb::get, "/v1/models", [](ClientRequest& c) { return serve_models(c); });
+  // The generation routes: through prefill and decode.
+  const std::pair<const char*, GenerationApi> generation[] = {
+      {"/v1/completions", GenerationApi::completions},
+      {"/v1/chat/completions", GenerationApi::chat},
+      {"/v1/responses", GenerationApi::responses},
+  };
+  for (const auto& [path, api] : generation) {
+    r.add(
+        verb::post, path, [api](ClientRequest& c) { return serve_completion(c, api); }, true);
+  }
+  // vLLM's endpoints one engine answers alone (docs/protocol.md), each
+  // forwarded in one hop to a decode instance; counted as the
+  // completions are.
+  static constexpr std::pair<const char*, ForwardBody> kForwarded[] = {
+      {"/tokenize", ForwardBody::json},
+      {"/detokenize", ForwardBody::json},
+      {"/v1/embeddings", ForwardBody::json},
+      {"/pooling", ForwardBody::json},
+      {"/classify", ForwardBody::json},
+      {"/score", ForwardBody::json},
+      {"/v1/score", ForwardBody::json},
+      {"/rerank", ForwardBody::json},
+      {"/v1/rerank", ForwardBody::json},
+      {"/v2/rerank", ForwardBody::json},
+      {"/v1/audio/transcriptions", ForwardBody::multipart},
+      {"/v1/audio/translations", ForwardBody::multipart},
+  };
+  for (const auto& [path, body] : kForwarded) {
+    r.add(
+        verb::post, path, [path, body](ClientRequest& c) { return serve_forwarded(c, path, body); },
+        true);
+  }
+  r.add(verb::get, "/v1/models",
+        [](ClientRequest& c) { return serve_forwarded(c, "/v1/models", ForwardBody::none); });
   r.add(verb::get, "/health", [this](ClientRequest& c) {
     const auto set = registry_.snapshot();
     auto [status, j] =

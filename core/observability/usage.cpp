@@ -108,9 +108,11 @@ std::optional<TokenUsage> read_usage(std::string_view s, std::size_t open, bool 
     i = j + 1;
     if (depth != 1)
       continue;
-    std::optional<std::uint64_t>* slot = name == "prompt_tokens"       ? &prompt
-                                         : name == "completion_tokens" ? &completion
-                                                                       : nullptr;
+    // The Responses API names them input_tokens and output_tokens.
+    std::optional<std::uint64_t>* slot = name == "prompt_tokens" || name == "input_tokens" ? &prompt
+                                         : name == "completion_tokens" || name == "output_tokens"
+                                             ? &completion
+                                             : nullptr;
     if (slot == nullptr)
       continue;  // another member, or a string value: scanned on
     std::size_t k = skip_blanks(s, i, limit);

@@ -13,7 +13,8 @@
 namespace pdgate {
 
 // The last `"usage": {...}` member in `text` with non-negative integer
-// prompt_tokens and completion_tokens; nullopt when there is none, or the
+// prompt_tokens and completion_tokens (or, as the Responses API has them,
+// input_tokens and output_tokens); nullopt when there is none, or the
 // last one is null or malformed.
 // `in_events`: `text` is SSE events, where a data line never holds a line
 // break, so an object broken by one is cut off (it must not be completed

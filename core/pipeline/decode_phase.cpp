@@ -60,9 +60,17 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   }
   UpstreamError rerr;
   if (stream) {
+    const bool responses = rc.api == GenerationApi::responses;
     r->stream.emplace(w, *ex, *decode, rc.request_id(), r->conversation,
-                      rc.facts.include_usage || rc.usage_for_gateway, rc.usage_for_gateway);
-    while (!rerr && r->first.empty() && !r->stream->done())
+                      rc.facts.include_usage || rc.usage_for_gateway || responses,
+                      rc.usage_for_gateway, responses);
+    // A Responses stream opens with events that carry no token
+    // (response.created, ...): read on to the first token, a bounded
+    // number of bytes, so that the time to first token is that.
+    constexpr std::size_t kMaxPreamble = 64u << 10;
+    while (!rerr && !r->stream->done() &&
+           (r->first.empty() ||
+            (responses && !r->stream->first_event_at() && r->first.size() < kMaxPreamble)))
       rerr = co_await r->stream->read_into(r->first);
     r->first_token_at = r->stream->first_event_at();
   } else {

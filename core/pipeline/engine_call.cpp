@@ -44,8 +44,11 @@ void upstream_fields(Sink&& add, const Instance& inst, const std::string& reques
 
 std::string upstream_head(http::verb method, const Instance& inst, std::string_view target,
                           std::size_t body_size, const std::string& request_id,
-                          const ForwardedHeaders& fwd, std::string_view traceparent) {
+                          const ForwardedHeaders& fwd, std::string_view traceparent,
+                          std::string_view content_type) {
   const bool post = method == http::verb::post;
+  if (content_type.empty())
+    content_type = "application/json";
   char digits[24];
   const std::string_view length(
       digits, post ? static_cast<std::size_t>(
@@ -65,7 +68,9 @@ std::string upstream_head(http::verb method, const Instance& inst, std::string_v
         },
         inst, request_id, fwd, traceparent);
     if (post) {
-      put("Content-Type: application/json\r\nContent-Length: ");
+      put("Content-Type: ");
+      put(content_type);
+      put("\r\nContent-Length: ");
       put(length);
       put("\r\n");
     }

@@ -36,9 +36,11 @@ http::request<http::string_body> upstream_request(http::verb method, const Insta
 // line), for a body of `body_size` bytes sent as a buffer sequence
 // (UpstreamExchange::start with buffers). Written directly: Beast's field
 // container allocates per field, and this runs twice per request.
+// A POST's body is `content_type` (application/json unless given).
 std::string upstream_head(http::verb method, const Instance& inst, std::string_view target,
                           std::size_t body_size, const std::string& request_id,
-                          const ForwardedHeaders& fwd, std::string_view traceparent = {});
+                          const ForwardedHeaders& fwd, std::string_view traceparent = {},
+                          std::string_view content_type = {});
 
 // The engine call failed with `e`: its span says how.
 void trace_error(StageSpan& span, const GatewayError& e);

@@ -10,11 +10,13 @@
 #include "core/base/json_edit.hpp"
 #include "core/net/http_head.hpp"
 #include "core/net/response_writer.hpp"
+#include "core/observability/usage.hpp"
 #include "core/pipeline/admit_phase.hpp"
 #include "core/pipeline/decode_phase.hpp"
 #include "core/pipeline/encode_phase.hpp"
 #include "core/pipeline/engine_call.hpp"
 #include "core/pipeline/engine_errors.hpp"
+#include "core/pipeline/failover.hpp"
 #include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/prefill_phase.hpp"
 #include "core/pipeline/relay.hpp"
@@ -99,7 +101,7 @@ bool validate_phase(RequestContext& rc) {
     return rc.fail(
         client_error(ErrorKind::bad_request, "request body is not valid JSON: " + index.error()));
   rc.index = std::move(*index);
-  auto facts = read_facts(rc.body, rc.index, rc.is_chat);
+  auto facts = read_facts(rc.body, rc.index, rc.api);
   if (!facts)
     return rc.fail(client_error(ErrorKind::bad_request, facts.error()));
   rc.facts = std::move(*facts);
@@ -111,7 +113,7 @@ bool validate_phase(RequestContext& rc) {
   ctx.model = rc.view->model;
   ctx.stream = rc.facts.stream;
   ctx.is_chat = rc.is_chat;
-  ctx.prompt_raw = raw_member(rc.body, rc.index, rc.is_chat ? "messages" : "prompt").value_or("");
+  ctx.prompt_raw = raw_member(rc.body, rc.index, prompt_member(rc.api)).value_or("");
   // The body's conversation_id, else the X-Conversation-Id header.
   ctx.conversation_id = conversation_key(rc.req, rc.facts);
   // Policies may route on any request header but the credentials, listed
@@ -131,6 +133,8 @@ std::uint64_t token_reservation(const RequestContext& rc) {
   std::optional<std::int64_t> most = f.max_tokens;
   if (f.max_completion_tokens && (!most || *f.max_completion_tokens > *most))
     most = f.max_completion_tokens;
+  if (rc.api == GenerationApi::responses)
+    most = f.max_output_tokens;
   // Bounded, so that sums of reservations cannot overflow.
   constexpr std::uint64_t kMost = std::uint64_t{1} << 40;
   const std::uint64_t completion =
@@ -142,7 +146,11 @@ std::uint64_t token_reservation(const RequestContext& rc) {
 // counts tokens and the client did not ask for usage, decode is asked for
 // it (stream_options.include_usage) and the relay keeps that event from
 // the client, which gets the stream it asked for.
+// (A Responses stream needs no asking: its response.completed event
+// always carries the usage.)
 bool ask_decode_for_usage(RequestContext& rc) {
+  if (rc.api == GenerationApi::responses)
+    return true;
   if (!rc.facts.stream || rc.facts.include_usage || rc.client_key == nullptr ||
       rc.client_key->limits.tokens_per_minute == 0)
     return true;
@@ -209,8 +217,9 @@ namespace {
 
 // Whether a phase has work to do for this request. (A phase with nothing
 // to do is not entered: each coroutine call costs a frame allocation.)
+// (vLLM's /tokenize takes a prompt or messages, not a Responses input.)
 bool tokenizes(const RequestContext& rc) {
-  return rc.w.cfg.tokenizer == "vllm";
+  return rc.w.cfg.tokenizer == "vllm" && rc.api != GenerationApi::responses;
 }
 bool has_media_to_encode(const RequestContext& rc) {
   return rc.is_chat && !rc.set->encode.empty();
@@ -225,7 +234,7 @@ void prepare_one_hop(RequestContext& rc) {
 
 }  // namespace
 
-net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat) {
+net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
   WorkerContext& w = c.w;
   // Before the relay: its decode span ends before the server span.
   RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, c.req);
@@ -233,7 +242,7 @@ net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat) {
   ClientAdmission admission;
   // What the routing phases read and decide; freed before the relay, since
   // a stream can idle for minutes.
-  auto rc = std::make_unique<RequestContext>(c, trace, is_chat);
+  auto rc = std::make_unique<RequestContext>(c, trace, api);
   rc->view->request_id = request_id_for(w, c.req);
   if (trace.recording())
     name_server_span(trace, c.req, rc->request_id());
@@ -250,6 +259,10 @@ net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat) {
     admitted = on;
   }
   on = on && request_hook_phase(*rc);
+  // Multi-turn reuse checks a turn's exact prompt or messages; a Responses
+  // turn continues by previous_response_id, which the engines resolve.
+  if (api == GenerationApi::responses)
+    rc->reuse = false;
   on = on && ask_decode_for_usage(*rc);
   if (on && tokenizes(*rc))
     co_await tokenize_phase(*rc);
@@ -291,7 +304,47 @@ net::awaitable<std::optional<bool>> refuse_without_client_key(ClientRequest& c) 
   co_return co_await finish(c, request_id, *refused);
 }
 
-net::awaitable<bool> serve_models(ClientRequest& c) {
+namespace {
+
+// A forwarded answer is JSON (token ids, vectors, scores, a transcript):
+// past this it is not one.
+constexpr std::size_t kMaxForwardedAnswer = 64u << 20;
+
+// What a forwarded request's body must be: the refusal, or nullopt; the
+// body's `model` (a JSON body's, when it names one) into `model`.
+std::optional<GatewayError> check_forwarded_body(const http::request<http::string_body>& req,
+                                                 ForwardBody kind, std::string& model) {
+  if (kind == ForwardBody::none)
+    return std::nullopt;
+  const auto ct = first_field(req, http::field::content_type);
+  if (kind == ForwardBody::multipart) {
+    // The engine reads the form; the gateway only checks it is one.
+    const std::string_view type = ct ? http_tokens::trim_ows(ct->substr(0, ct->find(';'))) : "";
+    if (!beast::iequals(type, "multipart/form-data"))
+      return client_error(ErrorKind::unsupported_media_type,
+                          "Unsupported Media Type: Content-Type must be multipart/form-data");
+    return std::nullopt;
+  }
+  if (!ct || !is_json_content_type(*ct))
+    return client_error(ErrorKind::unsupported_media_type,
+                        "Unsupported Media Type: Content-Type must be application/json");
+  const std::string_view body = req.body();
+  auto index = index_json_object(body);
+  if (!index)
+    return client_error(ErrorKind::bad_request, "request body is not valid JSON: " + index.error());
+  if (const auto raw = raw_member(body, *index, "model"); raw && *raw != "null") {
+    auto name = raw->front() == '"' ? decode_json_string(*raw) : std::nullopt;
+    if (!name)
+      return client_error(ErrorKind::bad_request, "'model' must be a string");
+    model = std::move(*name);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+net::awaitable<bool> serve_forwarded(ClientRequest& c, std::string_view engine_path,
+                                     ForwardBody kind) {
   WorkerContext& w = c.w;
   const http::request<http::string_body>& req = c.req;
   RequestOutcome& outcome = c.outcome;
@@ -299,47 +352,96 @@ net::awaitable<bool> serve_models(ClientRequest& c) {
   RequestTrace trace(w.trace_ids, w.spans, w.cfg.trace_sample_ratio, req);
   if (trace.recording())
     name_server_span(trace, req, request_id);
-  ClientAdmission admission;
-  std::optional<GatewayError> refused;
-  if (!co_await admit_phase(w, req, request_id, admission, refused)) {
-    const bool keep = co_await finish(c, request_id, *refused);
-    trace.finish(outcome.status, outcome.stage);
-    co_return keep;
-  }
-  const auto set = w.registry.snapshot();
-  PickContext ctx;
-  ctx.stage = Stage::decode;
-  InstancePtr decode = w.picker.pick(set->decode, ctx);
-  if (!decode) {
-    const bool keep = co_await finish(c, request_id, no_instance(Stage::decode));
-    trace.finish(outcome.status, outcome.stage);
-    co_return keep;
-  }
-  StageSpan span = trace.stage("models", decode->spec.url, 0);
-  auto up = upstream_request(http::verb::get, *decode, "/v1/models", {}, request_id,
-                             forwarded_headers(w, req, c.client, trace), span.traceparent());
-  auto [err, ex] =
-      co_await UpstreamExchange::start(w.pools.for_instance(decode), up, c.scope, w.timeouts());
-  std::string answer;
-  UpstreamError rerr = err;
-  if (!err) {
-    span.status(ex->status());
-    rerr = co_await ex->read_all(answer, kMaxErrorBody);
-  }
-  if (rerr) {
-    const GatewayError e = upstream_failure(Stage::decode, rerr);
-    span.error(to_string(e.kind), e.message);
-    span.end();
+  auto end_with = [&](const GatewayError& e) -> net::awaitable<bool> {
     const bool keep = co_await finish(c, request_id, e);
     trace.finish(outcome.status, outcome.stage);
     co_return keep;
+  };
+  // Held until the answer is written: the key's concurrency slot. No
+  // tokens reserved: the answer says how many the engine read.
+  ClientAdmission admission;
+  std::optional<GatewayError> refused;
+  if (!co_await admit_phase(w, req, request_id, admission, refused))
+    co_return co_await end_with(*refused);
+  PickContext ctx;
+  ctx.stage = Stage::decode;
+  ctx.request_id = request_id;
+  std::string model;
+  if (auto bad = check_forwarded_body(req, kind, model))
+    co_return co_await end_with(*bad);
+  ctx.model = model;
+  if (RequestRecord* r = outcome.record.get()) {
+    r->request_id = request_id;
+    r->model = model;
   }
-  span.end();
-  ex->finish();
-  const unsigned status = ex->status();
-  const bool keep = co_await write_whole_answer(c.client, req, *ex, std::move(answer), request_id);
-  trace.finish(c.scope.client_gone() ? 0 : status, "decode");
-  co_return keep;
+  const auto set = w.registry.snapshot();
+  const ForwardedHeaders fwd = forwarded_headers(w, req, c.client, trace);
+  const std::string content_type(first_field(req, http::field::content_type).value_or(""));
+  Failover failover(w);
+  std::vector<const Instance*> tried;
+  for (;;) {
+    InstancePtr inst = w.picker.pick(untried(set->decode, tried), ctx);
+    if (!inst)
+      co_return co_await end_with(no_instance(Stage::decode, w.picker));
+    if (RequestRecord* r = outcome.record.get()) {
+      r->decode = inst;
+      r->retries = failover.retries();
+    }
+    StageReport report(w.picker, inst, ctx);
+    StageSpan span = trace.stage("forward", inst->spec.url, static_cast<unsigned>(tried.size()));
+    // The body goes as it came, its own Content-Type with it (a form's
+    // boundary included).
+    std::string head = upstream_head(req.method(), *inst, engine_path, req.body().size(),
+                                     request_id, fwd, span.traceparent(), content_type);
+    const std::vector<net::const_buffer> buffers{net::buffer(req.body())};
+    auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(inst), head, buffers,
+                                                      c.scope, w.timeouts());
+    std::optional<GatewayError> failed;
+    std::string answer;
+    if (err) {
+      failed = upstream_failure(Stage::decode, err);
+    } else {
+      report.header(ex->status());
+      span.status(ex->status());
+      if (UpstreamError rerr = co_await ex->read_all(answer, kMaxForwardedAnswer); rerr)
+        failed = upstream_failure(Stage::decode, rerr);
+    }
+    if (failed) {
+      blame(w, *inst, *failed);
+      trace_error(span, *failed);
+      tried.push_back(inst.get());
+      if (failed->kind == ErrorKind::client_gone || !has_alternative(set->decode, tried) ||
+          !failover.may_retry(Stage::decode, *failed))
+        co_return co_await end_with(*failed);
+      spdlog::info("request {}: {} on {} failed ({}), retrying on another instance", request_id,
+                   engine_path, inst->spec.url, to_string(failed->kind));
+      continue;
+    }
+    // Whatever status the engine answered with is its answer, relayed as
+    // it wrote it (vLLM's errors are OpenAI error JSON): a bad body's 400,
+    // an unknown model's 404, and a 508 that a looping gateway answered,
+    // which the admin API's check of a new instance must see.
+    report.first_token();
+    if (ex->status() < 400)
+      report.succeeded();
+    ex->finish();
+    trace_usage(span, answer);
+    span.end();
+    const unsigned status = ex->status();
+    outcome.status = status;
+    outcome.stage = "decode";
+    if (const auto usage = last_usage(answer)) {
+      outcome.tokens_used = usage->prompt_tokens + usage->completion_tokens;
+      admission.add_tokens(outcome.tokens_used);
+      if (RequestRecord* r = outcome.record.get())
+        r->usage = usage;
+    }
+    outcome.count_sent(answer.size());
+    const bool keep =
+        co_await write_whole_answer(c.client, req, *ex, std::move(answer), request_id);
+    trace.finish(c.scope.client_gone() ? 0 : status, "decode");
+    co_return keep;
+  }
 }
 
 }  // namespace pdgate

@@ -16,20 +16,39 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <boost/asio/awaitable.hpp>
 
 #include "core/net/errors.hpp"
 #include "core/pipeline/client_request.hpp"
+#include "core/routing/request_facts.hpp"
 
 namespace pdgate {
 
-// Serves one POST /v1/completions or /v1/chat/completions and writes the
-// answer to `client`. Returns whether the client connection may be reused.
-net::awaitable<bool> serve_completion(ClientRequest& c, bool is_chat);
+// Serves one POST /v1/completions, /v1/chat/completions or /v1/responses
+// (`api`) and writes the answer to `client`. Returns whether the client
+// connection may be reused.
+net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api);
 
-// GET /v1/models, answered by a healthy decode instance.
-net::awaitable<bool> serve_models(ClientRequest& c);
+// Endpoints an engine answers alone, in one hop (vLLM's /tokenize,
+// /detokenize, /v1/embeddings, /pooling, /classify, /score, /rerank,
+// /v1/audio/transcriptions, ..., and GET /v1/models): how the route's
+// body is read.
+enum class ForwardBody : unsigned char {
+  none,       // GET: no body
+  json,       // a JSON object; its `model` picks among the instances
+  multipart,  // multipart/form-data (an audio upload): sent as it came
+};
+
+// Forwards the client's request to `engine_path` on a healthy decode
+// instance the picker chooses (for the body's `model` when it names one;
+// another one when the call fails before the engine answered, as a
+// completion's decode would), with a completion's client key, limits,
+// tracing and error answers, and relays the engine's answer as it came.
+// Returns whether the client connection may be reused.
+net::awaitable<bool> serve_forwarded(ClientRequest& c, std::string_view engine_path,
+                                     ForwardBody body);
 
 // For a route that is not a completion but reaches engines (profiling):
 // with API keys on, the request needs a valid client key within its

@@ -31,6 +31,25 @@ GatewayError missing_kv_peer(Stage stage, const Instance& inst) {
   return g;
 }
 
+// A /v1/responses prefill, from the body the connector made for a
+// completion: vLLM's ResponsesRequest reads max_output_tokens, not
+// max_tokens (which it would ignore, and generate up to its default).
+// `store: false`, so that the one-token answer never lands in the engines'
+// response store, where only decode's whole answer belongs (a later
+// previous_response_id names that one). `background` is refused earlier
+// (read_facts); removed here all the same.
+std::string responses_prefill_body(const std::string& completion_shaped) {
+  auto index = index_json_object(completion_shaped);
+  if (!index)
+    return completion_shaped;  // the connector's edits keep it valid JSON
+  JsonBodyEditor e(completion_shaped, *index);
+  e.remove("max_tokens");
+  e.set("max_output_tokens", "1");
+  e.set("store", "false");
+  e.remove("background");
+  return e.render();
+}
+
 struct PrefillAnswer {
   std::optional<GatewayError> error;
   InstancePtr instance;
@@ -76,7 +95,13 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
                                                w.request_ids.uuid_hex());
   // Slices of the client's body plus the few edited bytes: the prompt is
   // written from where it was received, never copied.
-  const SplicedText body = rc.connector.prefill_body(rc.body, rc.index, params);
+  SplicedText body = rc.connector.prefill_body(rc.body, rc.index, params);
+  // Held while the prefill is sent: its body may be a slice of it.
+  std::string responses_body;
+  if (rc.api == GenerationApi::responses) {
+    responses_body = responses_prefill_body(body.str());
+    body = SplicedText(responses_body);
+  }
   const auto head = upstream_head(http::verb::post, *r.instance, rc.req.target(), body.size(),
                                   r.request_id, rc.fwd, span.traceparent());
   const auto buffers = body_buffers(body);

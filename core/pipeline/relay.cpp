@@ -260,6 +260,23 @@ net::awaitable<bool> relay_whole(ClientRequest& c, DecodeRelay& r) {
   co_return reuse;
 }
 
+// The events of a Responses API stream that carry tokens: those named
+// `response.<...>.delta` (output text, reasoning text, a function call's
+// arguments). An event's name is its `event:` line.
+std::size_t delta_events(std::string_view ready) {
+  constexpr std::string_view kName = "event: response.";
+  std::size_t n = 0;
+  for (std::size_t at = ready.find(kName); at != std::string_view::npos;
+       at = ready.find(kName, at + kName.size())) {
+    if (at != 0 && ready[at - 1] != '\n' && ready[at - 1] != '\r')
+      continue;  // inside a data line
+    std::string_view line = ready.substr(at, ready.find_first_of("\r\n", at) - at);
+    if (line.ends_with(".delta"))
+      ++n;
+  }
+  return n;
+}
+
 // The event a stream ends with when usage was asked for: no choices, and
 // the usage object.
 bool is_usage_event(std::string_view data) {
@@ -279,14 +296,15 @@ bool is_usage_event(std::string_view data) {
 
 StreamRelay::StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
                          const std::string& request_id, OptionalTurn& conversation, bool want_usage,
-                         bool strip_usage)
+                         bool strip_usage, bool named_events)
     : w_(w),
       ex_(ex),
       decode_(decode),
       request_id_(request_id),
       conversation_(conversation),
       want_usage_(want_usage),
-      strip_usage_(strip_usage) {}
+      strip_usage_(strip_usage),
+      named_events_(named_events) {}
 
 StreamRelay::Filtering& StreamRelay::filtering() {
   if (!filtering_) {
@@ -298,6 +316,8 @@ StreamRelay::Filtering& StreamRelay::filtering() {
 }
 
 void StreamRelay::time_events(std::string_view ready, std::size_t events) {
+  if (named_events_)
+    events = delta_events(ready);
   // The closing [DONE] is no token.
   for (std::string_view done : {"data: [DONE]\n\n", "data: [DONE]\r\n\r\n", "data:[DONE]\n\n"}) {
     if (ready.ends_with(done)) {

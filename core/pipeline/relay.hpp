@@ -29,9 +29,12 @@ class StreamRelay {
   // `want_usage`: decode was asked for usage (stream_options.include_usage),
   // so the stream's last event carries it. `strip_usage`: the gateway
   // asked for it, not the client, whose stream goes without that event.
+  // `named_events`: a Responses API stream, whose events are named
+  // (`event: response.output_text.delta`) and only the `.delta` ones carry
+  // tokens: the others (response.created, ...) are not timed.
   StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
               const std::string& request_id, OptionalTurn& conversation, bool want_usage,
-              bool strip_usage = false);
+              bool strip_usage = false, bool named_events = false);
 
   bool done() const { return ex_.done(); }
 
@@ -41,7 +44,8 @@ class StreamRelay {
   // Whether decode's kv_transfer_params for the next turn were seen.
   bool captured_params() const { return filtering_ && filtering_->filter.captured().has_value(); }
 
-  // When the first data event arrived (once one did).
+  // When the first data event arrived (once one did): the first token
+  // (the first `.delta` event of a named-events stream).
   std::optional<std::chrono::steady_clock::time_point> first_event_at() const {
     return first_event_at_;
   }
@@ -74,6 +78,7 @@ class StreamRelay {
   std::string in_;
   const bool want_usage_;
   const bool strip_usage_;
+  const bool named_events_;
   std::optional<TokenUsage> usage_;
   std::optional<std::chrono::steady_clock::time_point> first_event_at_;
   std::chrono::steady_clock::time_point last_event_at_{};

@@ -46,14 +46,15 @@ struct RequestView {
 };
 
 struct RequestContext {
-  RequestContext(ClientRequest& c, RequestTrace& trace_, bool is_chat_)
+  RequestContext(ClientRequest& c, RequestTrace& trace_, GenerationApi api_)
       : w(c.w),
         client(c.client),
         req(c.req),
         scope(c.scope),
         outcome(c.outcome),
         trace(trace_),
-        is_chat(is_chat_),
+        api(api_),
+        is_chat(api_ == GenerationApi::chat),
         view(std::make_unique<RequestView>()),
         failover(c.w),
         connector(*c.w.connector) {}
@@ -64,6 +65,7 @@ struct RequestContext {
   RequestScope& scope;
   RequestOutcome& outcome;
   RequestTrace& trace;  // outlives the relay too
+  const GenerationApi api;
   const bool is_chat;
 
   // The client's API key (--api-keys), null when keys are off.

@@ -43,8 +43,7 @@ bool use_edited_body(RequestContext& rc, std::string edited, const char* what) {
   rc.body = rc.hooked_body;
   rc.index = std::move(*index);
   // Views into the body follow it to the edited text.
-  rc.pick().prompt_raw =
-      raw_member(rc.body, rc.index, rc.is_chat ? "messages" : "prompt").value_or("");
+  rc.pick().prompt_raw = raw_member(rc.body, rc.index, prompt_member(rc.api)).value_or("");
   return true;
 }
 
@@ -69,7 +68,7 @@ bool request_hook_phase(RequestContext& rc) {
     if (d.reject_status != 0)
       return rc.fail(policy_error(d.reject_status, std::move(d.reject_message)));
     apply_header_edits(rc.fwd, d.headers);
-    if (auto edited = hooked_body(rc.body, rc.index, rc.is_chat, d)) {
+    if (auto edited = hooked_body(rc.body, rc.index, rc.api, d)) {
       if (!use_edited_body(rc, std::move(*edited), "the request hook's body edit"))
         return false;
     }

@@ -124,6 +124,25 @@ std::optional<std::string> DecodeOutputFilter::inspect(std::string_view json) {
   return editor.render();
 }
 
+std::optional<std::string> DecodeOutputFilter::strip_from_response(std::string_view json) const {
+  if (expose_)
+    return std::nullopt;
+  const auto index = index_json_object(json);
+  if (!index)
+    return std::nullopt;
+  const auto response = raw_member(json, *index, "response");
+  if (!response || response->empty() || response->front() != '{')
+    return std::nullopt;
+  const auto inner = index_json_object(*response);
+  if (!inner || !raw_member(*response, *inner, kParamsKey))
+    return std::nullopt;
+  JsonBodyEditor inner_editor(*response, *inner);
+  inner_editor.remove(kParamsKey);
+  JsonBodyEditor editor(json, *index);
+  editor.set("response", inner_editor.render());
+  return editor.render();
+}
+
 std::string_view DecodeOutputFilter::on_event(const SseEvent& event) {
   if (recorder_ != nullptr && event.has_data)
     recorder_->on_chunk(event.data);
@@ -131,9 +150,29 @@ std::string_view DecodeOutputFilter::on_event(const SseEvent& event) {
     return event.raw;
   auto stripped = inspect(event.data);
   if (!stripped)
+    stripped = strip_from_response(event.data);
+  if (!stripped)
     return event.raw;
-  // vLLM's events are a lone data field; the rewritten event is too.
-  out_ = sse_data_event(*stripped);
+  // The event's other fields (a Responses event's `event:` name) are kept
+  // as they came, before its one rewritten data field.
+  out_.clear();
+  std::string_view rest = event.raw;
+  while (!rest.empty()) {
+    const std::size_t eol = rest.find_first_of("\r\n");
+    const std::string_view line = rest.substr(0, eol);
+    if (line.empty())
+      break;  // the blank line that ends the event
+    std::size_t next = eol == std::string_view::npos ? rest.size() : eol + 1;
+    if (eol != std::string_view::npos && rest[eol] == '\r' && next < rest.size() &&
+        rest[next] == '\n')
+      ++next;
+    if (line.substr(0, line.find(':')) != "data") {
+      out_.append(line);
+      out_.push_back('\n');
+    }
+    rest.remove_prefix(next);
+  }
+  out_ += sse_data_event(*stripped);
   return out_;
 }
 

@@ -120,6 +120,9 @@ class DecodeOutputFilter {
   // Captures from `json`; returns the text without the params when they
   // should be stripped and were present.
   std::optional<std::string> inspect(std::string_view json);
+  // The same for a Responses API event, whose params sit in its
+  // `response` object (response.completed); nothing is captured there.
+  std::optional<std::string> strip_from_response(std::string_view json) const;
 
   std::string host_;
   bool expose_;

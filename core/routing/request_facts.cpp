@@ -36,8 +36,22 @@ Result<std::optional<std::int64_t>> token_limit(std::string_view body, const Jso
 
 }  // namespace
 
-Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& index, bool is_chat) {
+std::string_view prompt_member(GenerationApi api) {
+  switch (api) {
+    case GenerationApi::chat:
+      return "messages";
+    case GenerationApi::responses:
+      return "input";
+    case GenerationApi::completions:
+      break;
+  }
+  return "prompt";
+}
+
+Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& index,
+                                GenerationApi api) {
   RequestFacts f;
+  const bool is_chat = api == GenerationApi::chat;
   f.is_chat = is_chat;
 
   if (const auto model = raw_member(body, index, "model"); model && !is_null(*model)) {
@@ -81,6 +95,32 @@ Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& in
     }
   }
 
+  if (api == GenerationApi::responses) {
+    // vLLM's ResponsesRequest: `input` is required, a string or a list of
+    // items; max_output_tokens is its only output limit.
+    const auto input = raw_member(body, index, "input");
+    if (!input || (kind(*input) != '"' && kind(*input) != '['))
+      return fail("'input' is required and must be a string or a list of input items");
+    f.prompt_bytes = input->size();
+    auto most = token_limit(body, index, "max_output_tokens");
+    if (!most)
+      return fail(most.error());
+    f.max_output_tokens = *most;
+    // A background response answers at once, queued, and is fetched later
+    // from the engine that holds it (GET /v1/responses/{id}): neither has
+    // a prefill leg, nor a route through the gateway.
+    if (const auto bg = raw_member(body, index, "background"); bg && *bg == "true")
+      return fail("'background' responses are not supported through the gateway");
+    if (const auto prev = raw_member(body, index, "previous_response_id");
+        prev && !is_null(*prev)) {
+      auto id = kind(*prev) == '"' ? decode_json_string(*prev) : std::nullopt;
+      if (!id)
+        return fail("'previous_response_id' must be a string");
+      f.previous_response_id = std::move(*id);
+    }
+    return f;
+  }
+
   auto max_tokens = token_limit(body, index, "max_tokens");
   if (!max_tokens)
     return fail(max_tokens.error());
@@ -92,7 +132,7 @@ Result<RequestFacts> read_facts(std::string_view body, const JsonObjectIndex& in
     f.max_completion_tokens = *max_completion;
   }
 
-  if (const auto prompt = raw_member(body, index, is_chat ? "messages" : "prompt")) {
+  if (const auto prompt = raw_member(body, index, prompt_member(api))) {
     f.prompt_bytes = prompt->size();
   }
   return f;

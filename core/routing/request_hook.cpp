@@ -79,7 +79,11 @@ std::optional<std::string> header_edit_error(std::string_view name, const std::s
 }
 
 std::optional<std::string> hooked_body(std::string_view body, const JsonObjectIndex& index,
-                                       bool is_chat, const RequestDecision& d) {
+                                       GenerationApi api, const RequestDecision& d) {
+  const bool is_chat = api == GenerationApi::chat;
+  // A Responses request reads max_output_tokens alone: a max_tokens
+  // there would be ignored by vLLM, and the cap with it.
+  const bool responses = api == GenerationApi::responses;
   if (!d.max_tokens_cap && !d.priority)
     return std::nullopt;
   JsonBodyEditor editor(body, index);
@@ -88,8 +92,9 @@ std::optional<std::string> hooked_body(std::string_view body, const JsonObjectIn
     const std::int64_t cap = *d.max_tokens_cap;
     bool any = false;
     for (std::string_view key :
-         {std::string_view("max_tokens"), std::string_view("max_completion_tokens")}) {
-      if (key == "max_completion_tokens" && !is_chat)
+         {std::string_view("max_tokens"), std::string_view("max_completion_tokens"),
+          std::string_view("max_output_tokens")}) {
+      if ((key == "max_completion_tokens" && !is_chat) || (key == "max_output_tokens") != responses)
         continue;
       const auto raw = raw_member(body, index, key);
       if (!raw || *raw == "null")
@@ -106,7 +111,7 @@ std::optional<std::string> hooked_body(std::string_view body, const JsonObjectIn
     // No limit given means the engine's default (up to the context
     // length): the cap becomes the limit.
     if (!any) {
-      editor.set("max_tokens", std::to_string(cap));
+      editor.set(responses ? "max_output_tokens" : "max_tokens", std::to_string(cap));
       changed = true;
     }
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/base/json_body.hpp"
+#include "core/routing/request_facts.hpp"
 
 namespace pdgate {
 
@@ -82,8 +83,13 @@ std::optional<std::string> header_edit_error(std::string_view name,
 // The body the engines get after the hook's field edits (max_tokens cap,
 // priority), or nothing when the decision edits no field or changes
 // nothing. A member that is not a number is left for the engine to refuse.
+// (max_output_tokens for /v1/responses, which reads no other limit).
 std::optional<std::string> hooked_body(std::string_view body, const JsonObjectIndex& index,
-                                       bool is_chat, const RequestDecision& d);
+                                       GenerationApi api, const RequestDecision& d);
+inline std::optional<std::string> hooked_body(std::string_view body, const JsonObjectIndex& index,
+                                              bool is_chat, const RequestDecision& d) {
+  return hooked_body(body, index, is_chat ? GenerationApi::chat : GenerationApi::completions, d);
+}
 
 // The prompt's size in tokens as the request hook and conditional_pd
 // estimate it: 4 bytes of raw prompt JSON per token, rounded up. (English

@@ -92,6 +92,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(index_ok(without_first.render()), "member removal output invalid");
   }
   (void)pdgate::read_facts(text, *idx, size % 2 == 0);
+  // /v1/responses reads `input`, max_output_tokens, previous_response_id.
+  (void)pdgate::read_facts(text, *idx, pdgate::GenerationApi::responses);
   const auto next = pdgate::kv_params_for_next_turn_prefill(text, "h");
   check(next.ok() && index_ok(*next), "next-turn params invalid");
   return 0;

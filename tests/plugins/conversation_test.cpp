@@ -207,6 +207,26 @@ TEST(DecodeOutputFilter, ExposeKeepsParams) {
   EXPECT_TRUE(f.captured());
 }
 
+// A Responses API event carries decode's params in its `response`
+// object: they are taken out there, the event keeping its name; other
+// named events pass as the same bytes.
+TEST(DecodeOutputFilter, ResponsesEventKeepsItsNameAndLosesParams) {
+  DecodeOutputFilter f("d", false);
+  const std::string raw =
+      "event: response.completed\r\ndata: {\"response\":{\"id\":\"resp_1\",\"usage\":"
+      "{\"input_tokens\":3},\"kv_transfer_params\":" +
+      std::string(kDecodeParams) + "},\"type\":\"response.completed\"}\n\n";
+  const std::string out(f.on_event(event_of(raw)));
+  EXPECT_EQ(out,
+            "event: response.completed\ndata: {\"response\":{\"id\":\"resp_1\",\"usage\":"
+            "{\"input_tokens\":3}},\"type\":\"response.completed\"}\n\n");
+  const std::string delta =
+      "event: response.output_text.delta\ndata: {\"delta\":\"kv_transfer_params\"}\n\n";
+  EXPECT_EQ(f.on_event(event_of(delta)), delta);
+  DecodeOutputFilter shown("d", true);
+  EXPECT_EQ(shown.on_event(event_of(raw)), raw);
+}
+
 // Null params are stripped but nothing is captured (decode kept no blocks).
 TEST(DecodeOutputFilter, NullParamsNotCaptured) {
   DecodeOutputFilter f("d", false);

@@ -115,5 +115,20 @@ TEST(LastUsage, LastKeyWherever) {
   EXPECT_FALSE(last_usage("usage\""));
 }
 
+// The Responses API names the counts input_tokens and output_tokens; its
+// response.completed event carries them under "response".
+TEST(LastUsage, ResponsesShape) {
+  const std::string events =
+      "event: response.created\ndata: {\"response\":{\"usage\":null},\"type\":\"r\"}\n\n"
+      "event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":9,"
+      "\"input_tokens_details\":{\"cached_tokens\":4,\"input_tokens_per_turn\":[]},"
+      "\"output_tokens\":5,\"output_tokens_details\":{\"reasoning_tokens\":0},"
+      "\"total_tokens\":14},\"user\":null},\"type\":\"response.completed\"}\n\n";
+  const auto u = last_usage(events, true);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 9u);
+  EXPECT_EQ(u->completion_tokens, 5u);
+}
+
 }  // namespace
 }  // namespace pdgate

@@ -84,5 +84,35 @@ TEST(ReadFacts, WrongTypesFail) {
 
 // --- Prefill body --------------------------------------------------------------
 
+// --- /v1/responses -------------------------------------------------------------
+
+// A Responses body: `input` is the prompt, max_output_tokens the one limit,
+// previous_response_id kept; max_tokens there is not read (vLLM ignores it).
+TEST(ReadFacts, ResponsesFields) {
+  const std::string body =
+      R"({"model":"m","input":[{"role":"user","content":"hi"}],"max_output_tokens":7,)"
+      R"("max_tokens":3,"stream":true,"previous_response_id":"resp_1"})";
+  const auto f = read_facts(body, must_index(body), GenerationApi::responses);
+  ASSERT_TRUE(f.ok()) << f.error();
+  EXPECT_EQ(f->max_output_tokens, 7);
+  EXPECT_FALSE(f->max_tokens);
+  EXPECT_TRUE(f->stream);
+  EXPECT_EQ(f->previous_response_id, "resp_1");
+  EXPECT_EQ(f->prompt_bytes, std::string(R"([{"role":"user","content":"hi"}])").size());
+  EXPECT_EQ(prompt_member(GenerationApi::responses), "input");
+}
+
+// What vLLM would refuse, and a background response, are refused.
+TEST(ReadFacts, ResponsesRefusals) {
+  for (const std::string body :
+       {R"({"model":"m"})", R"({"input":3})", R"({"input":null})", R"({"input":{}})",
+        R"({"input":"x","max_output_tokens":0})", R"({"input":"x","max_output_tokens":1.5})",
+        R"({"input":"x","previous_response_id":5})", R"({"input":"x","background":true})"}) {
+    EXPECT_FALSE(read_facts(body, must_index(body), GenerationApi::responses).ok()) << body;
+  }
+  const std::string ok = R"({"input":"x","background":false})";
+  EXPECT_TRUE(read_facts(ok, must_index(ok), GenerationApi::responses).ok());
+}
+
 }  // namespace
 }  // namespace pdgate

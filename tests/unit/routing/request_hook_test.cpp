@@ -74,5 +74,21 @@ TEST(HookedBody, TokenEstimate) {
   EXPECT_EQ(estimated_prompt_tokens(400), 100u);
 }
 
+// A Responses request reads max_output_tokens alone: the cap goes there,
+// never to a max_tokens vLLM would ignore.
+TEST(HookedBody, ResponsesCapMaxOutputTokens) {
+  RequestDecision d;
+  d.max_tokens_cap = 100;
+  const std::string over = R"({"input":"x","max_output_tokens":500})";
+  const auto a = hooked_body(over, *index_json_object(over), GenerationApi::responses, d);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(*a, R"({"input":"x","max_output_tokens":100})");
+  const std::string none = R"({"input":"x"})";
+  const auto b = hooked_body(none, *index_json_object(none), GenerationApi::responses, d);
+  ASSERT_TRUE(b);
+  EXPECT_NE(b->find(R"("max_output_tokens":100)"), std::string::npos) << *b;
+  EXPECT_EQ(b->find("max_tokens"), std::string::npos) << *b;
+}
+
 }  // namespace
 }  // namespace pdgate
