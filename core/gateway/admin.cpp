@@ -362,6 +362,15 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
   if (path == "/health" && method == http::verb::get) {
     co_return json_response(req, 200, {{"status", "ok"}});
   }
+  // The probes, open as on the client port: the kubelet sends no key, and
+  // with client certificates required there (--tls-client-ca) it cannot
+  // pass on the client port at all (docs/admin.md, "Probes").
+  if (path == "/livez" && method == http::verb::get)
+    co_return json_response(req, 200, {{"status", "alive"}});
+  if (path == "/readyz" && method == http::verb::get && hooks_.readiness) {
+    auto [status, body] = hooks_.readiness();
+    co_return json_response(req, status, json::parse(body, nullptr, false));
+  }
   if (auto denied = authorize(req, mutating))
     co_return *denied;
 

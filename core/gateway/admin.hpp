@@ -39,6 +39,8 @@ class AdminApi {
     std::function<Result<bool>()> reload_policy;  // null: no policy engine
     std::function<std::string()> metrics_text;    // GET /metrics
     std::function<std::string()> status_json;     // GET /status
+    // GET /readyz, as the client port answers it: status and body.
+    std::function<std::pair<unsigned, std::string>()> readiness;
   };
 
   // Reads the key (ADMIN_API_KEY, else --admin-key-file) and parses

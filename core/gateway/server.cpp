@@ -415,7 +415,15 @@ void Gateway::start() {
   }
 
   admin_->set_hooks({reload_policy_, [this] { return metrics_text(true); },
-                     [this] { return status_document(true).dump(); }});
+                     [this] { return status_document(true).dump(); },
+                     [this] {
+                       // As the client port's /readyz (the roles a start
+                       // requires cannot change on reload but encode's).
+                       const auto set = registry_.snapshot();
+                       auto [status, j] =
+                           readiness(*set, RequiredRoles::from(cfg_), stopping_.load());
+                       return std::pair{static_cast<unsigned>(status), j.dump()};
+                     }});
   if (admin_acceptor_)
     net::co_spawn(admin_ioc_, serve_admin(*admin_acceptor_, admin_, cfg_.client_idle_timeout),
                   net::detached);

@@ -105,11 +105,19 @@ TEST(Deploy, KubernetesProbesAnswer) {
                         "--admin-key-file", dir + "/key", "--host", "127.0.0.1", "--port", "0",
                         "--admin-host", "127.0.0.1", "--admin-port", "0", "--redis",
                         "redis://127.0.0.1:" + std::to_string(closed_port())});
-  const auto port = gw.wait_listening();
+  const auto client_port = gw.wait_listening();
+  const auto admin_port = gw.wait_listening();
   const auto c = pdgate_container(docs);
-  const auto live = get(port, c["livenessProbe"]["httpGet"]["path"].as<std::string>());
+  // The probes ask the port they name: the client's ("http") or the
+  // admin's (which answers them without the key).
+  auto port_of = [&](const char* probe) {
+    return c[probe]["httpGet"]["port"].as<std::string>() == "admin" ? admin_port : client_port;
+  };
+  const auto live =
+      get(port_of("livenessProbe"), c["livenessProbe"]["httpGet"]["path"].as<std::string>());
   EXPECT_EQ(live.status, 200) << live.body;
-  const auto ready = get(port, c["readinessProbe"]["httpGet"]["path"].as<std::string>());
+  const auto ready =
+      get(port_of("readinessProbe"), c["readinessProbe"]["httpGet"]["path"].as<std::string>());
   EXPECT_TRUE(ready.status == 200 || ready.status == 503) << ready.status << " " << ready.body;
   fs::remove_all(dir);
 }

@@ -260,6 +260,28 @@ TEST(TlsClients, ClientCertificatesRequired) {
   EXPECT_TRUE(d.requests().size() == 1u);
 }
 
+// With client certificates required on the client port, the kubelet's
+// probes (HTTPS without a certificate, or plain HTTP) cannot pass there:
+// the admin port answers /livez and /readyz in plain HTTP without the
+// admin key, while its other routes keep asking for it.
+TEST(TlsClients, ProbesPassOnTheAdminPortWithMutualTls) {
+  ASSERT_TRUE(pki->ok());
+  Sim d("both");
+  auto args = tls_listener();
+  args.insert(args.end(), {"--decode", d.hostport(), "--prefill-servers-urls", "disable",
+                           "--tls-client-ca", pki->path("ca.pem"), "--admin-port", "0"});
+  Gateway gw(args, {{"ADMIN_API_KEY", "probe-test-key"}});
+  const auto admin = gw.process().wait_listening();
+  // The client port refuses a probe without a certificate.
+  EXPECT_NE(curl(gw.port(), "/livez", cacert()).status, 200);
+  auto r = http_request(admin, "GET", "/livez");
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = http_request(admin, "GET", "/readyz");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["status"], "ready") << r.body;
+  EXPECT_EQ(http_request(admin, "GET", "/admin/instances").status, 401);
+}
+
 // A plain-HTTP client on the TLS port, and one that connects and sends
 // nothing, are closed (the latter within the header timeout) while a TLS
 // client's stream on the same gateway completes; both count as failed
