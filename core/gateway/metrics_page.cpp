@@ -71,6 +71,16 @@ std::string Gateway::metrics_text(bool addresses) const {
     m.counter("pdgate_tls_handshake_failures_total",
               "Client connections whose TLS handshake failed or timed out.");
     m.sample("pdgate_tls_handshake_failures_total", metrics_.tls_handshake_failures.load());
+    // The certificate in force (a SIGHUP reload replaces it): alert on
+    // pdgate_tls_certificate_expiry_timestamp_seconds - time() < 14 * 86400.
+    if (auto ctx = listener_tls_->current()) {
+      if (auto not_after = certificate_not_after(*ctx)) {
+        m.gauge("pdgate_tls_certificate_expiry_timestamp_seconds",
+                "When the certificate the client port presents expires (its notAfter), in "
+                "seconds since the epoch.");
+        m.sample("pdgate_tls_certificate_expiry_timestamp_seconds", *not_after);
+      }
+    }
   }
   m.counter("pdgate_shared_instances_refused_total",
             "Instances in the shared registry this replica refused (allow-list, model, loop).");

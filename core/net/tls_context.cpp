@@ -1,5 +1,7 @@
 #include "core/net/tls_context.hpp"
 
+#include <ctime>
+
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
@@ -70,6 +72,16 @@ Result<std::shared_ptr<ssl::context>> make_listener_tls(const Config& c) {
   static constexpr unsigned char kSessionContext[] = "pdgate";
   SSL_CTX_set_session_id_context(h, kSessionContext, sizeof kSessionContext - 1);
   return ctx;
+}
+
+std::optional<std::int64_t> certificate_not_after(ssl::context& ctx) {
+  X509* cert = SSL_CTX_get0_certificate(ctx.native_handle());
+  if (cert == nullptr)
+    return std::nullopt;
+  std::tm tm{};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(cert), &tm) != 1)
+    return std::nullopt;
+  return static_cast<std::int64_t>(timegm(&tm));
 }
 
 EngineTlsOptions EngineTlsOptions::from(const Config& c) {

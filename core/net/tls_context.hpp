@@ -6,8 +6,10 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <boost/asio/awaitable.hpp>
@@ -43,6 +45,10 @@ Result<std::shared_ptr<boost::asio::ssl::context>> make_engine_tls(const EngineT
 // The listener's current context. Workers take it for each new connection;
 // a reload swaps it, and connections already established keep the one they
 // were made with (each holds a reference through its SSL object).
+// When the certificate a context presents stops being valid (its
+// notAfter), in seconds since the epoch; nullopt without one.
+std::optional<std::int64_t> certificate_not_after(boost::asio::ssl::context& ctx);
+
 class ListenerTls {
  public:
   explicit ListenerTls(std::shared_ptr<boost::asio::ssl::context> ctx) : ctx_(std::move(ctx)) {}

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -280,6 +281,26 @@ TEST(TlsClients, ProbesPassOnTheAdminPortWithMutualTls) {
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json()["status"], "ready") << r.body;
   EXPECT_EQ(http_request(admin, "GET", "/admin/instances").status, 401);
+}
+
+// The client port's certificate's expiry is a metric, so an alert can
+// fire before clients see an expired certificate: the test's certificates
+// are valid for 2 days.
+TEST(TlsClients, CertificateExpiryIsAMetric) {
+  ASSERT_TRUE(pki->ok());
+  Sim d("both");
+  auto args = tls_listener();
+  args.insert(args.end(), {"--decode", d.hostport(), "--prefill-servers-urls", "disable"});
+  Gateway gw(args);
+  const auto page = curl(gw.port(), "/metrics", cacert());
+  ASSERT_EQ(page.status, 200) << page.body;
+  const std::string name = "\npdgate_tls_certificate_expiry_timestamp_seconds ";
+  const auto at = page.body.find(name);
+  ASSERT_NE(at, std::string::npos) << page.body;
+  const double expiry = std::stod(page.body.substr(at + name.size()));
+  const double now = static_cast<double>(std::time(nullptr));
+  EXPECT_GT(expiry, now + 86400);
+  EXPECT_LT(expiry, now + 3 * 86400);
 }
 
 // A plain-HTTP client on the TLS port, and one that connects and sends
