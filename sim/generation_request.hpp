@@ -29,6 +29,9 @@ struct GenRequest {
   bool remote_prefill = false;  // decode side of the handshake: pull, then decode
   bool remote_decode = false;   // prefill side: compute, then issue params
   bool names_remote = false;    // prefill handed a remote's blocks (multi-turn)
+  // Mooncake: the gateway's transfer id both legs carry; a decode leg
+  // waits for prefill's KV under it.
+  std::string transfer_id;
 };
 
 struct HttpError {
