@@ -40,36 +40,35 @@ net::awaitable<void> run_prefill_leg(RequestContext& rc, std::string params, Ins
   }
 }
 
-// The failure a client is told of: prefill's when it failed first (decode
-// was aborted because of it), else decode's.
-GatewayError failure_of(const PrefillLeg& prefill, GatewayError decode) {
-  if (prefill.error && prefill.error->kind != ErrorKind::client_gone &&
-      decode.kind == ErrorKind::client_gone)
-    return *prefill.error;
-  return decode;
-}
+// One pair of legs' end: the relay, or the failure and the leg that failed
+// first (the other was aborted because of it).
+struct PairOutcome {
+  std::unique_ptr<DecodeRelay> relay;
+  std::optional<GatewayError> error;
+  InstancePtr failed;  // the instance of the leg that failed first
+  Stage failed_stage = Stage::decode;
+};
 
-}  // namespace
-
-net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext& rc) {
+net::awaitable<PairOutcome> run_pair(RequestContext& rc) {
+  PairOutcome out;
   WorkerContext& w = rc.w;
   const auto started = std::chrono::steady_clock::now();
   const auto executor = co_await net::this_coro::executor;
 
   InstancePtr prefill = pick_prefill(rc);
   if (!prefill) {
-    rc.fail(no_instance(Stage::prefill, w.picker));
-    co_return nullptr;
+    out.error = no_instance(Stage::prefill, w.picker);
+    co_return out;
   }
   if (rc.outcome.record)
     rc.outcome.record->prefill = prefill;
   rc.pick().stage = Stage::decode;
   rc.pick().chosen_prefill = prefill.get();
-  rc.decode = w.picker.pick(rc.set->decode, rc.pick());
+  rc.decode = w.picker.pick(untried(rc.set->decode, rc.tried_decode), rc.pick());
   rc.decode_queued_tokens = 0;
   if (!rc.decode) {
-    rc.fail(no_instance(Stage::decode, w.picker));
-    co_return nullptr;
+    out.error = no_instance(Stage::decode, w.picker);
+    co_return out;
   }
   if (rc.outcome.record)
     rc.outcome.record->decode = rc.decode;
@@ -79,8 +78,8 @@ net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext&
   const std::uint16_t port = w.cfg.mooncake_bootstrap_port;
   auto engine = co_await w.mooncake.engine_id(executor, prefill->spec, port, 0);
   if (rc.scope.client_gone()) {
-    rc.fail(upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"}));
-    co_return nullptr;
+    out.error = upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"});
+    co_return out;
   }
   if (!engine) {
     GatewayError g = engine_error(
@@ -88,8 +87,10 @@ net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext&
         "prefill stage failed: the engine's Mooncake bootstrap server named no engine id",
         "prefill stage failed: " + engine.error());
     blame(w, *prefill, g);
-    rc.fail(std::move(g));
-    co_return nullptr;
+    out.error = std::move(g);
+    out.failed = prefill;
+    out.failed_stage = Stage::prefill;
+    co_return out;
   }
   const MintedTransfer minted{"xfer-" + w.request_ids.uuid_hex(),
                               MooncakeBootstrap::address(prefill->spec, port), std::move(*engine)};
@@ -123,11 +124,52 @@ net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext&
                    leg.error->detail.empty() ? leg.error->message : leg.error->detail);
     }
     rc.prefill_cached_tokens = leg.cached_tokens;
-    note_decode_answered(rc, *a.relay);
-    co_return std::move(a.relay);
+    out.relay = std::move(a.relay);
+    co_return out;
   }
-  rc.fail(failure_of(leg, std::move(*a.error)));
-  co_return nullptr;
+  if (leg.error && leg.error->kind != ErrorKind::client_gone &&
+      a.error->kind == ErrorKind::client_gone) {
+    // Prefill failed first: decode was aborted because of it.
+    out.error = std::move(leg.error);
+    out.failed = prefill;
+    out.failed_stage = Stage::prefill;
+  } else {
+    out.error = std::move(a.error);
+    out.failed = rc.decode;
+  }
+  co_return out;
+}
+
+}  // namespace
+
+net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext& rc) {
+  for (bool retrying = false;; retrying = true) {
+    PairOutcome o = co_await run_pair(rc);
+    // A retried pair is over: its unit of budget goes back.
+    if (retrying)
+      rc.failover.release();
+    if (o.relay) {
+      note_decode_answered(rc, *o.relay);
+      co_return std::move(o.relay);
+    }
+    GatewayError& e = *o.error;
+    if (e.kind == ErrorKind::client_gone || !o.failed) {
+      rc.fail(std::move(e));
+      co_return nullptr;
+    }
+    // The failed leg's instance is not tried again (the other leg was
+    // aborted, not at fault); the existing failover rules say whether to.
+    const bool prefill_failed = o.failed_stage == Stage::prefill;
+    auto& tried = prefill_failed ? rc.tried_prefill : rc.tried_decode;
+    tried.push_back(o.failed.get());
+    if (!has_alternative(prefill_failed ? rc.set->prefill : rc.set->decode, tried) ||
+        !rc.failover.may_retry(o.failed_stage, e)) {
+      rc.fail(std::move(e));
+      co_return nullptr;
+    }
+    spdlog::info("request {}: {} leg on {} failed ({}), both legs again on other instances",
+                 rc.request_id(), to_string(o.failed_stage), o.failed->spec.url, to_string(e.kind));
+  }
 }
 
 }  // namespace pdgate

@@ -336,6 +336,23 @@ TEST(Connectors, MooncakeDecodeFailureAbortsPrefill) {
   })) << p.requests().dump();
 }
 
+// A failed prefill leg is failed over as a sequential one would be: both
+// legs again, on another prefill (the decode leg was aborted, not at fault).
+TEST(Connectors, MooncakeFailedPrefillLegFailsOver) {
+  Sim bad("prefill", mooncake_sim({"--error-rate", "1"})), good("prefill", mooncake_sim()),
+      d("decode", mooncake_sim());
+  Gateway gw({"--kv-connector", "mooncake", "--mooncake-bootstrap-port", "0", "--workers", "1",
+              "--prefill", bad.hostport(), good.hostport(), "--decode", d.hostport()});
+  for (int i = 0; i < 2; ++i) {
+    auto r = post_json(gw.port(), "/v1/chat/completions", kv_chat(false));
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  // Round robin sends at least one of the two to the failing prefill;
+  // every answer's prefill leg ran once on the good one.
+  EXPECT_GE(bad.requests().size(), 1u);
+  EXPECT_EQ(good.requests().size(), 2u);
+}
+
 // A client that leaves while both legs run aborts both on the engines.
 TEST(Connectors, MooncakeClientDisconnectAbortsBothLegs) {
   Sim p("prefill", mooncake_sim({"--prefill-base-ms", "5000"})), d("decode", mooncake_sim());
