@@ -273,8 +273,13 @@ int main(int argc, char** argv) {
   int rc = 0;
   {
     // --kv-connector was validated: it names one of the shipped connectors.
+    const pdgate::KvConnectorOptions connector_options{
+        .nixl_mode = cfg.nixl_transfer_mode == "push"   ? pdgate::NixlTransferMode::push
+                     : cfg.nixl_transfer_mode == "pull" ? pdgate::NixlTransferMode::pull
+                                                        : pdgate::NixlTransferMode::automatic,
+        .mooncake_parallel = cfg.mooncake_legs != "sequential"};
     std::shared_ptr<const pdgate::KvConnector> connector =
-        pdgate::make_kv_connector(cfg.kv_connector);
+        pdgate::make_kv_connector(cfg.kv_connector, connector_options);
     // How https:// engines are reached: every engine connection, probe
     // and scrape shares this context (core/net/tls_context.hpp).
     // Made at start when it will be needed (a file that does not load

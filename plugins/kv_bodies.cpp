@@ -20,13 +20,16 @@ std::string_view trim_ws(std::string_view s) {
 // The prefill computes the prompt's KV cache and stops after one token.
 // `kv_params_raw`: what to ask of it, or nullopt to drop the client's.
 JsonBodyEditor prefill_edits(std::string_view body, const JsonObjectIndex& index,
-                             std::optional<std::string_view> kv_params_raw) {
+                             std::optional<std::string_view> kv_params_raw, OneTokenFields fields) {
   JsonBodyEditor e(body, index);
   e.set("stream", "false");
-  e.set("max_tokens", "1");
-  if (raw_member(body, index, "max_completion_tokens"))
-    e.set("max_completion_tokens", "1");
+  e.set(fields.always, "1");
+  if (!fields.if_present.empty() && raw_member(body, index, fields.if_present))
+    e.set(fields.if_present, "1");
+  // A lower bound above one token would contradict the limit (vLLM's
+  // proxies drop both; decode gets them back with the client's body).
   e.remove("min_tokens");
+  e.remove("min_completion_tokens");
   // vLLM rejects stream_options when stream is false.
   e.remove("stream_options");
   e.remove("conversation_id");
@@ -55,8 +58,8 @@ JsonBodyEditor decode_edits(std::string_view body, const JsonObjectIndex& index,
 }  // namespace
 
 std::string make_prefill_body(std::string_view body, const JsonObjectIndex& index,
-                              std::string_view kv_params_raw) {
-  return prefill_edits(body, index, kv_params_raw).render();
+                              std::string_view kv_params_raw, OneTokenFields fields) {
+  return prefill_edits(body, index, kv_params_raw, fields).render();
 }
 
 std::string make_decode_body(std::string_view body, const JsonObjectIndex& index,
@@ -69,8 +72,8 @@ std::string make_passthrough_body(std::string_view body, const JsonObjectIndex& 
 }
 
 SplicedText splice_prefill_body(std::string_view body, const JsonObjectIndex& index,
-                                std::string_view kv_params_raw) {
-  return prefill_edits(body, index, kv_params_raw).splice();
+                                std::string_view kv_params_raw, OneTokenFields fields) {
+  return prefill_edits(body, index, kv_params_raw, fields).splice();
 }
 
 SplicedText splice_decode_body(std::string_view body, const JsonObjectIndex& index,
@@ -82,8 +85,9 @@ SplicedText splice_passthrough_body(std::string_view body, const JsonObjectIndex
   return decode_edits(body, index, std::nullopt).splice();
 }
 
-SplicedText splice_one_token_body(std::string_view body, const JsonObjectIndex& index) {
-  return prefill_edits(body, index, std::nullopt).splice();
+SplicedText splice_one_token_body(std::string_view body, const JsonObjectIndex& index,
+                                  OneTokenFields fields) {
+  return prefill_edits(body, index, std::nullopt, fields).splice();
 }
 
 }  // namespace pdgate

@@ -16,11 +16,12 @@
 namespace pdgate {
 
 // Prefill body: the client's body with stream:false, max_tokens:1,
-// max_completion_tokens:1 (only if present), min_tokens, stream_options and
-// conversation_id removed, and kv_transfer_params replaced by
-// `kv_params_raw` (raw JSON text).
+// max_completion_tokens:1 (only if present; `fields` names both),
+// min_tokens, min_completion_tokens, stream_options and conversation_id
+// removed, and kv_transfer_params replaced by `kv_params_raw` (raw JSON text).
 std::string make_prefill_body(std::string_view body, const JsonObjectIndex& index,
-                              std::string_view kv_params_raw = kDefaultPrefillKvParams);
+                              std::string_view kv_params_raw = kDefaultPrefillKvParams,
+                              OneTokenFields fields = {});
 
 // Decode body: the client's own body with conversation_id and any
 // client-sent kv_transfer_params removed, and kv_transfer_params set to the
@@ -37,12 +38,14 @@ std::string make_passthrough_body(std::string_view body, const JsonObjectIndex& 
 // `body` must outlive the result. Concatenated, each is byte for byte what
 // the make_* function above returns.
 SplicedText splice_prefill_body(std::string_view body, const JsonObjectIndex& index,
-                                std::string_view kv_params_raw = kDefaultPrefillKvParams);
+                                std::string_view kv_params_raw = kDefaultPrefillKvParams,
+                                OneTokenFields fields = {});
 SplicedText splice_decode_body(std::string_view body, const JsonObjectIndex& index,
                                std::optional<std::string_view> kv_params_raw);
 SplicedText splice_passthrough_body(std::string_view body, const JsonObjectIndex& index);
 // A prefill body for connectors that pass no params (LMCache, P2P NCCL):
 // as the prefill body, with any client-sent kv_transfer_params removed.
-SplicedText splice_one_token_body(std::string_view body, const JsonObjectIndex& index);
+SplicedText splice_one_token_body(std::string_view body, const JsonObjectIndex& index,
+                                  OneTokenFields fields = {});
 
 }  // namespace pdgate

@@ -84,6 +84,16 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
   std::optional<ResponsesAnswer> responses;
   if (api == SimApi::responses)
     responses.emplace(x.rid, opts_.model, meta.created, g.body, g.max_tokens);
+  // Mooncake: a decode leg waits for prefill's KV (sent at the same time)
+  // before it answers anything, and fails when it never comes.
+  std::optional<KvTransfer::Received> waited;
+  if (!g.transfer_id.empty() && g.remote_prefill) {
+    waited = co_await kv_.receive(g, x.rid, rec);
+    if (waited->failure) {
+      co_await send_error(x, 500, *waited->failure);
+      co_return;
+    }
+  }
   // Like vLLM (a StreamingResponse), streaming headers go out as soon as
   // the request is accepted, before it is scheduled.
   if (g.stream) {
@@ -104,7 +114,7 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
   hold.set((prompt_tokens + bs - 1) / bs);
 
   // KV transfer.
-  const KvTransfer::Received received = co_await kv_.receive(g, x.rid, rec);
+  const KvTransfer::Received received = waited ? *waited : co_await kv_.receive(g, x.rid, rec);
   const bool skip_prefill = received.skip_prefill;
 
   // Prefix cache, then prefill.
@@ -133,8 +143,13 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
   cache_events_.insert(g.prompt.text, hashes, g.lora);
 
   ojson issued = nullptr;
-  if (g.remote_decode)
-    issued = kv_.issue(x.rid, g.prompt.text, prompt_tokens);
+  if (g.remote_decode && !g.transfer_id.empty()) {
+    // Mooncake: the blocks go to the decode leg waiting under the
+    // transfer id; prefill answers no params.
+    kv_.publish(g.transfer_id, g.prompt.text, prompt_tokens);
+  } else if (g.remote_decode) {
+    issued = kv_.issue(x.rid, g.prompt.text, prompt_tokens, true);
+  }
 
   // Decode. The prefill produced the first token; a decode that received
   // the KV from elsewhere runs one step for it.
@@ -155,7 +170,7 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
       // The conversation so far (prompt + this answer) stays on this
       // engine for the next turn's prefill to pull.
       const std::string conv = g.prompt.text + (chat ? "assistant" : "") + text;
-      issued = kv_.issue(x.rid, conv, tokens_for_bytes(conv.size()));
+      issued = kv_.issue(x.rid, conv, tokens_for_bytes(conv.size()), false);
     }
     if (!g.stream)
       continue;
@@ -179,7 +194,8 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
       co_return;
   }
   rec.kv_params_issued = !issued.is_null();
-  const Usage usage{prompt_tokens, g.max_tokens};
+  const Usage usage{prompt_tokens, g.max_tokens,
+                    opts_.enable_prompt_tokens_details ? rec.cached_tokens : 0};
   ++counters_.requests_completed;
   if (responses) {
     if (g.stream) {

@@ -23,7 +23,8 @@ using nlohmann::json;
 // others move the cache out of band), and with p2p-nccl a prefill or
 // decode request id that does not name both peers.
 std::string connector_violation(const SimOptions& opts, const json& body, const std::string& rid) {
-  if (opts.kv_connector == "nixl" || opts.role == SimRole::encode)
+  if (opts.kv_connector == "nixl" || opts.kv_connector == "mooncake" ||
+      opts.role == SimRole::encode)
     return {};
   if (body.contains("kv_transfer_params") && !body["kv_transfer_params"].is_null()) {
     return "kv_transfer_params are not used with the " + opts.kv_connector + " connector";
@@ -150,6 +151,39 @@ std::optional<HttpError> parse_generation(const Request& req, SimApi api, const 
       return g.kv.contains(k) && g.kv[k].is_boolean() && g.kv[k].get<bool>();
     };
     g.remote_prefill = flag("do_remote_prefill");
+    if (opts.kv_connector == "mooncake") {
+      // vLLM's MooncakeConnector (update_state_after_alloc): a decode leg
+      // needs remote_engine_id, remote_bootstrap_addr and transfer_id, or
+      // computes the prompt itself; a prefill leg without a transfer_id
+      // sends nothing.
+      auto text = [&](const char* k) {
+        return g.kv.contains(k) && g.kv[k].is_string() ? g.kv[k].get<std::string>() : std::string();
+      };
+      g.transfer_id = text("transfer_id");
+      const bool complete = !g.transfer_id.empty() && !text("remote_engine_id").empty() &&
+                            text("remote_bootstrap_addr").rfind("http://", 0) == 0;
+      if (g.remote_prefill && !complete) {
+        log.warn("request {}: invalid Mooncake kv_transfer_params; computing the prompt here",
+                 rec.request_id);
+        g.remote_prefill = false;
+      }
+      g.remote_decode = !g.remote_prefill && flag("do_remote_decode") && !g.transfer_id.empty();
+      return std::nullopt;
+    }
+    if (g.remote_prefill && opts.kv_transfer_mode == "push") {
+      // vLLM's push decode reads these as params[key] when it registers
+      // with prefill: a missing one fails the request (a KeyError there).
+      for (const char* k : {"remote_engine_id", "remote_request_id", "remote_host"}) {
+        if (!g.kv.contains(k) || !g.kv[k].is_string())
+          return HttpError{500, std::string("NIXL push kv_transfer_params: '") + k +
+                                    "' is missing or not a string"};
+      }
+      for (const char* k : {"remote_port", "tp_size"}) {
+        if (!g.kv.contains(k) || !g.kv[k].is_number_unsigned())
+          return HttpError{500, std::string("NIXL push kv_transfer_params: '") + k +
+                                    "' is missing or not an integer"};
+      }
+    }
     g.remote_decode = !g.remote_prefill && flag("do_remote_decode");
     if (g.remote_decode) {
       for (const char* k :

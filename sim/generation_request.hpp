@@ -34,6 +34,9 @@ struct GenRequest {
   bool remote_decode = false;   // prefill side: compute, then issue params
   bool names_remote = false;    // prefill handed a remote's blocks (multi-turn)
   std::string lora;             // the LoRA adapter the request names (--lora-modules), or empty
+  // Mooncake: the gateway's transfer id both legs carry; a decode leg
+  // waits for prefill's KV under it.
+  std::string transfer_id;
 };
 
 struct HttpError {

@@ -60,7 +60,7 @@ void KvRegistry::expire(Clock::time_point now) {
     auto it = entries_.find(id);
     const bool stale = it == entries_.end() || it->second.issued_at != at;
     if (!stale) {
-      const bool too_old = now - at >= ttl_;
+      const bool too_old = now >= it->second.expires_at;
       const bool over_bound = entries_.size() > max_entries_;
       if (!too_old && !over_bound)
         break;
@@ -71,24 +71,36 @@ void KvRegistry::expire(Clock::time_point now) {
 }
 
 void KvRegistry::issue(const std::string& request_id, std::vector<std::int64_t> block_ids,
-                       Clock::time_point now) {
+                       Clock::time_point now, std::optional<Clock::duration> ttl) {
   erase_entry(request_id);  // ids should be unique; a re-issue replaces the old entry
   outstanding_ += 1;
   outstanding_blocks_ += block_ids.size();
-  entries_[request_id] = Entry{std::move(block_ids), now, false};
+  entries_[request_id] = Entry{std::move(block_ids), now, now + ttl.value_or(ttl_), false};
   order_.emplace_back(request_id, now);
   expire(now);
 }
 
 KvResult KvRegistry::consume(const std::string& engine_id, const std::string& request_id,
                              const std::vector<std::int64_t>& block_ids, Clock::time_point now) {
+  return take(engine_id, request_id, &block_ids, now);
+}
+
+KvResult KvRegistry::consume_held(const std::string& engine_id, const std::string& request_id,
+                                  Clock::time_point now) {
+  return take(engine_id, request_id, nullptr, now);
+}
+
+KvResult KvRegistry::take(const std::string& engine_id, const std::string& request_id,
+                          const std::vector<std::int64_t>* block_ids, Clock::time_point now) {
   expire(now);
   if (engine_id != engine_id_)
     return KvResult::unknown;
   auto it = entries_.find(request_id);
   if (it == entries_.end())
     return KvResult::unknown;
-  if (it->second.block_ids != block_ids)
+  if (it->second.expires_at <= now)
+    return KvResult::unknown;  // the lease ran out: the blocks are freed
+  if (block_ids && it->second.block_ids != *block_ids)
     return KvResult::unknown;
   if (it->second.consumed)
     return KvResult::reused;

@@ -35,13 +35,19 @@ class KvRegistry {
 
   // Records params as issued; their blocks count as held until consumed or
   // expired.
+  // `ttl`: how long they are held (a prefill's lease); the registry's
+  // own TTL when not given.
   void issue(const std::string& request_id, std::vector<std::int64_t> block_ids,
-             Clock::time_point now);
+             Clock::time_point now, std::optional<Clock::duration> ttl = std::nullopt);
 
   // A peer pulls: valid (first time; blocks freed), reused (already pulled),
   // unknown (never issued here, expired, engine id or block ids mismatch).
   KvResult consume(const std::string& engine_id, const std::string& request_id,
                    const std::vector<std::int64_t>& block_ids, Clock::time_point now);
+  // The same for a NIXL push registration or a Mooncake transfer, which
+  // name no blocks (prefill sends the ones it holds).
+  KvResult consume_held(const std::string& engine_id, const std::string& request_id,
+                        Clock::time_point now);
 
   std::size_t outstanding(Clock::time_point now);         // issued, not consumed
   std::size_t outstanding_blocks(Clock::time_point now);  // blocks those hold
@@ -51,9 +57,13 @@ class KvRegistry {
   struct Entry {
     std::vector<std::int64_t> block_ids;
     Clock::time_point issued_at;
+    Clock::time_point expires_at;
     bool consumed = false;
   };
   void expire(Clock::time_point now);
+  // `block_ids` null: any blocks held (push, Mooncake).
+  KvResult take(const std::string& engine_id, const std::string& request_id,
+                const std::vector<std::int64_t>* block_ids, Clock::time_point now);
   void erase_entry(const std::string& id);
 
   std::string engine_id_;

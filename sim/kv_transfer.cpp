@@ -37,6 +37,18 @@ KvTransfer::KvTransfer(const SimOptions& opts, spdlog::logger& log, std::mt19937
 awaitable<KvTransfer::Received> KvTransfer::receive(const GenRequest& g, const std::string& rid,
                                                     RequestRecord& rec) {
   Received r;
+  if (!g.transfer_id.empty() && g.remote_prefill) {
+    std::string why;
+    const KvResult kv_result = co_await wait_for_transfer(g.kv, rid, why);
+    counters_.count_kv(kv_result);
+    rec.kv_result = kv_result;
+    if (kv_result == KvResult::valid) {
+      r.skip_prefill = opts_.role == SimRole::decode || opts_.role == SimRole::both;
+    } else {
+      r.failure = "KV transfer " + g.transfer_id + " failed: " + why;
+    }
+    co_return r;
+  }
   if (g.remote_prefill || (g.remote_decode && g.names_remote)) {
     const KvResult kv_result = co_await pull(g.kv, rid);
     counters_.count_kv(kv_result);
@@ -56,15 +68,71 @@ awaitable<KvTransfer::Received> KvTransfer::receive(const GenRequest& g, const s
   co_return r;
 }
 
-ojson KvTransfer::issue(const std::string& rid, const std::string& text, std::size_t tokens) {
+ojson KvTransfer::issue(const std::string& rid, const std::string& text, std::size_t tokens,
+                        bool lease) {
   auto ids = cache_events_.insert(text, cache_.block_hashes(text));
   if (tokens % cache_.block_size() != 0)
     ids.push_back(cache_.fresh_block_id());
   const std::string remote_request_id = "cmpl-" + rid + "-0-" + random_hex(rng_, 8);
-  ojson params = make_kv_params(ids, engine_id(), remote_request_id, opts_.advertise_host, port_);
-  registry_.issue(remote_request_id, std::move(ids), std::chrono::steady_clock::now());
+  ojson params = make_kv_params(ids, engine_id(), remote_request_id, opts_.advertise_host, port_,
+                                opts_.kv_transfer_mode);
+  if (!opts_.kv_params_drop.empty())
+    params.erase(opts_.kv_params_drop);
+  std::optional<KvRegistry::Clock::duration> ttl;
+  if (lease)
+    ttl = std::chrono::milliseconds(opts_.kv_lease_ms);
+  registry_.issue(remote_request_id, std::move(ids), std::chrono::steady_clock::now(), ttl);
   ++counters_.kv_issued;
   return params;
+}
+
+void KvTransfer::publish(const std::string& transfer_id, const std::string& text,
+                         std::size_t tokens) {
+  auto ids = cache_events_.insert(text, cache_.block_hashes(text));
+  if (tokens % cache_.block_size() != 0)
+    ids.push_back(cache_.fresh_block_id());
+  registry_.issue(transfer_id, std::move(ids), std::chrono::steady_clock::now(),
+                  std::chrono::milliseconds(opts_.kv_lease_ms));
+  ++counters_.kv_issued;
+}
+
+awaitable<KvResult> KvTransfer::wait_for_transfer(const json& kv, const std::string& rid,
+                                                  std::string& why) {
+  // remote_bootstrap_addr is http://host:port (checked when parsed).
+  const std::string addr = kv.value("remote_bootstrap_addr", std::string()).substr(7);
+  const auto colon = addr.rfind(':');
+  std::uint32_t port = 0;
+  if (colon != std::string::npos) {
+    for (char c : addr.substr(colon + 1))
+      port = (c >= '0' && c <= '9' && port < 65536) ? port * 10 + (c - '0') : 70000;
+  }
+  if (colon == std::string::npos || port == 0 || port > 65535) {
+    why = "remote_bootstrap_addr is not http://host:port";
+    co_return KvResult::pull_failed;
+  }
+  std::string host = addr.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  const json payload = {{"remote_engine_id", kv["remote_engine_id"]},
+                        {"transfer_id", kv["transfer_id"]},
+                        {"transfer_mode", "mooncake"}};
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.kv_wait_ms);
+  for (;;) {
+    why.clear();
+    const KvResult r = co_await pull_http(host, static_cast<std::uint16_t>(port), payload, why);
+    if (r == KvResult::valid || r == KvResult::reused)
+      co_return r;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      why = "prefill's KV did not arrive within " + std::to_string(opts_.kv_wait_ms) + " ms" +
+            (why.empty() ? "" : " (" + why + ")");
+      log_.warn("request {}: {}", rid, why);
+      co_return r;
+    }
+    // The prefill leg runs at the same time: its blocks come when it is done.
+    if (!co_await sleep_for(std::chrono::milliseconds(2)))
+      co_return KvResult::pull_failed;
+  }
 }
 
 // Asks the issuer named in the params to hand over the blocks.
@@ -86,7 +154,15 @@ awaitable<KvResult> KvTransfer::pull(const json& kv, const std::string& rid) {
         "incomplete kv_transfer_params (need remote_host, remote_port, remote_engine_id, "
         "remote_request_id)";
   } else {
-    result = co_await pull_http(host, static_cast<std::uint16_t>(port), kv, why);
+    json payload = {{"remote_engine_id", kv["remote_engine_id"]},
+                    {"remote_request_id", kv["remote_request_id"]},
+                    {"remote_block_ids", kv.value("remote_block_ids", json())}};
+    // A push decode registers: it names no blocks, prefill writes those it holds.
+    if (opts_.kv_transfer_mode == "push" && opts_.role != SimRole::prefill) {
+      payload.erase("remote_block_ids");
+      payload["transfer_mode"] = "push";
+    }
+    result = co_await pull_http(host, static_cast<std::uint16_t>(port), payload, why);
   }
   if (result != KvResult::valid) {
     log_.warn("request {}: kv pull from {}:{} ({}) -> {}{}{}", rid, host, port, remote_rid,
@@ -96,7 +172,7 @@ awaitable<KvResult> KvTransfer::pull(const json& kv, const std::string& rid) {
 }
 
 awaitable<KvResult> KvTransfer::pull_http(const std::string& host, std::uint16_t port,
-                                          const json& kv, std::string& why) {
+                                          const json& payload, std::string& why) {
   auto ex = co_await net::this_coro::executor;
   beast::tcp_stream stream(ex);
   stream.expires_after(std::chrono::milliseconds(opts_.kv_pull_timeout_ms));
@@ -119,9 +195,6 @@ awaitable<KvResult> KvTransfer::pull_http(const std::string& host, std::uint16_t
     why = "connect: " + ec.message();
     co_return KvResult::pull_failed;
   }
-  json payload = {{"remote_engine_id", kv["remote_engine_id"]},
-                  {"remote_request_id", kv["remote_request_id"]},
-                  {"remote_block_ids", kv.value("remote_block_ids", json())}};
   Request rq{http::verb::post, "/sim/kv/pull", 11};
   rq.set(http::field::host, host + ":" + std::to_string(port));
   rq.set(http::field::content_type, "application/json");
@@ -161,10 +234,19 @@ awaitable<bool> KvTransfer::serve_pull(Exchange& x) {
   auto str = [&](const char* k) -> std::string {
     return b.contains(k) && b[k].is_string() ? b[k].get<std::string>() : std::string();
   };
-  const auto ids = flatten_block_ids(b.value("remote_block_ids", json()));
-  const KvResult r = registry_.consume(str("remote_engine_id"), str("remote_request_id"),
-                                       ids.value_or(std::vector<std::int64_t>{}),
-                                       std::chrono::steady_clock::now());
+  // Push registrations and Mooncake transfers name no blocks.
+  const std::string mode = str("transfer_mode");
+  const auto now = std::chrono::steady_clock::now();
+  KvResult r = KvResult::unknown;
+  if (mode == "mooncake") {
+    r = registry_.consume_held(str("remote_engine_id"), str("transfer_id"), now);
+  } else if (mode == "push") {
+    r = registry_.consume_held(str("remote_engine_id"), str("remote_request_id"), now);
+  } else {
+    const auto ids = flatten_block_ids(b.value("remote_block_ids", json()));
+    r = registry_.consume(str("remote_engine_id"), str("remote_request_id"),
+                          ids.value_or(std::vector<std::int64_t>{}), now);
+  }
   ++counters_.kv_pulls_served[static_cast<std::size_t>(r)];
   const auto status = r == KvResult::valid    ? http::status::ok
                       : r == KvResult::reused ? http::status::conflict

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -40,6 +41,9 @@ class KvTransfer {
   struct Received {
     bool skip_prefill = false;      // the whole prompt's KV arrived
     std::size_t remote_cached = 0;  // prompt tokens whose blocks arrived
+    // The request fails (Mooncake: prefill's KV never came, as vLLM's
+    // kv_load_failure_policy "fail", its default).
+    std::optional<std::string> failure;
   };
   // The receiving side: when the request's params call for a pull (a
   // decode, or a prefill handed the decode's previous-turn blocks), asks
@@ -47,16 +51,25 @@ class KvTransfer {
   awaitable<Received> receive(const GenRequest& g, const std::string& rid, RequestRecord& rec);
 
   // Issues params for the blocks of `text` (`tokens` long), caching them
-  // here until a peer pulls them or they expire.
-  ojson issue(const std::string& rid, const std::string& text, std::size_t tokens);
+  // here until a peer pulls them or they expire: a prefill's (`lease`)
+  // after --kv-lease-ms, a decode's for the next turn after --kv-expiry-s.
+  ojson issue(const std::string& rid, const std::string& text, std::size_t tokens, bool lease);
+
+  // Mooncake: a prefill keeps its blocks under the gateway's transfer id
+  // (for --kv-lease-ms) until the decode leg that waits for them takes them.
+  void publish(const std::string& transfer_id, const std::string& text, std::size_t tokens);
 
   // The issuer side: a peer pulls params we issued.
   awaitable<bool> serve_pull(Exchange& x);
 
  private:
   awaitable<KvResult> pull(const nlohmann::json& kv, const std::string& rid);
+  // Mooncake: asks prefill's bootstrap address for the transfer until it
+  // is there or --kv-wait-ms passed.
+  awaitable<KvResult> wait_for_transfer(const nlohmann::json& kv, const std::string& rid,
+                                        std::string& why);
   awaitable<KvResult> pull_http(const std::string& host, std::uint16_t port,
-                                const nlohmann::json& kv, std::string& why);
+                                const nlohmann::json& payload, std::string& why);
 
   const SimOptions& opts_;
   spdlog::logger& log_;

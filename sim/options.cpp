@@ -102,14 +102,29 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
   --no-profile              /start_profile and /stop_profile answer 404, as vLLM does
                             without VLLM_TORCH_PROFILER_DIR
   --issue-decode-kv         finished non-prefill requests issue kv params
+  --enable-prompt-tokens-details
+                            usage reports prompt_tokens_details.cached_tokens (when
+                            non-zero), as vLLM's flag of that name
   --seed N                  seed for the fault RNG and generated ids
-  --kv-connector K          nixl|p2p-nccl|lmcache|none (nixl): other than nixl, requests
+  --kv-connector K          nixl|mooncake|p2p-nccl|lmcache|none (nixl); mooncake: GET /query
+                            answers the engine id (the bootstrap server); other than nixl
+                            and mooncake, requests
                             carrying kv_transfer_params are refused (400); p2p-nccl
                             prefill/decode also need a ___prefill_addr_..._{hex} id
   --log-level L             trace|debug|info|warn|error|off (info)
   --kv-pull-ms M            fixed cost of a successful KV pull on decode (1)
   --kv-pull-timeout-ms N    timeout of the whole pull HTTP exchange (2000)
-  --kv-expiry-s N           issued kv params expire after N seconds (480)
+  --kv-expiry-s N           kv params a decode issues (--issue-decode-kv) expire after
+                            N seconds (480)
+  --kv-lease-ms N           kv params a prefill issues expire after N ms, as vLLM's
+                            kv_lease_duration (30000)
+  --kv-transfer-mode M      pull|push (pull): NixlPullConnector or NixlPushConnector; a
+                            prefill answers transfer_mode M, a push decode needs
+                            remote_engine_id, remote_request_id, remote_host,
+                            remote_port and tp_size (500 without) and registers
+  --kv-params-drop FIELD    fault: leave FIELD out of the kv params a prefill issues
+  --kv-wait-ms N            mooncake: how long a decode leg waits for prefill's KV
+                            under its transfer_id before failing the request (480000)
   --prefill-lanes N         prefills computed concurrently, 0 = unlimited (1)
   --kv-events-config JSON   vLLM's KV cache events: {"enable_kv_cache_events": true,
                             "publisher": "zmq", "endpoint": "tcp://*:5557",
@@ -258,14 +273,24 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
        }},
       {"--kv-connector",
        [&](const std::string& v) -> std::string {
-         if (v != "nixl" && v != "p2p-nccl" && v != "lmcache" && v != "none")
-           return "expects nixl|p2p-nccl|lmcache|none";
+         if (v != "nixl" && v != "mooncake" && v != "p2p-nccl" && v != "lmcache" && v != "none")
+           return "expects nixl|mooncake|p2p-nccl|lmcache|none";
          o.kv_connector = v;
          return {};
        }},
       {"--kv-pull-ms", double_flag(o.kv_pull_ms, 0, 1e9)},
       {"--kv-pull-timeout-ms", size_flag(o.kv_pull_timeout_ms, 1)},
       {"--kv-expiry-s", size_flag(o.kv_expiry_s, 1)},
+      {"--kv-lease-ms", size_flag(o.kv_lease_ms, 1)},
+      {"--kv-wait-ms", size_flag(o.kv_wait_ms, 1)},
+      {"--kv-transfer-mode",
+       [&](const std::string& v) -> std::string {
+         if (v != "pull" && v != "push")
+           return "expects pull|push";
+         o.kv_transfer_mode = v;
+         return {};
+       }},
+      {"--kv-params-drop", string_flag(o.kv_params_drop)},
       {"--prefill-lanes", size_flag(o.prefill_lanes, 0)},
       {"--kv-events-config",
        [&](const std::string& v) -> std::string {
@@ -314,6 +339,7 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
       {"--hang", &o.hang},
       {"--issue-decode-kv", &o.issue_decode_kv},
       {"--no-profile", &o.no_profile},
+      {"--enable-prompt-tokens-details", &o.enable_prompt_tokens_details},
   };
 
   for (std::size_t i = 0; i < args.size(); ++i) {

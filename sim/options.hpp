@@ -50,7 +50,21 @@ struct SimOptions {
   double kv_pull_ms = 1.0;                // fixed cost of a successful KV pull on decode
   std::size_t kv_pull_timeout_ms = 2000;  // whole pull HTTP exchange
   std::size_t kv_expiry_s = 480;          // VLLM_NIXL_ABORT_REQUEST_TIMEOUT
-  std::size_t prefill_lanes = 1;          // concurrent prefills; 0 = unlimited
+  // How long a prefill holds the blocks it issued params for (vLLM's
+  // kv_lease_duration, 30 s); a decode pulling later finds nothing.
+  std::size_t kv_lease_ms = 30000;
+  // How long a Mooncake decode leg waits for prefill's KV.
+  std::size_t kv_wait_ms = 480000;
+  // NIXL pull or push (NixlPullConnector / NixlPushConnector): a prefill
+  // says it in its params' transfer_mode; a push decode registers with
+  // prefill and needs its coordinates, not its block ids.
+  std::string kv_transfer_mode = "pull";
+  // vLLM's --enable-prompt-tokens-details: usage reports
+  // prompt_tokens_details.cached_tokens.
+  bool enable_prompt_tokens_details = false;
+  // Fault injection: a field left out of the params a prefill issues.
+  std::string kv_params_drop;
+  std::size_t prefill_lanes = 1;  // concurrent prefills; 0 = unlimited
   // vLLM's --kv-events-config, and how the events are encoded.
   KvEventsConfig kv_events;
   HashKind kv_events_hash = HashKind::integer;

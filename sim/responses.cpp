@@ -11,8 +11,13 @@ ojson usage_json(const Usage& u, bool with_details) {
   j["completion_tokens"] = u.completion_tokens;
   // The final streaming usage chunk is dumped with exclude_none in vLLM, so
   // the null details only appear in non-streaming bodies.
-  if (with_details)
+  if (u.cached_tokens > 0) {
+    ojson details;
+    details["cached_tokens"] = u.cached_tokens;
+    j["prompt_tokens_details"] = std::move(details);
+  } else if (with_details) {
     j["prompt_tokens_details"] = nullptr;
+  }
   return j;
 }
 
@@ -180,7 +185,7 @@ ojson make_models(const std::string& model, std::size_t max_model_len, std::int6
 
 ojson make_kv_params(const std::vector<std::int64_t>& block_ids, const std::string& engine_id,
                      const std::string& remote_request_id, const std::string& host,
-                     std::uint16_t port) {
+                     std::uint16_t port, std::string_view transfer_mode) {
   ojson j;
   j["do_remote_prefill"] = true;
   j["do_remote_decode"] = false;
@@ -190,6 +195,10 @@ ojson make_kv_params(const std::vector<std::int64_t>& block_ids, const std::stri
   j["remote_host"] = host;
   j["remote_port"] = port;
   j["tp_size"] = 1;
+  // What vLLM's scheduler answers besides: no expiry for a prefill's own
+  // blocks (only a decode's, for the next turn), and the transfer mode.
+  j["remote_blocks_expiry_time"] = nullptr;
+  j["transfer_mode"] = transfer_mode;
   return j;
 }
 

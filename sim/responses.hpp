@@ -25,6 +25,9 @@ struct ResponseMeta {
 struct Usage {
   std::size_t prompt_tokens = 0;
   std::size_t completion_tokens = 0;
+  // --enable-prompt-tokens-details: prompt tokens found cached (vLLM
+  // reports them only when non-zero); 0 leaves the details out.
+  std::size_t cached_tokens = 0;
 };
 
 // Non-streaming body; kv_params is null or the params object.
@@ -49,8 +52,10 @@ const char* error_type_for(int code);
 ojson make_models(const std::string& model, std::size_t max_model_len, std::int64_t created,
                   const std::string& permission_id);
 
+// The kv_transfer_params an engine answers (vLLM's NIXL schedulers'
+// request_finished); `transfer_mode` pull or push.
 ojson make_kv_params(const std::vector<std::int64_t>& block_ids, const std::string& engine_id,
                      const std::string& remote_request_id, const std::string& host,
-                     std::uint16_t port);
+                     std::uint16_t port, std::string_view transfer_mode = "pull");
 
 }  // namespace pdgate::sim

@@ -170,7 +170,7 @@ class Server {
         "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
         "/start_profile",  "/stop_profile",        "/metrics",   "/sim/requests",
         "/sim/stats",      "/sim/kv/pull",         "/tokenize",  "/reset_prefix_cache",
-        "/v1/responses"};
+        "/v1/responses", "/query"};
     for (auto k : kKnown) {
       if (path == k)
         return std::string(k);
@@ -211,7 +211,9 @@ class Server {
     if (x.rec)
       x.rec->request_id = x.rid;
 
-    if (opts_.hang && !sim_path)
+    // Mooncake's bootstrap server is a server of its own in vLLM: it
+    // answers while the engine hangs.
+    if (opts_.hang && !sim_path && path != "/query")
       co_return co_await faults_.hang(x);
     if (path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/responses") {
       if (req.method() == http::verb::post) {
@@ -229,6 +231,14 @@ class Server {
                                       x.rid, static_cast<std::int64_t>(std::time(nullptr)));
       co_return co_await reply(x, static_cast<http::status>(a.status), std::move(a.body),
                                a.content_type);
+    }
+    // Mooncake's bootstrap server (vLLM's MooncakeBootstrapServer), here on
+    // the API port: the engine id of each data-parallel rank.
+    if (path == "/query" && req.method() == http::verb::get && opts_.kv_connector == "mooncake" &&
+        opts_.role != SimRole::decode) {
+      nlohmann::json q;
+      q["0"] = {{"engine_id", kv_.engine_id()}};
+      co_return co_await reply(x, http::status::ok, q.dump(), "application/json");
     }
     if (path == "/tokenize" && req.method() == http::verb::post) {
       SimpleAnswer a = tokenize(req.body());

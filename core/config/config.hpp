@@ -113,6 +113,18 @@ struct Config {
   // Instances one dns:// source may contribute, added or being checked.
   unsigned dns_max_instances = 64;
   std::string kv_connector = "nixl";
+  // NIXL pull or push: auto follows prefill's answer (transfer_mode).
+  std::string nixl_transfer_mode = "auto";
+  // Mooncake's legs: parallel (current engines) or sequential (older ones,
+  // the NIXL pull form).
+  std::string mooncake_legs = "parallel";
+  // The port of Mooncake's bootstrap server on each prefill's host
+  // (VLLM_MOONCAKE_BOOTSTRAP_PORT); 0: the prefill's own HTTP port.
+  std::uint16_t mooncake_bootstrap_port = 8998;
+  // How long a prefill keeps its blocks for decode (the engines'
+  // kv_lease_duration): a decode leg is never sent later than this after
+  // prefill answered.
+  std::chrono::milliseconds kv_lease{30'000};
 
   // Client-side limits.
   std::size_t max_body_bytes = 64u << 20;

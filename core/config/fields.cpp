@@ -70,6 +70,30 @@ Result<bool> set_kv_connector(Config& c, std::string_view v) {
   return true;
 }
 
+Result<bool> set_nixl_transfer_mode(Config& c, std::string_view v) {
+  auto k = parse_choice(v, {"auto", "pull", "push"});
+  if (!k)
+    return fail(k.error());
+  c.nixl_transfer_mode = *k;
+  return true;
+}
+
+Result<bool> set_mooncake_legs(Config& c, std::string_view v) {
+  auto k = parse_choice(v, {"parallel", "sequential"});
+  if (!k)
+    return fail(k.error());
+  c.mooncake_legs = *k;
+  return true;
+}
+
+Result<bool> set_mooncake_bootstrap_port(Config& c, std::string_view v) {
+  auto p = parse_port(trim(v), true);
+  if (!p)
+    return fail(p.error());
+  c.mooncake_bootstrap_port = *p;
+  return true;
+}
+
 Result<bool> set_scope_header(Config& c, std::string_view v) {
   std::string name(trim(v));
   for (auto& ch : name) {

@@ -88,9 +88,28 @@ constexpr std::array kOptions = {
     Option{"decode-servers-urls", "", 0, false, false, kEngines, "URL,URL",
            "EPD form: comma-separated decode URLs (default: none).",
            Binding{.show = &show_decode_urls}},
-    Option{"kv-connector", "", 0, false, false, kEngines, "nixl|p2p-nccl|lmcache|none",
+    Option{"kv-connector", "", 0, false, false, kEngines, "nixl|mooncake|p2p-nccl|lmcache|none",
            "How prefill hands KV blocks to decode; none sends one hop (default: nixl).",
            checked_text_field<&set_kv_connector, &Config::kv_connector>, kRestart},
+    Option{"nixl-transfer-mode", "", 0, false, false, kEngines, "auto|pull|push",
+           "NIXL: decode pulls prefill's blocks (pull) or registers and prefill writes them "
+           "(push, no remote_block_ids); auto follows prefill's transfer_mode "
+           "(default: auto).",
+           checked_text_field<&set_nixl_transfer_mode, &Config::nixl_transfer_mode>, kRestart},
+    Option{"mooncake-legs", "", 0, false, false, kEngines, "parallel|sequential",
+           "Mooncake: both legs at once under a gateway-minted transfer_id (parallel), or "
+           "prefill first in the NIXL pull form, as older engines take (default: parallel).",
+           checked_text_field<&set_mooncake_legs, &Config::mooncake_legs>, kRestart},
+    Option{"mooncake-bootstrap-port", "", 0, false, false, kEngines, "PORT",
+           "Mooncake: port of the bootstrap server on each prefill's host "
+           "(VLLM_MOONCAKE_BOOTSTRAP_PORT); 0: the prefill's own port (default: 8998).",
+           Binding{&set_mooncake_bootstrap_port, &show_number<&Config::mooncake_bootstrap_port>,
+                   &copy_field<&Config::mooncake_bootstrap_port>}},
+    Option{"kv-lease", "", 0, false, false, kEngines, "DURATION",
+           "How long prefills keep their blocks for decode (the engines' "
+           "kv_lease_duration); a decode leg later than this re-runs prefill; 0 turns the "
+           "check off (default: 30s).",
+           duration_field<&Config::kv_lease>},
     Option{"kv-events", "", 0, true, false, kEngines,
            "INSTANCE=tcp://HOST:PORT[,replay=tcp://HOST:PORT]",
            "Where an instance publishes its KV-cache events (vLLM's --kv-events-config "

@@ -170,10 +170,25 @@ Result<std::string> parse_kv_connector(std::string_view text) {
   if (l == "lmcache" || l == "lmcacheconnector" || l == "lmcacheconnectorv1") {
     return std::string("lmcache");
   }
+  if (l == "mooncake" || l == "mooncakeconnector")
+    return std::string("mooncake");
   if (l == "none")
     return std::string("none");
   return fail("invalid kv connector '" + std::string(text) +
-              "' (expected nixl, p2p-nccl, lmcache or none)");
+              "' (expected nixl, mooncake, p2p-nccl, lmcache or none)");
+}
+
+Result<std::string> parse_choice(std::string_view text,
+                                 std::initializer_list<std::string_view> choices) {
+  const std::string l = lower(trim(text));
+  std::string expected;
+  for (std::string_view c : choices) {
+    if (l == c)
+      return std::string(c);
+    expected += expected.empty() ? "" : "|";
+    expected += c;
+  }
+  return fail("invalid value '" + std::string(text) + "' (expected " + expected + ")");
 }
 
 namespace {

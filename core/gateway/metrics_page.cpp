@@ -33,6 +33,13 @@ std::string Gateway::metrics_text(bool addresses) const {
   m.histogram("pdgate_gateway_overhead_seconds",
               "Time before decode not spent in prefill (parsing, routing, conversation store).",
               metrics_.overhead_seconds);
+  m.histogram("pdgate_kv_handoff_seconds",
+              "Time from prefill's answer to decode's leg sent (sequential legs).",
+              metrics_.kv_handoff_seconds);
+  m.counter("pdgate_kv_lease_expired_total",
+            "Decode legs not sent because prefill's KV lease (--kv-lease) had run out; "
+            "prefill was run again.");
+  m.sample("pdgate_kv_lease_expired_total", metrics_.kv_lease_expired.load());
   m.gauge("pdgate_in_flight_requests", "Client requests being served.");
   m.sample("pdgate_in_flight_requests", active_requests_.load());
   m.counter("pdgate_retries_total", "Failovers before the first byte, by stage.");

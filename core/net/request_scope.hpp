@@ -64,4 +64,17 @@ class RequestScope {
   boost::asio::cancellation_signal watch_cancel_;
 };
 
+// One leg of a request that its sibling leg may abort (Mooncake's parallel
+// legs): a child of the request's scope for as long as it lives, so the
+// client leaving aborts it too.
+struct LegScope {
+  explicit LegScope(RequestScope& p) : parent(p) { parent.add_child(&scope); }
+  ~LegScope() { parent.remove_child(&scope); }
+  LegScope(const LegScope&) = delete;
+  LegScope& operator=(const LegScope&) = delete;
+
+  RequestScope& parent;
+  RequestScope scope;
+};
+
 }  // namespace pdgate

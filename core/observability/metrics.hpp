@@ -99,6 +99,10 @@ struct GatewayMetrics {
   Histogram first_token_stream{kLlmLatencyBounds};
   Histogram first_token_whole{kLlmLatencyBounds};
   Histogram overhead_seconds{kOverheadBounds};
+  // Sequential legs: from prefill's answer to decode's leg sent; a lease
+  // (--kv-lease) that ran out before then re-ran prefill.
+  Histogram kv_handoff_seconds{kLlmLatencyBounds};
+  std::atomic<std::uint64_t> kv_lease_expired{0};
   std::atomic<std::uint64_t> retries_prefill{0};
   std::atomic<std::uint64_t> retries_decode{0};
   std::atomic<std::uint64_t> retries_refused{0};  // over budget

@@ -3,6 +3,9 @@
 #include <charconv>
 #include <cstring>
 
+#include "core/base/json_body.hpp"
+#include "core/base/json_edit.hpp"
+
 namespace pdgate {
 
 namespace {
@@ -144,6 +147,67 @@ std::optional<TokenUsage> last_usage(std::string_view text, bool in_events) {
   if (i >= text.size() || text[i] != '{')
     return std::nullopt;
   return read_usage(text, i, in_events);
+}
+
+namespace {
+
+// A whole answer's (or an event's) top-level usage object, indexed.
+struct UsageObject {
+  JsonObjectIndex top;
+  std::string_view usage;
+  JsonObjectIndex index;
+  std::optional<std::string_view> details;  // prompt_tokens_details, raw
+};
+
+std::optional<UsageObject> usage_object(std::string_view text) {
+  auto top = index_json_object(text);
+  if (!top)
+    return std::nullopt;
+  const auto usage = raw_member(text, *top, "usage");
+  if (!usage || usage->empty() || usage->front() != '{')
+    return std::nullopt;
+  auto index = index_json_object(*usage);
+  if (!index)
+    return std::nullopt;
+  UsageObject u{std::move(*top), *usage, std::move(*index), std::nullopt};
+  u.details = raw_member(u.usage, u.index, "prompt_tokens_details");
+  return u;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> prompt_cached_tokens(std::string_view answer) {
+  const auto u = usage_object(answer);
+  if (!u)
+    return std::nullopt;
+  // vLLM leaves the details out (null) when nothing was cached.
+  if (!u->details || *u->details == "null")
+    return 0;
+  const std::string_view details = *u->details;
+  if (details.empty() || details.front() != '{')
+    return std::nullopt;
+  const auto d = index_json_object(details);
+  const auto cached = d ? raw_member(details, *d, "cached_tokens") : std::nullopt;
+  if (!cached)
+    return std::nullopt;
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(cached->data(), cached->data() + cached->size(), v);
+  if (ec != std::errc() || end != cached->data() + cached->size())
+    return std::nullopt;
+  return v;
+}
+
+std::optional<std::string> with_cached_tokens(std::string_view object, std::uint64_t cached) {
+  const auto u = usage_object(object);
+  // Only an engine that reports details (--enable-prompt-tokens-details)
+  // gets prefill's count in place of its own.
+  if (!u || !u->details || *u->details == "null")
+    return std::nullopt;
+  JsonBodyEditor usage_edit(u->usage, u->index);
+  usage_edit.set("prompt_tokens_details", R"({"cached_tokens":)" + std::to_string(cached) + "}");
+  JsonBodyEditor e(object, u->top);
+  e.set("usage", usage_edit.render());
+  return e.render();
 }
 
 }  // namespace pdgate

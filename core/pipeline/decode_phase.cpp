@@ -13,18 +13,20 @@ namespace pdgate {
 
 namespace {
 
-// One decode attempt's end: the relay's state, or the failure.
-struct Routed {
-  std::unique_ptr<DecodeRelay> relay;
-  std::optional<GatewayError> error;
-};
+// Prefills re-run for one request because prefill's lease ran out before
+// decode was sent.
+constexpr unsigned kMaxLeaseReruns = 2;
 
-// One attempt on `decode`: the relay when decode answered 2xx and the
-// client's first bytes are in, else the failure.
-net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& decode) {
+}  // namespace
+
+net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& decode,
+                                      std::unique_ptr<LegScope> leg_scope) {
   WorkerContext& w = rc.w;
   Routed out;
   auto r = std::make_unique<DecodeRelay>();
+  r->leg_scope = std::move(leg_scope);
+  r->cached_tokens = rc.prefill_cached_tokens;
+  RequestScope& scope = r->leg_scope ? r->leg_scope->scope : rc.scope;
   // A decode sent in one hop computes the prompt: it waits for the tokens
   // queued ahead there, like a prefill, and teaches the engine's cost the
   // same way once its first token is in.
@@ -43,7 +45,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
                                   rc.stage_id, rc.fwd, r->span.traceparent());
   const auto buffers = body_buffers(rc.decode_body);
   auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,
-                                                    rc.scope, w.timeouts());
+                                                    scope, w.timeouts());
   if (err) {
     out.error = upstream_failure(Stage::decode, err);
     blame(w, *decode, *out.error);
@@ -63,7 +65,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
     const bool responses = rc.api == GenerationApi::responses;
     r->stream.emplace(w, *ex, *decode, rc.request_id(), r->conversation,
                       rc.facts.include_usage || rc.usage_for_gateway || responses,
-                      rc.usage_for_gateway, responses);
+                      rc.usage_for_gateway, responses, &r->cached_tokens);
     // A Responses stream opens with events that carry no token
     // (response.created, ...): read on to the first token, a bounded
     // number of bytes, so that the time to first token is that.
@@ -108,7 +110,26 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   co_return out;
 }
 
-}  // namespace
+void note_decode_answered(RequestContext& rc, DecodeRelay& relay) {
+  WorkerContext& w = rc.w;
+  // Nothing is retried once decode answered: a retry that got here is
+  // over, and the stream that follows (minutes, maybe) holds no budget.
+  rc.failover.release();
+  if (const auto at = relay.first_token_at) {
+    const auto since_received = *at - rc.outcome.received;
+    if (rc.outcome.record) {
+      rc.outcome.record->ttft =
+          std::chrono::duration_cast<std::chrono::microseconds>(since_received);
+    }
+    if (w.metrics) {
+      auto& h = rc.facts.stream ? w.metrics->first_token_stream : w.metrics->first_token_whole;
+      h.observe(std::chrono::duration<double>(since_received).count());
+    }
+  }
+  relay.cached_tokens = rc.prefill_cached_tokens;
+  relay.view = std::move(rc.view);
+  rc.failure.reset();  // an earlier attempt's
+}
 
 net::awaitable<std::unique_ptr<DecodeRelay>> decode_phase(RequestContext& rc) {
   WorkerContext& w = rc.w;
@@ -131,24 +152,43 @@ net::awaitable<std::unique_ptr<DecodeRelay>> decode_phase(RequestContext& rc) {
           std::chrono::duration<double>(decode_started - rc.outcome.received).count() -
           rc.prefill_seconds);
     }
-    Routed a = co_await attempt_decode(rc, rc.decode);
-    if (a.relay) {
-      // Nothing is retried once decode answered: a retry that got here is
-      // over, and the stream that follows (minutes, maybe) holds no budget.
-      rc.failover.release();
-      if (const auto at = a.relay->first_token_at) {
-        const auto since_received = *at - rc.outcome.received;
-        if (rc.outcome.record) {
-          rc.outcome.record->ttft =
-              std::chrono::duration_cast<std::chrono::microseconds>(since_received);
+    if (!rc.one_hop && rc.prefill && rc.connector.passes_params()) {
+      const auto handoff = decode_started - rc.prefill_answered_at;
+      const auto lease = w.cfg.kv_lease;
+      if (lease.count() > 0 && handoff >= lease) {
+        // Prefill has freed (or is about to free) the blocks these params
+        // name: decode would find nothing. A fresh prefill, a bounded number
+        // of times (a decode pick slower than the lease every time would
+        // loop forever).
+        if (w.metrics)
+          w.metrics->kv_lease_expired.fetch_add(1, std::memory_order_relaxed);
+        if (++rc.lease_reruns > kMaxLeaseReruns) {
+          GatewayError g = gateway_error(
+              ErrorKind::overloaded, "prefill's KV lease ran out before decode could be sent",
+              "prefill's KV lease (--kv-lease) ran out " + std::to_string(kMaxLeaseReruns + 1) +
+                  " times before decode could be sent");
+          g.stage = "decode";
+          rc.fail(std::move(g));
+          co_return nullptr;
         }
-        if (w.metrics) {
-          auto& h = rc.facts.stream ? w.metrics->first_token_stream : w.metrics->first_token_whole;
-          h.observe(std::chrono::duration<double>(since_received).count());
+        spdlog::info(
+            "request {}: prefill's KV lease ran out before decode was sent ({} ms); "
+            "prefilling again",
+            rc.request_id(),
+            std::chrono::duration_cast<std::chrono::milliseconds>(handoff).count());
+        rc.tried_prefill.clear();
+        if (auto e = co_await prefill_with_failover(rc, kDefaultPrefillKvParams)) {
+          rc.fail(std::move(*e));
+          co_return nullptr;
         }
+        continue;
       }
-      a.relay->view = std::move(rc.view);
-      rc.failure.reset();  // an earlier attempt's
+      if (w.metrics)
+        w.metrics->kv_handoff_seconds.observe(std::chrono::duration<double>(handoff).count());
+    }
+    Routed a = co_await attempt_decode(rc, rc.decode, nullptr);
+    if (a.relay) {
+      note_decode_answered(rc, *a.relay);
       co_return std::move(a.relay);
     }
     rc.failure = std::move(a.error);

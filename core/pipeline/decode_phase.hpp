@@ -15,6 +15,23 @@
 
 namespace pdgate {
 
+// One decode attempt's end: the relay's state, or the failure.
+struct Routed {
+  std::unique_ptr<DecodeRelay> relay;
+  std::optional<GatewayError> error;
+};
+
+// One attempt on `decode`: the relay when decode answered 2xx and the
+// client's first bytes are in, else the failure. Its connection is in
+// `leg_scope` when given (a parallel prefill leg may abort it; the relay
+// keeps the scope), else in rc.scope.
+net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& decode,
+                                      std::unique_ptr<LegScope> leg_scope);
+
+// Decode answered: the time to first token is noted and the relay takes
+// the request's view.
+void note_decode_answered(RequestContext& rc, DecodeRelay& relay);
+
 // Runs the phase, failing over to other decodes: one the request never
 // reached with the same body; one that may have pulled the prefill's
 // blocks after a fresh prefill. With p2p-nccl the decode was chosen before

@@ -18,6 +18,7 @@
 #include "core/pipeline/engine_errors.hpp"
 #include "core/pipeline/failover.hpp"
 #include "core/pipeline/forwarded_headers.hpp"
+#include "core/pipeline/parallel_legs.hpp"
 #include "core/pipeline/prefill_phase.hpp"
 #include "core/pipeline/relay.hpp"
 #include "core/pipeline/request_context.hpp"
@@ -229,7 +230,7 @@ bool has_media_to_encode(const RequestContext& rc) {
 // ones, and get the client's body as it is.
 void prepare_one_hop(RequestContext& rc) {
   rc.stage_id = rc.request_id();
-  rc.decode_body = rc.connector.decode_body(rc.body, rc.index, std::nullopt);
+  rc.decode_body = *rc.connector.decode_body(rc.body, rc.index, std::nullopt);
 }
 
 }  // namespace
@@ -268,12 +269,18 @@ net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
     co_await tokenize_phase(*rc);
   if (on && has_media_to_encode(*rc))
     on = co_await encode_phase(*rc);
+  // The connector's form says when the legs run: decode after prefill
+  // answered, or both at once (Mooncake).
+  const bool parallel = !rc->one_hop && rc->connector.parallel();
   if (on && rc->one_hop)
     prepare_one_hop(*rc);
-  else if (on)
+  else if (on && !parallel)
     on = co_await prefill_phase(*rc);
   std::unique_ptr<DecodeRelay> relay;
-  if (on)
+  // (Not a conditional expression: GCC 12 runs both co_awaits of one.)
+  if (on && parallel)
+    relay = co_await parallel_legs_phase(*rc);
+  else if (on)
     relay = co_await decode_phase(*rc);
   // ... and relay_answer() below, once decode's first bytes are in.
   if (admitted)

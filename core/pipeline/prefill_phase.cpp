@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/base/json_edit.hpp"
+#include "core/observability/usage.hpp"
 #include "core/pipeline/engine_call.hpp"
 #include "core/pipeline/engine_errors.hpp"
 #include "core/pipeline/failover.hpp"
@@ -50,24 +51,28 @@ std::string responses_prefill_body(const std::string& completion_shaped) {
   return e.render();
 }
 
-struct PrefillAnswer {
-  std::optional<GatewayError> error;
-  InstancePtr instance;
-  std::string request_id;
-  std::optional<std::string> kv_params;  // raw JSON, when not null
-};
+}  // namespace
 
-// One prefill on an instance the picker chooses among those not tried yet.
-net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view params) {
+InstancePtr pick_prefill(RequestContext& rc) {
+  PickContext ctx = rc.pick();
+  ctx.stage = Stage::prefill;
+  const auto candidates = untried(rc.set->prefill, rc.tried_prefill);
+  InstancePtr picked = rc.w.picker.pick(candidates, ctx);
+  spdlog::debug("request {}: prefill on {} ({} candidate(s))", rc.request_id(),
+                picked ? picked->spec.url : std::string("none"), candidates.size());
+  return picked;
+}
+
+// One prefill on `picked` (or an instance the picker chooses among those
+// not tried yet), its connections in `scope`.
+net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view params,
+                                          RequestScope& scope, InstancePtr picked) {
   WorkerContext& w = rc.w;
   PrefillAnswer r;
   PickContext ctx = rc.pick();
   ctx.stage = Stage::prefill;
   const auto started = std::chrono::steady_clock::now();
-  const auto candidates = untried(rc.set->prefill, rc.tried_prefill);
-  r.instance = w.picker.pick(candidates, ctx);
-  spdlog::debug("request {}: prefill on {} ({} candidate(s))", rc.request_id(),
-                r.instance ? r.instance->spec.url : std::string("none"), candidates.size());
+  r.instance = picked ? std::move(picked) : pick_prefill(rc);
   if (!r.instance) {
     r.error = no_instance(Stage::prefill, w.picker);
     co_return r;
@@ -85,7 +90,7 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   StageReport report(w.picker, r.instance, ctx);
   StageSpan span = rc.trace.stage("prefill", r.instance->spec.url,
                                   static_cast<unsigned>(rc.tried_prefill.size()));
-  if (params != kDefaultPrefillKvParams) {
+  if (rc.connector.passes_params() && params != kDefaultPrefillKvParams) {
     span.attribute("pdgate.conversation.cache", "hit");
   } else if (rc.reuse && rc.pick().conversation_id) {
     span.attribute("pdgate.conversation.cache", "miss");
@@ -106,7 +111,7 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
                                   r.request_id, rc.fwd, span.traceparent());
   const auto buffers = body_buffers(body);
   auto& pool = w.pools.for_instance(r.instance);
-  auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, rc.scope, w.timeouts());
+  auto [err, ex] = co_await UpstreamExchange::start(pool, head, buffers, scope, w.timeouts());
   if (err) {
     r.error = upstream_failure(Stage::prefill, err);
     blame(w, *r.instance, *r.error);
@@ -140,7 +145,10 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   r.instance->latency.prefill.observe(elapsed);
   guard.prompt_done();
   note_prefill_time(*r.instance, ahead_tokens + own_tokens, elapsed * 1000);
+  r.cached_tokens = prompt_cached_tokens(answer);
   if (!rc.connector.passes_params()) {
+    if (!rc.connector.parallel())
+      r.decode_body = *rc.connector.decode_body(rc.body, rc.index, std::nullopt);
     report.succeeded();
     co_return r;
   }
@@ -153,21 +161,31 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
     trace_error(span, *r.error);
     co_return r;
   }
-  r.kv_params = std::move(*kv);
-  report.succeeded();
-  if (!r.kv_params) {
+  if (!*kv) {
     // The one token was EOS, or the engine aborted: decode prefills locally.
     spdlog::debug("request {}: prefill returned no kv_transfer_params", rc.request_id());
   }
+  // Decode's params as the connector's form says (NIXL: the answer's
+  // object relayed for pull, prefill's coordinates only for push).
+  auto decode_body = rc.connector.decode_body(
+      rc.body, rc.index, *kv ? std::optional<std::string_view>(**kv) : std::nullopt);
+  if (!decode_body) {
+    r.error = engine_error(
+        ErrorKind::bad_response, "prefill", "prefill stage failed: " + decode_body.error(),
+        "prefill stage failed: " + r.instance->spec.url + ": " + decode_body.error());
+    blame(w, *r.instance, *r.error);
+    trace_error(span, *r.error);
+    co_return r;
+  }
+  r.decode_body = std::move(*decode_body);
+  report.succeeded();
   co_return r;
 }
-
-}  // namespace
 
 net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext& rc,
                                                                   std::string_view params) {
   for (bool retrying = false;; retrying = true) {
-    PrefillAnswer a = co_await run_prefill(rc, params);
+    PrefillAnswer a = co_await run_prefill(rc, params, rc.scope, nullptr);
     // A retried prefill is over: its unit of budget goes back (the decode
     // that follows is no retry).
     if (retrying)
@@ -176,10 +194,10 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
       rc.outcome.record->prefill = a.instance;  // the last attempt's, failed or not
     if (!a.error) {
       rc.prefill = a.instance;
+      rc.prefill_answered_at = std::chrono::steady_clock::now();
+      rc.prefill_cached_tokens = a.cached_tokens;
       rc.stage_id = std::move(a.request_id);
-      rc.decode_body = rc.connector.decode_body(
-          rc.body, rc.index,
-          a.kv_params ? std::optional<std::string_view>(*a.kv_params) : std::nullopt);
+      rc.decode_body = std::move(a.decode_body);
       co_return std::nullopt;
     }
     if (a.error->kind == ErrorKind::client_gone || !a.instance)

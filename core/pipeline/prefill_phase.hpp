@@ -3,7 +3,9 @@
 // let a decode pull it; the other connectors move the cache out of band.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include <boost/asio/awaitable.hpp>
@@ -12,6 +14,26 @@
 #include "core/pipeline/request_context.hpp"
 
 namespace pdgate {
+
+// One prefill leg's end.
+struct PrefillAnswer {
+  std::optional<GatewayError> error;
+  InstancePtr instance;
+  std::string request_id;
+  SplicedText decode_body;  // the connector's, from this answer (sequential legs)
+  // usage.prompt_tokens_details.cached_tokens of the answer: the prompt's
+  // true cache hit (decode counts what it pulled as cached too).
+  std::optional<std::uint64_t> cached_tokens;
+};
+
+// The picker's prefill among those not tried yet (null: none).
+InstancePtr pick_prefill(RequestContext& rc);
+
+// One prefill leg on `picked` (null: one the picker chooses), asking it
+// for `params`, its connections in `scope` (rc.scope, or a child scope a
+// parallel decode leg may abort).
+net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view params,
+                                          RequestScope& scope, InstancePtr picked);
 
 // Runs the phase, failing over to other prefill instances: takes the
 // conversation's previous-turn params (multi-turn reuse), picks the decode

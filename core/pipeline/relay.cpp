@@ -236,6 +236,10 @@ net::awaitable<bool> relay_whole(ClientRequest& c, DecodeRelay& r) {
   r.ex->committed();
   DecodeOutputFilter filter(r.decode->spec.host, w.cfg.expose_kv_params,
                             r.conversation ? &r.conversation->recorder : nullptr);
+  if (r.cached_tokens && r.ex->status() >= 200 && r.ex->status() < 300) {
+    if (auto merged = with_cached_tokens(r.first, *r.cached_tokens))
+      r.first = std::move(*merged);
+  }
   filter.on_body(r.first);
   note_usage(r, last_usage(r.first), c.outcome);
   note_turn_without_params(w, r, filter.captured().has_value());
@@ -296,7 +300,8 @@ bool is_usage_event(std::string_view data) {
 
 StreamRelay::StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
                          const std::string& request_id, OptionalTurn& conversation, bool want_usage,
-                         bool strip_usage, bool named_events)
+                         bool strip_usage, bool named_events,
+                         const std::optional<std::uint64_t>* cached_tokens)
     : w_(w),
       ex_(ex),
       decode_(decode),
@@ -304,7 +309,8 @@ StreamRelay::StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance&
       conversation_(conversation),
       want_usage_(want_usage),
       strip_usage_(strip_usage),
-      named_events_(named_events) {}
+      named_events_(named_events),
+      cached_tokens_(cached_tokens) {}
 
 StreamRelay::Filtering& StreamRelay::filtering() {
   if (!filtering_) {
@@ -365,8 +371,13 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
         usage_ = u;
     }
   }
-  const bool strip = strip_usage_ && ready.find("\"usage\"") != std::string_view::npos;
-  if (!conversation_ && !strip && ready.find("kv_transfer_params") == std::string_view::npos) {
+  const bool has_usage = ready.find("\"usage\"") != std::string_view::npos;
+  const bool strip = strip_usage_ && has_usage;
+  // Decode counts the blocks it received as cached; the client is told
+  // prefill's count, the prompt's real cache hit.
+  const bool merge = !strip && has_usage && cached_tokens_ && cached_tokens_->has_value();
+  if (!conversation_ && !strip && !merge &&
+      ready.find("kv_transfer_params") == std::string_view::npos) {
     out.append(ready);
     scanner_.drop_ready();
   } else {
@@ -374,6 +385,12 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
     while (scanner_.next(f.event)) {
       if (strip && is_usage_event(f.event.data))
         continue;
+      if (merge && f.event.has_data) {
+        if (auto merged = with_cached_tokens(f.event.data, **cached_tokens_)) {
+          f.event.data = std::move(*merged);
+          f.event.raw = sse_data_event(f.event.data);
+        }
+      }
       out += f.filter.on_event(f.event);
     }
   }

@@ -32,9 +32,12 @@ class StreamRelay {
   // `named_events`: a Responses API stream, whose events are named
   // (`event: response.output_text.delta`) and only the `.delta` ones carry
   // tokens: the others (response.created, ...) are not timed.
+  // `cached_tokens` (when set, read as events come): prefill's count,
+  // which the usage the client gets reports.
   StreamRelay(WorkerContext& w, UpstreamExchange& ex, const Instance& decode,
               const std::string& request_id, OptionalTurn& conversation, bool want_usage,
-              bool strip_usage = false, bool named_events = false);
+              bool strip_usage = false, bool named_events = false,
+              const std::optional<std::uint64_t>* cached_tokens = nullptr);
 
   bool done() const { return ex_.done(); }
 
@@ -79,6 +82,7 @@ class StreamRelay {
   const bool want_usage_;
   const bool strip_usage_;
   const bool named_events_;
+  const std::optional<std::uint64_t>* cached_tokens_;
   std::optional<TokenUsage> usage_;
   std::optional<std::chrono::steady_clock::time_point> first_event_at_;
   std::chrono::steady_clock::time_point last_event_at_{};
@@ -89,6 +93,9 @@ class StreamRelay {
 // routing phases to the relay.
 // One allocation holds it all (it lives as long as the stream).
 struct DecodeRelay {
+  // A parallel decode leg's connection scope: outlives `ex`, whose
+  // connection is registered in it.
+  std::unique_ptr<LegScope> leg_scope;
   std::unique_ptr<RequestView> view;
   InFlightGuard guard;
   std::optional<StageReport> report;  // refers to the request's PickContext
@@ -101,6 +108,8 @@ struct DecodeRelay {
   // empty for a stream that ended without one.
   std::optional<std::chrono::steady_clock::time_point> first_token_at;
   StageSpan span;  // the decode call's: ends with the relay
+  // Prefill's cached_tokens, reported in the client's final usage.
+  std::optional<std::uint64_t> cached_tokens;
 };
 
 // Writes decode's answer to the client: the header with the first bytes,

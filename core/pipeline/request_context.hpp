@@ -103,6 +103,13 @@ struct RequestContext {
   InstancePtr decode;    // chosen before prefill when the connector names both peers
   std::string stage_id;  // the X-Request-Id both stages carry
   SplicedText decode_body;
+  // When the prefill decode's params come from answered: its blocks are
+  // held for --kv-lease from about then.
+  std::chrono::steady_clock::time_point prefill_answered_at{};
+  unsigned lease_reruns = 0;  // prefills re-run because the lease ran out
+  // Prefill's usage.prompt_tokens_details.cached_tokens: what the client's
+  // final usage reports (decode counts the blocks it pulled as cached).
+  std::optional<std::uint64_t> prefill_cached_tokens;
   std::vector<const Instance*> tried_prefill;
   std::vector<const Instance*> tried_decode;
   double prefill_seconds = 0;

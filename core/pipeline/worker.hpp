@@ -19,6 +19,7 @@
 #include "core/routing/conversation_store.hpp"
 #include "core/routing/kv_connector.hpp"
 #include "core/upstream/instance.hpp"
+#include "core/upstream/mooncake_bootstrap.hpp"
 #include "core/upstream/upstream.hpp"
 
 namespace pdgate {
@@ -66,6 +67,8 @@ struct WorkerContext {
   // How prefill hands the KV cache to decode (--kv-connector), chosen by
   // the composition root; shared by every worker (connectors are const).
   const KvConnector* connector = nullptr;
+  // Mooncake's bootstrap-server answers, per prefill instance.
+  MooncakeBootstrap mooncake;
   // Shared by all workers; null in tests that build a bare WorkerContext.
   GatewayMetrics* metrics = nullptr;
   // API keys and their limits (--api-keys); null: no key is asked for.

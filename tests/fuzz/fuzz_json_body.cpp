@@ -60,6 +60,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(bom || nul || deep, "rejected a text nlohmann accepts");
   }
   (void)pdgate::extract_kv_params(text);
+  // A prefill's answer in NIXL's push form, and a Mooncake bootstrap
+  // server's /query answer: untrusted engine output.
+  (void)pdgate::answers_push(text);
+  if (const auto push = pdgate::nixl_push_decode_params(text))
+    check(index_ok(*push), "push decode params invalid");
+  if (const auto ranks = pdgate::parse_mooncake_query(text)) {
+    check(!ranks->empty() && ranks->size() <= 1024, "bootstrap answer out of bounds");
+    for (const auto& r : *ranks)
+      check(r.rank < 4096 && !r.engine_id.empty() && r.engine_id.size() <= 256,
+            "bootstrap rank out of bounds");
+  }
   // An engine's /tokenize answer: ids only from an object nlohmann reads.
   if (pdgate::parse_tokenize_answer(text))
     check(theirs, "token ids read from a text that is not a JSON object");

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/base/json_body.hpp"
 #include "core/net/sse.hpp"
 #include "core/observability/usage.hpp"
 
@@ -80,6 +81,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (stream.substr(raw.size()).find("\"usage\"") == std::string_view::npos) {
     const auto all = pdgate::last_usage(stream, true);
     check(all.has_value() == usage.has_value(), "trailing bytes changed the usage found");
+  }
+  // A prefill's answer (its cached_tokens) and decode's usage with
+  // prefill's count merged in: engine output, untrusted.
+  (void)pdgate::prompt_cached_tokens(stream);
+  if (const auto merged = pdgate::with_cached_tokens(stream, 7)) {
+    check(pdgate::index_json_object(*merged).ok(), "merged usage is not a JSON object");
+    check(pdgate::prompt_cached_tokens(*merged) == 7u, "merged cached_tokens not read back");
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/base/json_edit.hpp"
+#include "plugins/kv_connectors.hpp"
 #include "tests/unit/body_fixtures.hpp"
 
 namespace pdgate {
@@ -247,6 +248,62 @@ TEST(SplicedBody, SurvivesMove) {
     EXPECT_EQ(s.str(), make_decode_body(body, idx, std::string_view(R"({"a":1})")));
   EXPECT_EQ(SplicedText(body).str(), body);
   EXPECT_EQ(SplicedText().size(), 0u);
+}
+
+// The output-limit fields are a parameter (the Responses API's
+// max_output_tokens), and min_completion_tokens goes with min_tokens.
+TEST(PrefillBody, OneTokenFieldsAreAParameter) {
+  const std::string body =
+      R"({"input":"hi","max_output_tokens":50,"min_tokens":3,"min_completion_tokens":2})";
+  const json j = parsed(make_prefill_body(body, must_index(body), kDefaultPrefillKvParams,
+                                          {"max_output_tokens", ""}));
+  EXPECT_EQ(j["max_output_tokens"], 1);
+  EXPECT_FALSE(j.contains("max_tokens"));
+  EXPECT_FALSE(j.contains("min_tokens"));
+  EXPECT_FALSE(j.contains("min_completion_tokens"));
+  EXPECT_EQ(j["input"], "hi");
+}
+
+// Each connector's form, read from its table: legs, params, ids.
+TEST(ConnectorForms, DeclaredAsData) {
+  const auto nixl = make_kv_connector("nixl");
+  ASSERT_TRUE(nixl);
+  EXPECT_EQ(nixl->form().order, LegOrder::sequential);
+  EXPECT_TRUE(nixl->passes_params());
+  const auto mooncake = make_kv_connector("mooncake");
+  ASSERT_TRUE(mooncake);
+  EXPECT_TRUE(mooncake->parallel());
+  EXPECT_FALSE(mooncake->passes_params());
+  const auto older = make_kv_connector("mooncake", {.mooncake_parallel = false});
+  EXPECT_EQ(older->form().order, LegOrder::sequential);
+  EXPECT_TRUE(older->passes_params());
+  EXPECT_TRUE(make_kv_connector("p2p-nccl")->names_peers());
+  EXPECT_FALSE(make_kv_connector("none")->has_prefill());
+  EXPECT_FALSE(make_kv_connector("lmcache")->passes_params());
+  EXPECT_FALSE(make_kv_connector("bogus"));
+}
+
+// NIXL push: the decode body keeps the client's bytes (the prompt is not
+// copied) and carries prefill's coordinates only; forced pull relays.
+TEST(ConnectorForms, NixlPushDecodeBody) {
+  const std::string answer =
+      R"({"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[4]],)"
+      R"("remote_engine_id":"e","remote_request_id":"r","remote_host":"h","remote_port":7,)"
+      R"("tp_size":1,"transfer_mode":"push"})";
+  const auto idx = must_index(kChat);
+  const auto push = make_kv_connector("nixl")->decode_body(kChat, idx, answer);
+  ASSERT_TRUE(push.ok()) << push.error();
+  const json j = parsed(push->str());
+  EXPECT_FALSE(j["kv_transfer_params"].contains("remote_block_ids"));
+  EXPECT_EQ(j["kv_transfer_params"]["remote_port"], 7);
+  EXPECT_EQ(j["messages"], parsed(kChat)["messages"]);
+  const auto pull = make_kv_connector("nixl", {.nixl_mode = NixlTransferMode::pull})
+                        ->decode_body(kChat, idx, answer);
+  ASSERT_TRUE(pull.ok());
+  EXPECT_EQ(parsed(pull->str())["kv_transfer_params"], json::parse(answer));
+  const auto broken = make_kv_connector("nixl")->decode_body(
+      kChat, idx, std::string_view(R"({"transfer_mode":"push","remote_host":"h"})"));
+  EXPECT_FALSE(broken.ok());
 }
 
 }  // namespace

@@ -187,6 +187,9 @@ Result<bool> set_tls_version(Config& c, std::string_view v);
 Result<bool> set_host(Config& c, std::string_view v);
 Result<bool> set_port(Config& c, std::string_view v);
 Result<bool> set_kv_connector(Config& c, std::string_view v);
+Result<bool> set_nixl_transfer_mode(Config& c, std::string_view v);
+Result<bool> set_mooncake_legs(Config& c, std::string_view v);
+Result<bool> set_mooncake_bootstrap_port(Config& c, std::string_view v);
 // RFC 9110 token characters only (anything else cannot be a header
 // name), lower-cased.
 Result<bool> set_scope_header(Config& c, std::string_view v);

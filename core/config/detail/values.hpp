@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -39,6 +40,9 @@ Result<bool> parse_switch(std::string_view text);
 // LMCacheConnectorV1); those names are accepted too, so a value copied from
 // an engine's --kv-transfer-config works.
 Result<std::string> parse_kv_connector(std::string_view text);
+// One of `choices` (lowercase), case-insensitive.
+Result<std::string> parse_choice(std::string_view text,
+                                 std::initializer_list<std::string_view> choices);
 
 // --kv-events URL=ENDPOINT[,replay=ENDPOINT]: the instance it is for and
 // where its events come from.

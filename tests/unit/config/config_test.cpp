@@ -1143,6 +1143,8 @@ constexpr const char* kReloadValues[] = {"7",
                                          "sim",
                                          "d:9",
                                          "lmcache",
+                                         "push",
+                                         "sequential",
                                          "http://collector:4318",
                                          "http://d:1=tcp://e:5557"};
 

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 namespace pdgate {
 namespace {
 
@@ -128,6 +130,35 @@ TEST(LastUsage, ResponsesShape) {
   ASSERT_TRUE(u);
   EXPECT_EQ(u->prompt_tokens, 9u);
   EXPECT_EQ(u->completion_tokens, 5u);
+}
+
+// Prefill's cached_tokens: vLLM leaves the details out (null) when 0.
+TEST(PromptCachedTokens, ReadFromAWholeAnswer) {
+  EXPECT_EQ(prompt_cached_tokens(
+                R"({"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":4}}})"),
+            4u);
+  EXPECT_EQ(prompt_cached_tokens(R"({"usage":{"prompt_tokens":9,"prompt_tokens_details":null}})"),
+            0u);
+  EXPECT_EQ(prompt_cached_tokens(R"({"usage":{"prompt_tokens":9}})"), 0u);
+  EXPECT_FALSE(prompt_cached_tokens(R"({"choices":[]})"));
+  EXPECT_FALSE(prompt_cached_tokens(R"({"usage":{"prompt_tokens_details":{"cached_tokens":-1}}})"));
+  EXPECT_FALSE(prompt_cached_tokens("not json"));
+}
+
+// Decode's usage with prefill's count; other bytes kept, and nothing
+// added where decode reports no details.
+TEST(PromptCachedTokens, MergedIntoDecodesUsage) {
+  const std::string event =
+      R"({"id":"x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,)"
+      R"("prompt_tokens_details":{"cached_tokens":9}}})";
+  const auto merged = with_cached_tokens(event, 3);
+  ASSERT_TRUE(merged);
+  EXPECT_EQ(*merged, R"({"id":"x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,)"
+                     R"("prompt_tokens_details":{"cached_tokens":3}}})");
+  EXPECT_FALSE(with_cached_tokens(R"({"usage":{"prompt_tokens":9}})", 3));
+  EXPECT_FALSE(with_cached_tokens(R"({"usage":{"prompt_tokens_details":null}})", 3));
+  EXPECT_FALSE(with_cached_tokens(R"({"usage":null})", 3));
+  EXPECT_FALSE(with_cached_tokens("[1]", 3));
 }
 
 }  // namespace

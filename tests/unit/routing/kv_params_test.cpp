@@ -83,5 +83,64 @@ TEST(NextTurnParams, AppendsAndRejects) {
   EXPECT_FALSE(kv_params_for_next_turn_prefill("[1]", "h").ok());
 }
 
+// Push: decode gets prefill's coordinates byte for byte and no block ids
+// (vLLM's toy_push_proxy_server.py).
+TEST(NixlPush, DecodeParamsKeepCoordinatesOnly) {
+  const std::string answer =
+      R"({"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1,2]],)"
+      R"("remote_engine_id":"eng-p","remote_request_id":"cmpl-r-0-ab","remote_host":"10.0.0.5",)"
+      R"("remote_port":5600,"tp_size":2,"pp_size":1,"transfer_mode":"push"})";
+  EXPECT_TRUE(answers_push(answer));
+  const auto p = nixl_push_decode_params(answer);
+  ASSERT_TRUE(p.ok()) << p.error();
+  EXPECT_EQ(json::parse(*p), json::parse(R"({"do_remote_prefill":true,"do_remote_decode":false,)"
+                                         R"("remote_engine_id":"eng-p","remote_request_id":)"
+                                         R"("cmpl-r-0-ab","remote_host":"10.0.0.5",)"
+                                         R"("remote_port":5600,"tp_size":2})"));
+}
+
+TEST(NixlPush, MissingOrNullFieldFailsNamingIt) {
+  const auto p = nixl_push_decode_params(
+      R"({"remote_engine_id":"e","remote_request_id":"r","remote_host":"h","remote_port":1,)"
+      R"("tp_size":null})");
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.error().find("tp_size"), std::string::npos) << p.error();
+  EXPECT_FALSE(nixl_push_decode_params("[1]").ok());
+  EXPECT_FALSE(answers_push(R"({"transfer_mode":"pull"})"));
+  EXPECT_FALSE(answers_push(R"({})"));
+  EXPECT_FALSE(answers_push("not json"));
+}
+
+TEST(Mooncake, LegParams) {
+  EXPECT_EQ(json::parse(mooncake_prefill_params("xfer-1")),
+            json::parse(R"({"do_remote_decode":true,"do_remote_prefill":false,)"
+                        R"("transfer_id":"xfer-1"})"));
+  EXPECT_EQ(json::parse(mooncake_decode_params("xfer-1", "http://10.0.0.1:8998", "eng\"x")),
+            json::parse(R"({"do_remote_decode":false,"do_remote_prefill":true,)"
+                        R"("transfer_id":"xfer-1","remote_bootstrap_addr":)"
+                        R"("http://10.0.0.1:8998","remote_engine_id":"eng\"x"})"));
+}
+
+// The bootstrap server's answer is hostile input: only well-formed ranks
+// and ids pass.
+TEST(Mooncake, QueryAnswerValidated) {
+  const auto ok =
+      parse_mooncake_query(R"({"1":{"engine_id":"e1","tp_size":1},"0":{"engine_id":"e0"}})");
+  ASSERT_TRUE(ok.ok()) << ok.error();
+  ASSERT_EQ(ok->size(), 2u);
+  EXPECT_EQ((*ok)[0].rank, 0u);
+  EXPECT_EQ((*ok)[0].engine_id, "e0");
+  EXPECT_EQ((*ok)[1].engine_id, "e1");
+  for (const char* bad :
+       {"{}", "[]", R"({"x":{"engine_id":"e"}})", R"({"0":{"engine_id":""}})",
+        R"({"0":{"engine_id":7}})", R"({"0":"e"})", R"({"99999":{"engine_id":"e"}})",
+        R"({"0":{"engine_id":"a"},"0":{"engine_id":"b"}})", R"({"-1":{"engine_id":"e"}})",
+        R"({"0":{"engine_id":"a\u0001b"}})"}) {
+    EXPECT_FALSE(parse_mooncake_query(bad).ok()) << bad;
+  }
+  EXPECT_FALSE(
+      parse_mooncake_query(R"({"0":{"engine_id":")" + std::string(300, 'a') + "\"}}").ok());
+}
+
 }  // namespace
 }  // namespace pdgate
