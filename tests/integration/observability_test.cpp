@@ -163,8 +163,11 @@ TEST_F(Observability, InterTokenLatencyMatchesTheEngine) {
   const std::string m = get(gw.port(), "/metrics").body;
   const std::string itl = "pdgate_inter_token_latency_seconds";
   EXPECT_EQ(sample(m, itl + "_count", {url_label(d)}), 10) << m;
+  // The gaps sum to the last event's arrival less the first's: 10 x 40 ms,
+  // less however much later the first event was read than the last (a
+  // busy machine read it 0.5 ms late once, and the sum was 0.3995 s).
   const double sum = sample(m, itl + "_sum", {url_label(d)});
-  EXPECT_GE(sum, 0.4) << m;
+  EXPECT_GE(sum, 0.38) << m;
   EXPECT_LE(sum, 0.6) << m;
   // A whole answer has no gaps: its time to first token is the answer's.
   ASSERT_EQ(post_json(gw.port(), "/v1/completions", completion(false, 3)).status, 200);
