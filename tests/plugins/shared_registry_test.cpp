@@ -25,6 +25,13 @@ Json chat() {
           {"stream", false}};
 }
 
+// An admin call with the key, `body` as JSON when given.
+Response call(std::uint16_t port, const std::string& method, const std::string& target,
+              const Json& body = nullptr) {
+  return http_request(port, method, target, body.is_null() ? "" : body.dump(),
+                      {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
+}
+
 // Two replicas sharing `redis`; A's admin API listens on a_admin.
 struct TwoReplicas {
   TwoReplicas(const Sim& p, const Sim& d, const RedisServer& redis)
@@ -88,11 +95,6 @@ TEST(SharedRegistry, RelabelAndUndrainReachTheOtherReplica) {
   Sim p("prefill"), d("decode"), extra("decode");
   TwoReplicas r2(p, d, redis);
   const auto b_admin = r2.b.process().wait_listening();
-  auto call = [](std::uint16_t port, const std::string& method, const std::string& target,
-                 const Json& body = nullptr) {
-    return http_request(port, method, target, body.is_null() ? "" : body.dump(),
-                        {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
-  };
   auto on_b = [&](const std::string& url) {
     const Json listed = call(b_admin, "GET", "/admin/instances").json();
     for (const auto& i : listed["instances"]) {
@@ -137,11 +139,6 @@ TEST(SharedRegistry, RemovedThenAddedAgainReachesEveryReplica) {
   RedisServer redis;
   Sim p("prefill"), d("decode"), extra("decode");
   TwoReplicas r2(p, d, redis);
-  auto call = [](std::uint16_t port, const std::string& method, const std::string& target,
-                 const Json& body = nullptr) {
-    return http_request(port, method, target, body.is_null() ? "" : body.dump(),
-                        {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
-  };
   const Json instance = {{"role", "decode"}, {"url", extra.url()}};
   auto r = call(r2.a_admin, "POST", "/admin/instances", instance);
   ASSERT_EQ(r.status, 201) << r.body;
@@ -178,11 +175,6 @@ TEST(SharedRegistry, AdminAddressesAnInstanceByUrlOnEitherReplica) {
   Sim p("prefill"), d("decode"), extra("decode");
   TwoReplicas r2(p, d, redis);
   const auto b_admin = r2.b.process().wait_listening();
-  auto call = [](std::uint16_t port, const std::string& method, const std::string& target,
-                 const Json& body = nullptr) {
-    return http_request(port, method, target, body.is_null() ? "" : body.dump(),
-                        {{"X-API-Key", kKey}, {"Content-Type", "application/json"}});
-  };
   ASSERT_EQ(call(r2.a_admin, "POST", "/admin/instances", {{"role", "decode"}, {"url", extra.url()}})
                 .status,
             201);
