@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -138,6 +140,22 @@ TEST(Url, HostList) {
 }
 
 // Query items are key=value, values percent-decoded, '+' kept as is.
+// A query that is a slice of a longer text (the admin API's request
+// target) is read to its end and no further (under ASan: not one byte
+// past the slice, SharedRegistry.AdminAddressesAnInstanceByUrlOnEitherReplica
+// found Boost.URL reading on with strlen).
+TEST(Url, QueryItemsOfASlice) {
+  const std::string target = "/admin/instances/x?role=decode&more=1";
+  // The slice alone on the heap, without a NUL after it.
+  const auto slice = std::make_unique<char[]>(11);
+  std::memcpy(slice.get(), target.data() + 19, 11);
+  const auto q = query_items(std::string_view(slice.get(), 11));
+  ASSERT_TRUE(q) << q.error();
+  ASSERT_EQ(q->size(), 1u);
+  EXPECT_EQ((*q)[0].first, "role");
+  EXPECT_EQ((*q)[0].second, "decode");
+}
+
 TEST(Url, QueryItems) {
   auto q = query_items("db=2&password=p%20w+x");
   ASSERT_TRUE(q) << q.error();
