@@ -371,11 +371,15 @@ net::awaitable<UpstreamError> StreamRelay::read_into(std::string& out) {
         usage_ = u;
     }
   }
-  const bool has_usage = ready.find("\"usage\"") != std::string_view::npos;
+  // The chunk is searched for a usage only when something is to be done
+  // with one: most streams (no stripping, no prefill count) skip the scan.
+  const bool merging = cached_tokens_ && cached_tokens_->has_value();
+  const bool has_usage =
+      (strip_usage_ || merging) && ready.find("\"usage\"") != std::string_view::npos;
   const bool strip = strip_usage_ && has_usage;
   // Decode counts the blocks it received as cached; the client is told
   // prefill's count, the prompt's real cache hit.
-  const bool merge = !strip && has_usage && cached_tokens_ && cached_tokens_->has_value();
+  const bool merge = !strip && has_usage && merging;
   if (!conversation_ && !strip && !merge &&
       ready.find("kv_transfer_params") == std::string_view::npos) {
     out.append(ready);
