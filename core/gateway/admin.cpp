@@ -3,6 +3,7 @@
 #include "core/base/url.hpp"
 #include "core/routing/kv_events.hpp"
 
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -299,10 +300,9 @@ std::variant<std::uint64_t, GatewayError> AdminApi::instance_id_of(std::string_v
                                                                    std::string_view target) const {
   // An id: this replica's number for the instance.
   if (!segment.empty() && segment.find_first_not_of("0123456789") == std::string_view::npos) {
-    char* end = nullptr;
-    const std::string digits(segment);
-    const unsigned long long id = std::strtoull(digits.c_str(), &end, 10);
-    return static_cast<std::uint64_t>(id);
+    std::uint64_t id = 0;  // past 2^64: 0, which no instance has
+    std::from_chars(segment.data(), segment.data() + segment.size(), id);
+    return id;
   }
   // Else its URL, the same on every replica: percent-encoded
   // (http%3A%2F%2Fhost%3A8000) or host:port as written, with ?role= when

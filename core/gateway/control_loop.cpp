@@ -20,8 +20,8 @@ ControlLoop::ControlLoop(boost::asio::io_context& ioc, Hooks hooks,
       reopen_(ioc, SIGUSR1),
       drain_timer_(ioc) {
   wait_terminate();
-  wait_reload();
-  wait_reopen();
+  wait_each(reload_, "SIGHUP: reloading", hooks_.reload);
+  wait_each(reopen_, "SIGUSR1: reopening the log files", hooks_.reopen_logs);
 }
 
 void ControlLoop::wait_terminate() {
@@ -43,25 +43,16 @@ void ControlLoop::wait_terminate() {
   });
 }
 
-void ControlLoop::wait_reload() {
-  reload_.async_wait([this](const boost::system::error_code& ec, int) {
+// SIGHUP and SIGUSR1: log, run the hook, wait for the next one.
+void ControlLoop::wait_each(boost::asio::signal_set& set, const char* what,
+                            const std::function<void()>& hook) {
+  set.async_wait([this, &set, what, &hook](const boost::system::error_code& ec, int) {
     if (ec)
       return;
-    spdlog::info("SIGHUP: reloading");
-    if (hooks_.reload)
-      hooks_.reload();
-    wait_reload();
-  });
-}
-
-void ControlLoop::wait_reopen() {
-  reopen_.async_wait([this](const boost::system::error_code& ec, int) {
-    if (ec)
-      return;
-    spdlog::info("SIGUSR1: reopening the log files");
-    if (hooks_.reopen_logs)
-      hooks_.reopen_logs();
-    wait_reopen();
+    spdlog::info("{}", what);
+    if (hook)
+      hook();
+    wait_each(set, what, hook);
   });
 }
 

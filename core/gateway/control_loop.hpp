@@ -35,8 +35,7 @@ class ControlLoop {
 
  private:
   void wait_terminate();
-  void wait_reload();
-  void wait_reopen();
+  void wait_each(boost::asio::signal_set& set, const char* what, const std::function<void()>& hook);
   void check_drain();
 
   Hooks hooks_;
