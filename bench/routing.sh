@@ -214,12 +214,14 @@ if ((kv_events)); then
     "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}')
 fi
 # With --kv-events: the gateway flag naming the sim just started (its URL,
-# then the endpoints it printed before its "listening on" line).
+# then the endpoints its /sim/stats names).
 events_flag() {
   local port=$1 ev rp
-  ev=$(grep -m1 "kv events on " "$LAST_OUT" | sed 's/.* on //')
-  rp=$(grep -m1 "kv events replay on " "$LAST_OUT" | sed 's/.* on //')
-  [[ -n $ev && -n $rp ]] || { echo "routing.sh: sim on $port printed no event endpoints" >&2; exit 1; }
+  read -r ev rp < <(curl -s "http://127.0.0.1:$port/sim/stats" | python3 -c '
+import json, sys
+e = json.load(sys.stdin).get("kv_events") or {}
+print(e.get("endpoint", ""), e.get("replay_endpoint", ""))')
+  [[ -n $ev && -n $rp ]] || { echo "routing.sh: sim on $port names no event endpoints" >&2; exit 1; }
   echo "http://127.0.0.1:$port=$ev,replay=$rp"
 }
 

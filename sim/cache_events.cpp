@@ -74,9 +74,9 @@ void CacheEvents::clear() {
 void CacheEvents::publish(const std::vector<KvEvent>& events) {
   const double ts =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  // Rank 0, as a vLLM without data parallelism sends.
-  if (!events_->publish(
-          encode_batch(ts, events, 0, opts_.kv_events_format, opts_.kv_events_hash))) {
+  // This core's data-parallel rank (0 without data parallelism).
+  if (!events_->publish(encode_batch(ts, events, static_cast<int>(opts_.data_parallel_rank),
+                                     opts_.kv_events_format, opts_.kv_events_hash))) {
     log_.warn("kv events: queue full ({} batches), a batch was dropped",
               opts_.kv_events.max_queue_size);
   }

@@ -1,5 +1,7 @@
 #include "sim/kv_events.hpp"
 
+#include <charconv>
+
 #include <nlohmann/json.hpp>
 
 #include "sim/msgpack_writer.hpp"
@@ -194,6 +196,21 @@ KvEventsConfigParse parse_kv_events_config(std::string_view json_text) {
   }
   out.config = std::move(c);
   return out;
+}
+
+std::string offset_endpoint(std::string_view endpoint, std::size_t rank) {
+  if (endpoint.empty() || rank == 0)
+    return std::string(endpoint);
+  if (endpoint.rfind("tcp://", 0) == 0) {
+    const std::size_t colon = endpoint.rfind(':');
+    const std::string_view port = endpoint.substr(colon + 1);
+    unsigned long base = 0;
+    const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), base);
+    if (ec != std::errc() || end != port.data() + port.size())
+      return std::string(endpoint);  // "*", or not a number: left to bind as given
+    return std::string(endpoint.substr(0, colon + 1)) + std::to_string(base + rank);
+  }
+  return std::string(endpoint) + "_dp" + std::to_string(rank);
 }
 
 bool endpoint_binds(std::string_view endpoint) {

@@ -39,6 +39,12 @@ KvEventsConfigParse parse_kv_events_config(std::string_view json_text);
 // inproc://, and connects it otherwise (to a subscriber that binds).
 bool endpoint_binds(std::string_view endpoint);
 
+// The endpoint data-parallel rank `rank` publishes on, as vLLM moves it:
+// tcp:// gets port + rank (a `*` port stays `*`: each rank binds its own
+// ephemeral port), ipc:// and inproc:// a `_dp<rank>` suffix; rank 0 and
+// an empty endpoint are left as they are.
+std::string offset_endpoint(std::string_view endpoint, std::size_t rank);
+
 // How block hashes go on the wire: ints (vLLM before 0.10) or 32-byte
 // values (newer vLLMs hash blocks with SHA-256).
 enum class HashKind { integer, bytes };

@@ -67,14 +67,26 @@ class Writer {
 }  // namespace
 
 std::string render_prometheus(const Counters& c, const Gauges& g, std::string_view model) {
-  const std::string vl = "engine=\"0\",model_name=\"" + escape_label(model) + "\"";
+  const std::string model_label = "model_name=\"" + escape_label(model) + "\"";
+  const std::string vl = "engine=\"0\"," + model_label;
+  // The load gauges per engine core (data-parallel rank), the counters
+  // for the engine as a whole.
+  std::vector<CoreGauges> cores = g.cores;
+  if (cores.empty())
+    cores.push_back({g.running, g.waiting, g.kv_cache_usage});
   Writer w;
+  const auto per_core = [&](const char* name, auto value) {
+    for (std::size_t i = 0; i < cores.size(); ++i) {
+      w.sample(name, "engine=\"" + std::to_string(i) + "\"," + model_label,
+               static_cast<double>(value(cores[i])));
+    }
+  };
   w.family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
-  w.sample("vllm:num_requests_running", vl, static_cast<double>(g.running));
+  per_core("vllm:num_requests_running", [](const CoreGauges& k) { return k.running; });
   w.family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
-  w.sample("vllm:num_requests_waiting", vl, static_cast<double>(g.waiting));
+  per_core("vllm:num_requests_waiting", [](const CoreGauges& k) { return k.waiting; });
   w.family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
-  w.sample("vllm:kv_cache_usage_perc", vl, g.kv_cache_usage);
+  per_core("vllm:kv_cache_usage_perc", [](const CoreGauges& k) { return k.kv_cache_usage; });
   w.family("vllm:prefix_cache_queries_total", "counter",
            "Prefix cache queries, in terms of number of queried tokens.");
   w.sample("vllm:prefix_cache_queries_total", vl, static_cast<double>(c.prefix_cache_queries));

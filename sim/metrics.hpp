@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -38,7 +39,17 @@ struct Counters {
   std::uint64_t kv(KvResult r) const { return kv_params[static_cast<std::size_t>(r)]; }
 };
 
+// One engine core's load (a data-parallel rank's), exported with its
+// engine="<rank>" label as vLLM does.
+struct CoreGauges {
+  std::size_t running = 0;
+  std::size_t waiting = 0;
+  double kv_cache_usage = 0.0;  // 0..1
+};
+
 struct Gauges {
+  // Per core; the fields below are their totals (usage: their mean).
+  std::vector<CoreGauges> cores;
   std::size_t running = 0;
   std::size_t waiting = 0;
   double kv_cache_usage = 0.0;  // 0..1

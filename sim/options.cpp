@@ -126,11 +126,18 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
   --kv-wait-ms N            mooncake: how long a decode leg waits for prefill's KV
                             under its transfer_id before failing the request (480000)
   --prefill-lanes N         prefills computed concurrently, 0 = unlimited (1)
+  --data-parallel-size N    engine cores behind this API server, as vLLM's data
+                            parallelism (1): each has its own scheduler, prefix cache,
+                            engine id (<id>_dp<rank>) and KV-event socket (endpoint
+                            port + rank); an X-data-parallel-rank header pins a
+                            request to one (400 when out of range), else the least
+                            busy core serves it; /metrics has one series per core
   --kv-events-config JSON   vLLM's KV cache events: {"enable_kv_cache_events": true,
                             "publisher": "zmq", "endpoint": "tcp://*:5557",
                             "replay_endpoint": "tcp://*:5558", "buffer_steps": 10000,
                             "hwm": 100000, "max_queue_size": 100000, "topic": ""};
-                            a port of * binds an ephemeral port (printed at startup)
+                            a port of * binds an ephemeral port (logged at startup,
+                            and in /sim/stats)
   --kv-events-hash H        int|bytes: block hashes as integers or 32-byte values (int)
   --kv-events-format F      vllm|array|map: msgpack layout of batches and events: as
                             current vLLM (positional batch, events as maps with
@@ -292,6 +299,7 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
        }},
       {"--kv-params-drop", string_flag(o.kv_params_drop)},
       {"--prefill-lanes", size_flag(o.prefill_lanes, 0)},
+      {"--data-parallel-size", size_flag(o.data_parallel_size, 1)},
       {"--kv-events-config",
        [&](const std::string& v) -> std::string {
          KvEventsConfigParse p = parse_kv_events_config(v);

@@ -74,6 +74,14 @@ struct SimOptions {
   // LoRA adapters served besides the base model (--lora-modules NAME[=PATH]):
   // a request naming one is served, its blocks published with lora_name.
   std::vector<std::string> lora_modules;
+  // vLLM's --data-parallel-size behind one API server (its internal load
+  // balancer): that many engine cores, each with its own scheduler, prefix
+  // cache, KV-event socket (endpoint port + rank) and engine id
+  // (`<id>_dp<rank>`). A request's X-data-parallel-rank header pins it to
+  // one; without it the least busy core takes it.
+  std::size_t data_parallel_size = 1;
+  // Which core an options copy describes (set by the server per core).
+  std::size_t data_parallel_rank = 0;
 };
 
 struct ParseOutcome {

@@ -56,6 +56,7 @@ nlohmann::ordered_json to_json(const RequestRecord& r) {
   j["kv_params_issued"] = r.kv_params_issued;
   j["fault"] = r.fault.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.fault);
   j["prompt_tokens"] = r.prompt_tokens;
+  j["data_parallel_rank"] = opt(r.data_parallel_rank);
   j["cached_tokens"] = r.cached_tokens;
   j["completion_tokens"] = r.completion_tokens;
   j["stream_sent"] = r.stream_sent;

@@ -42,6 +42,8 @@ struct RequestRecord {
   std::size_t prompt_tokens = 0;
   std::size_t cached_tokens = 0;
   std::size_t completion_tokens = 0;
+  // The engine core (data-parallel rank) that served a generation request.
+  std::optional<std::size_t> data_parallel_rank;
   // A stream's first kMaxStreamRecord bytes of events as written (after
   // the headers, before chunk framing): what a relay must pass on byte
   // for byte.

@@ -21,6 +21,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -62,25 +63,63 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// One engine core: with --data-parallel-size N the API server fronts N of
+// them, each a data-parallel rank with its own scheduler, prefix cache,
+// KV hand-off (engine id `<id>_dp<rank>`) and KV-event socket.
+struct EngineCore {
+  EngineCore(SimOptions o, spdlog::logger& log, std::mt19937_64& rng, Counters& counters,
+             Faults& faults, std::uint16_t port, std::unique_ptr<KvEventPublisher> ev)
+      : opts(std::move(o)),
+        events(std::move(ev)),
+        cache(opts.block_size, opts.kv_blocks, opts.prefix_cache),
+        cache_events(cache, events.get(), opts, log),
+        kv(opts, log, rng, counters, cache, cache_events, port),
+        generator(opts, log, counters, faults, kv, cache, cache_events) {}
+
+  CoreGauges gauges(std::chrono::steady_clock::time_point now) {
+    const double used =
+        static_cast<double>(generator.active_blocks() + kv.registry().outstanding_blocks(now));
+    return {generator.running(), generator.waiting(),
+            std::min(1.0, used / static_cast<double>(opts.kv_blocks))};
+  }
+
+  const SimOptions opts;  // this core's: its rank and engine id
+  std::unique_ptr<KvEventPublisher> events;
+  PrefixCache cache;
+  CacheEvents cache_events;
+  KvTransfer kv;
+  Generator generator;
+};
+
 class Server {
  public:
-  // `events` publishes KV events; null when they are off.
+  // `events` publishes KV events, one publisher per engine core (empty
+  // when they are off).
   Server(const SimOptions& o, std::shared_ptr<spdlog::logger> log, std::uint16_t port,
-         KvEventPublisher* events)
+         std::vector<std::unique_ptr<KvEventPublisher>> events)
       : opts_(o),
         log_(std::move(log)),
-        events_(events),
         rng_(o.seed ? *o.seed : std::random_device{}()),
         port_(port),
-        cache_(o.block_size, o.kv_blocks, o.prefix_cache),
-        cache_events_(cache_, events, opts_, *log_),
-        kv_(opts_, *log_, rng_, counters_, cache_, cache_events_, port),
         faults_(opts_, rng_, counters_),
-        generator_(opts_, *log_, counters_, faults_, kv_, cache_, cache_events_),
         started_at_(std::time(nullptr)),
-        permission_id_("modelperm-" + random_hex(rng_, 32)) {}
+        permission_id_("modelperm-" + random_hex(rng_, 32)) {
+    // Never from the seeded RNG: two sims started with the same --seed
+    // must still have distinct engine ids.
+    const std::string base_id =
+        o.engine_id.empty() ? random_uuid(std::random_device{}()) : o.engine_id;
+    for (std::size_t r = 0; r < o.data_parallel_size; ++r) {
+      SimOptions core = o;
+      core.data_parallel_rank = r;
+      // vLLM appends the rank to a data-parallel engine's KV engine id.
+      core.engine_id = o.data_parallel_size > 1 ? base_id + "_dp" + std::to_string(r) : base_id;
+      cores_.push_back(
+          std::make_unique<EngineCore>(std::move(core), *log_, rng_, counters_, faults_, port,
+                                       r < events.size() ? std::move(events[r]) : nullptr));
+    }
+  }
 
-  const std::string& engine_id() const { return kv_.engine_id(); }
+  const std::string& engine_id() const { return cores_.front()->kv.engine_id(); }
   // Serve https with `ctx` (it must outlive the server).
   void set_tls(net::ssl::context* ctx) { tls_ = ctx; }
 
@@ -166,11 +205,13 @@ class Server {
   }
 
   static std::string route_label(std::string_view path) {
-    static constexpr std::string_view kKnown[] = {
-        "/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-        "/start_profile",  "/stop_profile",        "/metrics",   "/sim/requests",
-        "/sim/stats",      "/sim/kv/pull",         "/tokenize",  "/reset_prefix_cache",
-        "/v1/responses", "/query"};
+    static constexpr std::string_view kKnown[] = {"/v1/completions", "/v1/chat/completions",
+                                                  "/v1/models",      "/health",
+                                                  "/start_profile",  "/stop_profile",
+                                                  "/metrics",        "/sim/requests",
+                                                  "/sim/stats",      "/sim/kv/pull",
+                                                  "/tokenize",       "/reset_prefix_cache",
+                                                  "/v1/responses",   "/query"};
     for (auto k : kKnown) {
       if (path == k)
         return std::string(k);
@@ -220,11 +261,19 @@ class Server {
         const SimApi api = path == "/v1/chat/completions" ? SimApi::chat
                            : path == "/v1/responses"      ? SimApi::responses
                                                           : SimApi::completions;
-        co_return co_await watched(x, generator_.generate(x, api));
+        EngineCore* core = pick_core(req);
+        if (core == nullptr) {
+          co_return co_await reply(x, http::status::bad_request,
+                                   dump(make_error(bad_rank_message(req), 400)),
+                                   "application/json");
+        }
+        if (x.rec)
+          x.rec->data_parallel_rank = core->opts.data_parallel_rank;
+        co_return co_await watched(x, core->generator.generate(x, api));
       }
     }
     if (path == "/sim/kv/pull" && req.method() == http::verb::post) {
-      co_return co_await kv_.serve_pull(x);
+      co_return co_await core_for_pull(req.body()).kv.serve_pull(x);
     }
     if (is_one_hop_path(path) && req.method() == http::verb::post) {
       OneHopAnswer a = answer_one_hop(path, req[http::field::content_type], req.body(), opts_.model,
@@ -237,7 +286,8 @@ class Server {
     if (path == "/query" && req.method() == http::verb::get && opts_.kv_connector == "mooncake" &&
         opts_.role != SimRole::decode) {
       nlohmann::json q;
-      q["0"] = {{"engine_id", kv_.engine_id()}};
+      for (const auto& core : cores_)
+        q[std::to_string(core->opts.data_parallel_rank)] = {{"engine_id", core->kv.engine_id()}};
       co_return co_await reply(x, http::status::ok, q.dump(), "application/json");
     }
     if (path == "/tokenize" && req.method() == http::verb::post) {
@@ -268,7 +318,8 @@ class Server {
     if (path == "/reset_prefix_cache") {
       if (method != http::verb::post)
         return not_allowed;
-      cache_events_.clear();
+      for (auto& core : cores_)
+        core->cache_events.clear();
       return {http::status::ok, "", ""};
     }
     if (path == "/health")
@@ -306,14 +357,29 @@ class Server {
       s["engine_id"] = engine_id();
       s["model"] = opts_.model;
       s["port"] = port_;
-      if (events_ != nullptr) {
-        const KvEventPublisher::Stats k = events_->stats();
-        s["kv_events"] = {{"endpoint", events_->endpoint()},
-                          {"replay_endpoint", events_->replay_endpoint()},
-                          {"published", k.published},
-                          {"dropped", k.dropped},
-                          {"replays", k.replays},
-                          {"next_seq", k.next_seq}};
+      const auto events_json = [](KvEventPublisher& ev) {
+        const KvEventPublisher::Stats k = ev.stats();
+        return ojson{{"endpoint", ev.endpoint()}, {"replay_endpoint", ev.replay_endpoint()},
+                     {"published", k.published},  {"dropped", k.dropped},
+                     {"replays", k.replays},      {"next_seq", k.next_seq}};
+      };
+      if (cores_.front()->events)
+        s["kv_events"] = events_json(*cores_.front()->events);
+      if (cores_.size() > 1) {
+        ojson ranks = ojson::array();
+        const auto now = std::chrono::steady_clock::now();
+        for (const auto& core : cores_) {
+          const CoreGauges g = core->gauges(now);
+          ojson r{{"rank", core->opts.data_parallel_rank},
+                  {"engine_id", core->kv.engine_id()},
+                  {"running", g.running},
+                  {"waiting", g.waiting},
+                  {"prefix_cache_blocks", core->cache.size()}};
+          if (core->events)
+            r["kv_events"] = events_json(*core->events);
+          ranks.push_back(std::move(r));
+        }
+        s["data_parallel_ranks"] = std::move(ranks);
       }
       return only(http::verb::get, {http::status::ok, dump(s), kJson});
     }
@@ -353,31 +419,78 @@ class Server {
   Gauges gauges() {
     const auto now = std::chrono::steady_clock::now();
     Gauges g;
-    g.running = generator_.running();
-    g.waiting = generator_.waiting();
-    const double used =
-        static_cast<double>(generator_.active_blocks() + kv_.registry().outstanding_blocks(now));
-    g.kv_cache_usage = std::min(1.0, used / static_cast<double>(opts_.kv_blocks));
+    double usage = 0;
+    for (const auto& core : cores_) {
+      const CoreGauges c = core->gauges(now);
+      g.cores.push_back(c);
+      g.running += c.running;
+      g.waiting += c.waiting;
+      usage += c.kv_cache_usage;
+      g.issued_kv_outstanding += core->kv.registry().outstanding(now);
+      g.prefix_cache_blocks += core->cache.size();
+    }
+    g.kv_cache_usage = usage / static_cast<double>(cores_.size());
     g.open_connections = open_connections_;
     g.connections_total = connections_total_;
-    g.issued_kv_outstanding = kv_.registry().outstanding(now);
-    g.prefix_cache_blocks = cache_.size();
     return g;
+  }
+
+  // The core a generation request goes to: the one its
+  // X-data-parallel-rank header names, else the least busy (vLLM's
+  // internal balancer scores waiting x 4 + running); nullptr when the
+  // header is not a rank this server has.
+  EngineCore* pick_core(const Request& req) {
+    if (auto it = req.find("x-data-parallel-rank"); it != req.end()) {
+      const std::string_view v = it->value();
+      std::size_t rank = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), rank);
+      if (ec != std::errc() || end != v.data() + v.size() || rank >= cores_.size())
+        return nullptr;
+      return cores_[rank].get();
+    }
+    EngineCore* best = cores_.front().get();
+    std::size_t best_score = SIZE_MAX;
+    for (const auto& core : cores_) {
+      const std::size_t score = core->generator.waiting() * 4 + core->generator.running();
+      if (score < best_score) {
+        best = core.get();
+        best_score = score;
+      }
+    }
+    return best;
+  }
+
+  std::string bad_rank_message(const Request& req) const {
+    return "data_parallel_rank " + std::string(req["x-data-parallel-rank"]) +
+           " is out of range [0, " + std::to_string(cores_.size()) + ").";
+  }
+
+  // A KV pull names the engine it pulls from: the core with that engine
+  // id answers (the first one otherwise, which refuses an unknown id).
+  EngineCore& core_for_pull(const std::string& body) {
+    if (cores_.size() > 1) {
+      const json j = json::parse(body, nullptr, false);
+      if (j.is_object()) {
+        if (auto it = j.find("remote_engine_id"); it != j.end() && it->is_string()) {
+          for (const auto& core : cores_) {
+            if (core->kv.engine_id() == it->get_ref<const std::string&>())
+              return *core;
+          }
+        }
+      }
+    }
+    return *cores_.front();
   }
 
   SimOptions opts_;
   std::shared_ptr<spdlog::logger> log_;
-  KvEventPublisher* events_;
   // The one seeded RNG: request ids, remote_request_ids and --error-rate.
   std::mt19937_64 rng_;
   std::uint16_t port_;
   Counters counters_;
   RequestLog requests_;
-  PrefixCache cache_;
-  CacheEvents cache_events_;
-  KvTransfer kv_;
   Faults faults_;
-  Generator generator_;
+  std::vector<std::unique_ptr<EngineCore>> cores_;
   std::size_t open_connections_ = 0;
   std::uint64_t connections_total_ = 0;
   std::int64_t started_at_;
@@ -415,22 +528,31 @@ int run_server(const SimOptions& opts) {
   }
   const std::uint16_t port = acceptor.local_endpoint().port();
 
-  std::unique_ptr<KvEventPublisher> events;
+  // One publisher per engine core, each on the endpoint moved by its rank
+  // as vLLM does (tcp: port + rank; ipc/inproc: a _dp<rank> suffix).
+  std::vector<std::unique_ptr<KvEventPublisher>> events;
   if (opts.kv_events.enabled && opts.kv_events.publisher == "zmq") {
-    std::string error;
-    events = KvEventPublisher::open(opts.kv_events, error);
-    if (!events) {
-      std::fprintf(stderr, "pdgate-sim: --kv-events-config: %s\n", error.c_str());
-      return 2;
+    for (std::size_t r = 0; r < opts.data_parallel_size; ++r) {
+      KvEventsConfig cfg = opts.kv_events;
+      cfg.endpoint = offset_endpoint(cfg.endpoint, r);
+      cfg.replay_endpoint = offset_endpoint(cfg.replay_endpoint, r);
+      std::string error;
+      auto ev = KvEventPublisher::open(cfg, error);
+      if (!ev) {
+        std::fprintf(stderr, "pdgate-sim: --kv-events-config (rank %zu): %s\n", r, error.c_str());
+        return 2;
+      }
+      // On stderr: stdout carries only the "listening on" line. Written
+      // before it, so whoever waits for that line can already read these
+      // (or ask /sim/stats).
+      std::fprintf(stderr, "pdgate-sim kv events on %s\n", ev->endpoint().c_str());
+      if (!ev->replay_endpoint().empty())
+        std::fprintf(stderr, "pdgate-sim kv events replay on %s\n", ev->replay_endpoint().c_str());
+      events.push_back(std::move(ev));
     }
-    // Printed before the listening line, so whoever waits for that line
-    // (tests, scripts) already knows where to subscribe.
-    std::printf("pdgate-sim kv events on %s\n", events->endpoint().c_str());
-    if (!events->replay_endpoint().empty())
-      std::printf("pdgate-sim kv events replay on %s\n", events->replay_endpoint().c_str());
   }
 
-  Server server(opts, log, port, events.get());
+  Server server(opts, log, port, std::move(events));
   net::ssl::context tls(net::ssl::context::tls_server);
   if (!opts.tls_cert.empty() || !opts.tls_key.empty()) {
     tls.use_certificate_chain_file(opts.tls_cert, ec);

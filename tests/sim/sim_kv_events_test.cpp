@@ -110,6 +110,17 @@ TEST(SimKvEvents, ConfigErrors) {
 }
 
 // Wildcards, ipc:// and inproc:// bind (vLLM's rule); a concrete address connects.
+// As vLLM's ZmqEventPublisher.offset_endpoint_port moves a rank's endpoint.
+TEST(SimKvEvents, DataParallelRanksMoveTheEndpoint) {
+  EXPECT_EQ(offset_endpoint("tcp://*:5557", 0), "tcp://*:5557");
+  EXPECT_EQ(offset_endpoint("tcp://*:5557", 3), "tcp://*:5560");
+  EXPECT_EQ(offset_endpoint("tcp://[::1]:5557", 1), "tcp://[::1]:5558");
+  EXPECT_EQ(offset_endpoint("tcp://127.0.0.1:*", 2), "tcp://127.0.0.1:*");
+  EXPECT_EQ(offset_endpoint("ipc:///tmp/kv", 2), "ipc:///tmp/kv_dp2");
+  EXPECT_EQ(offset_endpoint("inproc://cache", 1), "inproc://cache_dp1");
+  EXPECT_EQ(offset_endpoint("", 1), "");
+}
+
 TEST(SimKvEvents, WhichEndpointsBind) {
   EXPECT_TRUE(endpoint_binds("tcp://*:5557"));
   EXPECT_TRUE(endpoint_binds("tcp://127.0.0.1:*"));

@@ -121,6 +121,15 @@ TEST(SimOptions, CacheGroupsAndLoraModules) {
 }
 
 // --help short-circuits parsing even when other flags are invalid.
+TEST(SimOptions, DataParallelSize) {
+  EXPECT_EQ(parse_args({"--role", "decode"}).options->data_parallel_size, 1u);
+  const auto p = parse_args({"--role", "decode", "--data-parallel-size", "4"});
+  ASSERT_TRUE(p.options) << p.error;
+  EXPECT_EQ(p.options->data_parallel_size, 4u);
+  EXPECT_FALSE(parse_args({"--role", "decode", "--data-parallel-size", "0"}).options);
+  EXPECT_FALSE(parse_args({"--role", "decode", "--data-parallel-size", "x"}).options);
+}
+
 TEST(SimOptions, Help) {
   auto r = parse({"--bogus", "--help"});
   EXPECT_FALSE(r.help);  // the unknown flag comes first and fails

@@ -68,19 +68,26 @@ class Sim:
         self.endpoint = self.replay_endpoint = None
         self.port = None
         deadline = time.monotonic() + WAIT_S
+        # stdout carries one line; the event sockets are in /sim/stats (and
+        # on stderr).
         while self.port is None and time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
                 break
-            if "kv events on " in line:
-                self.endpoint = line.split()[-1]
-            elif "kv events replay on " in line:
-                self.replay_endpoint = line.split()[-1]
-            elif "listening on http://" in line:
+            if "listening on http://" in line:
                 self.port = int(line.strip().rsplit(":", 1)[1])
-        if self.port is None or self.endpoint is None:
+            else:
+                self.close()
+                raise RuntimeError("pdgate-sim wrote more than its listening line: " + line)
+        if self.port is None:
             self.close()
             raise RuntimeError("pdgate-sim did not start")
+        ev = self.stats().get("kv_events") or {}
+        self.endpoint = ev.get("endpoint")
+        self.replay_endpoint = ev.get("replay_endpoint") or None
+        if self.endpoint is None:
+            self.close()
+            raise RuntimeError("pdgate-sim has no kv events socket")
         self.ctx = zmq.Context()
         if sub is None:
             sub = self.ctx.socket(zmq.SUB)
@@ -104,10 +111,11 @@ class Sim:
                 return seq
         raise RuntimeError("no event reached the subscriber")
 
-    def post(self, path, body, raw=None):
+    def post(self, path, body, raw=None, headers=None):
         data = raw if raw is not None else json.dumps(body).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=WAIT_S) as r:
                 return r.status, r.read()
@@ -400,6 +408,50 @@ class KvEventsTest(unittest.TestCase):
 
     # POST /tokenize gives the ids the events carry, for prompts and chat messages, and
     # answers vLLM's JSON errors for bad requests.
+    # --data-parallel-size 2: each engine core publishes on its own socket with its rank in
+    # every batch and its own engine id; a request pinned to rank 1 by X-data-parallel-rank
+    # stores its blocks on rank 1 only; a rank the server does not have is a 400.
+    def test_data_parallel_ranks_publish_apart(self):
+        sim = self.start(role="prefill", extra=("--data-parallel-size", "2"))
+        ranks = sim.stats()["data_parallel_ranks"]
+        self.assertEqual([r["rank"] for r in ranks], [0, 1])
+        self.assertTrue(ranks[0]["engine_id"].endswith("_dp0"), ranks)
+        self.assertEqual(ranks[1]["engine_id"], ranks[0]["engine_id"][:-1] + "1")
+        self.assertEqual(ranks[0]["kv_events"]["endpoint"], sim.endpoint)
+        self.assertNotEqual(ranks[1]["kv_events"]["endpoint"], sim.endpoint)
+        sub1 = sim.ctx.socket(zmq.SUB)
+        self.addCleanup(sub1.close, 0)
+        sub1.setsockopt(zmq.SUBSCRIBE, sim.topic)
+        sub1.connect(ranks[1]["kv_events"]["endpoint"])
+        deadline = time.monotonic() + WAIT_S
+        synced = False
+        while not synced and time.monotonic() < deadline:
+            sim.post("/reset_prefix_cache", {})
+            synced = sub1.poll(200)
+        self.assertTrue(synced, "rank 1 published nothing")
+        while sub1.poll(100):
+            sub1.recv_multipart()
+        while sim.sub.poll(100):
+            sim.sub.recv_multipart()
+
+        status, body = sim.post("/v1/completions", {"prompt": blocks("r", "s") + "x",
+                                                    "max_tokens": 1},
+                                headers={"X-data-parallel-rank": "1"})
+        self.assertEqual(status, 200, body)
+        self.assertTrue(sub1.poll(int(WAIT_S * 1000)), "no event from rank 1")
+        _, _, payload = sub1.recv_multipart()
+        batch = msgpack.unpackb(payload)
+        self.assertEqual(batch[2], 1)
+        self.assertEqual([t for t, _ in events_of(batch)], ["BlockStored"])
+        self.assertTrue(sim.no_more(), "rank 0 published a block it does not hold")
+        self.assertEqual([r["prefix_cache_blocks"] for r in sim.stats()["data_parallel_ranks"]],
+                         [0, 2])
+
+        status, body = sim.post("/v1/completions", {"prompt": "x", "max_tokens": 1},
+                                headers={"X-data-parallel-rank": "2"})
+        self.assertEqual(status, 400)
+        self.assertIn("out of range [0, 2)", json.loads(body)["error"]["message"])
+
     def test_tokenize(self):
         sim = self.start()
         prompt = blocks("a", "b") + "tail!"
