@@ -106,6 +106,8 @@ void SharedRegistry::queue(const Instance& i, const std::string& state, bool ann
                 {"labels", *i.labels()},
                 {"weight", i.weight()},
                 {"state", added ? "active" : state}};
+  if (i.spec.dp_size > 1)
+    entry["data_parallel_size"] = i.spec.dp_size;
   std::string field = std::string(to_string(i.spec.role)) + "|" + i.spec.url;
   std::lock_guard lock(mu_);
   // One entry per instance: the latest state replaces a queued one, so the
@@ -225,8 +227,10 @@ void SharedRegistry::apply(const std::string& document) {
                         " instances learnt from Redis or the admin API");
         continue;
       }
-      ++learnt;
+      // Every rank is an instance this replica serves.
+      learnt += entry->dp_size;
       spec->role = entry->role;
+      spec->dp_size = entry->dp_size;
       fresh.push_back(
           {std::move(key), NewInstance{std::move(*spec), std::move(entry->labels), entry->weight}});
       continue;

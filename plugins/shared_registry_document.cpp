@@ -58,6 +58,13 @@ std::optional<RegistryEntry> parse_entry(const json& e) {
     }
     out.weight = static_cast<unsigned>(it->get<std::uint64_t>());
   }
+  if (const auto it = e.find("data_parallel_size"); it != e.end()) {
+    if (!it->is_number_unsigned() || it->get<std::uint64_t>() < 1 ||
+        it->get<std::uint64_t>() > UpstreamSpec::kMaxDataParallelSize) {
+      return std::nullopt;
+    }
+    out.dp_size = static_cast<std::uint32_t>(it->get<std::uint64_t>());
+  }
   return out;
 }
 

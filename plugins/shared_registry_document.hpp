@@ -28,6 +28,9 @@ struct RegistryEntry {
   std::string state;
   std::map<std::string, std::string> labels;
   unsigned weight = 1;
+  // Data-parallel ranks (1..UpstreamSpec::kMaxDataParallelSize): one
+  // entry per engine, each replica routes to its ranks.
+  std::uint32_t dp_size = 1;
   // Set when the entry breaks a bound (labels past LabelLimits, as the
   // admin API holds them; a URL past kMaxRegistryUrlBytes, kept cut to
   // that length for the log): the entry is refused, its labels not kept.
@@ -37,7 +40,8 @@ struct RegistryEntry {
 struct RegistryDocument {
   // The entries read, in document order; at most
   // kMaxRegistryDocumentEntries. An entry of the wrong shape (not an
-  // object, no role or URL, a weight outside 1..1000) is skipped.
+  // object, no role or URL, a weight outside 1..1000, a data_parallel_size
+  // outside 1..UpstreamSpec::kMaxDataParallelSize) is skipped.
   std::vector<RegistryEntry> entries;
   // Entries past kMaxRegistryDocumentEntries, not read.
   std::size_t past_bound = 0;

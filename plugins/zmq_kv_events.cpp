@@ -202,6 +202,14 @@ bool ZmqKvEvents::apply(Feed& f, std::span<const std::uint8_t> payload) {
     spdlog::warn("kv events: undecodable batch from {}: {}", f.sub.instance_url, batch.error());
     return false;
   }
+  if (f.sub.dp_rank && batch->data_parallel_rank && *batch->data_parallel_rank != *f.sub.dp_rank) {
+    // Rank r's socket carrying another rank's blocks: a misconfigured
+    // endpoint. Filing them under r would route to blocks r never held.
+    ++f.stats.decode_errors;
+    spdlog::warn("kv events: {} sent a batch of data-parallel rank {}: not applied",
+                 f.sub.instance_url, *batch->data_parallel_rank);
+    return false;
+  }
   ++f.stats.batches;
   f.stats.events += batch->events.size();
   f.stats.last_ts = batch->ts;

@@ -72,10 +72,10 @@ struct KvFeedStats {
 };
 
 // The index key a decoded batch's events are applied under: the feed's
-// instance. A batch's data_parallel_rank is carried to here and not used
-// yet: vLLM publishes each rank on its own port (endpoint port + rank), so
-// one subscription is one rank today; when instances are keyed by rank,
-// this is where (feed, rank) becomes the key.
+// instance. vLLM publishes each data-parallel rank on its own port
+// (endpoint port + rank) and each rank is an instance of its own, keyed by
+// its location, so a feed is one rank; a batch naming another rank than
+// its feed's is refused before it gets here.
 InstanceKey kv_event_source(const KvEventSubscription& feed, const KvEventBatch& batch);
 
 class ZmqKvEvents final : public KvEventIngest {

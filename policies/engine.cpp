@@ -201,8 +201,8 @@ class LuaPicker final : public InstancePicker {
                    const PickOutcome& outcome) override {
     if (ctx.stage == Stage::decode && outcome.ok && ctx.conversation_id) {
       ConversationRoute e;
-      e.decode = instance_key(chosen.spec.url);
-      e.prefill = ctx.chosen_prefill != nullptr ? instance_key(ctx.chosen_prefill->spec.url) : 0;
+      e.decode = instance_key(chosen.location);
+      e.prefill = ctx.chosen_prefill != nullptr ? instance_key(ctx.chosen_prefill->location) : 0;
       e.at_ms = steady_now_ms();
       engine_->kv_index().record_conversation(*ctx.conversation_id, e);
     }

@@ -16,7 +16,7 @@ std::size_t InstancePurger::sweep(const InstanceSet& set, KvLocationIndex& index
   std::unordered_set<InstanceKey> now;
   now.reserve(set.by_id.size());
   for (const auto& inst : set.by_id)
-    now.insert(instance_key(inst->spec.url));
+    now.insert(instance_key(inst->location));
   std::size_t gone = 0;
   for (const InstanceKey k : known_) {
     if (now.count(k) == 0) {

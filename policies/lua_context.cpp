@@ -162,12 +162,17 @@ void push_instances(Impl& I, Stage stage, const std::vector<InstancePtr>& candid
       const Instance& inst = *candidates[i];
       c.ptrs.push_back(&inst);
       c.ids.push_back(inst.id);
-      c.keys.push_back(instance_key(inst.spec.url));
+      c.keys.push_back(instance_key(inst.location));
       c.versions.push_back(inst.meta_version());
       lua_createtable(L, 0, 16);
       set_number(L, "id", static_cast<double>(inst.id));
       set_number(L, "index", static_cast<double>(i + 1));
       set_string(L, "url", inst.spec.url);
+      // A data-parallel rank: which one, and how many the engine has.
+      if (inst.spec.dp_rank) {
+        set_number(L, "dp_rank", *inst.spec.dp_rank);
+        set_number(L, "dp_size", inst.spec.dp_size);
+      }
       set_string(L, "host", inst.spec.host);
       set_number(L, "port", inst.spec.port);
       set_string(L, "role", pdgate::to_string(inst.spec.role));

@@ -3,7 +3,6 @@
 #include "core/upstream/health.hpp"
 #include "core/upstream/probe_rounds.hpp"
 
-#include <charconv>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -13,85 +12,8 @@
 #include <boost/asio/this_coro.hpp>
 
 namespace pdgate::policy {
-namespace {
 
 namespace net = boost::asio;
-
-struct Sum {
-  double total = 0;
-  int count = 0;
-};
-
-// Parses a Prometheus sample value ("3", "3.0", "1e-3", "NaN", "+Inf").
-std::optional<double> parse_value(std::string_view v) {
-  double d = 0;
-  const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
-  if (ec != std::errc() || ptr != v.data() + v.size() || !std::isfinite(d))
-    return std::nullopt;
-  return d;
-}
-
-}  // namespace
-
-EngineMetrics parse_vllm_metrics(std::string_view text) {
-  Sum running, waiting, kv, kv_old;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos)
-      eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    pos = eol + 1;
-    if (!line.empty() && line.back() == '\r')
-      line.remove_suffix(1);
-    if (line.empty() || line.front() == '#')
-      continue;
-    // name{labels} value [timestamp]; label values may hold spaces or
-    // braces inside quotes, so the name ends at '{' or ' ' and the labels
-    // at the last '}'.
-    const std::size_t name_end = line.find_first_of("{ ");
-    if (name_end == std::string_view::npos)
-      continue;
-    const std::string_view name = line.substr(0, name_end);
-    Sum* target = nullptr;
-    if (name == "vllm:num_requests_running")
-      target = &running;
-    else if (name == "vllm:num_requests_waiting")
-      target = &waiting;
-    else if (name == "vllm:kv_cache_usage_perc")
-      target = &kv;
-    else if (name == "vllm:gpu_cache_usage_perc")
-      target = &kv_old;
-    if (target == nullptr)
-      continue;
-    std::string_view rest = line.substr(name_end);
-    if (rest.front() == '{') {
-      const std::size_t close = rest.rfind('}');
-      if (close == std::string_view::npos)
-        continue;
-      rest = rest.substr(close + 1);
-    }
-    while (!rest.empty() && rest.front() == ' ')
-      rest.remove_prefix(1);
-    const std::size_t sp = rest.find(' ');
-    if (sp != std::string_view::npos)
-      rest = rest.substr(0, sp);  // drop the timestamp
-    auto v = parse_value(rest);
-    if (!v)
-      continue;
-    target->total += *v;
-    ++target->count;
-  }
-  EngineMetrics m;
-  if (running.count > 0)
-    m.running = running.total;
-  if (waiting.count > 0)
-    m.waiting = waiting.total;
-  const Sum& k = kv.count > 0 ? kv : kv_old;
-  if (k.count > 0)
-    m.kv_usage = k.total / k.count;
-  return m;
-}
 
 void store_metrics(const Instance& inst, const EngineMetrics& m, std::int64_t now_ms) {
   if (m.running)
@@ -120,7 +42,7 @@ net::awaitable<void> scrape_one(InstancePtr inst, std::chrono::milliseconds time
   auto r = co_await probe_get(ex, inst->spec.host, inst->spec.port, "/metrics", timeout, {},
                               inst->spec.tls ? tls : nullptr, 8u << 20);
   if (r.status == 200)
-    store_metrics(*inst, parse_vllm_metrics(r.body), steady_now_ms());
+    store_metrics(*inst, parse_vllm_metrics(r.body, inst->spec.dp_rank), steady_now_ms());
 }
 
 }  // namespace

@@ -29,8 +29,11 @@ struct EngineMetrics {
 // Sums each metric over all its series: vLLM V1 exports one series per
 // engine core (label engine="0", "1", ...) and the instance's load is
 // their sum. For kv usage, the mean over series is taken, since it is a
-// fraction. Malformed lines are skipped, never fatal.
-EngineMetrics parse_vllm_metrics(std::string_view text);
+// fraction. With `engine` (a data-parallel rank routed to as an instance
+// of its own), only that core's series (engine="<rank>") count. Malformed
+// lines are skipped, never fatal.
+EngineMetrics parse_vllm_metrics(std::string_view text,
+                                 std::optional<std::uint32_t> engine = std::nullopt);
 
 // Starts polling GET /metrics of every instance in the registry's current
 // snapshot each `interval`, with a timeout of `interval` (at least 200 ms)

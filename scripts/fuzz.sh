@@ -9,7 +9,7 @@
 #   --target NAME only this target (repeatable): request, redis_reply,
 #                 json_body, sse, command_line, lua_sandbox, kv_index_record,
 #                 dns_answer, trace_context, kv_events, url, engine_response,
-#                 registry_document, client_keys, load_report
+#                 registry_document, client_keys, load_report, engine_metrics
 #   --merge       fold new coverage-increasing inputs back into the
 #                 checked-in corpora (never done otherwise)
 #   --jobs N      targets fuzzed at once (default: the number of cores)
@@ -36,7 +36,8 @@ while (($#)); do
   shift
 done
 ((${#targets[@]})) || targets=(request redis_reply json_body sse command_line lua_sandbox kv_index_record dns_answer
-  trace_context kv_events url engine_response registry_document client_keys load_report)
+  trace_context kv_events url engine_response registry_document client_keys load_report
+  engine_metrics)
 
 # Target -> corpus folder under tests/fuzz/corpus.
 corpus_of() {

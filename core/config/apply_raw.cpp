@@ -88,6 +88,7 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
         u->labels = v.meta[k].labels;
         u->weight = v.meta[k].weight;
         u->kv_events = v.meta[k].kv_events;
+        u->dp_size = v.meta[k].dp_size;
       }
       out.push_back(std::move(*u));
     }
@@ -274,6 +275,27 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
       if (!found)
         err(*v,
             "no instance " + ev->first + " is configured (give it with --prefill, --decode, ...)");
+    }
+  }
+  if (const auto* v = get("data-parallel")) {
+    for (const auto& item : v->values) {
+      auto dp = parse_data_parallel_flag(item);
+      if (!dp) {
+        err(*v, dp.error());
+        continue;
+      }
+      bool found = false;
+      for (auto* list : {&c.prefill, &c.decode}) {
+        for (auto& u : *list) {
+          if (u.url == dp->first) {
+            u.dp_size = dp->second;
+            found = true;
+          }
+        }
+      }
+      if (!found)
+        err(*v, "no prefill or decode instance " + dp->first +
+                    " is configured (give it with --prefill, --decode, ...)");
     }
   }
   return c;

@@ -52,7 +52,22 @@ struct UpstreamSpec {
   std::map<std::string, std::string> labels;
   unsigned weight = 1;
   KvEventsEndpoint kv_events;
+  // Data parallelism (vLLM's --data-parallel-size behind one API server):
+  // the engine's ranks, each routed to as an instance of its own (the
+  // registry expands one spec into dp_size instances, rank r's with
+  // dp_rank = r), pinned with the X-data-parallel-rank header.
+  std::uint32_t dp_size = 1;
+  std::optional<std::uint32_t> dp_rank;
+  static constexpr std::uint32_t kMaxDataParallelSize = 256;
 };
+
+// Rank `rank`'s copy of an engine's spec: its dp_rank set and its KV-event
+// endpoints moved as vLLM moves a rank's (tcp: port + rank; ipc: a
+// `_dp<rank>` suffix).
+UpstreamSpec rank_spec(const UpstreamSpec& engine, std::uint32_t rank);
+// What identifies one routable instance: its URL, and "#dp<rank>" after
+// it for a data-parallel rank (KV-index and load-report keys, logs).
+std::string instance_location(const UpstreamSpec& spec);
 
 // Bounds on one instance's labels, whatever gave them (the config file,
 // the admin API, another replica through Redis): each policy VM copies

@@ -278,6 +278,20 @@ std::vector<std::string> show_kv_events(const Config& c) {
   return out;
 }
 
+std::vector<std::string> show_data_parallel(const Config& c) {
+  std::vector<std::string> out;
+  for (const auto* list : {&c.prefill, &c.decode}) {
+    for (const auto& u : *list) {
+      if (u.dp_size <= 1)
+        continue;
+      std::string v = u.url + "=" + std::to_string(u.dp_size);
+      if (std::find(out.begin(), out.end(), v) == out.end())
+        out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> show_set_headers(const Config& c) {
   std::vector<std::string> out;
   for (const auto& [name, value] : c.set_headers)

@@ -116,6 +116,13 @@ constexpr std::array kOptions = {
            "endpoint, and its replay endpoint): pdgate then knows exactly which prefixes it "
            "holds (docs/kv-events.md); repeat the flag for more instances (default: none).",
            Binding{.show = &show_kv_events}, false, true},
+    Option{"data-parallel", "", 0, true, false, kEngines, "INSTANCE=RANKS",
+           "An engine started with data parallelism (vLLM's --data-parallel-size behind one "
+           "API server): pdgate routes to each rank as an instance of its own, pins both "
+           "legs with the X-data-parallel-rank header and keeps each rank's KV events, "
+           "cache and load apart (docs/protocol.md); repeat the flag for more instances "
+           "(default: 1 rank each).",
+           Binding{.show = &show_data_parallel}, false, true},
     // The event subscriptions and the exact index are set up once.
     Option{"kv-events-replay-timeout", "", 0, false, false, kEngines, "DURATION",
            "Time a replay of missed KV events may take before the instance falls back to the "

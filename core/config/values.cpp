@@ -242,6 +242,22 @@ Result<std::pair<std::string, KvEventsEndpoint>> parse_kv_events_flag(std::strin
   return std::make_pair(instance->url, std::move(*checked));
 }
 
+Result<std::pair<std::string, std::uint32_t>> parse_data_parallel_flag(std::string_view text) {
+  const auto eq = text.rfind('=');
+  if (eq == std::string_view::npos)
+    return fail("expected INSTANCE=RANKS (e.g. http://host:8100=4), got '" + std::string(text) +
+                "'");
+  auto instance = parse_upstream(Role::decode, std::string(trim(text.substr(0, eq))));
+  if (!instance)
+    return fail(instance.error());
+  auto n = parse_uint(trim(text.substr(eq + 1)), UpstreamSpec::kMaxDataParallelSize);
+  if (!n || *n == 0)
+    return fail("the number of data-parallel ranks must be an integer from 1 to " +
+                std::to_string(UpstreamSpec::kMaxDataParallelSize) + ", got '" +
+                std::string(trim(text.substr(eq + 1))) + "'");
+  return std::make_pair(instance->url, static_cast<std::uint32_t>(*n));
+}
+
 Result<std::string> extra_header_name(std::string_view text) {
   const std::string name = lower(trim(text));
   if (!http_tokens::is_token(name))
@@ -326,6 +342,38 @@ std::string fraction_text(double f) {
 }  // namespace pdgate::config_detail
 
 namespace pdgate {
+
+namespace {
+
+std::string endpoint_for_rank(const std::string& endpoint, std::uint32_t rank) {
+  if (endpoint.empty() || rank == 0)
+    return endpoint;
+  if (endpoint.starts_with("tcp://")) {
+    const std::size_t colon = endpoint.rfind(':');
+    std::uint32_t base = 0;
+    const char* first = endpoint.data() + colon + 1;
+    const char* last = endpoint.data() + endpoint.size();
+    const auto [end, ec] = std::from_chars(first, last, base);
+    if (ec == std::errc() && end == last && base + rank <= 65535)
+      return endpoint.substr(0, colon + 1) + std::to_string(base + rank);
+    return endpoint;
+  }
+  return endpoint + "_dp" + std::to_string(rank);
+}
+
+}  // namespace
+
+UpstreamSpec rank_spec(const UpstreamSpec& engine, std::uint32_t rank) {
+  UpstreamSpec s = engine;
+  s.dp_rank = rank;
+  s.kv_events.endpoint = endpoint_for_rank(engine.kv_events.endpoint, rank);
+  s.kv_events.replay = endpoint_for_rank(engine.kv_events.replay, rank);
+  return s;
+}
+
+std::string instance_location(const UpstreamSpec& spec) {
+  return spec.dp_rank ? spec.url + "#dp" + std::to_string(*spec.dp_rank) : spec.url;
+}
 
 Result<KvEventsEndpoint> check_kv_events_endpoint(KvEventsEndpoint ev) {
   auto endpoint = config_detail::parse_zmq_endpoint(ev.endpoint);

@@ -90,9 +90,21 @@ std::optional<std::string> yaml_instance(const YAML::Node& item, const std::stri
       } else {
         meta.kv_events = std::move(*ev);
       }
+    } else if (name == "data_parallel_size" || name == "data-parallel-size") {
+      auto n = value.IsScalar()
+                   ? parse_uint(trim(value.Scalar()), UpstreamSpec::kMaxDataParallelSize)
+                   : Result<std::uint64_t>(fail("not a number"));
+      if (!n || *n == 0) {
+        errors.push_back(origin +
+                         ": an instance's data_parallel_size must be an integer from 1 to " +
+                         std::to_string(UpstreamSpec::kMaxDataParallelSize));
+        ok = false;
+      } else {
+        meta.dp_size = static_cast<std::uint32_t>(*n);
+      }
     } else {
       errors.push_back(origin + ": unknown instance field '" + name +
-                       "' (expected url, labels, weight, kv_events)");
+                       "' (expected url, labels, weight, kv_events, data_parallel_size)");
       ok = false;
     }
   }

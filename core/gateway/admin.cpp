@@ -60,6 +60,9 @@ json instance_json(const Instance& i) {
           {"role", to_string(i.spec.role)},
           {"labels", *i.labels()},
           {"weight", i.weight()},
+          // A data-parallel engine is listed rank by rank (ids consecutive).
+          {"data_parallel_rank", i.spec.dp_rank ? json(*i.spec.dp_rank) : json(nullptr)},
+          {"data_parallel_size", i.spec.dp_size},
           {"kv_events", i.spec.kv_events.endpoint.empty()
                             ? json(nullptr)
                             : json{{"endpoint", i.spec.kv_events.endpoint},
@@ -243,12 +246,14 @@ std::optional<AdminApi::Response> AdminApi::authorize(const Request& req, bool m
 net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
                                                  const std::string& url,
                                                  std::map<std::string, std::string> labels,
-                                                 unsigned weight, KvEventsEndpoint kv_events) {
+                                                 unsigned weight, KvEventsEndpoint kv_events,
+                                                 std::uint32_t dp_size) {
   auto spec = parse_upstream(role, url);
   if (!spec)
     co_return error(req, 400, spec.error());
   spec->role = role;
   spec->kv_events = std::move(kv_events);
+  spec->dp_size = dp_size;
   // Cheap duplicate check first: no network probe for a known instance.
   if (auto i = registry_.conflict(role, spec->url)) {
     co_return error(req, 409,
@@ -424,9 +429,21 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
       auto events = kv_events_field(j);
       if (!events)
         co_return error(req, 400, events.error());
+      std::uint32_t dp_size = 1;
+      if (auto it = j.find("data_parallel_size"); it != j.end()) {
+        if (!it->is_number_unsigned() || it->get<std::uint64_t>() < 1 ||
+            it->get<std::uint64_t>() > UpstreamSpec::kMaxDataParallelSize ||
+            (*role != Role::prefill && *role != Role::decode && *role != Role::both)) {
+          co_return error(req, 400,
+                          "data_parallel_size must be an integer from 1 to " +
+                              std::to_string(UpstreamSpec::kMaxDataParallelSize) +
+                              ", for a prefill, decode or both instance");
+        }
+        dp_size = static_cast<std::uint32_t>(it->get<std::uint64_t>());
+      }
       co_return co_await add(req, *role, j["url"].get<std::string>(),
                              meta->labels.value_or(Instance::Labels{}), meta->weight.value_or(1),
-                             std::move(*events));
+                             std::move(*events), dp_size);
     }
     co_return error(req, 405, "use GET or POST on /admin/instances");
   }

@@ -95,7 +95,7 @@ class AdminApi {
   std::optional<Response> authorize(const Request& req, bool mutating) const;
   boost::asio::awaitable<Response> add(const Request& req, Role role, const std::string& url,
                                        std::map<std::string, std::string> labels, unsigned weight,
-                                       KvEventsEndpoint kv_events);
+                                       KvEventsEndpoint kv_events, std::uint32_t dp_size = 1);
 
   const Config& cfg_;  // as started: what needs a restart to change
   std::shared_ptr<const Config> live_;

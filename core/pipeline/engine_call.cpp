@@ -18,6 +18,10 @@ void upstream_fields(Sink&& add, const Instance& inst, const std::string& reques
   add("Host", inst.host_port);
   add("User-Agent", "pdgate");
   add("X-Request-Id", request_id);
+  // A data-parallel rank is an instance of its own: every leg sent to it
+  // names it (vLLM's API server hands the request to that engine core).
+  if (inst.dp_rank_header[0] != '\0')
+    add("X-data-parallel-rank", std::string_view(inst.dp_rank_header));
   if (!fwd.authorization.empty())
     add("Authorization", fwd.authorization);
   if (!fwd.via.empty())

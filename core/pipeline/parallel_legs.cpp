@@ -76,7 +76,8 @@ net::awaitable<PairOutcome> run_pair(RequestContext& rc) {
   // Decode names prefill's engine as its bootstrap server does. Rank 0
   // until legs are pinned to data-parallel ranks.
   const std::uint16_t port = w.cfg.mooncake_bootstrap_port;
-  auto engine = co_await w.mooncake.engine_id(executor, prefill->spec, port, 0);
+  auto engine = co_await w.mooncake.engine_id(executor, prefill->spec, port,
+                                              prefill->spec.dp_rank.value_or(0));
   if (rc.scope.client_gone()) {
     out.error = upstream_failure(Stage::prefill, {UpstreamFailure::aborted, "client went away"});
     co_return out;

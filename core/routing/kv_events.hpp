@@ -73,8 +73,13 @@ struct KvEventBatch {
 // One instance whose events are to be received.
 struct KvEventSubscription {
   InstanceKey key = 0;
-  std::string instance_url;  // "http://host:port", for metrics and logs
+  // "http://host:port" (with "#dp<rank>" for a data-parallel rank), for
+  // metrics and logs.
+  std::string instance_url;
   KvEventsEndpoint endpoint;
+  // The data-parallel rank the feed is for (its endpoint is that rank's):
+  // a batch naming another rank is refused, never filed under this one.
+  std::optional<std::int64_t> dp_rank;
   bool operator==(const KvEventSubscription&) const = default;
 };
 

@@ -5,7 +5,7 @@
 namespace pdgate {
 
 InstanceKey load_key(const Instance& inst) {
-  return instance_key(inst.spec.url);
+  return instance_key(inst.location);
 }
 
 LoadReport ClusterLoad::local_report(std::uint64_t origin, std::uint64_t seq,

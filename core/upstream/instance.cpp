@@ -204,14 +204,20 @@ void add_to_lists(InstanceSet& set, const InstancePtr& inst, bool with_id = true
 
 Registry::Registry(const Config& cfg) {
   auto set = std::make_shared<InstanceSet>();
-  auto add = [&](const UpstreamSpec& s, std::vector<InstancePtr>& list) {
-    auto inst = std::make_shared<Instance>(next_id_++, s, s.labels, s.weight);
-    inst->from_config = true;
-    list.push_back(inst);
-    set->by_id.push_back(inst);
-    if (host_is_name(s.host))
-      set->named.push_back(inst);
-    by_url_[s.url].push_back(std::move(inst));
+  auto add = [&](const UpstreamSpec& engine, std::vector<InstancePtr>& list) {
+    // A data-parallel engine: one instance per rank, consecutive ids.
+    const std::uint32_t ranks =
+        std::clamp<std::uint32_t>(engine.dp_size, 1, UpstreamSpec::kMaxDataParallelSize);
+    for (std::uint32_t r = 0; r < ranks; ++r) {
+      const UpstreamSpec s = ranks > 1 ? rank_spec(engine, r) : engine;
+      auto inst = std::make_shared<Instance>(next_id_++, s, s.labels, s.weight);
+      inst->from_config = true;
+      list.push_back(inst);
+      set->by_id.push_back(inst);
+      if (host_is_name(s.host))
+        set->named.push_back(inst);
+      by_url_[s.url].push_back(std::move(inst));
+    }
   };
   for (const auto& s : cfg.prefill)
     add(s, set->prefill);
@@ -307,11 +313,18 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
       // At most one copy of the set for the whole batch.
       if (!next)
         next = &writable_locked(replaced);
-      auto inst = std::make_shared<Instance>(next_id_++, b.spec, std::move(b.labels), b.weight);
-      inst->from_config = b.from_config;
-      add_to_lists(*next, inst);
-      by_url_[inst->spec.url].push_back(inst);
-      out[k].instance = std::move(inst);
+      // A data-parallel engine: one instance per rank, consecutive ids.
+      const std::uint32_t ranks =
+          std::clamp<std::uint32_t>(b.spec.dp_size, 1, UpstreamSpec::kMaxDataParallelSize);
+      for (std::uint32_t r = 0; r < ranks; ++r) {
+        auto inst = std::make_shared<Instance>(
+            next_id_++, ranks > 1 ? rank_spec(b.spec, r) : b.spec, b.labels, b.weight);
+        inst->from_config = b.from_config;
+        add_to_lists(*next, inst);
+        by_url_[inst->spec.url].push_back(inst);
+        if (r == 0)
+          out[k].instance = std::move(inst);
+      }
     }
   }
   for (const auto& o : out) {
@@ -333,6 +346,21 @@ RegistryError no_such_instance(std::uint64_t id) {
 
 }  // namespace
 
+std::vector<InstancePtr> Registry::engine_locked(const InstancePtr& inst) const {
+  if (inst->spec.dp_size <= 1)
+    return {inst};
+  std::vector<InstancePtr> out;
+  if (auto it = by_url_.find(inst->spec.url); it != by_url_.end()) {
+    for (const auto& i : it->second) {
+      if (i->spec.role == inst->spec.role)
+        out.push_back(i);
+    }
+  }
+  if (out.empty())
+    out.push_back(inst);
+  return out;
+}
+
 RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify) {
   InstancePtr inst;
   std::shared_ptr<const InstanceSet> replaced;  // released after the lock
@@ -341,14 +369,16 @@ RegistryOutcome Registry::drain(std::uint64_t id, bool then_remove, bool notify)
     inst = set_->find(id);
     if (!inst)
       return {no_such_instance(id), nullptr};
-    if (then_remove)
-      inst->remove_when_idle.store(true);
-    if (!inst->draining.exchange(true)) {
-      auto& next = writable_locked(replaced);
-      for (auto* list : {&next.prefill, &next.decode, &next.encode})
-        std::erase(*list, inst);
-      next.draining.push_back(inst);
-      inst->record(true, "draining");
+    for (const InstancePtr& i : engine_locked(inst)) {
+      if (then_remove)
+        i->remove_when_idle.store(true);
+      if (!i->draining.exchange(true)) {
+        auto& next = writable_locked(replaced);
+        for (auto* list : {&next.prefill, &next.decode, &next.encode})
+          std::erase(*list, i);
+        next.draining.push_back(i);
+        i->record(true, "draining");
+      }
     }
   }
   forget_idle();
@@ -383,11 +413,15 @@ RegistryOutcome Registry::undrain(std::uint64_t id, bool notify) {
     }
     if (!inst->draining.load())
       return {std::nullopt, std::move(inst)};
-    auto& next = writable_locked(replaced);
-    std::erase(next.draining, inst);
-    inst->draining.store(false);
-    add_to_lists(next, inst, /*with_id=*/false);
-    inst->record(true, "undrained");
+    for (const InstancePtr& i : engine_locked(inst)) {
+      if (!i->draining.load() || i->remove_when_idle.load())
+        continue;
+      auto& next = writable_locked(replaced);
+      std::erase(next.draining, i);
+      i->draining.store(false);
+      add_to_lists(next, i, /*with_id=*/false);
+      i->record(true, "undrained");
+    }
   }
   if (notify && on_change)
     on_change(*inst, "active");
@@ -403,11 +437,20 @@ RegistryOutcome Registry::update(std::uint64_t id, const std::optional<Instance:
     if (auto why = label_problem(*labels))
       return {client_error(ErrorKind::unprocessable, "labels: " + *why), nullptr};
   }
-  if (inst->set_meta(labels, weight)) {
-    inst->record(true, "labels/weight changed");
-    if (notify && on_change)
-      on_change(*inst, shared_state(*inst));
+  std::vector<InstancePtr> engine;
+  {
+    std::lock_guard lock(mu_);
+    engine = engine_locked(inst);
   }
+  bool changed = false;
+  for (const InstancePtr& i : engine) {
+    if (i->set_meta(labels, weight)) {
+      i->record(true, "labels/weight changed");
+      changed = true;
+    }
+  }
+  if (changed && notify && on_change)
+    on_change(*inst, shared_state(*inst));
   return {std::nullopt, std::move(inst)};
 }
 

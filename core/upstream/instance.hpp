@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -46,13 +47,24 @@ struct Instance {
       : id(id_),
         spec(std::move(spec_)),
         host_port(spec.host + ":" + std::to_string(spec.port)),
+        location(instance_location(spec)),
         labels_(std::make_shared<const Labels>(std::move(labels))),
-        weight_(weight) {}
+        weight_(weight) {
+    if (spec.dp_rank)
+      std::to_chars(dp_rank_header, dp_rank_header + sizeof dp_rank_header - 1, *spec.dp_rank);
+  }
 
   const std::uint64_t id;
   const UpstreamSpec spec;
   // "host:port", as upstream requests' Host header carries it.
   const std::string host_port;
+  // The URL, with "#dp<rank>" after it for a data-parallel rank: what
+  // tells instances apart in the KV-location index, the load reports and
+  // the KV-event feeds (instance_key(location)).
+  const std::string location;
+  // The rank as the X-data-parallel-rank header carries it ("" for an
+  // engine without data parallelism), rendered once.
+  char dp_rank_header[12] = {};
 
   // Labels and weight may change while the instance serves (PATCH
   // /admin/instances/{id}): readers take a snapshot, and a reader that
@@ -271,7 +283,9 @@ class Registry {
 
   std::shared_ptr<const InstanceSet> snapshot() const;
 
-  // Adds an instance (role both: prefill and decode). A conflict when an instance
+  // Adds an instance (role both: prefill and decode); an engine with
+  // data-parallel ranks (spec.dp_size > 1) as one instance per rank, the
+  // outcome naming rank 0's. A conflict when an instance
   // with the same URL in an overlapping role exists (draining ones
   // included). `notify` false: a change learnt from another replica, not
   // announced.
@@ -280,10 +294,15 @@ class Registry {
   // Adds several at once, publishing one new set: one outcome per entry,
   // in order (a duplicate within the batch is refused like any other).
   std::vector<RegistryOutcome> add(std::vector<NewInstance> batch, bool notify = true);
-  // The instance registered with exactly this role and URL, else nullptr.
+  // The instance registered with exactly this role and URL (rank 0 of a
+  // data-parallel engine), else nullptr.
   InstancePtr find(Role role, const std::string& url) const;
   // The instance an add of (role, url) would collide with, else nullptr.
   InstancePtr conflict(Role role, const std::string& url) const;
+  // drain, undrain and update act on the whole engine: every rank of a
+  // data-parallel one (an engine is one process to upgrade or relabel),
+  // notified once.
+  //
   // Takes an instance out of the candidate lists; its in-flight requests
   // finish. `then_remove`: forget it once idle (see forget_idle()), which
   // may be at once. The outcome holds the instance acted on, forgotten or
@@ -331,6 +350,8 @@ class Registry {
 
  private:
   InstancePtr conflict_locked(Role role, const std::string& url) const;
+  // `inst` and the other ranks of its engine (same URL and role).
+  std::vector<InstancePtr> engine_locked(const InstancePtr& inst) const;
   // The set a change under mu_ is made to: the published set itself when
   // no reader holds it, else a copy published in its place (the one it
   // replaces is moved to `replaced`, to be released after the lock).

@@ -16,7 +16,13 @@ std::vector<KvEventSubscription> kv_event_subscriptions(const InstanceSet& set) 
   for (const auto& inst : set.by_id) {
     if (inst->spec.kv_events.endpoint.empty())
       continue;
-    out.push_back({instance_key(inst->spec.url), inst->spec.url, inst->spec.kv_events});
+    // By location: each data-parallel rank has its own feed (its own
+    // endpoint) and its own blocks in the index.
+    KvEventSubscription sub{instance_key(inst->location), inst->location, inst->spec.kv_events,
+                            std::nullopt};
+    if (inst->spec.dp_rank)
+      sub.dp_rank = *inst->spec.dp_rank;
+    out.push_back(std::move(sub));
   }
   return out;
 }

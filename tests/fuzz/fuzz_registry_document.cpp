@@ -34,6 +34,8 @@ void fuzz_document(std::string_view text) {
     check(!e.url.empty(), "an entry has a URL");
     check(e.url.size() <= pdgate::kMaxRegistryUrlBytes, "URL bounded");
     check(e.weight >= 1 && e.weight <= 1000, "weight in range");
+    check(e.dp_size >= 1 && e.dp_size <= pdgate::UpstreamSpec::kMaxDataParallelSize,
+          "data_parallel_size in range");
     if (e.refused)
       check(e.labels.empty(), "a refused entry keeps no labels");
     else

@@ -543,4 +543,15 @@ void EditedFile::write(const std::string& text) {
   std::filesystem::last_write_time(path_, t + std::chrono::seconds(++bumps_), ec);
 }
 
+double metric_sample(std::uint16_t port, const std::string& name, const std::string& labels) {
+  std::istringstream in(get(port, "/metrics").body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with(name + "{") || line.find(labels) == std::string::npos)
+      continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
 }  // namespace pdgate::test

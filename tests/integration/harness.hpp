@@ -170,6 +170,29 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seco
   return pred();
 }
 
+// The value of the first sample of `name` on the gateway's /metrics whose
+// labels contain `labels`; -1 when none.
+double metric_sample(std::uint16_t port, const std::string& name, const std::string& labels);
+
+// A prefill policy routing on the engines' KV events: the candidate whose
+// engine holds most of the prompt exactly; with no exact data,
+// round-robin (so a request lands on the engine caching it only half the
+// time).
+inline constexpr const char* kExactPrefixPolicy = R"(
+return {
+  pick = function(ctx, instances)
+    local cached, total = pdgate.cached_tokens()
+    local best, best_n = nil, 0
+    for i, n in pairs(cached or {}) do
+      if n > best_n then best, best_n = instances[i], n end
+    end
+    if best then return best end
+    local turn = pdgate.kv_incr("turn:" .. ctx.stage) or 0
+    return instances[turn % #instances + 1]
+  end,
+}
+)";
+
 // A TCP port on 127.0.0.1 that nothing listens on.
 std::uint16_t closed_port();
 

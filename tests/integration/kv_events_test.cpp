@@ -21,16 +21,8 @@ constexpr auto kWait = std::chrono::seconds(30);
 constexpr auto kWait = std::chrono::seconds(10);
 #endif
 
-// The value of the first sample of `name` whose labels contain `labels`; -1 when none.
 double metric(std::uint16_t port, const std::string& name, const std::string& labels) {
-  std::istringstream in(get(port, "/metrics").body);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.starts_with(name + "{") || line.find(labels) == std::string::npos)
-      continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
+  return metric_sample(port, name, labels);
 }
 
 bool have_python_zmq() {
@@ -227,22 +219,7 @@ std::string events_flag(Sim& sim) {
          ",replay=" + ev["replay_endpoint"].get<std::string>();
 }
 
-// The prefill whose engine holds most of the prompt by its KV events; with no exact data,
-// round-robin (so a request lands on the engine caching it only half the time).
-constexpr const char* kExactPolicy = R"(
-return {
-  pick = function(ctx, instances)
-    local cached, total = pdgate.cached_tokens()
-    local best, best_n = nil, 0
-    for i, n in pairs(cached or {}) do
-      if n > best_n then best, best_n = instances[i], n end
-    end
-    if best then return best end
-    local turn = pdgate.kv_incr("turn:" .. ctx.stage) or 0
-    return instances[turn % #instances + 1]
-  end,
-}
-)";
+constexpr const char* kExactPolicy = kExactPrefixPolicy;
 
 // Subscriptions join shortly after they connect: the sim resets its cache (publishing
 // AllBlocksCleared) until the gateway has heard from it, so no later event is lost to that.

@@ -692,6 +692,30 @@ TEST(Metrics, ParseVllmText) {
   EXPECT_DOUBLE_EQ(*m.kv_usage, 0.5);
 }
 
+// A data-parallel rank routed to as an instance reads only its engine
+// core's series (engine="<rank>"), never engine="10" for rank 1 nor a
+// series without the label.
+TEST(Metrics, OneRanksSeries) {
+  const std::string text =
+      "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3\n"
+      "vllm:num_requests_running{model_name=\"m\",engine=\"1\"} 2\n"
+      "vllm:num_requests_running{engine=\"10\"} 40\n"
+      "vllm:num_requests_running{xengine=\"1\"} 50\n"
+      "vllm:num_requests_running 60\n"
+      "vllm:num_requests_waiting{engine=\"1\"} 7\n"
+      "vllm:kv_cache_usage_perc{engine=\"1\"} 0.5\n";
+  const auto one = parse_vllm_metrics(text, 1);
+  ASSERT_TRUE(one.running && one.waiting && one.kv_usage);
+  EXPECT_EQ(*one.running, 2);
+  EXPECT_EQ(*one.waiting, 7);
+  EXPECT_DOUBLE_EQ(*one.kv_usage, 0.5);
+  const auto zero = parse_vllm_metrics(text, 0);
+  ASSERT_TRUE(zero.running);
+  EXPECT_EQ(*zero.running, 3);
+  EXPECT_FALSE(zero.waiting);
+  EXPECT_EQ(*parse_vllm_metrics(text).running, 155);
+}
+
 // Older vLLM's gpu_cache_usage_perc is used when the new name is absent.
 TEST(Metrics, OldKvName) {
   const auto m =

@@ -215,6 +215,7 @@ std::vector<std::string> show_encode_urls(const Config& c);
 std::vector<std::string> show_prefill_urls(const Config& c);
 std::vector<std::string> show_decode_urls(const Config& c);
 std::vector<std::string> show_kv_events(const Config& c);
+std::vector<std::string> show_data_parallel(const Config& c);
 // Values may be credentials: names only.
 std::vector<std::string> show_set_headers(const Config& c);
 std::vector<std::string> show_tls_version(const Config& c);

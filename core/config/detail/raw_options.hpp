@@ -18,6 +18,7 @@ struct InstanceMeta {
   std::map<std::string, std::string> labels;
   unsigned weight = 1;
   KvEventsEndpoint kv_events;
+  std::uint32_t dp_size = 1;  // data_parallel_size
 };
 
 // The values given for one option, and where they came from (the flag as

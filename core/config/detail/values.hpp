@@ -47,6 +47,9 @@ Result<std::string> parse_choice(std::string_view text,
 // --kv-events URL=ENDPOINT[,replay=ENDPOINT]: the instance it is for and
 // where its events come from.
 Result<std::pair<std::string, KvEventsEndpoint>> parse_kv_events_flag(std::string_view text);
+// --data-parallel URL=N: the instance it is for and its number of
+// data-parallel ranks (1..UpstreamSpec::kMaxDataParallelSize).
+Result<std::pair<std::string, std::uint32_t>> parse_data_parallel_flag(std::string_view text);
 
 // A header name an engine request may carry from --forward-headers or
 // --set-header, lower-cased; hop-by-hop and framing headers, and those

@@ -1414,5 +1414,69 @@ decode:
   expect_error(parse({"--config", bad.path()}), {"kv_events", "bogus"});
 }
 
+// Data-parallel engines: --data-parallel URL=N or data_parallel_size in a
+// YAML instance; the flag is printed back; an unknown instance, 0 or a
+// size past the bound is refused with the reason.
+TEST(ConfigDataParallel, FlagAndYamlDeclareRanks) {
+  auto r =
+      parse({"--prefill", "127.0.0.1:8100", "--decode", "127.0.0.1:8200", "127.0.0.1:8201",
+             "--data-parallel", "127.0.0.1:8100=4", "--data-parallel", "http://127.0.0.1:8201=2"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.prefill[0].dp_size, 4u);
+  EXPECT_EQ(r->config.decode[0].dp_size, 1u);
+  EXPECT_EQ(r->config.decode[1].dp_size, 2u);
+  const auto rows = effective_config(r->config);
+  const auto row = std::find_if(rows.begin(), rows.end(),
+                                [](const ConfigEntry& e) { return e.key == "data-parallel"; });
+  ASSERT_NE(row, rows.end());
+  EXPECT_EQ(row->values,
+            (std::vector<std::string>{"http://127.0.0.1:8100=4", "http://127.0.0.1:8201=2"}));
+  TempFile f(R"(
+prefill:
+  - http://10.0.0.1:8100
+decode:
+  - url: http://10.0.0.2:8200
+    data_parallel_size: 8
+)");
+  auto y = parse({"--config", f.path()});
+  ASSERT_TRUE(y.ok()) << y.error();
+  EXPECT_EQ(y->config.decode[0].dp_size, 8u);
+
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--data-parallel", "127.0.0.1:9999=2"}),
+               {"--data-parallel", "no prefill or decode instance http://127.0.0.1:9999"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--data-parallel", "127.0.0.1:8200=0"}),
+               {"--data-parallel", "from 1 to 256"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--data-parallel", "127.0.0.1:8200=257"}),
+               {"--data-parallel", "from 1 to 256"});
+  expect_error(parse({"--decode", "127.0.0.1:8200", "--data-parallel", "127.0.0.1:8200"}),
+               {"--data-parallel", "INSTANCE=RANKS"});
+  TempFile bad(R"(
+prefill:
+  - http://10.0.0.1:8100
+decode:
+  - url: http://10.0.0.2:8200
+    data_parallel_size: 0
+)");
+  expect_error(parse({"--config", bad.path()}), {"data_parallel_size", "from 1 to 256"});
+}
+
+// A rank's spec: its rank set, its event endpoints moved as vLLM moves a
+// rank's (tcp port + rank, ipc suffix), its location told apart by rank.
+TEST(ConfigDataParallel, RankSpecMovesEventEndpoints) {
+  UpstreamSpec engine = *parse_upstream(Role::prefill, "127.0.0.1:8100");
+  engine.dp_size = 4;
+  engine.kv_events = {"tcp://127.0.0.1:5557", "tcp://127.0.0.1:6000"};
+  const UpstreamSpec r2 = rank_spec(engine, 2);
+  EXPECT_EQ(r2.dp_rank, 2u);
+  EXPECT_EQ(r2.kv_events.endpoint, "tcp://127.0.0.1:5559");
+  EXPECT_EQ(r2.kv_events.replay, "tcp://127.0.0.1:6002");
+  EXPECT_EQ(rank_spec(engine, 0).kv_events.endpoint, "tcp://127.0.0.1:5557");
+  EXPECT_EQ(instance_location(r2), "http://127.0.0.1:8100#dp2");
+  EXPECT_EQ(instance_location(engine), "http://127.0.0.1:8100");
+  engine.kv_events = {"ipc:///tmp/kv", ""};
+  EXPECT_EQ(rank_spec(engine, 3).kv_events.endpoint, "ipc:///tmp/kv_dp3");
+  EXPECT_EQ(rank_spec(engine, 3).kv_events.replay, "");
+}
+
 }  // namespace
 }  // namespace pdgate

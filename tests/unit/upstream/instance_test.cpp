@@ -185,6 +185,46 @@ TEST(Registry, AddFindAndDuplicates) {
   EXPECT_EQ(r.find(Role::decode, added.instance->spec.url), added.instance);
 }
 
+// A data-parallel engine is one instance per rank (consecutive ids, the
+// rank header rendered, locations apart); drain, undrain and relabel act
+// on every rank of the engine; re-adding its URL is a conflict.
+TEST(Registry, DataParallelEngineIsOneInstancePerRank) {
+  Config cfg = two_and_one();
+  cfg.decode[0].dp_size = 3;
+  Registry r(cfg);
+  auto set = r.snapshot();
+  ASSERT_EQ(set->decode.size(), 3u);
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    const Instance& i = *set->decode[k];
+    EXPECT_EQ(i.id, 3u + k);
+    EXPECT_EQ(i.spec.dp_rank, k);
+    EXPECT_EQ(std::string(i.dp_rank_header), std::to_string(k));
+    EXPECT_EQ(i.location, "http://127.0.0.1:8200#dp" + std::to_string(k));
+  }
+  EXPECT_STREQ(set->prefill[0]->dp_rank_header, "");
+  EXPECT_EQ(set->prefill[0]->location, set->prefill[0]->spec.url);
+
+  EXPECT_FALSE(r.drain(4, false).error);
+  EXPECT_EQ(r.snapshot()->decode.size(), 0u);
+  EXPECT_EQ(r.snapshot()->draining.size(), 3u);
+  EXPECT_FALSE(r.undrain(5).error);
+  EXPECT_EQ(r.snapshot()->decode.size(), 3u);
+  EXPECT_FALSE(r.update(3, Instance::Labels{{"zone", "b"}}, std::nullopt).error);
+  for (const auto& i : r.snapshot()->decode)
+    EXPECT_EQ(i->labels()->at("zone"), "b");
+
+  EXPECT_TRUE(r.add(spec(Role::decode, "127.0.0.1:8200")).error);
+  UpstreamSpec more = spec(Role::decode, "127.0.0.1:8300");
+  more.dp_size = 2;
+  auto added = r.add(more);
+  ASSERT_FALSE(added.error);
+  EXPECT_EQ(added.instance->spec.dp_rank, 0u);
+  EXPECT_EQ(r.snapshot()->decode.size(), 5u);
+  EXPECT_FALSE(r.drain(added.instance->id, true).error);
+  r.forget_idle();
+  EXPECT_EQ(r.snapshot()->by_id.size(), 5u);
+}
+
 // A reader's snapshot never changes under it: a change made while one is
 // held publishes a new set. With no snapshot held, adds, drains, undrains
 // and removals change the published set in place (no copy of every list
