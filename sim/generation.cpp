@@ -224,7 +224,17 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
     co_await end_stream(x);
     co_return;
   }
-  std::string body = dump(make_response(meta, text, "length", usage, issued));
+  ojson answer = make_response(meta, text, "length", usage, issued);
+  // Only an engine that computed the prompt has its logprobs: a decode
+  // that received the KV answers null, as vLLM's can give nothing else.
+  if (g.prompt_logprobs && !skip_prefill) {
+    ojson lp = make_prompt_logprobs(g.prompt.text);
+    if (chat)
+      answer["prompt_logprobs"] = std::move(lp);
+    else
+      answer["choices"][0]["prompt_logprobs"] = std::move(lp);
+  }
+  std::string body = dump(answer);
   co_await reply(x, http::status::ok, std::move(body), "application/json");
 }
 

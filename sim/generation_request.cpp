@@ -126,6 +126,12 @@ std::optional<HttpError> parse_generation(const Request& req, SimApi api, const 
     g.max_tokens = body[key].get<std::size_t>();
     break;
   }
+  if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null()) {
+    if (!body["prompt_logprobs"].is_number_integer() ||
+        body["prompt_logprobs"].get<std::int64_t>() < -1)
+      return HttpError{400, "'prompt_logprobs' must be an integer >= -1"};
+    g.prompt_logprobs = body["prompt_logprobs"].get<std::int64_t>();
+  }
   const std::string limit = std::to_string(opts.max_model_len);
   if (prompt_tokens > opts.max_model_len) {
     return HttpError{400, "This model's maximum context length is " + limit +

@@ -34,6 +34,10 @@ struct GenRequest {
   bool remote_decode = false;   // prefill side: compute, then issue params
   bool names_remote = false;    // prefill handed a remote's blocks (multi-turn)
   std::string lora;             // the LoRA adapter the request names (--lora-modules), or empty
+  // vLLM's prompt_logprobs (top-k per prompt token; -1: the whole
+  // vocabulary, here one entry as for 0): logprobs of the prompt, which
+  // only an engine that computed the prompt can give.
+  std::optional<std::int64_t> prompt_logprobs;
   // Mooncake: the gateway's transfer id both legs carry; a decode leg
   // waits for prefill's KV under it.
   std::string transfer_id;

@@ -1,5 +1,7 @@
 #include "sim/responses.hpp"
 
+#include "sim/tokenizer.hpp"
+
 namespace pdgate::sim {
 
 namespace {
@@ -35,6 +37,24 @@ ojson nullable(std::string_view s) {
 }
 
 }  // namespace
+
+ojson make_prompt_logprobs(std::string_view prompt_text) {
+  ojson out = ojson::array();
+  const std::vector<std::uint32_t> ids = token_ids(prompt_text);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i == 0) {
+      out.push_back(nullptr);
+      continue;
+    }
+    const std::string_view bytes = prompt_text.substr(4 * i, 4);
+    ojson entry;
+    entry["logprob"] = -static_cast<double>(ids[i] % 1000) / 100.0;
+    entry["rank"] = 1;
+    entry["decoded_token"] = std::string(bytes);
+    out.push_back(ojson{{std::to_string(ids[i]), std::move(entry)}});
+  }
+  return out;
+}
 
 ojson make_response(const ResponseMeta& m, std::string_view text, std::string_view finish_reason,
                     const Usage& u, const ojson& kv_params) {

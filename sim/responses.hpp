@@ -30,6 +30,12 @@ struct Usage {
   std::size_t cached_tokens = 0;
 };
 
+// vLLM's prompt_logprobs of `prompt_text` (the sim's tokens: 4 bytes
+// each): null for the first token, then per token {"<id>": {"logprob",
+// "rank", "decoded_token"}}, the logprob a deterministic function of the
+// id, so a test can tell whose they are.
+ojson make_prompt_logprobs(std::string_view prompt_text);
+
 // Non-streaming body; kv_params is null or the params object.
 ojson make_response(const ResponseMeta& m, std::string_view text, std::string_view finish_reason,
                     const Usage& u, const ojson& kv_params);

@@ -26,6 +26,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   auto r = std::make_unique<DecodeRelay>();
   r->leg_scope = std::move(leg_scope);
   r->cached_tokens = rc.prefill_cached_tokens;
+  r->prompt_logprobs = rc.prefill_prompt_logprobs;
   RequestScope& scope = r->leg_scope ? r->leg_scope->scope : rc.scope;
   // A decode sent in one hop computes the prompt: it waits for the tokens
   // queued ahead there, like a prefill, and teaches the engine's cost the
@@ -127,6 +128,7 @@ void note_decode_answered(RequestContext& rc, DecodeRelay& relay) {
     }
   }
   relay.cached_tokens = rc.prefill_cached_tokens;
+  relay.prompt_logprobs = rc.prefill_prompt_logprobs;
   relay.view = std::move(rc.view);
   rc.failure.reset();  // an earlier attempt's
 }

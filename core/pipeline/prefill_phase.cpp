@@ -1,5 +1,7 @@
 #include "core/pipeline/prefill_phase.hpp"
 
+#include "core/pipeline/prompt_logprobs.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include "core/base/json_edit.hpp"
@@ -146,6 +148,11 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   guard.prompt_done();
   note_prefill_time(*r.instance, ahead_tokens + own_tokens, elapsed * 1000);
   r.cached_tokens = prompt_cached_tokens(answer);
+  // Whole answers only: a stream's prompt_logprobs are not merged.
+  if (!rc.facts.stream) {
+    if (auto asked = raw_member(rc.body, rc.index, "prompt_logprobs"); asked && *asked != "null")
+      r.prompt_logprobs = prompt_logprobs_of(answer);
+  }
   if (!rc.connector.passes_params()) {
     if (!rc.connector.parallel())
       r.decode_body = *rc.connector.decode_body(rc.body, rc.index, std::nullopt);
@@ -196,6 +203,7 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
       rc.prefill = a.instance;
       rc.prefill_answered_at = std::chrono::steady_clock::now();
       rc.prefill_cached_tokens = a.cached_tokens;
+      rc.prefill_prompt_logprobs = std::move(a.prompt_logprobs);
       rc.stage_id = std::move(a.request_id);
       rc.decode_body = std::move(a.decode_body);
       co_return std::nullopt;

@@ -24,6 +24,8 @@ struct PrefillAnswer {
   // usage.prompt_tokens_details.cached_tokens of the answer: the prompt's
   // true cache hit (decode counts what it pulled as cached too).
   std::optional<std::uint64_t> cached_tokens;
+  // Its prompt_logprobs, when the client asked for them (whole answers).
+  std::optional<std::string> prompt_logprobs;
 };
 
 // The picker's prefill among those not tried yet (null: none).

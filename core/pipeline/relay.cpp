@@ -1,5 +1,7 @@
 #include "core/pipeline/relay.hpp"
 
+#include "core/pipeline/prompt_logprobs.hpp"
+
 #include <charconv>
 
 #include <spdlog/spdlog.h>
@@ -238,6 +240,10 @@ net::awaitable<bool> relay_whole(ClientRequest& c, DecodeRelay& r) {
                             r.conversation ? &r.conversation->recorder : nullptr);
   if (r.cached_tokens && r.ex->status() >= 200 && r.ex->status() < 300) {
     if (auto merged = with_cached_tokens(r.first, *r.cached_tokens))
+      r.first = std::move(*merged);
+  }
+  if (r.prompt_logprobs && r.ex->status() >= 200 && r.ex->status() < 300) {
+    if (auto merged = with_prompt_logprobs(r.first, *r.prompt_logprobs))
       r.first = std::move(*merged);
   }
   filter.on_body(r.first);

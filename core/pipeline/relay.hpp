@@ -110,6 +110,8 @@ struct DecodeRelay {
   StageSpan span;  // the decode call's: ends with the relay
   // Prefill's cached_tokens, reported in the client's final usage.
   std::optional<std::uint64_t> cached_tokens;
+  // Prefill's prompt_logprobs, put into a whole answer's null ones.
+  std::optional<std::string> prompt_logprobs;
 };
 
 // Writes decode's answer to the client: the header with the first bytes,

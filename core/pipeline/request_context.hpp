@@ -110,6 +110,9 @@ struct RequestContext {
   // Prefill's usage.prompt_tokens_details.cached_tokens: what the client's
   // final usage reports (decode counts the blocks it pulled as cached).
   std::optional<std::uint64_t> prefill_cached_tokens;
+  // Prefill's prompt_logprobs (JSON text) when the client asked for them:
+  // decode, which did not compute the prompt, answers null in their place.
+  std::optional<std::string> prefill_prompt_logprobs;
   std::vector<const Instance*> tried_prefill;
   std::vector<const Instance*> tried_decode;
   double prefill_seconds = 0;

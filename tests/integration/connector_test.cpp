@@ -492,5 +492,46 @@ TEST(Connectors, UsageReportsPrefillsCachedTokens) {
   }
 }
 
+// prompt_logprobs: only prefill computed the prompt, so decode (which received its KV) answers
+// null; the client's whole answer carries prefill's, in each choice for completions and at the
+// top level for chat, the same as prefill gives for that prompt. Without the field, null stays.
+TEST(Connectors, PromptLogprobsComeFromPrefill) {
+  Sim p("prefill"), d("decode");
+  Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport()});
+  const Json completion = {{"model", "sim-model"},
+                           {"prompt", "Prompt logprobs come from the prefill engine."},
+                           {"max_tokens", 2},
+                           {"prompt_logprobs", 1}};
+  auto r = post_json(gw.port(), "/v1/completions", completion);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json answer = r.json();
+  const Json lp = answer["choices"][0]["prompt_logprobs"];
+  ASSERT_TRUE(lp.is_array()) << answer;
+  EXPECT_EQ(lp.size(), answer["usage"]["prompt_tokens"].get<std::size_t>());
+  EXPECT_TRUE(lp[0].is_null());
+  const Json direct = post_json(p.port(), "/v1/completions", completion).json();
+  EXPECT_EQ(lp, direct["choices"][0]["prompt_logprobs"]);
+  // Decode was asked too, received the KV and could not give them.
+  const Json dec = d.requests();
+  ASSERT_EQ(dec.size(), 1u);
+  EXPECT_EQ(dec[0]["kv_result"], "valid");
+  EXPECT_EQ(Json::parse(dec[0]["body"].get<std::string>())["prompt_logprobs"], 1);
+
+  Json chat = kv_chat(false);
+  chat["prompt_logprobs"] = 0;
+  r = post_json(gw.port(), "/v1/chat/completions", chat);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json chat_answer = r.json();
+  ASSERT_TRUE(chat_answer["prompt_logprobs"].is_array()) << chat_answer;
+  EXPECT_EQ(chat_answer["prompt_logprobs"].size(),
+            chat_answer["usage"]["prompt_tokens"].get<std::size_t>());
+
+  Json plain = completion;
+  plain.erase("prompt_logprobs");
+  r = post_json(gw.port(), "/v1/completions", plain);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(r.json()["choices"][0]["prompt_logprobs"].is_null());
+}
+
 }  // namespace
 }  // namespace pdgate::test
