@@ -36,7 +36,9 @@
 #include "plugins/dns_discovery.hpp"
 #include "plugins/kv_connectors.hpp"
 #include "plugins/otlp_exporter.hpp"
+#include "plugins/redis_client_context.hpp"
 #include "plugins/redis_client_keys.hpp"
+#include "plugins/redis_connection.hpp"
 #include "plugins/redis_kv_index.hpp"
 #include "plugins/redis_load_sync.hpp"
 #include "plugins/shared_registry.hpp"
@@ -87,6 +89,46 @@ bool wants_engine_tls(const pdgate::Config& c) {
   return false;
 }
 
+// Whether Redis connections need a TLS context: a rediss:// URL, or a
+// --redis-tls-* file named (loaded, and so checked, even then).
+bool wants_redis_tls(const pdgate::Config& c) {
+  if (!c.redis_tls_ca.empty() || !c.redis_tls_cert.empty())
+    return true;
+  if (c.redis_url.empty())
+    return false;
+  auto ep = pdgate::parse_redis_url(c.redis_url);
+  return ep && ep->tls;
+}
+
+// The connections to Redis of each part of pdgate that has some, counted
+// apart for /metrics (pdgate_redis_*{role}), all with one TLS context.
+class RedisClients {
+ public:
+  explicit RedisClients(const pdgate::Config& c)
+      : tls_(wants_redis_tls(c)
+                 ? std::make_shared<const pdgate::EngineTls>(pdgate::EngineTlsOptions::redis(c))
+                 : nullptr) {}
+  // The context of one part, `role` naming it on /metrics.
+  pdgate::RedisClientContext context(std::string_view role) {
+    auto stats = std::make_shared<pdgate::RedisConnectionStats>();
+    rows_.push_back({role, stats});
+    return {tls_, std::move(stats)};
+  }
+  // Loads the TLS files now: one that does not load stops the start.
+  std::string make_now() const { return tls_ ? tls_->make_now() : std::string(); }
+  void write_metrics(pdgate::PrometheusText& m) const {
+    std::vector<pdgate::RedisStatsRow> rows;
+    rows.reserve(rows_.size());
+    for (const auto& [role, stats] : rows_)
+      rows.push_back({role, stats.get()});
+    pdgate::write_redis_metrics(m, rows);
+  }
+
+ private:
+  std::shared_ptr<const pdgate::EngineTls> tls_;
+  std::vector<std::pair<std::string_view, std::shared_ptr<pdgate::RedisConnectionStats>>> rows_;
+};
+
 // The files a start loads after the configuration is read, loaded (and
 // for the access log, probed) as the start would: the listener's
 // certificate, key and client CA, the engines' CA and client certificate,
@@ -94,6 +136,13 @@ bool wants_engine_tls(const pdgate::Config& c) {
 void check_files(const pdgate::Config& cfg, std::vector<std::string>& errors) {
   if (auto tls = pdgate::make_listener_tls(cfg); !tls)
     errors.push_back(tls.error());
+  if (auto tls = pdgate::make_admin_tls(cfg); !tls)
+    errors.push_back(tls.error());
+  if (wants_redis_tls(cfg)) {
+    const pdgate::EngineTls redis_tls(pdgate::EngineTlsOptions::redis(cfg));
+    if (auto err = redis_tls.make_now(); !err.empty())
+      errors.push_back(err);
+  }
   if (wants_engine_tls(cfg)) {
     const pdgate::EngineTls engine_tls(pdgate::EngineTlsOptions::from(cfg));
     if (auto err = engine_tls.make_now(); !err.empty())
@@ -155,7 +204,11 @@ int main(int argc, char** argv) {
   store_options.key_prefix = cfg.redis_key_prefix;
   store_options.redis_timeout = cfg.redis_timeout;
   store_options.memory_capacity = cfg.conversation_cache_size;
-  auto stores = pdgate::make_conversation_stores(store_options);
+  // Alive as long as the parts it serves: the /metrics hook holds it.
+  auto redis = std::make_shared<RedisClients>(cfg);
+  auto stores = pdgate::make_conversation_stores(
+      store_options,
+      cfg.redis_url.empty() ? pdgate::RedisClientContext{} : redis->context("conversations"));
   if (!stores)
     errors.push_back(stores.error());
 
@@ -169,6 +222,7 @@ int main(int argc, char** argv) {
     s.redis_url = cfg.redis_url;
     s.stream_key = cfg.redis_key_prefix + "kv-index";
     s.ttl_ms = local_index->prefix_ttl_ms();
+    s.redis = redis->context("kv_index");
     shared_index = std::make_shared<pdgate::RedisKvIndex>(local_index, std::move(s));
     kv_index = shared_index;
   }
@@ -262,6 +316,10 @@ int main(int argc, char** argv) {
   // reloads (their file reads and script checks never stall a worker) and
   // the engines' metrics scrapes.
   boost::asio::io_context control{1};
+  if (auto err = redis->make_now(); !err.empty()) {
+    spdlog::critical("{}", err);
+    return 2;
+  }
   pdgate::policy::start_policy_file_watch(control, engine, cfg.policy_poll_interval);
   if (shared_index) {
     // The URL was checked with the conversation store's; Redis being
@@ -298,12 +356,16 @@ int main(int argc, char** argv) {
           "anyone on the path can read and alter engine traffic");
     }
     // With --redis, replicas share their instance registry.
+    const pdgate::RedisClientContext registry_redis =
+        cfg.redis_url.empty() ? pdgate::RedisClientContext{} : redis->context("registry");
     auto share_registry =
-        [engine_tls](const pdgate::Config& c, pdgate::Registry& registry,
-                     const pdgate::LoopGuard& loop_guard) -> std::unique_ptr<pdgate::RegistrySync> {
+        [engine_tls, registry_redis](
+            const pdgate::Config& c, pdgate::Registry& registry,
+            const pdgate::LoopGuard& loop_guard) -> std::unique_ptr<pdgate::RegistrySync> {
       if (c.redis_url.empty())
         return nullptr;
-      return std::make_unique<pdgate::SharedRegistry>(c, registry, loop_guard, engine_tls);
+      return std::make_unique<pdgate::SharedRegistry>(c, registry, loop_guard, engine_tls,
+                                                      registry_redis);
     };
     // Spans are exported on the exporter's own thread; it outlives the
     // workers that hand it spans (the gateway keeps a reference).
@@ -346,6 +408,7 @@ int main(int argc, char** argv) {
         o.timeout = cfg.redis_timeout;
         o.keys_from_redis = cfg.api_keys_from_redis;
         o.fail_open = cfg.limits_fail_open;
+        o.redis = redis->context("client_keys");
         auto made = pdgate::make_redis_client_keys(std::move(file_keys), std::move(o));
         if (!made) {
           std::fprintf(stderr, "pdgate: %s\n", made.error().c_str());
@@ -384,6 +447,7 @@ int main(int argc, char** argv) {
       s.interval = cfg.load_sync_interval;
       s.expiry = cfg.load_sync_expiry;
       s.heartbeat = std::min(std::chrono::milliseconds(250), cfg.load_sync_expiry / 4);
+      s.redis = redis->context("load_sync");
       load_sync = std::make_shared<pdgate::RedisLoadSync>(gateway.registry(), std::move(s));
       if (auto started = load_sync->start(); !started)
         spdlog::error("load sharing not started: {}", started.error());
@@ -399,7 +463,7 @@ int main(int argc, char** argv) {
     pdgate::start_kv_event_follow(control, gateway.registry(), events, std::chrono::seconds(1));
     gateway.set_policy_hooks(
         [engine]() { return engine->reload(); },
-        [engine, shared_index, events, discovery, load_sync](pdgate::PrometheusText& m) {
+        [engine, shared_index, events, discovery, load_sync, redis](pdgate::PrometheusText& m) {
           const auto& st = engine->stats();
           const std::pair<const char*, std::uint64_t> rows[] = {
               {"error", st.errors.load()},
@@ -423,6 +487,7 @@ int main(int argc, char** argv) {
           events->write_metrics(m);
           if (discovery)
             discovery->write_metrics(m);
+          redis->write_metrics(m);
         });
     // SIGHUP re-reads the command line and its config file and applies
     // what can change at run time (core/gateway/config_reload.hpp).
@@ -480,7 +545,8 @@ int main(int argc, char** argv) {
       std::printf("pdgate listening on %s://%s:%u\n", gateway.tls() ? "https" : "http",
                   cfg.host.c_str(), static_cast<unsigned>(*port));
       if (cfg.admin_enabled) {
-        std::printf("pdgate admin listening on http://%s:%u\n", cfg.admin_host.c_str(),
+        std::printf("pdgate admin listening on %s://%s:%u\n",
+                    gateway.admin_tls() ? "https" : "http", cfg.admin_host.c_str(),
                     static_cast<unsigned>(gateway.admin_port()));
       }
       std::fflush(stdout);

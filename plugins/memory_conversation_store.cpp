@@ -104,7 +104,7 @@ ConversationStoreHealth MemoryConversationStores::health() const {
 }
 
 Result<std::unique_ptr<ConversationStores>> make_conversation_stores(
-    const ConversationStoreOptions& options) {
+    const ConversationStoreOptions& options, RedisClientContext redis) {
   if (options.redis_url.empty()) {
     return std::unique_ptr<ConversationStores>(std::make_unique<MemoryConversationStores>(options));
   }
@@ -112,7 +112,7 @@ Result<std::unique_ptr<ConversationStores>> make_conversation_stores(
   if (!endpoint)
     return fail(endpoint.error());
   return std::unique_ptr<ConversationStores>(
-      std::make_unique<RedisConversationStores>(options, std::move(*endpoint)));
+      std::make_unique<RedisConversationStores>(options, std::move(*endpoint), std::move(redis)));
 }
 
 }  // namespace pdgate

@@ -11,6 +11,7 @@
 
 #include "core/base/clock.hpp"
 #include "core/base/use_tuple.hpp"
+#include "core/upstream/upstream.hpp"
 #include "plugins/otlp_json.hpp"
 
 namespace pdgate {
@@ -35,6 +36,13 @@ Result<OtlpExporterOptions> otlp_options(const Config& cfg, std::string service_
     return fail("--otlp-endpoint: " + endpoint.error());
   OtlpExporterOptions o;
   o.endpoint = std::move(*endpoint);
+  o.tls = EngineTlsOptions::otlp(cfg);
+  if (o.endpoint.tls || !cfg.otlp_ca.empty()) {
+    // The files load at start (and in --check-config), not at the first
+    // export: a CA that does not load is a configuration error.
+    if (auto made = make_engine_tls(o.tls); !made)
+      return fail(made.error());
+  }
   o.batch_size = std::max<std::size_t>(1, cfg.otlp_batch_size);
   o.queue_size = std::max<std::size_t>(1, cfg.otlp_queue_size);
   o.interval = cfg.otlp_export_interval;
@@ -43,7 +51,8 @@ Result<OtlpExporterOptions> otlp_options(const Config& cfg, std::string service_
   return o;
 }
 
-OtlpExporter::OtlpExporter(OtlpExporterOptions options) : options_(std::move(options)) {
+OtlpExporter::OtlpExporter(OtlpExporterOptions options)
+    : options_(std::move(options)), tls_(options_.tls) {
   net::co_spawn(ioc_, run(), net::detached);
   thread_ = std::thread([this] { ioc_.run(); });
 }
@@ -125,7 +134,7 @@ std::chrono::milliseconds OtlpExporter::deadline() const {
   return stopping_ ? std::min(options_.timeout, kFinalFlush) : options_.timeout;
 }
 
-net::awaitable<bool> OtlpExporter::connect() {
+net::awaitable<bool> OtlpExporter::connect(std::string& why) {
   // The resolver has no deadline of its own: a timer cancels it.
   net::ip::tcp::resolver resolver(ioc_);
   net::steady_timer resolve_timer(ioc_, deadline());
@@ -136,15 +145,25 @@ net::awaitable<bool> OtlpExporter::connect() {
   auto [rerr, results] = co_await resolver.async_resolve(
       options_.endpoint.host, std::to_string(options_.endpoint.port), use_tuple);
   resolve_timer.cancel();
-  if (rerr)
+  if (rerr) {
+    why = "cannot resolve " + options_.endpoint.host + ": " + rerr.message();
     co_return false;
-  conn_.emplace(ioc_);
+  }
+  conn_ = std::make_unique<MaybeTlsStream>(ioc_.get_executor());
+  // One deadline for connecting and the handshake.
   conn_->expires_after(this->deadline());
-  auto [cerr, ep] = co_await conn_->async_connect(results, use_tuple);
-  (void)ep;
-  if (cerr) {
+  if (auto cerr = co_await connect_stream(conn_->tcp(), results); cerr) {
     conn_.reset();
+    why = "cannot connect: " + cerr.message();
     co_return false;
+  }
+  if (options_.endpoint.tls) {
+    auto [herr, cause] = co_await engine_handshake(*conn_, tls_, options_.endpoint.host);
+    if (herr) {
+      conn_.reset();
+      why = "TLS handshake: " + cause;
+      co_return false;
+    }
   }
   co_return true;
 }
@@ -161,8 +180,8 @@ net::awaitable<bool> OtlpExporter::post(std::string body) {
     }
     return false;
   };
-  if (!conn_ && !co_await connect())
-    co_return fail_with("cannot connect");
+  if (std::string why; !conn_ && !co_await connect(why))
+    co_return fail_with(why);
   http::request<http::string_body> req{http::verb::post, options_.endpoint.target, 11};
   req.set(http::field::host, options_.endpoint.host + ":" + std::to_string(options_.endpoint.port));
   req.set(http::field::user_agent, "pdgate");

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,16 +20,20 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 
 #include "core/base/warn_limiter.hpp"
 #include "core/config/config.hpp"
+#include "core/net/maybe_tls_stream.hpp"
+#include "core/net/tls_context.hpp"
 #include "core/observability/tracing.hpp"
 
 namespace pdgate {
 
 struct OtlpExporterOptions {
-  HttpEndpoint endpoint;  // http:// only: no TLS client in pdgate
+  HttpEndpoint endpoint;  // http:// or https://
+  // https://: the collector's certificate is checked against --otlp-ca (or
+  // the system's store) and must name the endpoint's host.
+  EngineTlsOptions tls;
   std::size_t batch_size = 512;
   std::size_t queue_size = 8192;
   std::chrono::milliseconds interval{1000};
@@ -58,7 +63,9 @@ class OtlpExporter final : public SpanSink {
   // a request fails (the rest waits for the next round).
   boost::asio::awaitable<void> export_queued();
   boost::asio::awaitable<bool> post(std::string body);
-  boost::asio::awaitable<bool> connect();
+  // Connects (and shakes hands over https://) within the deadline; false
+  // and `why` when it cannot.
+  boost::asio::awaitable<bool> connect(std::string& why);
   // The time one export request may take: shorter once shutting down.
   std::chrono::milliseconds deadline() const;
 
@@ -74,7 +81,10 @@ class OtlpExporter final : public SpanSink {
 
   boost::asio::io_context ioc_{1};
   boost::asio::steady_timer wake_{ioc_};
-  std::optional<boost::beast::tcp_stream> conn_;
+  // Made when the first https:// export connects.
+  EngineTls tls_;
+  // A stream never moves (its TLS layer refers to its socket).
+  std::unique_ptr<MaybeTlsStream> conn_;
   boost::beast::flat_buffer buffer_;
   std::thread thread_;
 };

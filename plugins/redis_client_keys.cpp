@@ -341,6 +341,7 @@ Result<std::unique_ptr<ClientKeys>> make_redis_client_keys(KeyTable file_keys,
     return fail(endpoint.error());
   RedisConnectionSettings settings;
   settings.endpoint = std::move(*endpoint);
+  settings.context = options.redis;
   settings.command_timeout = options.timeout;
   return std::unique_ptr<ClientKeys>(
       std::make_unique<RedisClientKeys>(std::move(file_keys), std::move(options), settings));

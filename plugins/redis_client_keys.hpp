@@ -21,11 +21,13 @@
 
 #include "core/base/result.hpp"
 #include "core/pipeline/client_keys.hpp"
+#include "plugins/redis_client_context.hpp"
 
 namespace pdgate {
 
 struct RedisClientKeysOptions {
   std::string redis_url;
+  RedisClientContext redis;  // rediss://'s TLS, the connections' counters
   std::string key_prefix = "pdgate:";
   std::chrono::milliseconds timeout{50};
   bool keys_from_redis = false;

@@ -1,208 +1,143 @@
-// hiredis's asynchronous C interface lives in this file (replies are copied out
-// by copy_reply, plugins/redis_protocol.cpp).
+// The connection's I/O: an Asio stream (MaybeTlsStream: TCP, TLS over TCP
+// for rediss://, or a unix socket's descriptor) owns the socket; hiredis's
+// redisReader turns the bytes read into replies (copied out by copy_reply,
+// plugins/redis_protocol.cpp), bounded by bound_reply_reader.
 //
-// hiredis's async API owns the socket, the parser and the queue of reply
-// callbacks; it asks its event library to watch the socket through five
-// hooks (addRead/delRead/addWrite/delWrite/cleanup). The adapter below
-// implements them with a posix::stream_descriptor on the worker's
-// executor: async_wait(wait_read|wait_write), then redisAsyncHandleRead or
-// redisAsyncHandleWrite. hiredis owns the fd and closes it, so the
-// descriptor is release()d, never closed.
+// Each connection made is a Link: its stream, its parser, the commands
+// written and not answered yet (Redis answers in order), and the bytes not
+// written yet. The Link outlives the RedisConnection's interest in it: its
+// reading coroutine holds it, and finds `owner` null once the connection
+// dropped it, instead of a connection that moved on to another Link.
 #include "plugins/redis_connection.hpp"
 #include "core/base/use_tuple.hpp"
 
-#include <sys/socket.h>
-
-#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <array>
+#include <deque>
 
 #include <spdlog/spdlog.h>
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+
+#include "core/base/url.hpp"
+#include "core/net/maybe_tls_stream.hpp"
+#include "core/observability/prometheus.hpp"
+#include "core/upstream/upstream.hpp"
 
 namespace pdgate {
 
 namespace {
 
+namespace beast = boost::beast;
 using Clock = std::chrono::steady_clock;
-
-// The socket watch of one hiredis context. Shared by the pending waits so
-// that a wait completing after the context is gone finds `alive` false
-// instead of a freed context.
-struct SocketWatch {
-  SocketWatch(net::any_io_executor ex, int fd) : sd(std::move(ex), fd) {}
-  net::posix::stream_descriptor sd;
-  redisAsyncContext* ac = nullptr;
-  bool alive = true;
-  bool want_read = false, want_write = false;
-  bool reading = false, writing = false;
-};
-using WatchPtr = std::shared_ptr<SocketWatch>;
-
-void arm_read(const WatchPtr& w) {
-  if (w->reading || !w->want_read || !w->alive)
-    return;
-  w->reading = true;
-  w->sd.async_wait(net::posix::stream_descriptor::wait_read,
-                   [w](const boost::system::error_code& ec) {
-                     w->reading = false;
-                     if (ec || !w->alive)
-                       return;
-                     // May free the context (EOF, protocol error): cleanup clears `alive`.
-                     if (w->want_read) {
-                       redisAsyncHandleRead(w->ac);
-                       // hiredis buffers a bulk string until it is whole:
-                       // past the bound the server is broken or hostile.
-                       // Shutting the socket down makes hiredis see the
-                       // close, fail what waits, and the client reconnect.
-                       const redisReader* r = w->alive ? w->ac->c.reader : nullptr;
-                       if (r != nullptr && r->len - r->pos > kMaxReplyBytes)
-                         ::shutdown(w->ac->c.fd, SHUT_RDWR);
-                     }
-                     arm_read(w);
-                   });
-}
-
-void arm_write(const WatchPtr& w) {
-  if (w->writing || !w->want_write || !w->alive)
-    return;
-  w->writing = true;
-  w->sd.async_wait(net::posix::stream_descriptor::wait_write,
-                   [w](const boost::system::error_code& ec) {
-                     w->writing = false;
-                     if (ec || !w->alive)
-                       return;
-                     if (w->want_write)
-                       redisAsyncHandleWrite(w->ac);
-                     arm_write(w);
-                   });
-}
-
-WatchPtr& watch_of(void* privdata) {
-  return *static_cast<WatchPtr*>(privdata);
-}
-
-void ev_add_read(void* p) {
-  auto& w = watch_of(p);
-  w->want_read = true;
-  arm_read(w);
-}
-void ev_del_read(void* p) {
-  watch_of(p)->want_read = false;
-}
-void ev_add_write(void* p) {
-  auto& w = watch_of(p);
-  w->want_write = true;
-  arm_write(w);
-}
-void ev_del_write(void* p) {
-  watch_of(p)->want_write = false;
-}
-void ev_cleanup(void* p) {
-  auto* holder = static_cast<WatchPtr*>(p);
-  WatchPtr w = std::move(*holder);
-  delete holder;
-  w->alive = false;
-  boost::system::error_code ec;
-  w->sd.cancel(ec);
-  // hiredis closes the fd right after this hook returns.
-  w->sd.release();
-}
-
-void attach(redisAsyncContext* ac, const net::any_io_executor& ex) {
-  auto w = std::make_shared<SocketWatch>(ex, ac->c.fd);
-  w->ac = ac;
-  ac->ev.data = new WatchPtr(std::move(w));
-  ac->ev.addRead = ev_add_read;
-  ac->ev.delRead = ev_del_read;
-  ac->ev.addWrite = ev_add_write;
-  ac->ev.delWrite = ev_del_write;
-  ac->ev.cleanup = ev_cleanup;
-}
+using tcp = net::ip::tcp;
 
 // A command waiting for its reply. The waiter sleeps on `timer` until the
-// deadline; the reply callback cancels the timer to wake it early.
+// deadline; the reply wakes it early by cancelling the timer.
 struct Pending {
   explicit Pending(const net::any_io_executor& ex) : timer(ex) {}
   net::steady_timer timer;
+  Clock::time_point sent;
   bool done = false;
   RedisReply reply;
 };
 using PendingPtr = std::shared_ptr<Pending>;
 
-std::string context_error(const redisAsyncContext* ac, const char* fallback) {
-  return ac->err != 0 && ac->errstr[0] != '\0' ? std::string(ac->errstr) : std::string(fallback);
+void complete(Pending& p, RedisReply reply) {
+  p.reply = std::move(reply);
+  p.done = true;
+  p.timer.cancel();
+}
+
+// Bytes read at once: pdgate's replies are small; a large one (the shared
+// registry's document) takes a few reads.
+constexpr std::size_t kReadChunk = 16 * 1024;
+
+std::string error_text(const beast::error_code& ec) {
+  if (ec == beast::error::timeout)
+    return "timed out";
+  if (ec == net::error::eof)
+    return "connection closed by the server";
+  return ec.message();
 }
 
 }  // namespace
 
-// hiredis calls these with the context whose `data` is the connection.
-struct RedisConnection::Callbacks {
-  static void on_reply(redisAsyncContext* ac, void* reply, void* privdata) {
-    auto* holder = static_cast<PendingPtr*>(privdata);
-    PendingPtr p = std::move(*holder);
-    delete holder;
-    auto* conn = static_cast<RedisConnection*>(ac->data);
-    if (!conn->sent_.empty())
-      conn->sent_.pop_front();
-    // A null reply: the context is going away (disconnect or free).
-    p->reply = reply != nullptr ? copy_reply(static_cast<redisReply*>(reply))
-                                : no_reply(context_error(ac, "connection closed"));
-    p->done = true;
-    p->timer.cancel();
+struct RedisConnection::Link {
+  explicit Link(tcp::socket socket) : stream(std::move(socket)), reader(redisReaderCreate()) {
+    if (reader != nullptr)
+      bound_reply_reader(reader);
   }
+  ~Link() {
+    if (reader != nullptr)
+      redisReaderFree(reader);
+  }
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
 
-  // Subscriber mode: hiredis keeps this callback for the channel and calls
-  // it with the confirmation (["subscribe", channel, n]), every message
-  // (["message", channel, payload]) and, null, when the context goes away.
-  static void on_subscription(redisAsyncContext* ac, void* reply, void* /*privdata*/) {
-    auto* conn = static_cast<RedisConnection*>(ac->data);
-    if (reply == nullptr || conn->stopped_ || conn->ac_ != ac)
-      return;
-    const RedisReply r = copy_reply(static_cast<redisReply*>(reply));
-    if (r.type != RedisReply::Type::array || r.elements.size() < 3)
-      return;
-    const std::string& kind = r.elements[0].text;
-    if (kind == "subscribe" && conn->on_subscribed_) {
-      conn->on_subscribed_();
-    } else if (kind == "message" && conn->on_message_ &&
-               r.elements[2].type == RedisReply::Type::string) {
-      conn->on_message_(r.elements[2].text);
-    }
-  }
-
-  static void on_connect(const redisAsyncContext* ac, int status) {
-    auto* conn = static_cast<RedisConnection*>(ac->data);
-    if (status == REDIS_OK)
-      return;  // the handshake's PING says when it is usable
-    // hiredis frees the context after this callback.
-    if (conn->ac_ == ac) {
-      conn->ac_ = nullptr;
-      conn->sent_.clear();
-      conn->set_ready(false);
-      conn->last_error_ = "connect: " + context_error(ac, "failed");
-    }
-    conn->notify();
-  }
-
-  static void on_disconnect(const redisAsyncContext* ac, int /*status*/) {
-    auto* conn = static_cast<RedisConnection*>(ac->data);
-    if (conn->ac_ == ac) {
-      conn->ac_ = nullptr;
-      conn->sent_.clear();
-      conn->set_ready(false);
-      conn->last_error_ = context_error(ac, "connection closed by the server");
-    }
-    conn->notify();
-  }
+  MaybeTlsStream stream;
+  redisReader* reader;
+  // The connection this link serves; null once it was dropped.
+  RedisConnection* owner = nullptr;
+  // Commands written, oldest first, each answered by the next reply.
+  std::deque<PendingPtr> pending;
+  // Subscriber mode: replies with no command waiting are the channel's.
+  bool subscribed = false;
+  // Commands not written yet, and those being written (one write at a
+  // time; commands issued meanwhile gather in `out` and leave together).
+  std::string out;
+  std::string writing;
+  bool write_in_flight = false;
+  std::array<char, kReadChunk> buf;
 };
+
+std::string_view to_string(RedisErrorKind k) {
+  switch (k) {
+    case RedisErrorKind::connect:
+      return "connect";
+    case RedisErrorKind::tls:
+      return "tls";
+    case RedisErrorKind::handshake:
+      return "handshake";
+    case RedisErrorKind::timeout:
+      return "timeout";
+    case RedisErrorKind::closed:
+      return "closed";
+    case RedisErrorKind::protocol:
+      return "protocol";
+    case RedisErrorKind::count:
+      break;
+  }
+  return "unknown";
+}
+
+void write_redis_metrics(PrometheusText& m, const std::vector<RedisStatsRow>& rows) {
+  if (rows.empty())
+    return;
+  m.gauge("pdgate_redis_connected",
+          "Redis connections usable now, by the part of pdgate holding them (0: Redis is "
+          "unreachable from it).");
+  for (const auto& r : rows)
+    m.sample("pdgate_redis_connected", {{"role", r.role}}, r.stats->connected.load());
+  m.counter("pdgate_redis_reconnects_total", "Redis connections made again after one was lost.");
+  for (const auto& r : rows)
+    m.sample("pdgate_redis_reconnects_total", {{"role", r.role}}, r.stats->reconnects.load());
+  m.counter("pdgate_redis_errors_total",
+            "Redis failures by kind: connect (resolve, connect), tls (handshake, certificate), "
+            "handshake (AUTH, SELECT, PING, ROLE refused), timeout (a command not answered in "
+            "time), closed (connection lost), protocol (not RESP, or past the bounds).");
+  for (const auto& r : rows) {
+    for (int k = 0; k < static_cast<int>(RedisErrorKind::count); ++k) {
+      m.sample("pdgate_redis_errors_total",
+               {{"role", r.role}, {"kind", to_string(static_cast<RedisErrorKind>(k))}},
+               r.stats->errors[k].load(std::memory_order_relaxed));
+    }
+  }
+}
 
 std::shared_ptr<RedisConnection> RedisConnection::create(net::any_io_executor ex,
                                                          RedisConnectionSettings settings,
@@ -217,14 +152,7 @@ RedisConnection::RedisConnection(net::any_io_executor ex, RedisConnectionSetting
 
 RedisConnection::~RedisConnection() {
   stopped_ = true;
-  if (switch_watch_)
-    switch_watch_->cancel();
-  if (ac_ != nullptr) {
-    auto* ac = ac_;
-    ac_ = nullptr;
-    redisAsyncFree(ac);
-  }
-  set_ready(false);
+  drop("connection closed");
 }
 
 void RedisConnection::subscribe(std::string channel,
@@ -252,6 +180,8 @@ void RedisConnection::set_ready(bool r) {
     return;
   ready_ = r;
   shared_.ready_connections.fetch_add(r ? 1 : -1, std::memory_order_relaxed);
+  if (settings_.context.stats)
+    settings_.context.stats->connected.fetch_add(r ? 1 : -1, std::memory_order_relaxed);
 }
 
 void RedisConnection::drop(const std::string& why) {
@@ -259,46 +189,138 @@ void RedisConnection::drop(const std::string& why) {
     switch_watch_->cancel();
     switch_watch_.reset();
   }
-  if (ac_ == nullptr)
+  if (!link_)
     return;
-  redisAsyncContext* ac = ac_;
-  ac_ = nullptr;
-  sent_.clear();
+  const std::shared_ptr<Link> link = std::move(link_);
+  link->owner = nullptr;
   set_ready(false);
   last_error_ = why;
-  // Completes every pending command with no reply; deferred by hiredis if
-  // we are inside one of its callbacks.
-  redisAsyncFree(ac);
+  // Every command waiting gets no reply; their waiters resume later, on
+  // the loop, not inside this call.
+  for (auto& p : link->pending)
+    complete(*p, no_reply(why));
+  link->pending.clear();
+  link->stream.close();
   notify();
+}
+
+void RedisConnection::link_failed(Link& link, RedisErrorKind kind, const std::string& why) {
+  if (link.owner != this || link_.get() != &link)
+    return;
+  count(kind);
+  drop(why);
+}
+
+void RedisConnection::on_reply(Link& link, RedisReply reply) {
+  if (!link.pending.empty()) {
+    const PendingPtr p = std::move(link.pending.front());
+    link.pending.pop_front();
+    complete(*p, std::move(reply));
+    return;
+  }
+  if (!link.subscribed) {
+    link_failed(link, RedisErrorKind::protocol, "a reply to no command");
+    return;
+  }
+  // Subscriber mode: the confirmation (["subscribe", channel, n]) and every
+  // message (["message", channel, payload]).
+  if (stopped_ || reply.type != RedisReply::Type::array || reply.elements.size() < 3)
+    return;
+  const std::string& kind = reply.elements[0].text;
+  if (kind == "subscribe" && on_subscribed_) {
+    on_subscribed_();
+  } else if (kind == "message" && on_message_ &&
+             reply.elements[2].type == RedisReply::Type::string) {
+    on_message_(reply.elements[2].text);
+  }
+}
+
+net::awaitable<void> RedisConnection::read_loop(std::shared_ptr<Link> link) {
+  for (;;) {
+    auto [ec, n] = co_await link->stream.async_read_some(net::buffer(link->buf), use_tuple);
+    RedisConnection* owner = link->owner;
+    if (owner == nullptr)
+      co_return;
+    if (ec) {
+      owner->link_failed(*link, RedisErrorKind::closed, error_text(ec));
+      co_return;
+    }
+    if (redisReaderFeed(link->reader, link->buf.data(), n) != REDIS_OK) {
+      owner->link_failed(*link, RedisErrorKind::protocol, "protocol error");
+      co_return;
+    }
+    for (;;) {
+      RedisReply r;
+      const ReaderStatus got = next_reply(link->reader, r);
+      if (got == ReaderStatus::need_more)
+        break;
+      if (got == ReaderStatus::error) {
+        owner->link_failed(*link, RedisErrorKind::protocol, r.text);
+        co_return;
+      }
+      owner->on_reply(*link, std::move(r));
+      // A subscriber's callback, or a bad reply, may have dropped it.
+      if (link->owner == nullptr)
+        co_return;
+    }
+    // The reader buffers a bulk string until it is whole: past the bound
+    // the server is broken or hostile.
+    if (link->reader->len - link->reader->pos > kMaxReplyBytes) {
+      owner->link_failed(*link, RedisErrorKind::protocol, "a reply larger than the bound");
+      co_return;
+    }
+  }
+}
+
+net::awaitable<void> RedisConnection::finish_write(std::shared_ptr<Link> link,
+                                                   net::awaitable<beast::error_code> rest) {
+  const beast::error_code ec = co_await std::move(rest);
+  link->write_in_flight = false;
+  RedisConnection* owner = link->owner;
+  if (owner == nullptr)
+    co_return;
+  if (ec)
+    owner->link_failed(*link, RedisErrorKind::closed, "write: " + error_text(ec));
+  else
+    owner->flush(link);
+}
+
+void RedisConnection::flush(const std::shared_ptr<Link>& link) {
+  if (link->write_in_flight || link->out.empty())
+    return;
+  link->writing.clear();
+  std::swap(link->out, link->writing);
+  beast::error_code ec;
+  // A plain socket usually takes the commands at once: no asynchronous
+  // operation at all (MaybeTlsStream::write).
+  auto rest = link->stream.write(net::buffer(link->writing), ec);
+  if (ec) {
+    link_failed(*link, RedisErrorKind::closed, "write: " + ec.message());
+    return;
+  }
+  if (!rest)
+    return;
+  link->write_in_flight = true;
+  net::co_spawn(ex_, finish_write(link, std::move(*rest)), net::detached);
 }
 
 net::awaitable<RedisReply> RedisConnection::send(const std::vector<std::string_view>& args,
                                                  std::chrono::milliseconds wait) {
-  if (ac_ == nullptr)
+  if (!link_)
     co_return no_reply("not connected to redis");
-  if (sent_.size() >= settings_.max_in_flight) {
+  if (link_->pending.size() >= settings_.max_in_flight)
     co_return no_reply("too many redis commands in flight");
-  }
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lens;
-  argv.reserve(args.size());
-  lens.reserve(args.size());
-  for (auto a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
   auto p = std::make_shared<Pending>(ex_);
-  auto* holder = new PendingPtr(p);
-  if (redisAsyncCommandArgv(ac_, &Callbacks::on_reply, holder, static_cast<int>(argv.size()),
-                            argv.data(), lens.data()) != REDIS_OK) {
-    delete holder;
-    co_return no_reply("redis connection is closing");
-  }
-  sent_.push_back(Clock::now());
-  p->timer.expires_after(wait);
-  if (!p->done)
-    co_await p->timer.async_wait(use_tuple);
+  p->sent = Clock::now();
+  append_resp_command(link_->out, args);
+  link_->pending.push_back(p);
+  flush(link_);
   if (!p->done) {
+    p->timer.expires_after(wait);
+    co_await p->timer.async_wait(use_tuple);
+  }
+  if (!p->done) {
+    count(RedisErrorKind::timeout);
     co_return no_reply("no reply from redis within " + std::to_string(wait.count()) + " ms");
   }
   co_return std::move(p->reply);
@@ -315,13 +337,13 @@ net::awaitable<RedisReply> RedisConnection::command(std::vector<std::string_view
     drop("the redis server became a read-only replica");
     co_return r;
   }
-  if (r.type == RedisReply::Type::none && ac_ != nullptr && !sent_.empty()) {
+  if (r.type == RedisReply::Type::none && link_ && !link_->pending.empty()) {
     // One slow reply is Redis being busy; nothing answered for many
     // timeouts in a row is a hung server or a half-open connection:
     // replace it rather than queue every request behind it.
     const auto stall = std::max<std::chrono::milliseconds>(settings_.command_timeout * 10,
                                                            std::chrono::milliseconds(500));
-    if (Clock::now() - sent_.front() > stall)
+    if (Clock::now() - link_->pending.front()->sent > stall)
       drop("redis stopped answering");
   }
   co_return r;
@@ -329,8 +351,9 @@ net::awaitable<RedisReply> RedisConnection::command(std::vector<std::string_view
 
 net::awaitable<bool> RedisConnection::find_master(std::string& host, std::uint16_t& port,
                                                   std::string& why) {
-  auto master = co_await ask_sentinels_for_master(ex_, settings_.endpoint, sentinel_preferred_,
-                                                  settings_.connect_timeout);
+  auto master =
+      co_await ask_sentinels_for_master(ex_, settings_.endpoint, settings_.context.tls.get(),
+                                        sentinel_preferred_, settings_.connect_timeout);
   if (!master) {
     why = master.error();
     co_return false;
@@ -343,8 +366,8 @@ net::awaitable<bool> RedisConnection::find_master(std::string& host, std::uint16
 void RedisConnection::watch_for_switch(const std::string& host, std::uint16_t port) {
   std::weak_ptr<RedisConnection> weak = weak_from_this();
   switch_watch_ = watch_master_switch(
-      ex_, settings_.endpoint, sentinel_preferred_, settings_.connect_timeout,
-      [weak, host, port](const SentinelAddress& to) {
+      ex_, settings_.endpoint, settings_.context.tls.get(), sentinel_preferred_,
+      settings_.connect_timeout, [weak, host, port](const SentinelAddress& to) {
         auto self = weak.lock();
         if (!self || self->stopped_ || (to.host == host && to.port == port))
           return;
@@ -354,49 +377,93 @@ void RedisConnection::watch_for_switch(const std::string& host, std::uint16_t po
       });
 }
 
+net::awaitable<bool> RedisConnection::open_link(const std::string& host, std::uint16_t port,
+                                                Clock::time_point deadline, std::string& why) {
+  const RedisEndpoint& ep = settings_.endpoint;
+  std::shared_ptr<Link> link;
+  if (ep.is_unix) {
+    // A unix socket's connect completes or fails at once (a full backlog
+    // is EAGAIN, not a wait). Its descriptor then serves as a stream
+    // socket under the TCP type: only reads, writes and close are used on
+    // it, which do not look at the address family.
+    net::local::stream_protocol::socket unix_socket(ex_);
+    auto [ec] = co_await unix_socket.async_connect(net::local::stream_protocol::endpoint(ep.path),
+                                                   use_tuple);
+    if (ec) {
+      why = "connect: " + ec.message();
+      count(RedisErrorKind::connect);
+      co_return false;
+    }
+    tcp::socket socket(ex_);
+    socket.assign(tcp::v4(), unix_socket.release(), ec);
+    if (ec) {
+      why = "connect: " + ec.message();
+      count(RedisErrorKind::connect);
+      co_return false;
+    }
+    link = std::make_shared<Link>(std::move(socket));
+  } else {
+    // Names are resolved off the loop (Asio's resolver thread).
+    auto [rec, endpoints] = co_await resolve_until(ex_, host, port, deadline);
+    if (rec) {
+      why = "cannot resolve " + host + ": " + rec.message();
+      count(RedisErrorKind::connect);
+      co_return false;
+    }
+    link = std::make_shared<Link>(tcp::socket(ex_));
+    link->stream.expires_at(deadline);
+    if (auto ec = co_await connect_stream(link->stream.tcp(), endpoints); ec) {
+      why = "connect: " + error_text(ec);
+      count(RedisErrorKind::connect);
+      co_return false;
+    }
+    // Commands are small and answered one by one: no Nagle delay.
+    beast::error_code ignored;
+    link->stream.socket().set_option(tcp::no_delay(true), ignored);
+    if (ep.tls) {
+      const EngineTls* tls = settings_.context.tls.get();
+      if (tls == nullptr) {
+        why = "rediss:// without a TLS context";
+        count(RedisErrorKind::tls);
+        co_return false;
+      }
+      // Checked against the URL's host, or the address the sentinels gave.
+      auto [hec, cause] = co_await engine_handshake(link->stream, *tls, host);
+      if (hec) {
+        why = "TLS handshake with " + host_port(host, port) + ": " + cause;
+        count(RedisErrorKind::tls);
+        co_return false;
+      }
+    }
+    // Replies may be long apart: the stall detector (command()) bounds
+    // the waits from here.
+    link->stream.expires_never();
+  }
+  if (link->reader == nullptr) {
+    why = "out of memory";
+    co_return false;
+  }
+  if (stopped_) {
+    why = "stopping";
+    co_return false;
+  }
+  link->owner = this;
+  link_ = link;
+  net::co_spawn(ex_, read_loop(std::move(link)), net::detached);
+  co_return true;
+}
+
 net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
   const RedisEndpoint& ep = settings_.endpoint;
   std::string host = ep.host;
   std::uint16_t port = ep.port;
-  if (ep.is_sentinel() && !co_await find_master(host, port, why))
+  if (ep.is_sentinel() && !co_await find_master(host, port, why)) {
+    count(RedisErrorKind::connect);
     co_return false;
+  }
   const auto deadline = Clock::now() + settings_.connect_timeout;
-  redisAsyncContext* ac = nullptr;
-  if (ep.is_unix) {
-    ac = redisAsyncConnectUnix(ep.path.c_str());
-  } else {
-    // hiredis would call getaddrinfo on this thread: resolve names with
-    // Asio (off the loop) and hand hiredis an address.
-    std::string address = host;
-    boost::system::error_code ec;
-    net::ip::make_address(address, ec);
-    if (ec) {
-      net::ip::tcp::resolver resolver(ex_);
-      auto [rec, results] = co_await resolver.async_resolve(host, std::to_string(port), use_tuple);
-      if (rec || results.empty()) {
-        why = "cannot resolve " + host + ": " + rec.message();
-        co_return false;
-      }
-      address = results.begin()->endpoint().address().to_string();
-    }
-    ac = redisAsyncConnect(address.c_str(), port);
-  }
-  if (ac == nullptr) {
-    why = "out of memory";
+  if (!co_await open_link(host, port, deadline, why))
     co_return false;
-  }
-  if (ac->err != 0) {
-    why = "connect: " + context_error(ac, "failed");
-    redisAsyncFree(ac);
-    co_return false;
-  }
-  ac->data = this;
-  bound_reply_reader(ac->c.reader);
-  attach(ac, ex_);
-  ac_ = ac;
-  // Hooks first: setting the connect callback arms the first write wait.
-  redisAsyncSetConnectCallback(ac, &Callbacks::on_connect);
-  redisAsyncSetDisconnectCallback(ac, &Callbacks::on_disconnect);
 
   auto remaining = [&] {
     return std::max<std::chrono::milliseconds>(
@@ -409,15 +476,16 @@ net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
     if (r.type == RedisReply::Type::status && (expect.empty() || r.text == expect))
       co_return true;
     why = std::string(what) + ": " + (r.text.empty() ? "unexpected reply" : r.text);
-    if (ac_ == nullptr && !last_error_.empty() && r.type == RedisReply::Type::none) {
+    if (!link_ && !last_error_.empty() && r.type == RedisReply::Type::none) {
       why = last_error_;
+    } else if (r.type != RedisReply::Type::none) {
+      count(RedisErrorKind::handshake);
     }
     co_return false;
   };
-  // Commands queue in hiredis until the connect completes; the handshake
-  // is pipelined and each reply checked in order.
-  // (Named vectors: GCC 12 miscompiles braced lists of literals inside a
-  // co_await expression.)
+  // The handshake is sent one command at a time, each reply checked in
+  // order. (Named vectors: GCC 12 miscompiles braced lists of literals
+  // inside a co_await expression.)
   bool ok = true;
   if (!ep.password.empty()) {
     std::vector<std::string_view> auth{std::string_view("AUTH")};
@@ -442,17 +510,24 @@ net::awaitable<bool> RedisConnection::connect_once(std::string& why) {
     RedisReply r = co_await send(role, remaining());
     if (!is_master_role(r)) {
       why = host + ":" + std::to_string(port) + " is not a master (a failover is in progress?)";
+      count(RedisErrorKind::handshake);
       ok = false;
     }
   }
   if (ok && !channel_.empty()) {
-    // The callback stays registered for the channel: no per-call state.
-    const char* argv[] = {"SUBSCRIBE", channel_.c_str()};
-    const std::size_t lens[] = {9, channel_.size()};
-    if (ac_ == nullptr || redisAsyncCommandArgv(ac_, &Callbacks::on_subscription, nullptr, 2, argv,
-                                                lens) != REDIS_OK) {
-      why = "SUBSCRIBE: connection closing";
+    if (!link_) {
+      why = last_error_;
       ok = false;
+    } else {
+      // From now on a reply with no command waiting is the channel's.
+      const std::vector<std::string_view> sub{std::string_view("SUBSCRIBE"), channel_};
+      append_resp_command(link_->out, sub);
+      link_->subscribed = true;
+      flush(link_);
+      if (!link_) {
+        why = "SUBSCRIBE: " + last_error_;
+        ok = false;
+      }
     }
   }
   if (!ok) {
@@ -483,9 +558,11 @@ net::awaitable<void> RedisConnection::run(std::shared_ptr<RedisConnection> self)
       } else if (!self->ever_connected_) {
         spdlog::debug("redis {}: connected", where);
       }
+      if (self->ever_connected_ && self->settings_.context.stats)
+        self->settings_.context.stats->reconnects.fetch_add(1, std::memory_order_relaxed);
       self->ever_connected_ = true;
       self->announced_down_ = false;
-      while (self->ac_ != nullptr && !self->stopped_) {
+      while (self->link_ && !self->stopped_) {
         self->signal_.expires_at(Clock::time_point::max());
         co_await self->signal_.async_wait(use_tuple);
       }

@@ -1,6 +1,8 @@
-// One asynchronous Redis connection driven by a worker's event loop:
-// hiredis's async API (its parser and command queue) with Asio doing the
-// waiting. Everything hiredis-specific is in redis_connection.cpp.
+// One asynchronous Redis connection driven by a worker's event loop: an
+// Asio stream (plain TCP, TLS for rediss://, or a unix socket) owns the
+// socket, and hiredis's redisReader, a parser without I/O, reads RESP
+// from the bytes it delivers. (Debian 12's hiredis 0.14 has no TLS, and
+// its async API insists on owning the socket.)
 //
 // Commands are pipelined: concurrent callers on the same worker share the
 // connection, hiredis writes their commands back to back and Redis answers
@@ -13,7 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <deque>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,15 +26,16 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "core/net/tls_context.hpp"
+#include "plugins/redis_client_context.hpp"
 #include "plugins/redis_protocol.hpp"
 #include "plugins/redis_sentinel.hpp"
-
-struct redisAsyncContext;
 
 namespace pdgate {
 
 struct RedisConnectionSettings {
   RedisEndpoint endpoint;
+  RedisClientContext context;
   std::chrono::milliseconds command_timeout{50};
   std::chrono::milliseconds connect_timeout{1000};
   std::chrono::milliseconds reconnect_min{100};
@@ -80,10 +83,9 @@ class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
   // are copied before the first suspension.
   net::awaitable<RedisReply> command(std::vector<std::string_view> args);
 
-  // Used by hiredis's C callbacks (redis_connection.cpp).
-  struct Callbacks;
-
  private:
+  // One connection's socket, parser and replies awaited (redis_connection.cpp).
+  struct Link;
   RedisConnection(net::any_io_executor ex, RedisConnectionSettings settings,
                   RedisConnectionsShared& shared);
   static net::awaitable<void> run(std::shared_ptr<RedisConnection> self);
@@ -94,6 +96,23 @@ class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
   void watch_for_switch(const std::string& host, std::uint16_t port);
   net::awaitable<RedisReply> send(const std::vector<std::string_view>& args,
                                   std::chrono::milliseconds wait);
+  // Opens the socket (and TLS) to host:port or the unix path, within the
+  // connect deadline.
+  net::awaitable<bool> open_link(const std::string& host, std::uint16_t port,
+                                 std::chrono::steady_clock::time_point deadline, std::string& why);
+  static net::awaitable<void> read_loop(std::shared_ptr<Link> link);
+  // Writes what the link's commands gathered, unless a write is under
+  // way (its end writes what gathered meanwhile: finish_write).
+  void flush(const std::shared_ptr<Link>& link);
+  static net::awaitable<void> finish_write(std::shared_ptr<Link> link,
+                                           net::awaitable<boost::beast::error_code> rest);
+  void on_reply(Link& link, RedisReply reply);
+  // The link broke (read or write failed, bad bytes): dropped and counted.
+  void link_failed(Link& link, RedisErrorKind kind, const std::string& why);
+  void count(RedisErrorKind kind) {
+    if (settings_.context.stats)
+      settings_.context.stats->count(kind);
+  }
   void drop(const std::string& why);
   void set_ready(bool r);
   void notify() { signal_.cancel(); }
@@ -101,16 +120,12 @@ class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
   net::any_io_executor ex_;
   RedisConnectionSettings settings_;
   RedisConnectionsShared& shared_;
-  redisAsyncContext* ac_ = nullptr;
+  std::shared_ptr<Link> link_;  // null: not connected
   bool ready_ = false;
   bool stopped_ = false;
   bool announced_down_ = false;
   bool ever_connected_ = false;
   std::string last_error_;
-  // Send times of unanswered commands, oldest first (Redis answers in
-  // order): a connection whose oldest command waits too long is stalled
-  // and gets replaced.
-  std::deque<std::chrono::steady_clock::time_point> sent_;
   // Wakes the reconnect loop on connection state changes; also its sleep.
   net::steady_timer signal_;
   // redis+sentinel://: the sentinel that answered last (asked first next

@@ -93,9 +93,10 @@ class RedisConversationStore final : public ConversationStore {
 }  // namespace
 
 RedisConversationStores::RedisConversationStores(const ConversationStoreOptions& options,
-                                                 RedisEndpoint endpoint)
+                                                 RedisEndpoint endpoint, RedisClientContext context)
     : options_(options) {
   settings_.endpoint = std::move(endpoint);
+  settings_.context = std::move(context);
   settings_.command_timeout = options.redis_timeout;
   settings_.connect_timeout = options.redis_connect_timeout;
   settings_.reconnect_min = options.reconnect_min;

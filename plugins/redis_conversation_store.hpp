@@ -18,7 +18,8 @@ namespace pdgate {
 
 class RedisConversationStores final : public ConversationStores {
  public:
-  RedisConversationStores(const ConversationStoreOptions& options, RedisEndpoint endpoint);
+  RedisConversationStores(const ConversationStoreOptions& options, RedisEndpoint endpoint,
+                          RedisClientContext context = {});
   // Each handle has its own connection on its worker's event loop.
   std::unique_ptr<ConversationStore> make_handle(net::any_io_executor worker) override;
   ConversationStoreHealth health() const override;

@@ -44,6 +44,7 @@ Result<bool> RedisKvIndex::start() {
     return fail(endpoint.error());
   RedisConnectionSettings w;
   w.endpoint = *endpoint;
+  w.context = settings_.redis;
   w.command_timeout = settings_.command_timeout;
   RedisConnectionSettings r = w;
   // The reader's command is a blocking XREAD: its reply may take the whole

@@ -32,6 +32,7 @@
 #include "core/observability/prometheus.hpp"
 #include "core/routing/kv_location_index.hpp"
 #include "plugins/kv_index_wire.hpp"
+#include "plugins/redis_client_context.hpp"
 #include "plugins/redis_protocol.hpp"
 
 namespace pdgate {
@@ -41,6 +42,7 @@ struct RedisConnectionsShared;
 
 struct RedisKvIndexSettings {
   std::string redis_url;
+  RedisClientContext redis;  // rediss://'s TLS, the connections' counters
   std::string stream_key = "pdgate:kv-index";
   // Batches the stream retains (XADD MAXLEN ~): what a replica that starts
   // or reconnects can catch up on; with batch_bytes, what bounds the

@@ -66,6 +66,7 @@ Result<bool> RedisLoadSync::start() {
     return fail(endpoint.error());
   RedisConnectionSettings c;
   c.endpoint = *endpoint;
+  c.context = settings_.redis;
   c.command_timeout = settings_.command_timeout;
   publisher_ = RedisConnection::create(ioc_.get_executor(), c, *shared_);
   subscriber_ = RedisConnection::create(ioc_.get_executor(), c, *shared_);

@@ -32,6 +32,7 @@
 #include "core/base/result.hpp"
 #include "core/observability/prometheus.hpp"
 #include "core/upstream/cluster_load.hpp"
+#include "plugins/redis_client_context.hpp"
 
 namespace pdgate {
 
@@ -41,6 +42,7 @@ struct RedisConnectionsShared;
 
 struct RedisLoadSyncSettings {
   std::string redis_url;
+  RedisClientContext redis;  // rediss://'s TLS, the connections' counters
   std::string channel = "pdgate:load";
   std::chrono::milliseconds interval{5};
   std::chrono::milliseconds heartbeat{250};

@@ -117,7 +117,8 @@ std::string RedisEndpoint::display() const {
       s += "?db=" + std::to_string(db);
     return s;
   }
-  s = is_sentinel() ? "redis+sentinel://" : "redis://";
+  s = is_sentinel() ? (tls ? "rediss+sentinel://" : "redis+sentinel://")
+                    : (tls ? "rediss://" : "redis://");
   if (!username.empty() || !password.empty())
     s += username + (password.empty() ? "@" : ":***@");
   if (is_sentinel()) {
@@ -136,20 +137,25 @@ Result<RedisEndpoint> parse_redis_url(std::string_view url) {
   auto u = parse_url(url, HostList::many);
   if (!u)
     return bad_url(u.error());
-  if (u->scheme == "rediss")
-    return bad_url("rediss:// (TLS) is not supported; use redis:// or unix://");
   if (u->fragment)
     return bad_url("a Redis URL has no #fragment");
   if (u->scheme == "unix")
     return parse_unix_url(*u);
-  if (u->scheme == "redis+sentinel")
-    return parse_sentinel_url(*u);
-  if (u->scheme != "redis") {
+  // rediss: TLS to the server and, with Sentinel, to the sentinels too.
+  const bool tls = u->scheme == "rediss" || u->scheme == "rediss+sentinel";
+  if (u->scheme == "redis+sentinel" || u->scheme == "rediss+sentinel") {
+    auto ep = parse_sentinel_url(*u);
+    if (ep)
+      ep->tls = tls;
+    return ep;
+  }
+  if (u->scheme != "redis" && u->scheme != "rediss") {
     return bad_url(
-        "expected redis://[:password@]host[:port][/db], "
-        "redis+sentinel://host:port[,host:port]/master or unix:///path");
+        "expected redis[s]://[:password@]host[:port][/db], "
+        "redis[s]+sentinel://host:port[,host:port]/master or unix:///path");
   }
   RedisEndpoint ep;
+  ep.tls = tls;
   take_userinfo(*u, ep);
   if (u->hosts.size() > 1)
     return bad_url("only redis+sentinel:// lists several hosts");
@@ -181,6 +187,19 @@ void bound_reply_reader(redisReader* reader) {
     return f;
   }();
   reader->fn = &bounded;
+}
+
+ReaderStatus next_reply(redisReader* reader, RedisReply& out) {
+  void* reply = nullptr;
+  if (redisReaderGetReply(reader, &reply) != REDIS_OK) {
+    out = no_reply(std::string("protocol error: ") + reader->errstr);
+    return ReaderStatus::error;
+  }
+  if (reply == nullptr)
+    return ReaderStatus::need_more;
+  out = copy_reply(static_cast<redisReply*>(reply));
+  freeReplyObject(reply);
+  return ReaderStatus::reply;
 }
 
 RedisReply copy_reply(const redisReply* r) {
@@ -241,13 +260,36 @@ bool is_unknown_command_error(const RedisReply& reply) {
   return reply.type == RedisReply::Type::error && reply.text.rfind("ERR unknown command", 0) == 0;
 }
 
-std::string resp_command(const std::vector<std::string_view>& args) {
-  std::string out = "*" + std::to_string(args.size()) + "\r\n";
+namespace {
+
+void append_length(std::string& out, char kind, std::size_t n) {
+  char digits[24];
+  digits[0] = kind;
+  auto [end, ec] = std::to_chars(digits + 1, digits + sizeof digits - 2, n);
+  (void)ec;  // 20 digits always fit
+  *end++ = '\r';
+  *end++ = '\n';
+  out.append(digits, static_cast<std::size_t>(end - digits));
+}
+
+}  // namespace
+
+void append_resp_command(std::string& out, const std::vector<std::string_view>& args) {
+  std::size_t size = 16;
+  for (auto a : args)
+    size += a.size() + 16;
+  out.reserve(out.size() + size);
+  append_length(out, '*', args.size());
   for (auto a : args) {
-    out += "$" + std::to_string(a.size()) + "\r\n";
+    append_length(out, '$', a.size());
     out.append(a);
-    out += "\r\n";
+    out.append("\r\n", 2);
   }
+}
+
+std::string resp_command(const std::vector<std::string_view>& args) {
+  std::string out;
+  append_resp_command(out, args);
   return out;
 }
 

@@ -44,6 +44,10 @@ struct RedisEndpoint {
   std::string username;           // Redis 6 ACL user; empty: AUTH with the password only
   std::string password;           // empty: no AUTH
   int db = 0;                     // SELECT when not 0
+  // rediss:// and rediss+sentinel://: TLS to the server (and the
+  // sentinels), its certificate checked against --redis-tls-ca and the
+  // host of the URL (or the address a sentinel names).
+  bool tls = false;
 
   bool is_sentinel() const { return !sentinels.empty(); }
   // The URL without the password, for logs and /health.
@@ -55,8 +59,8 @@ struct RedisEndpoint {
 // redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db]
 //   [?sentinel_password=P]  (the password is the master's; sentinels listen
 //   on 26379 unless a port is given)
-// Percent-escapes in user and password are decoded. rediss:// (TLS) is
-// refused with a message rather than silently sent in clear text.
+// rediss:// and rediss+sentinel:// are the same over TLS.
+// Percent-escapes in user and password are decoded.
 Result<RedisEndpoint> parse_redis_url(std::string_view url);
 
 // A reply copied out of hiredis (whose reply objects die with the
@@ -92,6 +96,13 @@ inline constexpr std::size_t kMaxReplyBytes = 256u << 20;
 // allocating for them.
 void bound_reply_reader(redisReader* reader);
 
+// Takes the next whole reply out of `reader` (fed with the bytes read so
+// far) into `out`: `reply`, `need_more` when it holds no whole reply yet,
+// `error` (out's text says why) when the bytes are not RESP or pass the
+// bounds.
+enum class ReaderStatus { reply, need_more, error };
+ReaderStatus next_reply(redisReader* reader, RedisReply& out);
+
 // Copies a hiredis reply (which dies with its callback) into a RedisReply:
 // bulk strings, status and error text, integers, nil, and arrays (nested
 // as deep as hiredis parsed them).
@@ -114,6 +125,8 @@ bool is_unknown_command_error(const RedisReply& reply);
 
 // A command as RESP bytes (an array of bulk strings).
 std::string resp_command(const std::vector<std::string_view>& args);
+// The same, appended to `out` (a connection's pipeline of commands).
+void append_resp_command(std::string& out, const std::vector<std::string_view>& args);
 
 // SENTINEL get-master-addr-by-name: [host, port], or nil when the sentinel
 // does not know that master.

@@ -12,7 +12,7 @@
 #include <boost/asio/write.hpp>
 
 #include "core/base/use_tuple.hpp"
-#include "core/net/deadline_socket.hpp"
+#include "core/net/maybe_tls_stream.hpp"
 #include "core/upstream/upstream.hpp"
 
 namespace pdgate {
@@ -39,18 +39,13 @@ class RespReader {
 
   // The next reply; one of type none saying why when the socket fails, its
   // deadline passes or the bytes are not RESP.
-  net::awaitable<RedisReply> next(DeadlineSocket& s) {
+  net::awaitable<RedisReply> next(MaybeTlsStream& s) {
     if (r_ == nullptr)
       co_return no_reply("out of memory");
     for (;;) {
-      void* reply = nullptr;
-      if (redisReaderGetReply(r_, &reply) != REDIS_OK)
-        co_return no_reply(std::string("protocol error: ") + r_->errstr);
-      if (reply != nullptr) {
-        RedisReply out = copy_reply(static_cast<redisReply*>(reply));
-        freeReplyObject(reply);
+      RedisReply out;
+      if (next_reply(r_, out) != ReaderStatus::need_more)
         co_return out;
-      }
       auto [ec, n] = co_await s.async_read_some(net::buffer(buf_), use_tuple);
       if (ec)
         co_return no_reply(ec == beast::error::timeout ? "timed out" : ec.message());
@@ -64,17 +59,25 @@ class RespReader {
   std::array<char, 4096> buf_{};
 };
 
-// Connects `stream` to the sentinel and sends AUTH when the URL gave a
-// sentinel password; an empty string on success, else why not.
-net::awaitable<std::string> open_sentinel(DeadlineSocket& stream, RespReader& reader,
-                                          const RedisEndpoint& ep, const SentinelAddress& s,
-                                          Clock::time_point deadline) {
+// Connects `stream` to the sentinel (and shakes hands over TLS for
+// rediss+sentinel://, the certificate checked against the sentinel's host)
+// and sends AUTH when the URL gave a sentinel password; an empty string on
+// success, else why not.
+net::awaitable<std::string> open_sentinel(MaybeTlsStream& stream, RespReader& reader,
+                                          const RedisEndpoint& ep, const EngineTls* tls,
+                                          const SentinelAddress& s, Clock::time_point deadline) {
   auto [rec, endpoints] = co_await resolve_until(stream.get_executor(), s.host, s.port, deadline);
   if (rec)
     co_return "cannot resolve: " + rec.message();
   stream.expires_at(deadline);
-  if (auto ec = co_await connect_stream(stream, endpoints); ec)
+  if (auto ec = co_await connect_stream(stream.tcp(), endpoints); ec)
     co_return "connect: " + (ec == beast::error::timeout ? std::string("timed out") : ec.message());
+  if (ep.tls) {
+    if (tls == nullptr)
+      co_return std::string("rediss+sentinel:// without a TLS context");
+    if (auto [hec, cause] = co_await engine_handshake(stream, *tls, s.host); hec)
+      co_return "TLS handshake: " + cause;
+  }
   if (ep.sentinel_password.empty())
     co_return std::string();
   const std::string auth = resp_command({"AUTH", ep.sentinel_password});
@@ -93,12 +96,12 @@ std::string where(const SentinelAddress& s) {
 }
 
 net::awaitable<Result<SentinelAddress>> ask_one(net::any_io_executor ex, const RedisEndpoint& ep,
-                                                const SentinelAddress& s,
+                                                const EngineTls* tls, const SentinelAddress& s,
                                                 std::chrono::milliseconds budget) {
-  DeadlineSocket stream(ex);
+  MaybeTlsStream stream(ex);
   RespReader reader;
   const auto deadline = Clock::now() + budget;
-  if (std::string why = co_await open_sentinel(stream, reader, ep, s, deadline); !why.empty())
+  if (std::string why = co_await open_sentinel(stream, reader, ep, tls, s, deadline); !why.empty())
     co_return fail(why);
   const std::string ask = resp_command({"SENTINEL", "get-master-addr-by-name", ep.master_name});
   auto [wec, wn] = co_await net::async_write(stream, net::buffer(ask), use_tuple);
@@ -112,11 +115,12 @@ net::awaitable<Result<SentinelAddress>> ask_one(net::any_io_executor ex, const R
 
 class Watch final : public SentinelWatch, public std::enable_shared_from_this<Watch> {
  public:
-  Watch(net::any_io_executor ex, RedisEndpoint ep, std::size_t index,
+  Watch(net::any_io_executor ex, RedisEndpoint ep, const EngineTls* tls, std::size_t index,
         std::chrono::milliseconds connect_timeout,
         std::function<void(const SentinelAddress&)> on_switch)
       : stream_(std::move(ex)),
         ep_(std::move(ep)),
+        tls_(tls),
         index_(index),
         connect_timeout_(connect_timeout),
         on_switch_(std::move(on_switch)) {}
@@ -130,7 +134,7 @@ class Watch final : public SentinelWatch, public std::enable_shared_from_this<Wa
   static net::awaitable<void> run(std::shared_ptr<Watch> self) {
     const SentinelAddress& s = self->ep_.sentinels[self->index_];
     RespReader reader;
-    std::string why = co_await open_sentinel(self->stream_, reader, self->ep_, s,
+    std::string why = co_await open_sentinel(self->stream_, reader, self->ep_, self->tls_, s,
                                              Clock::now() + self->connect_timeout_);
     if (why.empty()) {
       const std::string sub = resp_command({"SUBSCRIBE", "+switch-master"});
@@ -162,8 +166,11 @@ class Watch final : public SentinelWatch, public std::enable_shared_from_this<Wa
   }
 
  private:
-  DeadlineSocket stream_;
+  MaybeTlsStream stream_;
   const RedisEndpoint ep_;
+  // The connection's context (it outlives the watch: the connection
+  // cancels the watch before it goes).
+  const EngineTls* const tls_;
   const std::size_t index_;
   const std::chrono::milliseconds connect_timeout_;
   std::function<void(const SentinelAddress&)> on_switch_;
@@ -173,13 +180,13 @@ class Watch final : public SentinelWatch, public std::enable_shared_from_this<Wa
 }  // namespace
 
 net::awaitable<Result<SentinelAddress>> ask_sentinels_for_master(
-    net::any_io_executor ex, const RedisEndpoint& ep, std::size_t& preferred,
+    net::any_io_executor ex, const RedisEndpoint& ep, const EngineTls* tls, std::size_t& preferred,
     std::chrono::milliseconds per_sentinel) {
   std::string errors;
   const std::size_t n = ep.sentinels.size();
   for (std::size_t k = 0; k < n; ++k) {
     const std::size_t i = (preferred + k) % n;
-    auto r = co_await ask_one(ex, ep, ep.sentinels[i], per_sentinel);
+    auto r = co_await ask_one(ex, ep, tls, ep.sentinels[i], per_sentinel);
     if (r) {
       preferred = i;
       co_return r;
@@ -190,10 +197,10 @@ net::awaitable<Result<SentinelAddress>> ask_sentinels_for_master(
 }
 
 std::shared_ptr<SentinelWatch> watch_master_switch(
-    net::any_io_executor ex, const RedisEndpoint& ep, std::size_t index,
+    net::any_io_executor ex, const RedisEndpoint& ep, const EngineTls* tls, std::size_t index,
     std::chrono::milliseconds connect_timeout,
     std::function<void(const SentinelAddress&)> on_switch) {
-  auto w = std::make_shared<Watch>(ex, ep, index, connect_timeout, std::move(on_switch));
+  auto w = std::make_shared<Watch>(ex, ep, tls, index, connect_timeout, std::move(on_switch));
   net::co_spawn(ex, Watch::run(w), net::detached);
   return w;
 }

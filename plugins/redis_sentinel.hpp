@@ -20,6 +20,7 @@
 #include <boost/asio/awaitable.hpp>
 
 #include "core/base/result.hpp"
+#include "core/net/tls_context.hpp"
 #include "plugins/redis_protocol.hpp"
 
 namespace pdgate {
@@ -28,9 +29,11 @@ namespace net = boost::asio;
 
 // The master's address as the first sentinel that knows it says, trying
 // the sentinels in order from `preferred` (the last one that answered; it
-// is updated). Each sentinel gets at most `per_sentinel` to answer.
+// is updated). Each sentinel gets at most `per_sentinel` to answer,
+// connecting and (rediss+sentinel://, with `tls`) the TLS handshake
+// included.
 net::awaitable<Result<SentinelAddress>> ask_sentinels_for_master(
-    net::any_io_executor ex, const RedisEndpoint& ep, std::size_t& preferred,
+    net::any_io_executor ex, const RedisEndpoint& ep, const EngineTls* tls, std::size_t& preferred,
     std::chrono::milliseconds per_sentinel);
 
 // A running +switch-master subscription (watch_master_switch).
@@ -44,7 +47,7 @@ class SentinelWatch {
 // calls `on_switch` (on `ex`) with the new address whenever `ep`'s master
 // moves, until the sentinel connection breaks or the watch is cancelled.
 std::shared_ptr<SentinelWatch> watch_master_switch(
-    net::any_io_executor ex, const RedisEndpoint& ep, std::size_t index,
+    net::any_io_executor ex, const RedisEndpoint& ep, const EngineTls* tls, std::size_t index,
     std::chrono::milliseconds connect_timeout,
     std::function<void(const SentinelAddress&)> on_switch);
 

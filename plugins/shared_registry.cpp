@@ -84,11 +84,13 @@ std::string reply_text(const RedisReply& r) {
 }  // namespace
 
 SharedRegistry::SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard,
-                               std::shared_ptr<const EngineTls> engine_tls)
+                               std::shared_ptr<const EngineTls> engine_tls,
+                               RedisClientContext redis)
     : cfg_(cfg),
       registry_(registry),
       loop_guard_(loop_guard),
       engine_tls_(std::move(engine_tls)),
+      redis_(std::move(redis)),
       shared_(std::make_unique<RedisConnectionsShared>()) {}
 
 SharedRegistry::~SharedRegistry() {
@@ -142,6 +144,7 @@ Result<bool> SharedRegistry::start(net::any_io_executor ex) {
   add_timer_.emplace(ex);
   RedisConnectionSettings settings;
   settings.endpoint = std::move(*endpoint);
+  settings.context = redis_;
   settings.command_timeout = std::chrono::milliseconds(500);
   conn_ = RedisConnection::create(ex, settings, *shared_);
   subscriber_ = RedisConnection::create(ex, settings, *shared_);

@@ -39,6 +39,7 @@
 #include "core/upstream/instance.hpp"
 #include "core/upstream/registry_sync.hpp"
 #include "core/upstream/upstream_validator.hpp"
+#include "plugins/redis_client_context.hpp"
 
 namespace pdgate {
 
@@ -53,9 +54,11 @@ class SharedRegistry final : public RegistrySync {
   static constexpr std::chrono::seconds kTombstoneTtl{300};
 
   // `loop_guard` (this gateway's Via identity, for the validation probe)
-  // must outlive it; `engine_tls` reaches https:// instances.
+  // must outlive it; `engine_tls` reaches https:// instances; `redis`
+  // secures rediss:// and counts the connections' state.
   SharedRegistry(const Config& cfg, Registry& registry, const LoopGuard& loop_guard,
-                 std::shared_ptr<const EngineTls> engine_tls = nullptr);
+                 std::shared_ptr<const EngineTls> engine_tls = nullptr,
+                 RedisClientContext redis = {});
   ~SharedRegistry();
   // Connects on `ex` and runs the sync loop until `ex` stops. Hooks the
   // registry's on_change.
@@ -90,6 +93,7 @@ class SharedRegistry final : public RegistrySync {
   Registry& registry_;
   const LoopGuard& loop_guard_;
   std::shared_ptr<const EngineTls> engine_tls_;
+  const RedisClientContext redis_;
   std::unique_ptr<RedisConnectionsShared> shared_;
   boost::asio::any_io_executor ex_;
   std::shared_ptr<RedisConnection> conn_;

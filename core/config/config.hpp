@@ -194,6 +194,12 @@ struct Config {
   std::string redis_url;  // empty: the in-memory store
   std::string redis_key_prefix = "pdgate:";
   std::chrono::milliseconds redis_timeout{50};
+  // rediss:// (and rediss+sentinel://): the CA bundle the servers'
+  // certificates must chain to (empty: the system store), and a client
+  // certificate and key presented when set.
+  std::string redis_tls_ca;
+  std::string redis_tls_cert;
+  std::string redis_tls_key;
   // With redis_url: replicas share their prefix and conversation routing
   // records (core/routing/kv_location_index.hpp).
   bool shared_kv_index = true;
@@ -233,6 +239,11 @@ struct Config {
   std::string admin_host = "127.0.0.1";
   std::uint16_t admin_port = 0;
   std::string admin_key_file;  // else env ADMIN_API_KEY
+  // TLS on the admin listener, as the client listener's (same minimum
+  // version); empty: plain HTTP. Reloaded on SIGHUP.
+  std::string admin_tls_cert;
+  std::string admin_tls_key;
+  std::string admin_tls_client_ca;
   // Bound on an admin add's name resolution and GET /v1/models check.
   std::chrono::milliseconds model_check_timeout{5'000};
   // SIGTERM: in-flight requests get this long to finish, then pdgate exits.
@@ -258,6 +269,9 @@ struct Config {
   // Tracing (docs/tracing.md). Spans go to otlp_endpoint over OTLP/HTTP
   // (empty: no spans, and engines get the client's traceparent as sent).
   std::string otlp_endpoint;
+  // https:// endpoints: the CA bundle the collector's certificate must
+  // chain to (empty: the system store).
+  std::string otlp_ca;
   // Of the traces pdgate starts; a client's traceparent decides its own.
   double trace_sample_ratio = 1.0;
   std::size_t otlp_batch_size = 512;
@@ -278,12 +292,14 @@ struct Config {
   std::string config_file;  // the --config path, if any
 };
 
-// An http:// URL split for a client: host, port (80 when not given) and
-// the request target (`default_target` when the URL has no path).
+// An http:// or https:// URL split for a client: host, port (80, or 443
+// for https://, when not given) and the request target (`default_target`
+// when the URL has no path).
 struct HttpEndpoint {
   std::string host;
   std::uint16_t port = 80;
   std::string target;
+  bool tls = false;  // https://
 };
 Result<HttpEndpoint> parse_http_endpoint(std::string_view url, std::string_view default_target);
 

@@ -283,6 +283,17 @@ constexpr std::array kOptions = {
     Option{"redis-timeout", "", 0, false, false, kGeneral, "DURATION",
            "Longest wait for Redis before a turn proceeds as a cache miss (default: 50ms).",
            duration_field<&Config::redis_timeout>, kRestart},
+    // The Redis TLS context is made once, at start.
+    Option{"redis-tls-ca", "", 0, false, false, kGeneral, "FILE",
+           "PEM CA bundle that rediss:// servers' (and sentinels') certificates must chain to "
+           "(default: the system's CA store).",
+           trimmed_field<&Config::redis_tls_ca>, kRestart},
+    Option{"redis-tls-cert", "", 0, false, false, kGeneral, "FILE",
+           "PEM client certificate presented to rediss:// servers (mutual TLS) (default: none).",
+           trimmed_field<&Config::redis_tls_cert>, kRestart},
+    Option{"redis-tls-key", "", 0, false, false, kGeneral, "FILE",
+           "The PEM private key of --redis-tls-cert (default: none).",
+           trimmed_field<&Config::redis_tls_key>, kRestart},
     Option{"shared-kv-index", "", 0, false, false, kGeneral, "on|off",
            "With --redis, replicas share where they routed each prompt prefix and "
            "conversation, so prefix and conversation policies see the whole cluster's "
@@ -338,6 +349,18 @@ constexpr std::array kOptions = {
     Option{"admin-key-file", "", 0, false, false, kGeneral, "FILE",
            "File holding the admin API key (default: env ADMIN_API_KEY).",
            trimmed_field<&Config::admin_key_file>, kRestart},
+    // As the client listener's TLS files: re-read on every reload.
+    Option{"admin-tls-cert", "", 0, false, false, kGeneral, "FILE",
+           "Serve the admin API over TLS with this PEM certificate (its chain after it); "
+           "re-read on SIGHUP (default: none, plain HTTP).",
+           trimmed_field<&Config::admin_tls_cert>, kRestart},
+    Option{"admin-tls-key", "", 0, false, false, kGeneral, "FILE",
+           "The PEM private key of --admin-tls-cert; re-read on SIGHUP (default: none).",
+           trimmed_field<&Config::admin_tls_key>, kRestart},
+    Option{"admin-tls-client-ca", "", 0, false, false, kGeneral, "FILE",
+           "Require admin clients' certificates signed by a CA in this PEM file (mutual TLS); "
+           "re-read on SIGHUP (default: none, no client certificate asked).",
+           trimmed_field<&Config::admin_tls_client_ca>, kRestart},
     Option{"model-check-timeout", "", 0, false, false, kGeneral, "DURATION",
            "Time an instance added at run time has to answer GET /v1/models when --model "
            "is set, and to resolve for --allowed-upstreams (default: 5s).",
@@ -375,8 +398,12 @@ constexpr std::array kOptions = {
     // The span exporter is started once.
     Option{"otlp-endpoint", "", 0, false, false, kTracing, "URL",
            "Where spans are exported over OTLP/HTTP (JSON), e.g. http://collector:4318 "
-           "(path default /v1/traces; http:// only) (default: none, no spans).",
+           "(path default /v1/traces; https:// for TLS) (default: none, no spans).",
            checked_text_field<&set_otlp_endpoint, &Config::otlp_endpoint>, kRestart},
+    Option{"otlp-ca", "", 0, false, false, kTracing, "FILE",
+           "PEM CA bundle that an https:// --otlp-endpoint's certificate must chain to "
+           "(default: the system's CA store).",
+           trimmed_field<&Config::otlp_ca>, kRestart},
     Option{"trace-sample-ratio", "", 0, false, false, kTracing, "FRACTION",
            "Fraction of the traces pdgate starts that are sampled; a client's traceparent "
            "decides its own (default: 1).",

@@ -76,6 +76,12 @@ Result<Config> validate(Config c) {
     errors.push_back("--tls-cert and --tls-key go together: give both or neither");
   if (!c.tls_client_ca.empty() && c.tls_cert.empty())
     errors.push_back("--tls-client-ca needs --tls-cert and --tls-key");
+  if (c.admin_tls_cert.empty() != c.admin_tls_key.empty())
+    errors.push_back("--admin-tls-cert and --admin-tls-key go together: give both or neither");
+  if (!c.admin_tls_client_ca.empty() && c.admin_tls_cert.empty())
+    errors.push_back("--admin-tls-client-ca needs --admin-tls-cert and --admin-tls-key");
+  if (c.redis_tls_cert.empty() != c.redis_tls_key.empty())
+    errors.push_back("--redis-tls-cert and --redis-tls-key go together: give both or neither");
   if (c.upstream_cert.empty() != c.upstream_key.empty())
     errors.push_back("--upstream-cert and --upstream-key go together: give both or neither");
   if (c.workers > 1024) {

@@ -488,9 +488,9 @@ Result<HttpEndpoint> parse_http_endpoint(std::string_view url, std::string_view 
   if (!u)
     return bad(u.error());
   if (u->scheme.empty())
-    return bad("expected http://host[:port][/path]");
-  if (u->scheme != "http")
-    return bad("only http:// is supported");
+    return bad("expected http://host[:port][/path] or https://host[:port][/path]");
+  if (u->scheme != "http" && u->scheme != "https")
+    return bad("only http:// and https:// are supported");
   if (u->query || u->fragment)
     return bad("queries and fragments are not supported");
   if (u->has_userinfo)
@@ -499,8 +499,9 @@ Result<HttpEndpoint> parse_http_endpoint(std::string_view url, std::string_view 
   if (h.host.empty())
     return bad("missing host");
   HttpEndpoint e;
+  e.tls = u->scheme == "https";
   e.host = h.host;
-  e.port = h.port.value_or(80);
+  e.port = h.port.value_or(e.tls ? 443 : 80);
   e.target = u->path.empty() || u->path == "/" ? std::string(default_target) : u->path;
   return e;
 }

@@ -24,6 +24,7 @@
 #include "core/net/http_head.hpp"
 #include "core/net/maybe_tls_stream.hpp"
 #include "core/net/response_writer.hpp"
+#include "core/net/tls_context.hpp"
 #include "core/upstream/instance_address.hpp"
 
 namespace pdgate {
@@ -527,10 +528,21 @@ namespace {
 // One admin connection: requests one after another until the client
 // closes, idles past `idle_timeout` or sends something unreadable.
 net::awaitable<void> admin_session(tcp::socket socket, std::shared_ptr<AdminApi> api,
+                                   std::shared_ptr<net::ssl::context> tls,
                                    std::chrono::milliseconds idle_timeout) {
-  // Plain HTTP: the admin listener is meant for loopback or a private
-  // network (docs/tls.md).
   MaybeTlsStream stream(std::move(socket));
+  if (tls) {
+    // Bounded as a request is: a peer that stalls the handshake, or speaks
+    // plain HTTP to it, is closed.
+    stream.expires_after(idle_timeout);
+    auto [ec] =
+        co_await stream.start_tls(*tls).async_handshake(net::ssl::stream_base::server, use_tuple);
+    if (ec) {
+      spdlog::debug("admin: TLS handshake failed: {}", ec.message());
+      stream.close();
+      co_return;
+    }
+  }
   beast::flat_buffer buffer;
   for (;;) {
     http::request_parser<http::string_body> parser;
@@ -552,7 +564,7 @@ net::awaitable<void> admin_session(tcp::socket socket, std::shared_ptr<AdminApi>
 }  // namespace
 
 net::awaitable<void> serve_admin(tcp::acceptor& acceptor, std::shared_ptr<AdminApi> api,
-                                 std::chrono::milliseconds idle_timeout) {
+                                 const ListenerTls* tls, std::chrono::milliseconds idle_timeout) {
   for (;;) {
     auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
     if (ec) {
@@ -563,8 +575,11 @@ net::awaitable<void> serve_admin(tcp::acceptor& acceptor, std::shared_ptr<AdminA
       co_await t.async_wait(use_tuple);
       continue;
     }
-    net::co_spawn(acceptor.get_executor(), admin_session(std::move(socket), api, idle_timeout),
-                  net::detached);
+    // The context current now: a reload swaps it for later connections.
+    net::co_spawn(
+        acceptor.get_executor(),
+        admin_session(std::move(socket), api, tls ? tls->current() : nullptr, idle_timeout),
+        net::detached);
   }
 }
 

@@ -22,6 +22,7 @@
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
 #include "core/net/loop_guard.hpp"
+#include "core/net/tls_context.hpp"
 #include "core/upstream/instance.hpp"
 #include "core/upstream/upstream_validator.hpp"
 
@@ -112,9 +113,11 @@ class AdminApi {
 // The admin listener (--admin-port): accepts on `acceptor` and serves each
 // connection with `api` (keep-alive, small bodies, `idle_timeout` between
 // requests) until the acceptor is closed. Runs on the acceptor's executor,
-// the gateway's control loop, never on a worker.
+// the gateway's control loop, never on a worker. With `tls` (which must
+// outlive the listener) each connection is TLS with its current context,
+// the handshake bounded by `idle_timeout`.
 boost::asio::awaitable<void> serve_admin(boost::asio::ip::tcp::acceptor& acceptor,
-                                         std::shared_ptr<AdminApi> api,
+                                         std::shared_ptr<AdminApi> api, const ListenerTls* tls,
                                          std::chrono::milliseconds idle_timeout);
 
 }  // namespace pdgate

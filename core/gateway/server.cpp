@@ -246,6 +246,11 @@ Result<std::uint16_t> Gateway::bind() {
   } else if (*tls) {
     listener_tls_ = std::make_unique<ListenerTls>(std::move(*tls));
   }
+  if (auto tls = make_admin_tls(cfg_); !tls) {
+    return fail(tls.error());
+  } else if (*tls) {
+    admin_tls_ = std::make_unique<ListenerTls>(std::move(*tls));
+  }
   auto admin = AdminApi::create(cfg_, registry_, loop_guard_, engine_tls_);
   if (!admin)
     return fail(admin.error());
@@ -292,13 +297,29 @@ void Gateway::set_engine_tls(std::shared_ptr<const EngineTls> tls) {
 }
 
 Result<std::function<void()>> Gateway::prepare_tls_reload() const {
-  if (!listener_tls_)
+  // Both listeners' files load before either is swapped: a reload applies
+  // all of them or none.
+  std::shared_ptr<net::ssl::context> client, admin;
+  if (listener_tls_) {
+    auto ctx = make_listener_tls(cfg_);
+    if (!ctx)
+      return fail(ctx.error());
+    client = std::move(*ctx);
+  }
+  if (admin_tls_) {
+    auto ctx = make_admin_tls(cfg_);
+    if (!ctx)
+      return fail(ctx.error());
+    admin = std::move(*ctx);
+  }
+  if (!client && !admin)
     return std::function<void()>();
-  auto ctx = make_listener_tls(cfg_);
-  if (!ctx)
-    return fail(ctx.error());
-  return std::function<void()>([tls = listener_tls_.get(), next = std::move(*ctx)]() mutable {
-    tls->replace(std::move(next));
+  return std::function<void()>([client_tls = listener_tls_.get(), admin_tls = admin_tls_.get(),
+                                client = std::move(client), admin = std::move(admin)]() mutable {
+    if (client)
+      client_tls->replace(std::move(client));
+    if (admin)
+      admin_tls->replace(std::move(admin));
   });
 }
 
@@ -425,7 +446,8 @@ void Gateway::start() {
                        return std::pair{static_cast<unsigned>(status), j.dump()};
                      }});
   if (admin_acceptor_)
-    net::co_spawn(admin_ioc_, serve_admin(*admin_acceptor_, admin_, cfg_.client_idle_timeout),
+    net::co_spawn(admin_ioc_,
+                  serve_admin(*admin_acceptor_, admin_, admin_tls_.get(), cfg_.client_idle_timeout),
                   net::detached);
   net::co_spawn(admin_ioc_, run_health_loop(cfg_, registry_, loop_guard_, engine_tls_),
                 net::detached);

@@ -61,6 +61,8 @@ class Gateway {
   Result<std::uint16_t> bind();
   // Whether the client listener speaks TLS (--tls-cert).
   bool tls() const { return listener_tls_ != nullptr; }
+  // Whether the admin listener speaks TLS (--admin-tls-cert).
+  bool admin_tls() const { return admin_tls_ != nullptr; }
   // SIGHUP: loads the listener's certificate and key again. On success,
   // the returned action makes new handshakes use them (connections already
   // established keep theirs); a pair that does not load is an error and
@@ -162,6 +164,8 @@ class Gateway {
   std::unique_ptr<AccessLog> access_log_;
   // Made by bind() with --tls-cert; swapped by a reload.
   std::unique_ptr<ListenerTls> listener_tls_;
+  // Made by bind() with --admin-tls-cert; swapped by a reload.
+  std::unique_ptr<ListenerTls> admin_tls_;
   std::shared_ptr<const EngineTls> engine_tls_;
   const ClientSessionEnv session_env_{routes_,          body_budget_, loop_guard_, metrics_,
                                       active_requests_, stopping_,    access_log_, listener_tls_};

@@ -45,25 +45,34 @@ std::string load_pair(ssl::context& ctx, const std::string& cert, const std::str
 
 }  // namespace
 
-Result<std::shared_ptr<ssl::context>> make_listener_tls(const Config& c) {
-  if (c.tls_cert.empty())
+namespace {
+
+// One server context: the client listener's or the admin listener's,
+// `flag` naming the options in messages ("--tls" or "--admin-tls").
+Result<std::shared_ptr<ssl::context>> make_server_tls(const std::string& cert,
+                                                      const std::string& key,
+                                                      const std::string& client_ca,
+                                                      unsigned min_version,
+                                                      const std::string& flag) {
+  if (cert.empty())
     return std::shared_ptr<ssl::context>();
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_server);
   SSL_CTX* h = ctx->native_handle();
-  SSL_CTX_set_min_proto_version(h, c.tls_min_version == 13 ? TLS1_3_VERSION : TLS1_2_VERSION);
+  SSL_CTX_set_min_proto_version(h, min_version == 13 ? TLS1_3_VERSION : TLS1_2_VERSION);
   // The server's cipher order wins: clients that list weak suites first
   // still get a strong one both support.
   SSL_CTX_set_options(h, kCommonOptions | SSL_OP_CIPHER_SERVER_PREFERENCE);
-  if (auto err = load_pair(*ctx, c.tls_cert, c.tls_key, "--tls-cert", "--tls-key"); !err.empty())
+  const std::string cert_flag = flag + "-cert", key_flag = flag + "-key";
+  if (auto err = load_pair(*ctx, cert, key, cert_flag.c_str(), key_flag.c_str()); !err.empty())
     return fail(err);
-  if (!c.tls_client_ca.empty()) {
+  if (!client_ca.empty()) {
     boost::system::error_code ec;
-    ctx->load_verify_file(c.tls_client_ca, ec);
+    ctx->load_verify_file(client_ca, ec);
     if (ec)
-      return fail(failed("--tls-client-ca: cannot load", c.tls_client_ca, ec));
+      return fail(failed(flag + "-client-ca: cannot load", client_ca, ec));
     // The CA names are sent in the handshake, so clients holding several
     // certificates pick the right one.
-    if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(c.tls_client_ca.c_str()))
+    if (STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(client_ca.c_str()))
       SSL_CTX_set_client_CA_list(h, names);
     ctx->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
   }
@@ -72,6 +81,17 @@ Result<std::shared_ptr<ssl::context>> make_listener_tls(const Config& c) {
   static constexpr unsigned char kSessionContext[] = "pdgate";
   SSL_CTX_set_session_id_context(h, kSessionContext, sizeof kSessionContext - 1);
   return ctx;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<ssl::context>> make_listener_tls(const Config& c) {
+  return make_server_tls(c.tls_cert, c.tls_key, c.tls_client_ca, c.tls_min_version, "--tls");
+}
+
+Result<std::shared_ptr<ssl::context>> make_admin_tls(const Config& c) {
+  return make_server_tls(c.admin_tls_cert, c.admin_tls_key, c.admin_tls_client_ca,
+                         c.tls_min_version, "--admin-tls");
 }
 
 std::optional<std::int64_t> certificate_not_after(ssl::context& ctx) {
@@ -88,6 +108,14 @@ EngineTlsOptions EngineTlsOptions::from(const Config& c) {
   return {c.upstream_ca, c.upstream_cert, c.upstream_key, c.upstream_insecure};
 }
 
+EngineTlsOptions EngineTlsOptions::redis(const Config& c) {
+  return {c.redis_tls_ca, c.redis_tls_cert, c.redis_tls_key, false, "--redis-tls"};
+}
+
+EngineTlsOptions EngineTlsOptions::otlp(const Config& c) {
+  return {c.otlp_ca, "", "", false, "--otlp"};
+}
+
 Result<std::shared_ptr<ssl::context>> make_engine_tls(const EngineTlsOptions& c) {
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
   SSL_CTX* h = ctx->native_handle();
@@ -101,10 +129,11 @@ Result<std::shared_ptr<ssl::context>> make_engine_tls(const EngineTlsOptions& c)
   } else {
     ctx->load_verify_file(c.ca, ec);
     if (ec)
-      return fail(failed("--upstream-ca: cannot load", c.ca, ec));
+      return fail(failed(c.flag + "-ca: cannot load", c.ca, ec));
   }
   if (!c.cert.empty()) {
-    if (auto err = load_pair(*ctx, c.cert, c.key, "--upstream-cert", "--upstream-key");
+    const std::string cert_flag = c.flag + "-cert", key_flag = c.flag + "-key";
+    if (auto err = load_pair(*ctx, c.cert, c.key, cert_flag.c_str(), key_flag.c_str());
         !err.empty()) {
       return fail(err);
     }

@@ -27,14 +27,27 @@ namespace pdgate {
 // not set. A key that does not match its certificate, or a file that does
 // not parse, is an error naming the file.
 Result<std::shared_ptr<boost::asio::ssl::context>> make_listener_tls(const Config& c);
+// The admin listener's, from --admin-tls-cert/--admin-tls-key and
+// --admin-tls-client-ca (--tls-min-version too); nullptr without
+// --admin-tls-cert.
+Result<std::shared_ptr<boost::asio::ssl::context>> make_admin_tls(const Config& c);
 
-// What the engines' context is made from.
+// What a client context is made from: the engines' (EngineTlsOptions::
+// from), and the same kind of context for rediss:// servers and an
+// https:// OTLP collector.
 struct EngineTlsOptions {
   std::string ca;    // --upstream-ca; empty: the system's store
   std::string cert;  // --upstream-cert and --upstream-key: presented when set
   std::string key;
   bool insecure = false;  // --upstream-insecure
+  // The options' common prefix, for messages: "--upstream" names
+  // --upstream-ca, --upstream-cert and --upstream-key.
+  std::string flag = "--upstream";
   static EngineTlsOptions from(const Config& c);
+  // --redis-tls-ca, --redis-tls-cert, --redis-tls-key.
+  static EngineTlsOptions redis(const Config& c);
+  // --otlp-ca.
+  static EngineTlsOptions otlp(const Config& c);
 };
 
 // The engines' context: TLS 1.2+, peers verified against the CA file or

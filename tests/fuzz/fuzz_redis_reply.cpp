@@ -1,6 +1,6 @@
 // The Redis reply path as pdgate runs it: bytes from the server go through
-// hiredis's reply reader, are copied out (plugins/redis_protocol.cpp
-// copy_reply), judged (interpret_take_reply, interpret_put_reply, and the
+// hiredis's reply reader, are taken and copied out (plugins/redis_protocol.cpp
+// next_reply, copy_reply), judged (interpret_take_reply, interpret_put_reply, and the
 // Sentinel answers: master address, ROLE, +switch-master), and a
 // taken value is decoded as a stored turn (core/routing/turn_history.cpp). The
 // first byte picks how the bytes are split across reads: split or whole,
@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/routing/turn_history.hpp"
@@ -58,16 +59,15 @@ Parsed parse(std::string_view bytes, std::size_t piece) {
       out.protocol_error = true;
       break;
     }
+    // As the connection and the sentinel client take them (next_reply).
     for (;;) {
-      void* reply = nullptr;
-      if (redisReaderGetReply(r, &reply) != REDIS_OK) {
+      pdgate::RedisReply reply;
+      const pdgate::ReaderStatus got = pdgate::next_reply(r, reply);
+      if (got == pdgate::ReaderStatus::error)
         out.protocol_error = true;
+      if (got != pdgate::ReaderStatus::reply)
         break;
-      }
-      if (reply == nullptr)
-        break;
-      out.replies.push_back(pdgate::copy_reply(static_cast<redisReply*>(reply)));
-      freeReplyObject(reply);
+      out.replies.push_back(std::move(reply));
     }
   }
   redisReaderFree(r);

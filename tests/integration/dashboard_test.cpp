@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -79,8 +80,18 @@ TEST(Dashboard, EveryExpressionReturnsData) {
                     ("dashboard-keys-" + std::to_string(::getpid()) + ".yaml");
   std::ofstream(keys) << "keys:\n  - name: dashboard\n    sha256: "
                       << "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n";
+  // With Redis, so the Redis health panel has connections to show.
+  const std::uint16_t redis_port = closed_port();
+  Process redis("redis-server", {"/usr/bin/redis-server", "--port", std::to_string(redis_port),
+                                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"});
+  ASSERT_TRUE(eventually([&] {
+    return std::system(
+               ("redis-cli -p " + std::to_string(redis_port) + " ping >/dev/null 2>&1").c_str()) ==
+           0;
+  })) << redis.log();
   Gateway gw({"--prefill", p.hostport(), "--decode", d.hostport(), "--policy", "least_load",
-              "--access-log", "off", "--api-keys", keys.string()});
+              "--access-log", "off", "--api-keys", keys.string(), "--redis",
+              "redis://127.0.0.1:" + std::to_string(redis_port)});
 
   const auto dir =
       std::filesystem::path(::testing::TempDir()) / ("prometheus-" + std::to_string(::getpid()));

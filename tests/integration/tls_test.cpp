@@ -22,97 +22,11 @@
 
 #include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
+#include "tests/integration/pki.hpp"
+#include "tests/robustness/util.hpp"
 
 namespace pdgate::test {
 namespace {
-
-struct Run {
-  int exit = -1;
-  std::string out;
-};
-
-// Runs a shell command (every one here carries its own time limit) and
-// returns its exit status and stdout.
-Run run(const std::string& cmd) {
-  Run r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr)
-    return r;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
-    r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.exit = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The certificates of every test, made once in a directory removed at the
-// end.
-class Pki {
- public:
-  Pki() {
-    char tmpl[] = "/tmp/pdgate-tls-XXXXXX";
-    dir_ = ::mkdtemp(tmpl);
-    const std::string d = dir_ + "/";
-    ok_ = sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-             "-keyout " +
-             d + "ca.key -out " + d + "ca.pem -days 2 -subj /CN=pdgate-test-root") &&
-          sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-             "-keyout " +
-             d + "other-ca.key -out " + d +
-             "other-ca.pem -days 2 "
-             "-subj /CN=pdgate-test-untrusted") &&
-          // An intermediate CA: the server's certificate file must carry it.
-          sh("openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " +
-             d + "int.key -out " + d + "int.csr -subj /CN=pdgate-test-intermediate") &&
-          write(d + "int.ext",
-                "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign\n") &&
-          sh("openssl x509 -req -in " + d + "int.csr -CA " + d + "ca.pem -CAkey " + d +
-             "ca.key -set_serial 0x100 -days 2 -extfile " + d + "int.ext -out " + d + "int.pem") &&
-          leaf("server", "int", "0x1001", "serverAuth") &&
-          leaf("server2", "int", "0x1002", "serverAuth") &&
-          leaf("engine", "ca", "0x2001", "serverAuth") &&
-          leaf("rogue", "other-ca", "0x3001", "serverAuth") &&
-          leaf("client", "ca", "0x4001", "clientAuth") &&
-          leaf("elsewhere", "ca", "0x5001", "serverAuth", "subjectAltName=DNS:engine.example");
-    // What the gateway serves: the leaf, then the intermediate.
-    ok_ = ok_ && write(d + "server-chain.pem", slurp(d + "server.pem") + slurp(d + "int.pem")) &&
-          write(d + "server2-chain.pem", slurp(d + "server2.pem") + slurp(d + "int.pem"));
-  }
-  ~Pki() { std::system(("rm -rf " + dir_).c_str()); }
-  bool ok() const { return ok_; }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-
- private:
-  static bool sh(const std::string& cmd) { return run("timeout 60 " + cmd + " 2>&1").exit == 0; }
-  static bool write(const std::string& path, const std::string& text) {
-    std::ofstream out(path);
-    out << text;
-    return static_cast<bool>(out);
-  }
-  bool leaf(const std::string& name, const std::string& ca, const std::string& serial,
-            const std::string& usage,
-            const std::string& san = "subjectAltName=DNS:localhost,IP:127.0.0.1") {
-    const std::string d = dir_ + "/";
-    return sh("openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " +
-              d + name + ".key -out " + d + name + ".csr -subj /CN=" + name) &&
-           write(d + name + ".ext",
-                 san + "\nbasicConstraints=CA:FALSE\nextendedKeyUsage=" + usage + "\n") &&
-           sh("openssl x509 -req -in " + d + name + ".csr -CA " + d + ca + ".pem -CAkey " + d + ca +
-              ".key -set_serial " + serial + " -days 2 -extfile " + d + name + ".ext -out " + d +
-              name + ".pem");
-  }
-  std::string dir_;
-  bool ok_ = false;
-};
 
 Pki* pki = nullptr;
 
@@ -187,10 +101,12 @@ Json sim_stats(const Sim& s) {
   return Json::parse(curl(s.port(), "/sim/stats", "-k").body, nullptr, false);
 }
 
-// The serial number of the certificate a fresh handshake with PORT gets.
-std::string served_serial(std::uint16_t port) {
+// The serial number of the certificate a fresh handshake with PORT gets;
+// `extra` adds s_client options (a client certificate).
+std::string served_serial(std::uint16_t port, const std::string& extra = {}) {
   return run("timeout 20 openssl s_client -connect 127.0.0.1:" + std::to_string(port) +
-             " -servername localhost </dev/null 2>/dev/null | openssl x509 -noout -serial "
+             " -servername localhost " + extra +
+             " </dev/null 2>/dev/null | openssl x509 -noout -serial "
              "2>/dev/null")
       .out;
 }
@@ -385,6 +301,53 @@ TEST(TlsClients, CertificateReloadedOnSighup) {
   EXPECT_EQ(curl(gw.port(), "/v1/completions", cacert(), kCompletion).status, 200);
 }
 
+// The admin API over mutual TLS (--admin-tls-*): with the admin key and a
+// client certificate the CA signed, /admin/instances answers; without a certificate, or in plain
+// HTTP, no answer. SIGHUP with a new certificate and key: new admin handshakes get it, as the
+// client listener's do; a key that does not match is refused and the served certificate stays.
+TEST(TlsAdmin, AdminApiOverMutualTlsReloadedOnSighup) {
+  ASSERT_TRUE(pki->ok());
+  Sim d("both");
+  EditedFile cert("admin-cert.pem", slurp(pki->path("server-chain.pem")));
+  EditedFile key("admin-key.pem", slurp(pki->path("server.key")));
+  Gateway gw({"--decode", d.hostport(), "--prefill-servers-urls", "disable", "--admin-port", "0",
+              "--admin-tls-cert", cert.path(), "--admin-tls-key", key.path(),
+              "--admin-tls-client-ca", pki->path("ca.pem")},
+             {{"ADMIN_API_KEY", "admin-tls-key"}});
+  const auto admin = gw.process().wait_listening();
+  const std::string client_cert =
+      " --cert " + pki->path("client.pem") + " --key " + pki->path("client.key");
+  const std::string key_header = " -H 'Authorization: Bearer admin-tls-key'";
+  auto with = curl(admin, "/admin/instances", cacert() + client_cert + key_header);
+  ASSERT_EQ(with.exit, 0);
+  EXPECT_EQ(with.status, 200) << with.body;
+  EXPECT_NE(with.body.find(d.hostport()), std::string::npos) << with.body;
+  // No client certificate: the handshake fails, nothing is answered.
+  auto without = curl(admin, "/admin/instances", cacert() + key_header);
+  EXPECT_NE(without.exit, 0);
+  EXPECT_EQ(without.status, 0);
+  // Plain HTTP on the TLS port: closed without an answer.
+  Connection plain(admin);
+  plain.send_request("GET", "/livez", "");
+  EXPECT_TRUE(plain.peer_closed(std::chrono::seconds(10)));
+
+  const std::string s_client_cert =
+      "-cert " + pki->path("client.pem") + " -key " + pki->path("client.key");
+  ASSERT_EQ(served_serial(admin, s_client_cert), "serial=1001\n");
+  cert.write(slurp(pki->path("server2-chain.pem")));
+  gw.process().signal(SIGHUP);
+  EXPECT_TRUE(
+      eventually([&] { return gw.process().log().find("--admin-tls-key") != std::string::npos; },
+                 std::chrono::seconds(10)))
+      << gw.process().log();
+  EXPECT_EQ(served_serial(admin, s_client_cert), "serial=1001\n");
+  key.write(slurp(pki->path("server2.key")));
+  gw.process().signal(SIGHUP);
+  EXPECT_TRUE(eventually([&] { return served_serial(admin, s_client_cert) == "serial=1002\n"; },
+                         std::chrono::seconds(10)));
+  EXPECT_EQ(curl(admin, "/admin/instances", cacert() + client_cert + key_header).status, 200);
+}
+
 // Engines over https: E -> P -> D, every hop over TLS checked against the
 // CA, SNI naming the URL's host, health checks and metrics scrapes passing,
 // and the keep-alive pool reusing TLS connections (10 requests, far fewer
@@ -544,6 +507,58 @@ TEST(TlsEngines, MutualTlsToEngines) {
   EXPECT_EQ(post_json(without.port(), "/v1/completions", Json::parse(kCompletion)).status, 502);
 }
 
+// Spans exported to an https:// collector (a Python TLS sink with the
+// server certificate): with --otlp-ca naming the CA that signed it, the
+// request's spans arrive and are counted as exported; a gateway trusting
+// another CA sends none, counts them as failed and logs why.
+TEST(TlsOtlp, SpansReachAnHttpsCollector) {
+  ASSERT_TRUE(pki->ok());
+  Process sink("otlp-sink",
+               {"/usr/bin/python3", source_dir() + "/tests/integration/otlp_tls_sink.py",
+                pki->path("server-chain.pem"), pki->path("server.key")});
+  const auto sink_port = sink.wait_listening();
+  const std::string endpoint = "https://localhost:" + std::to_string(sink_port);
+  Sim d("both");
+  const std::vector<std::string> common = {"--decode",
+                                           d.hostport(),
+                                           "--prefill-servers-urls",
+                                           "disable",
+                                           "--otlp-export-interval",
+                                           "100ms",
+                                           "--otlp-endpoint",
+                                           endpoint};
+  auto args = common;
+  args.insert(args.end(), {"--otlp-ca", pki->path("ca.pem")});
+  {
+    Gateway gw(args);
+    ASSERT_EQ(post_json(gw.port(), "/v1/completions", Json::parse(kCompletion)).status, 200);
+    EXPECT_TRUE(eventually(
+        [&] {
+          return sink.log().find("\"POST /v1/completions\"") != std::string::npos &&
+                 metric(gw.port(), "pdgate_trace_spans_exported_total") >= 1;
+        },
+        std::chrono::seconds(10)))
+        << sink.log() << gw.process().log();
+  }  // stopped: whatever it still had is exported before the next one starts
+
+  args = common;
+  args.insert(args.end(), {"--otlp-ca", pki->path("other-ca.pem")});
+  Gateway untrusting(args);
+  const auto before = sink.log().size();
+  ASSERT_EQ(post_json(untrusting.port(), "/v1/completions", Json::parse(kCompletion)).status, 200);
+  EXPECT_TRUE(eventually(
+      [&] {
+        return metric(untrusting.port(),
+                      "pdgate_trace_spans_dropped_total{reason=\"export_failed\"}") >= 1;
+      },
+      std::chrono::seconds(10)))
+      << untrusting.process().log();
+  EXPECT_NE(untrusting.process().log().find("certificate refused"), std::string::npos)
+      << untrusting.process().log();
+  EXPECT_EQ(metric(untrusting.port(), "pdgate_trace_spans_exported_total"), 0);
+  EXPECT_EQ(sink.log().find("OTLP", before), std::string::npos) << sink.log();
+}
+
 // Broken TLS settings stop pdgate at start with a message naming the file.
 TEST(TlsConfig, BadFilesAreReportedAtStart) {
   ASSERT_TRUE(pki->ok());
@@ -598,7 +613,17 @@ TEST(TlsConfig, CheckConfigLoadsEveryFile) {
            " --tls-client-ca " + pki->path("not-a-ca.pem"),
        "not-a-ca.pem"},
       {"--upstream-ca /nonexistent/ca.pem", "--upstream-ca"},
+      {"--admin-port 0 --admin-tls-cert " + pki->path("server.pem") + " --admin-tls-key " +
+           pki->path("client.key"),
+       "--admin-tls-key: cannot load the private key"},
+      {"--admin-port 0 --admin-tls-cert " + pki->path("server-chain.pem") + " --admin-tls-key " +
+           pki->path("server.key") + " --admin-tls-client-ca " + pki->path("not-a-ca.pem"),
+       "--admin-tls-client-ca: cannot load"},
+      {"--redis rediss://localhost:6379 --redis-tls-ca /nonexistent/redis-ca.pem",
+       "--redis-tls-ca: cannot load"},
       {"--access-log /nonexistent-dir/access.log", "/nonexistent-dir/access.log"},
+      {"--otlp-endpoint https://localhost:4318 --otlp-ca /nonexistent/otlp-ca.pem",
+       "--otlp-ca: cannot load"},
   };
   for (const auto& b : bad) {
     r = run(pdgate + engines + b.args + " 2>&1");

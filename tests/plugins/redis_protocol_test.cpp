@@ -80,13 +80,34 @@ TEST(RedisUrl, Rejects) {
   for (const char* bad :
        {"http://h:1", "redis://", "redis://h:0", "redis://h:70000", "redis://h:x", "redis://h/x",
         "redis://h/-1", "redis://[::1", "unix://relative.sock", "unix:///s?db=x",
-        "unix:///s?color=red", "rediss://h:6379", "redis://:%zz@h", "redis://:secretpw@:1"}) {
+        "unix:///s?color=red", "rediss://", "redis://:%zz@h", "redis://:secretpw@:1"}) {
     auto ep = parse_redis_url(bad);
     EXPECT_FALSE(ep) << bad;
     if (!ep) {
       EXPECT_EQ(ep.error().find("secretpw"), std::string::npos) << ep.error();
     }
   }
+}
+
+// rediss:// and rediss+sentinel:// are the same URLs over TLS.
+TEST(RedisUrl, Tls) {
+  auto ep = parse_redis_url("rediss://:pw@redis.example:6380/2");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_TRUE(ep->tls);
+  EXPECT_EQ(ep->host, "redis.example");
+  EXPECT_EQ(ep->port, 6380);
+  EXPECT_EQ(ep->db, 2);
+  EXPECT_EQ(ep->display(), "rediss://:***@redis.example:6380/2");
+  ep = parse_redis_url("rediss+sentinel://s1:26380,s2/mymaster");
+  ASSERT_TRUE(ep) << ep.error();
+  EXPECT_TRUE(ep->tls);
+  EXPECT_EQ(ep->sentinels.size(), 2u);
+  EXPECT_EQ(ep->display(), "rediss+sentinel://s1:26380,s2:26379/mymaster");
+  EXPECT_FALSE(parse_redis_url("redis://h")->tls);
+  // The pipeline's bytes are the one-command form's, back to back.
+  std::string out = "x";
+  append_resp_command(out, {"SET", "k", ""});
+  EXPECT_EQ(out, "x*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n");
 }
 
 // Percent-escapes in the user and the password are decoded: an '@', ':'

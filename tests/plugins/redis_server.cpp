@@ -43,7 +43,32 @@ bool answers_ping(std::uint16_t port) {
 
 }  // namespace
 
-RedisServer::RedisServer(std::vector<std::string> extra) : extra_(std::move(extra)) {
+std::string RedisTls::cli_flags() const {
+  std::string f = "--tls --cacert " + ca;
+  if (require_client_cert)
+    f += " --cert " + client_cert + " --key " + client_key;
+  return f;
+}
+
+std::vector<std::string> RedisTls::server_flags(std::uint16_t port) const {
+  return {"port",
+          "0",
+          "tls-port",
+          std::to_string(port),
+          "tls-cert-file",
+          cert,
+          "tls-key-file",
+          key,
+          "tls-ca-cert-file",
+          ca,
+          "tls-auth-clients",
+          require_client_cert ? "yes" : "no",
+          "tls-replication",
+          "yes"};
+}
+
+RedisServer::RedisServer(std::vector<std::string> extra, std::optional<RedisTls> tls)
+    : extra_(std::move(extra)), tls_(std::move(tls)) {
   port_ = closed_port();
   start();
 }
@@ -58,8 +83,17 @@ void RedisServer::start() {
       "/usr/bin/redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
       "--appendonly",          "no",     "--loglevel",          "warning"};
   argv.insert(argv.end(), extra_.begin(), extra_.end());
+  if (tls_) {
+    // The TLS port instead of the plain one (the later --port wins).
+    const auto flags = tls_->server_flags(port_);
+    for (std::size_t i = 0; i + 1 < flags.size(); i += 2) {
+      argv.push_back("--" + flags[i]);
+      argv.push_back(flags[i + 1]);
+    }
+  }
   proc_ = std::make_unique<Process>("redis-server", argv);
-  if (!eventually([&] { return answers_ping(port_); }, std::chrono::seconds(10))) {
+  const auto up = [&] { return tls_ ? cli("ping") == "PONG" : answers_ping(port_); };
+  if (!eventually(up, std::chrono::seconds(10))) {
     throw std::runtime_error("redis-server did not start on port " + std::to_string(port_) + ": " +
                              proc_->log());
   }
@@ -90,11 +124,12 @@ void RedisServer::thaw() {
 }
 
 std::string RedisServer::cli(const std::string& args) const {
-  return redis_cli(port_, args);
+  return redis_cli(port_, args, tls_ ? tls_->cli_flags() : std::string());
 }
 
-std::string redis_cli(std::uint16_t port, const std::string& args) {
-  const std::string cmd = "redis-cli -p " + std::to_string(port) + " " + args + " 2>/dev/null";
+std::string redis_cli(std::uint16_t port, const std::string& args, const std::string& flags) {
+  const std::string cmd =
+      "timeout 10 redis-cli " + flags + " -p " + std::to_string(port) + " " + args + " 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr)
     return {};
@@ -112,8 +147,9 @@ bool have_redis_sentinel() {
   return access("/usr/bin/redis-sentinel", X_OK) == 0;
 }
 
-RedisSentinel::RedisSentinel(std::uint16_t master_port, std::string master_name)
-    : master_name_(std::move(master_name)) {
+RedisSentinel::RedisSentinel(std::uint16_t master_port, std::string master_name,
+                             std::optional<RedisTls> tls)
+    : master_name_(std::move(master_name)), tls_(std::move(tls)) {
   char tmpl[] = "/tmp/pdgate-sentinel.XXXXXX";
   if (mkdtemp(tmpl) == nullptr)
     throw std::runtime_error("mkdtemp failed");
@@ -127,10 +163,16 @@ RedisSentinel::RedisSentinel(std::uint16_t master_port, std::string master_name)
       << "sentinel down-after-milliseconds " << master_name_ << " 1000\n"
       << "sentinel failover-timeout " << master_name_ << " 10000\n"
       << "sentinel parallel-syncs " << master_name_ << " 1\n";
+    if (tls_) {
+      const auto flags = tls_->server_flags(port_);
+      for (std::size_t i = 0; i + 1 < flags.size(); i += 2)
+        f << flags[i] << " " << flags[i + 1] << "\n";
+    }
   }
   proc_ = std::make_unique<Process>("redis-sentinel",
                                     std::vector<std::string>{"/usr/bin/redis-sentinel", conf});
-  if (!eventually([&] { return answers_ping(port_); }, std::chrono::seconds(10))) {
+  const auto up = [&] { return tls_ ? cli("ping") == "PONG" : answers_ping(port_); };
+  if (!eventually(up, std::chrono::seconds(10))) {
     throw std::runtime_error("redis-sentinel did not start on port " + std::to_string(port_) +
                              ": " + proc_->log());
   }
@@ -145,7 +187,7 @@ RedisSentinel::~RedisSentinel() {
 }
 
 std::string RedisSentinel::cli(const std::string& args) const {
-  return redis_cli(port_, args);
+  return redis_cli(port_, args, tls_ ? tls_->cli_flags() : std::string());
 }
 
 std::uint16_t RedisSentinel::master_port() const {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,14 +13,33 @@
 
 namespace pdgate::test {
 
+// TLS for a server or a sentinel (its only port then): its certificate
+// and key, the CA its peers' certificates must chain to, and whether
+// clients must present one (redis-cli then presents `client_cert`).
+// Replication and Sentinel's connections use TLS too.
+struct RedisTls {
+  std::string cert, key, ca;
+  bool require_client_cert = false;
+  std::string client_cert, client_key;
+  // redis-cli's flags to reach such a server.
+  std::string cli_flags() const;
+  // redis-server's (and, as config lines, redis-sentinel's) settings.
+  std::vector<std::string> server_flags(std::uint16_t port) const;
+};
+
 class RedisServer {
  public:
   // `extra`: more redis-server flags (e.g. {"--requirepass", "pw"}).
-  explicit RedisServer(std::vector<std::string> extra = {});
+  explicit RedisServer(std::vector<std::string> extra = {},
+                       std::optional<RedisTls> tls = std::nullopt);
   ~RedisServer();
 
   std::uint16_t port() const { return port_; }
-  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  // redis://127.0.0.1:PORT, or rediss://localhost:PORT over TLS (the
+  // name the test certificates carry).
+  std::string url() const {
+    return (tls_ ? "rediss://localhost:" : "redis://127.0.0.1:") + std::to_string(port_);
+  }
 
   // SIGKILL, as an outage looks to clients: connections reset at once.
   void kill();
@@ -37,12 +57,14 @@ class RedisServer {
   void start();
 
   std::vector<std::string> extra_;
+  std::optional<RedisTls> tls_;
   std::uint16_t port_ = 0;
   std::unique_ptr<Process> proc_;
 };
 
-// redis-cli against a server or sentinel on 127.0.0.1:`port`, trimmed stdout.
-std::string redis_cli(std::uint16_t port, const std::string& args);
+// redis-cli against a server or sentinel on 127.0.0.1:`port`, trimmed
+// stdout; `flags` go before the arguments (RedisTls::cli_flags()).
+std::string redis_cli(std::uint16_t port, const std::string& args, const std::string& flags = {});
 
 // A real Redis Sentinel (Debian's redis-sentinel) on a free port of
 // 127.0.0.1, watching one master under the name `master_name`, quick to
@@ -50,7 +72,8 @@ std::string redis_cli(std::uint16_t port, const std::string& args);
 // temporary directory (Sentinel rewrites it as it learns).
 class RedisSentinel {
  public:
-  RedisSentinel(std::uint16_t master_port, std::string master_name = "mymaster");
+  RedisSentinel(std::uint16_t master_port, std::string master_name = "mymaster",
+                std::optional<RedisTls> tls = std::nullopt);
   ~RedisSentinel();
 
   std::uint16_t port() const { return port_; }
@@ -62,6 +85,7 @@ class RedisSentinel {
  private:
   std::string dir_;
   std::string master_name_;
+  std::optional<RedisTls> tls_;
   std::uint16_t port_ = 0;
   std::unique_ptr<Process> proc_;
 };

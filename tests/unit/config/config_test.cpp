@@ -1264,8 +1264,8 @@ TEST(TracingOptions, ParsedAndDefaulted) {
   expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--trace-sample-ratio", "1.5"}),
                {"--trace-sample-ratio", "fraction"});
   expect_error(
-      parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "https://collector:4318"}),
-      {"--otlp-endpoint", "only http://"});
+      parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "grpc://collector:4317"}),
+      {"--otlp-endpoint", "only http:// and https://"});
   expect_error(parse({"--prefill", "p:1", "--decode", "d:1", "--otlp-endpoint", "collector:4318"}),
                {"--otlp-endpoint", "http://"});
 }
@@ -1282,6 +1282,12 @@ TEST(TracingOptions, HttpEndpoint) {
   EXPECT_EQ(e->host, "::1");
   EXPECT_EQ(e->port, 4318);
   EXPECT_EQ(e->target, "/otlp/v1/traces");
+  EXPECT_FALSE(e->tls);
+  // https://: TLS, port 443 unless given.
+  e = parse_http_endpoint("https://collector.example", "/v1/traces");
+  ASSERT_TRUE(e) << e.error();
+  EXPECT_TRUE(e->tls);
+  EXPECT_EQ(e->port, 443);
   EXPECT_FALSE(parse_http_endpoint("http://c:4318/v1/traces?x=1", "/"));
   EXPECT_FALSE(parse_http_endpoint("http:///v1/traces", "/"));
 }
