@@ -97,8 +97,10 @@ net::awaitable<void> DnsDiscovery::refresh(net::any_io_executor ex, Source& s) {
   std::set<std::string> urls;
   bool known = true;
   for (DnsType type : {DnsType::a, DnsType::aaaa}) {
-    auto answer = co_await dns_lookup(ex, server_, port_, s.spec.name, type, timeout);
+    auto lookup = co_await dns_lookup(ex, server_, port_, s.spec.name, type, timeout);
+    const auto& answer = lookup.answer;
     if (!answer) {
+      ++s.failures[static_cast<int>(lookup.failure)];
       known = false;
       if (!s.warned) {
         spdlog::warn("{}: {}; keeping its {} instance(s)", s.spec.text(), answer.error(),
@@ -119,6 +121,9 @@ net::awaitable<void> DnsDiscovery::refresh(net::any_io_executor ex, Source& s) {
     s.warned = false;
   }
   const std::int64_t now = steady_now_ms();
+  s.resolved_at->store(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  s.addresses->store(urls.size());
   s.listed = urls;
   // Refusals are remembered only while the answers list the address.
   std::erase_if(s.refused, [&](const auto& r) { return !urls.count(r.first) || now >= r.second; });
@@ -161,6 +166,7 @@ net::awaitable<void> DnsDiscovery::refresh(net::any_io_executor ex, Source& s) {
     s.absent_ms.erase(it->first);
     it = s.ids.erase(it);
   }
+  s.instances->store(s.ids.size());
 }
 
 void DnsDiscovery::refuse(Source& s, const std::string& url, Reason why,
@@ -224,6 +230,7 @@ net::awaitable<void> DnsDiscovery::check_and_add(Source& s, const std::string& u
     co_return;
   }
   s.ids.emplace(url, out.instance->id);
+  s.instances->store(s.ids.size());
   spdlog::info("{}: {} instance {} added (id {})", s.spec.text(), to_string(s.spec.role), url,
                out.instance->id);
 }
@@ -240,6 +247,31 @@ void DnsDiscovery::write_metrics(PrometheusText& m) const {
       m.sample("pdgate_dns_refused_total", {{"source", s.spec.text()}, {"reason", kNames[r]}},
                std::uint64_t{s.refusals[r].load(std::memory_order_relaxed)});
   }
+  m.counter("pdgate_dns_lookup_failures_total",
+            "Lookups of dns:// sources that got no answer, by kind: timeout, network (no "
+            "server listening, socket errors), server_error (REFUSED, SERVFAIL...), malformed. "
+            "A failed lookup changes no instance.");
+  for (const auto& s : sources_) {
+    for (int k = 0; k < kDnsFailureKinds; ++k)
+      m.sample("pdgate_dns_lookup_failures_total",
+               {{"source", s.spec.text()}, {"kind", to_string(static_cast<DnsFailure>(k))}},
+               std::uint64_t{s.failures[k].load(std::memory_order_relaxed)});
+  }
+  m.gauge("pdgate_dns_last_resolution_timestamp_seconds",
+          "When each dns:// source last got an answer (NXDOMAIN included), in Unix seconds; 0 "
+          "before the first. time() minus it is how stale its instances may be.");
+  for (const auto& s : sources_)
+    m.sample("pdgate_dns_last_resolution_timestamp_seconds", {{"source", s.spec.text()}},
+             s.resolved_at->load(std::memory_order_relaxed));
+  m.gauge("pdgate_dns_addresses", "Addresses the last answer of each dns:// source listed.");
+  for (const auto& s : sources_)
+    m.sample("pdgate_dns_addresses", {{"source", s.spec.text()}},
+             std::uint64_t{s.addresses->load(std::memory_order_relaxed)});
+  m.gauge("pdgate_dns_instances",
+          "Instances each dns:// source has in the registry (checked and healthy when added).");
+  for (const auto& s : sources_)
+    m.sample("pdgate_dns_instances", {{"source", s.spec.text()}},
+             std::uint64_t{s.instances->load(std::memory_order_relaxed)});
 }
 
 }  // namespace pdgate

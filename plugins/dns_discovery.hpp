@@ -43,6 +43,7 @@
 #include "core/observability/prometheus.hpp"
 #include "core/upstream/instance.hpp"
 #include "core/upstream/upstream_validator.hpp"
+#include "plugins/dns_client.hpp"
 
 namespace pdgate {
 
@@ -62,8 +63,11 @@ class DnsDiscovery {
   // thread: the sources' state is not locked).
   void start(boost::asio::any_io_executor ex);
 
-  // pdgate_dns_refused_total{source, reason}: addresses not added.
-  // Any thread.
+  // Each source's state: pdgate_dns_refused_total{source, reason}
+  // (addresses not added), pdgate_dns_instances and pdgate_dns_addresses
+  // (instances it has, addresses its last answer listed),
+  // pdgate_dns_last_resolution_timestamp_seconds, and
+  // pdgate_dns_lookup_failures_total{source, kind}. Any thread.
   void write_metrics(PrometheusText& m) const;
 
   // The DNS server from --dns-server, else /etc/resolv.conf's first one.
@@ -90,6 +94,16 @@ class DnsDiscovery {
     std::int64_t next_warning_ms[kReasons] = {};  // steady clock, per reason
     std::unique_ptr<std::atomic<std::uint64_t>[]> refusals =
         std::make_unique<std::atomic<std::uint64_t>[]>(kReasons);
+    // For /metrics, read on any thread (the maps above are the control
+    // thread's): lookups failed by DnsFailure, instances and addresses
+    // now, the wall-clock time of the last answer (0: none yet).
+    std::unique_ptr<std::atomic<std::uint64_t>[]> failures =
+        std::make_unique<std::atomic<std::uint64_t>[]>(kDnsFailureKinds);
+    std::unique_ptr<std::atomic<std::uint64_t>> instances =
+        std::make_unique<std::atomic<std::uint64_t>>(0);
+    std::unique_ptr<std::atomic<std::uint64_t>> addresses =
+        std::make_unique<std::atomic<std::uint64_t>>(0);
+    std::unique_ptr<std::atomic<double>> resolved_at = std::make_unique<std::atomic<double>>(0.0);
   };
   DnsDiscovery(const Config& cfg, Registry& registry, const LoopGuard& loop_guard,
                UpstreamValidator validator, std::string server_address, std::uint16_t server_port);

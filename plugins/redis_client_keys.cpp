@@ -21,13 +21,17 @@ namespace pdgate {
 
 namespace {
 
-// KEYS: rate (GCRA tat), slots (sorted set), tokens window prefix,
-// reserved (hash: slot -> "tokens|deadline ms").
+// KEYS: rate (GCRA tat), slots (sorted set), tokens (hash: second ->
+// tokens used in it, TokenWindow's buckets), reserved (hash: slot ->
+// "tokens|deadline ms").
 // ARGV: per second, bucket, concurrent, tokens per minute, slot, lease ms,
 // tokens to reserve.
 // Returns {1, 0, ""} or {0, retry after ms, "rate"|"concurrency"|"tokens"}.
 // Time is Redis's own (TIME), so every replica is judged on one clock.
-// The tokens rule is tokens_fit()'s (core/pipeline/client_keys.hpp);
+// The tokens rule is tokens_fit()'s and the window TokenWindow's
+// (core/pipeline/client_keys.hpp): buckets of one second, each counted for
+// 61 s, the wait until enough of them leave. Buckets out of the window, or
+// not numbers (the hash is not trusted), are deleted as they are read;
 // reservations of a replica that died expire with the slot lease.
 constexpr const char* kAdmitScript = R"lua(
 local t = redis.call('TIME')
@@ -37,8 +41,31 @@ local conc, tpm = tonumber(ARGV[3]), tonumber(ARGV[4])
 local lease = tonumber(ARGV[6])
 local reserve = tonumber(ARGV[7])
 if tpm > 0 then
-  local used = tonumber(redis.call('GET', KEYS[3] .. ':' .. math.floor(now / 60000)) or '0')
-  if used >= tpm then return {0, math.ceil(60000 - now % 60000), 'tokens'} end
+  local oldest = math.floor(now / 1000) - 60
+  local used, buckets = 0, {}
+  local window = redis.call('HGETALL', KEYS[3])
+  for i = 1, #window, 2 do
+    local second = tonumber(string.match(window[i], '^%d+$'))
+    local n = tonumber(string.match(window[i + 1], '^%d+$'))
+    if second == nil or n == nil or second < oldest then
+      redis.call('HDEL', KEYS[3], window[i])
+    else
+      used = used + n
+      buckets[#buckets + 1] = {second, n}
+    end
+  end
+  if used >= tpm then
+    table.sort(buckets, function(a, b) return a[1] < b[1] end)
+    local wait = 1000
+    for _, b in ipairs(buckets) do
+      used = used - b[2]
+      if used < tpm then
+        wait = (b[1] + 61) * 1000 - now
+        break
+      end
+    end
+    return {0, math.ceil(wait), 'tokens'}
+  end
   local held = 0
   local all = redis.call('HGETALL', KEYS[4])
   for i = 1, #all, 2 do
@@ -76,8 +103,12 @@ end
 return {1, 0, ''}
 )lua";
 
-// KEYS: slots, tokens window prefix, reserved. ARGV: slot ('' when none),
-// tokens used.
+// KEYS: slots, tokens (the window's hash), reserved. ARGV: slot ('' when
+// none), tokens used. The tokens go into the bucket of Redis's current
+// second; the hash lives as long as its newest bucket counts, and is
+// trimmed when it holds more than the window's 61 buckets (plus a few, so
+// that most releases skip the trim), so it stays bounded however long no
+// request is admitted.
 constexpr const char* kReleaseScript = R"lua(
 if ARGV[1] ~= '' then
   redis.call('ZREM', KEYS[1], ARGV[1])
@@ -86,10 +117,16 @@ end
 local tokens = tonumber(ARGV[2])
 if tokens > 0 then
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-  local k = KEYS[2] .. ':' .. math.floor(now / 60000)
-  redis.call('INCRBY', k, tokens)
-  redis.call('PEXPIRE', k, 120000)
+  local second = tonumber(t[1])
+  redis.call('HINCRBY', KEYS[2], second, tokens)
+  redis.call('PEXPIRE', KEYS[2], 62000)
+  if redis.call('HLEN', KEYS[2]) > 64 then
+    local window = redis.call('HGETALL', KEYS[2])
+    for i = 1, #window, 2 do
+      local s = tonumber(window[i])
+      if s == nil or s < second - 60 then redis.call('HDEL', KEYS[2], window[i]) end
+    end
+  end
 end
 return 1
 )lua";

@@ -58,6 +58,13 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   fi
 fi
 
+# kubectl renders deploy/kubernetes (`kubectl kustomize`, offline) for the
+# manifests' check: Debian's kubernetes-client unless a kubectl is there
+# (one from elsewhere owns /usr/bin/kubectl too).
+if ! command -v kubectl >/dev/null 2>&1; then
+  is_installed kubernetes-client || missing+=(kubernetes-client)
+fi
+
 if ((${#missing[@]} == 0)); then
   log "all packages already installed"
   exit 0

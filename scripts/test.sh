@@ -51,16 +51,19 @@ if ((deps)); then
   bash "$ROOT/scripts/install-deps.sh"
 fi
 
-# The Node SDK test's packages, before configuring: tests/node registers its
-# ctest entry only when node_modules is there.
+# The Node tests' packages, before configuring: tests/node (the OpenAI SDK)
+# and tests/deploy/kubernetes (the manifests' schema check) register their
+# ctest entries only when node_modules is there.
 node_dir="$ROOT/tests/node"
 have_node=0
 if [[ -f "$node_dir/package.json" ]] && command -v node >/dev/null 2>&1; then
   have_node=1
-  if [[ ! -d "$node_dir/node_modules" || "$node_dir/package-lock.json" -nt "$node_dir/node_modules/.package-lock.json" ]]; then
-    section "npm ci (tests/node)"
-    (cd "$node_dir" && npm ci --no-audit --no-fund)
-  fi
+  for dir in "$node_dir" "$ROOT/tests/deploy/kubernetes"; do
+    if [[ ! -d "$dir/node_modules" || "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]]; then
+      section "npm ci (${dir#"$ROOT"/})"
+      (cd "$dir" && npm ci --no-audit --no-fund)
+    fi
+  done
 fi
 
 section "build ($build_dir)"

@@ -74,10 +74,11 @@ std::string Gateway::metrics_text(bool addresses) const {
   m.sample("pdgate_connection_limit_reached_total", metrics_.connection_bound_reached.load());
   m.counter("pdgate_ejections_total", "Instances ejected after consecutive request failures.");
   m.sample("pdgate_ejections_total", metrics_.ejections.load());
+  // Zero without --tls-cert, so dashboards need no special case.
+  m.counter("pdgate_tls_handshake_failures_total",
+            "Client connections whose TLS handshake failed or timed out.");
+  m.sample("pdgate_tls_handshake_failures_total", metrics_.tls_handshake_failures.load());
   if (listener_tls_) {
-    m.counter("pdgate_tls_handshake_failures_total",
-              "Client connections whose TLS handshake failed or timed out.");
-    m.sample("pdgate_tls_handshake_failures_total", metrics_.tls_handshake_failures.load());
     // The certificate in force (a SIGHUP reload replaces it): alert on
     // pdgate_tls_certificate_expiry_timestamp_seconds - time() < 14 * 86400.
     if (auto ctx = listener_tls_->current()) {

@@ -302,15 +302,42 @@ std::size_t ClientKeys::size() const {
   return n;
 }
 
-LocalLimits::State& LocalLimits::state_at(const ClientKey& key, double now_ms) {
-  State& s = by_key_[key.name];
-  // Tokens are counted per minute: a new minute starts from zero.
-  const auto minute = static_cast<std::int64_t>(now_ms / 60000.0);
-  if (s.minute != minute) {
-    s.minute = minute;
-    s.tokens = 0;
+void TokenWindow::expire(std::int64_t second) {
+  while (!buckets_.empty() && buckets_.front().first <= second - kSpanSeconds) {
+    sum_ -= buckets_.front().second;
+    buckets_.pop_front();
   }
-  return s;
+}
+
+std::uint64_t TokenWindow::used(double now_ms) {
+  expire(static_cast<std::int64_t>(std::floor(now_ms / 1000.0)));
+  return sum_;
+}
+
+void TokenWindow::add(double now_ms, std::uint64_t tokens) {
+  if (tokens == 0)
+    return;
+  const auto second = static_cast<std::int64_t>(std::floor(now_ms / 1000.0));
+  expire(second);
+  if (buckets_.empty() || buckets_.back().first < second)
+    buckets_.emplace_back(second, 0);
+  buckets_.back().second += tokens;
+  sum_ += tokens;
+}
+
+std::int64_t TokenWindow::wait_below_ms(double now_ms, std::uint64_t limit) const {
+  std::uint64_t left = sum_;
+  for (const auto& [second, tokens] : buckets_) {
+    if (left < limit)
+      break;
+    left -= tokens;
+    // The bucket leaves the window when its second is kSpanSeconds old.
+    if (left < limit) {
+      const double at = static_cast<double>(second + kSpanSeconds) * 1000.0;
+      return std::max<std::int64_t>(0, static_cast<std::int64_t>(std::ceil(at - now_ms)));
+    }
+  }
+  return 0;
 }
 
 bool tokens_fit(std::uint64_t limit, std::uint64_t used, std::uint64_t reserved,
@@ -324,14 +351,15 @@ Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id
                              std::uint64_t reserve) {
   const KeyLimits& l = key.limits;
   std::lock_guard lock(mu_);
-  State& s = state_at(key, now_ms);
-  if (l.tokens_per_minute > 0 && !tokens_fit(l.tokens_per_minute, s.tokens, s.reserved, reserve)) {
-    // Spent this minute: back at the next one; else room comes back as
-    // requests in flight end.
-    const auto left = s.tokens >= l.tokens_per_minute
-                          ? static_cast<std::int64_t>(60000.0 - std::fmod(now_ms, 60000.0))
+  State& s = by_key_[key.name];
+  if (l.tokens_per_minute > 0 &&
+      !tokens_fit(l.tokens_per_minute, s.tokens.used(now_ms), s.reserved, reserve)) {
+    // Spent: back when enough of the window's tokens have left it; else
+    // room comes back as requests in flight end, which cannot be known.
+    const auto wait = s.tokens.used(now_ms) >= l.tokens_per_minute
+                          ? s.tokens.wait_below_ms(now_ms, l.tokens_per_minute)
                           : std::int64_t{1000};
-    return {Admission::Verdict::limited, std::chrono::milliseconds(left), "tokens", {}};
+    return {Admission::Verdict::limited, std::chrono::milliseconds(wait), "tokens", {}};
   }
   RateStep step{true, s.tat_ms, 0};
   if (l.requests_per_second > 0) {
@@ -352,12 +380,12 @@ Admission LocalLimits::admit(const ClientKey& key, std::string_view /*request_id
 void LocalLimits::release(const ClientKey& key, std::uint64_t tokens, double now_ms,
                           std::uint64_t reserved) {
   std::lock_guard lock(mu_);
-  State& s = state_at(key, now_ms);
+  State& s = by_key_[key.name];
   if (s.in_flight > 0)
     --s.in_flight;
   if (key.limits.tokens_per_minute > 0)
     s.reserved -= std::min(s.reserved, reserved);
-  s.tokens += tokens;
+  s.tokens.add(now_ms, tokens);
 }
 
 namespace {

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -90,8 +91,36 @@ struct RateStep {
 };
 RateStep gcra_step(double tat_ms, double now_ms, double per_second, double bucket);
 
+// The tokens a key used in the last minute, a sliding window kept in
+// one-second buckets. A calendar minute (what this replaced) let twice the
+// limit through across a minute's boundary and told a refused client to
+// wait for the minute's end, not for its tokens to free. A bucket counts
+// from the start of its second until kSpanSeconds later, so every 60 s span
+// is covered (the limit holds in any minute, not only calendar ones) and a
+// token is held at most 1 s longer than a minute. At most kSpanSeconds
+// buckets: memory is bounded whatever the request rate, where a log of
+// every request's (time, tokens) would grow with it. The Redis script
+// (plugins/redis_client_keys.cpp) keeps the same buckets in a hash.
+class TokenWindow {
+ public:
+  static constexpr std::int64_t kSpanSeconds = 61;
+  // The tokens used in the window at `now_ms`; drops the buckets it left.
+  std::uint64_t used(double now_ms);
+  // Counts `tokens` used at `now_ms` (never earlier than the last add).
+  void add(double now_ms, std::uint64_t tokens);
+  // How long from `now_ms` until the tokens in the window are fewer than
+  // `limit`, as buckets leave it (0 when they already are).
+  std::int64_t wait_below_ms(double now_ms, std::uint64_t limit) const;
+  std::size_t buckets() const { return buckets_.size(); }
+
+ private:
+  void expire(std::int64_t second);
+  std::deque<std::pair<std::int64_t, std::uint64_t>> buckets_;  // (second, tokens), oldest first
+  std::uint64_t sum_ = 0;
+};
+
 // Whether a request reserving `reserve` tokens fits a tokens-per-minute
-// limit with `used` tokens spent this minute and `reserved` held by
+// limit with `used` tokens spent in the last minute and `reserved` held by
 // requests in flight: the one rule the local limiter and the Redis script
 // apply. Room must be left; and a request is let in alone whatever it
 // reserves (none held, less than the limit used).
@@ -224,13 +253,9 @@ class LocalLimits {
   struct State {
     double tat_ms = 0;
     std::uint32_t in_flight = 0;
-    std::int64_t minute = -1;
-    std::uint64_t tokens = 0;    // used this minute
+    TokenWindow tokens;          // used in the last minute
     std::uint64_t reserved = 0;  // held by requests in flight
   };
-  // The key's state with its token window moved to `now_ms`'s minute
-  // (under mu_).
-  State& state_at(const ClientKey& key, double now_ms);
   std::mutex mu_;
   std::unordered_map<std::string, State> by_key_;  // bounded by the key table
 };

@@ -44,8 +44,19 @@ std::set<std::string> documented_flags() {
   return flags;
 }
 
+// The kustomize base's objects (deploy/kubernetes/base; the overlays are
+// rendered and checked against the Kubernetes schemas by
+// kubernetes/manifests.test.mjs).
 std::vector<YAML::Node> manifests() {
-  return YAML::LoadAllFromFile(source_dir() + "/deploy/kubernetes/pdgate.yaml");
+  std::vector<YAML::Node> docs;
+  for (const auto& f : fs::directory_iterator(source_dir() + "/deploy/kubernetes/base")) {
+    if (f.path().extension() != ".yaml" || f.path().filename() == "kustomization.yaml")
+      continue;
+    for (auto& d : YAML::LoadAllFromFile(f.path().string()))
+      docs.push_back(d);
+  }
+  EXPECT_GT(docs.size(), 5u);
+  return docs;
 }
 
 YAML::Node find_kind(const std::vector<YAML::Node>& docs, const std::string& kind,
@@ -89,10 +100,12 @@ TEST(Deploy, KubernetesFlagsAndKeysExist) {
   }
 }
 
-// pdgate starts with the ConfigMap's configuration (listener and Redis
-// overridden for this machine), and the probes the Deployment declares
-// answer: liveness 200, readiness 200 or 503 (its engines do not resolve
-// here), never 404.
+// pdgate starts with the ConfigMap's configuration (listener, Redis and
+// the API-keys file overridden for this machine), and the probes the
+// Deployment declares answer: liveness 200, readiness 200 or 503 (its
+// engines do not resolve here), never 404. The ServiceMonitor's port and
+// path serve the metrics, without the admin key, among them the one the
+// autoscaler follows.
 TEST(Deploy, KubernetesProbesAnswer) {
   const auto docs = manifests();
   const std::string dir =
@@ -101,10 +114,12 @@ TEST(Deploy, KubernetesProbesAnswer) {
   std::ofstream(dir + "/pdgate.yaml")
       << find_kind(docs, "ConfigMap", "pdgate-config")["data"]["pdgate.yaml"].as<std::string>();
   std::ofstream(dir + "/key") << "test-admin-key\n";
-  Process gw("pdgate", {build_dir() + "/pdgate", "--config", dir + "/pdgate.yaml",
-                        "--admin-key-file", dir + "/key", "--host", "127.0.0.1", "--port", "0",
-                        "--admin-host", "127.0.0.1", "--admin-port", "0", "--redis",
-                        "redis://127.0.0.1:" + std::to_string(closed_port())});
+  std::ofstream(dir + "/keys.yaml") << "keys: []\n";
+  Process gw("pdgate",
+             {build_dir() + "/pdgate", "--config", dir + "/pdgate.yaml", "--admin-key-file",
+              dir + "/key", "--api-keys", dir + "/keys.yaml", "--host", "127.0.0.1", "--port", "0",
+              "--admin-host", "127.0.0.1", "--admin-port", "0", "--redis",
+              "redis://127.0.0.1:" + std::to_string(closed_port())});
   const auto client_port = gw.wait_listening();
   const auto admin_port = gw.wait_listening();
   const auto c = pdgate_container(docs);
@@ -119,6 +134,18 @@ TEST(Deploy, KubernetesProbesAnswer) {
   const auto ready =
       get(port_of("readinessProbe"), c["readinessProbe"]["httpGet"]["path"].as<std::string>());
   EXPECT_TRUE(ready.status == 200 || ready.status == 503) << ready.status << " " << ready.body;
+
+  const auto monitor = find_kind(docs, "ServiceMonitor", "pdgate");
+  const auto endpoint = monitor["spec"]["endpoints"][0];
+  ASSERT_EQ(endpoint["port"].as<std::string>(), "admin");
+  const auto metrics = get(admin_port, endpoint["path"].as<std::string>());
+  EXPECT_EQ(metrics.status, 200);
+  for (const auto& m : find_kind(docs, "HorizontalPodAutoscaler", "pdgate")["spec"]["metrics"]) {
+    if (m["type"].as<std::string>() != "Pods")
+      continue;
+    const auto name = m["pods"]["metric"]["name"].as<std::string>();
+    EXPECT_NE(metrics.body.find("\n" + name + " "), std::string::npos) << name;
+  }
   fs::remove_all(dir);
 }
 

@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -303,6 +305,78 @@ TEST(ClientKeys, TokensPerMinuteCountEngineUsage) {
       << r.status << " " << r.body;
   EXPECT_NE(r.body.find("tokens per minute"), std::string::npos) << r.body;
   EXPECT_FALSE(r.header("retry-after").empty());
+}
+
+// Waits, when `C` (the limiter's clock) is near a minute's boundary,
+// until it is 4 s into its minute: a calendar-minute limiter then gives
+// itself away (its Retry-After counts to the minute's end, and a minute
+// started between the two requests would admit the last one).
+template <typename C>
+void away_from_the_minutes_edge() {
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(C::now().time_since_epoch()).count() %
+      60000;
+  if (ms < 4000 || ms > 55000)
+    std::this_thread::sleep_for(std::chrono::milliseconds((64000 - ms) % 60000));
+}
+
+// Tokens per minute are a sliding window (issue 29, item 5): tokens used
+// 3 s ago through `first` and now through `second` fill a 40-token limit;
+// both gateways refuse the next request with Retry-After the true wait,
+// until the first request's tokens are a minute old (57 s), not until the
+// calendar minute ends.
+void tokens_slide(std::uint16_t first, std::uint16_t second, const std::string& key) {
+  constexpr int kLimit = 40;
+  auto a = chat(first, bearer(key), false, 5);
+  ASSERT_EQ(a.status, 200) << a.body;
+  const auto spent = Clock::now();
+  const int used_a = a.json()["usage"]["total_tokens"].get<int>();
+  const int prompt = a.json()["usage"]["prompt_tokens"].get<int>();
+  ASSERT_LT(used_a, kLimit / 2) << a.body;
+  std::this_thread::sleep_for(3s);
+  // Alone under the limit (with room for a probe below that would be let
+  // in before this one's release lands), yet at it with the first's tokens.
+  ASSERT_GT(kLimit - used_a - prompt, 0) << a.body;
+  auto b = chat(second, bearer(key), false, kLimit - used_a - prompt);
+  ASSERT_EQ(b.status, 200) << b.body;
+  const int used_b = b.json()["usage"]["total_tokens"].get<int>();
+  ASSERT_LT(used_b, kLimit);
+  ASSERT_GE(used_a + used_b, kLimit);
+  std::this_thread::sleep_for(300ms);  // its release lands
+  for (auto port : {first, second}) {
+    Response r;
+    EXPECT_TRUE(eventually(
+        [&] {
+          r = chat(port, bearer(key));
+          return r.status == 429;
+        },
+        5s))
+        << r.status << " " << r.body;
+    // A token counts for 60 to 61 s after it was used (one-second buckets).
+    const double left = 60 - std::chrono::duration<double>(Clock::now() - spent).count();
+    const int retry_after = std::atoi(r.header("retry-after").c_str());
+    EXPECT_GE(retry_after, static_cast<int>(std::floor(left)) - 1) << r.body;
+    EXPECT_LE(retry_after, static_cast<int>(std::ceil(left)) + 2) << r.body;
+    EXPECT_NE(r.body.find("tokens per minute"), std::string::npos) << r.body;
+  }
+}
+
+TEST(ClientKeys, TokensPerMinuteSlideAcrossReplicas) {
+  TwoReplicas r("sk-w", "    tokens_per_minute: 40\n");
+  ASSERT_TRUE(r.ready);
+  std::this_thread::sleep_for(200ms);                       // the readiness probes' releases land
+  away_from_the_minutes_edge<std::chrono::system_clock>();  // Redis's TIME
+  tokens_slide(r.gw1.port(), r.gw2.port(), "sk-w");
+}
+
+// The same sliding window in memory, without Redis.
+TEST(ClientKeys, TokensPerMinuteSlideWithoutRedis) {
+  Sim p("prefill");
+  Sim d("decode");
+  KeyFile keys(entry("k", "sk-l", "    tokens_per_minute: 40\n"));
+  Gateway gw(engines(p, d, {"--api-keys", keys.path()}));
+  away_from_the_minutes_edge<std::chrono::steady_clock>();
+  tokens_slide(gw.port(), gw.port(), "sk-l");
 }
 
 // Tokens per minute hold against concurrency: each request reserves its

@@ -10,6 +10,7 @@
 #include <poll.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -337,6 +338,68 @@ TEST(DnsDiscovery, AllowedUpstreamsHoldsForDnsAnswers) {
             std::string::npos)
       << metrics;
   EXPECT_NE(gw.process().log().find("outside --allowed-upstreams"), std::string::npos);
+}
+
+// The sample `series` (name and labels, as printed) of the gateway's
+// /metrics, or -1 when absent.
+double sample(std::uint16_t port, const std::string& series) {
+  const std::string body = get(port, "/metrics").body;
+  const auto at = body.find("\n" + series + " ");
+  return at == std::string::npos ? -1 : std::stod(body.substr(at + series.size() + 2));
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Each dns:// source's state is on /metrics (issue 29, item 10): the
+// instances it found and the addresses its last answer listed, when it last
+// resolved, and its failed lookups by kind: a server refusing the name
+// (server_error), no server at all (network or timeout). A failed lookup
+// leaves the instances, and the last resolution's time, as they were.
+TEST(DnsDiscovery, StateOfEachSourceIsOnMetrics) {
+  if (!have_dnsmasq())
+    GTEST_SKIP() << "dnsmasq is not installed (apt-get install dnsmasq-base)";
+  auto dns = std::make_unique<Dnsmasq>(Dnsmasq::Records{{"127.0.0.1", "engines.pdgate.test"}});
+  Sim a("both");
+  const std::string port = std::to_string(a.port());
+  // dnsmasq is the authority for pdgate.test only: it refuses other names.
+  const std::string good = "dns://engines.pdgate.test:" + port,
+                    refused = "dns://engines.example.com:" + port;
+  const double started = unix_now();
+  Gateway gw({"--model", "sim-model", "--prefill-servers-urls", "disable", "--decode", good,
+              refused, "--dns-server", "127.0.0.1:" + std::to_string(dns->port()), "--dns-interval",
+              "200ms"});
+  auto of = [](const std::string& name, const std::string& source, const std::string& kind = "") {
+    return name + "{source=\"" + source + "\"" + (kind.empty() ? "" : ",kind=\"" + kind + "\"") +
+           "}";
+  };
+  ASSERT_TRUE(
+      eventually([&] { return sample(gw.port(), of("pdgate_dns_instances", good)) == 1; }, 3s))
+      << get(gw.port(), "/metrics").body;
+  EXPECT_EQ(sample(gw.port(), of("pdgate_dns_addresses", good)), 1);
+  const double last = sample(gw.port(), of("pdgate_dns_last_resolution_timestamp_seconds", good));
+  EXPECT_GE(last, std::floor(started));
+  EXPECT_LE(last, unix_now() + 1);
+  EXPECT_EQ(sample(gw.port(), of("pdgate_dns_lookup_failures_total", good, "server_error")), 0);
+  EXPECT_GE(sample(gw.port(), of("pdgate_dns_lookup_failures_total", refused, "server_error")), 1);
+  EXPECT_EQ(sample(gw.port(), of("pdgate_dns_instances", refused)), 0);
+  EXPECT_EQ(sample(gw.port(), of("pdgate_dns_last_resolution_timestamp_seconds", refused)), 0);
+
+  // The server gone: its lookups fail (refused by the host, or
+  // unanswered), the instance stays, the last resolution's time stops.
+  dns.reset();
+  const double gone = unix_now();
+  auto unreachable = [&] {
+    return sample(gw.port(), of("pdgate_dns_lookup_failures_total", good, "network")) +
+           sample(gw.port(), of("pdgate_dns_lookup_failures_total", good, "timeout"));
+  };
+  ASSERT_TRUE(eventually([&] { return unreachable() >= 2; }, 3s))
+      << get(gw.port(), "/metrics").body;
+  EXPECT_EQ(sample(gw.port(), of("pdgate_dns_instances", good)), 1);
+  EXPECT_LE(sample(gw.port(), of("pdgate_dns_last_resolution_timestamp_seconds", good)),
+            gone + 0.5);
+  EXPECT_EQ(chat(gw.port()).status, 200);
 }
 
 // A name that flaps (TTL 0, a fresh set of 50 dead addresses at every

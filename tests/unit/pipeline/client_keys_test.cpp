@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "core/base/sha256.hpp"
@@ -183,7 +185,8 @@ TEST(LocalLimits, Concurrency) {
   EXPECT_EQ(limits.admit(k, "c", 2).verdict, Admission::Verdict::admitted);
 }
 
-// Tokens used in a minute close that minute; the next minute opens again.
+// Tokens used count for a minute from the second they were used in (61
+// one-second buckets); then the key has room again.
 TEST(LocalLimits, TokensPerMinute) {
   LocalLimits limits;
   KeyLimits l;
@@ -194,8 +197,48 @@ TEST(LocalLimits, TokensPerMinute) {
   auto over = limits.admit(k, "b", 3000);
   EXPECT_EQ(over.verdict, Admission::Verdict::limited);
   EXPECT_EQ(over.reason, "tokens");
-  EXPECT_EQ(over.retry_after.count(), 57000);
-  EXPECT_EQ(limits.admit(k, "c", 60'500).verdict, Admission::Verdict::admitted);
+  EXPECT_EQ(over.retry_after.count(), 60000);
+  EXPECT_EQ(limits.admit(k, "c", 62'999).verdict, Admission::Verdict::limited);
+  EXPECT_EQ(limits.admit(k, "c", 63'000).verdict, Admission::Verdict::admitted);
+}
+
+// The window's memory is bounded by its span, not by the request rate:
+// tokens used every 10 ms for ten minutes leave at most 61 buckets, which
+// hold exactly the tokens of the last 61 seconds.
+TEST(TokenWindow, BucketsAreBoundedAndHoldTheLastMinute) {
+  TokenWindow w;
+  std::size_t most = 0;
+  double now = 0;
+  for (int i = 0; i < 60'000; ++i, now += 10) {
+    w.add(now, 1);
+    most = std::max(most, w.buckets());
+  }
+  EXPECT_LE(most, 61u);
+  // The last add was at 599,990 ms: seconds 539 to 599 are in the window.
+  EXPECT_EQ(w.used(now - 10), 61u * 100u);
+  EXPECT_EQ(w.wait_below_ms(now - 10, 6000), static_cast<std::int64_t>(601'000 - (now - 10)));
+}
+
+// Tokens are counted over the last minute, not the calendar one (issue 29,
+// item 5): tokens used just before a minute's boundary still count just
+// after it, and the wait given is until they are a minute old.
+TEST(LocalLimits, TokensSlideAcrossTheMinutesBoundary) {
+  LocalLimits limits;
+  KeyLimits l;
+  l.tokens_per_minute = 100;
+  const auto k = key_with(l);
+  ASSERT_EQ(limits.admit(k, "a", 30'000).verdict, Admission::Verdict::admitted);
+  limits.release(k, 60, 30'500);
+  ASSERT_EQ(limits.admit(k, "b", 59'000).verdict, Admission::Verdict::admitted);
+  limits.release(k, 50, 59'900);
+  auto over = limits.admit(k, "c", 60'100);
+  EXPECT_EQ(over.verdict, Admission::Verdict::limited);
+  EXPECT_EQ(over.reason, "tokens");
+  // The 60 tokens of 30.5 s leave the window in its second's 61st second:
+  // at 91 s, 30.9 s from now (the exact wait, 30.4 s, plus at most 1 s).
+  EXPECT_EQ(over.retry_after.count(), 30'900);
+  EXPECT_EQ(limits.admit(k, "d", 90'900).verdict, Admission::Verdict::limited);
+  EXPECT_EQ(limits.admit(k, "e", 91'000).verdict, Admission::Verdict::admitted);
 }
 
 // A refused request (rate) does not hold a concurrency slot.
