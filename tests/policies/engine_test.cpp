@@ -82,10 +82,16 @@ TEST(PolicyLoad, BytecodeRefused) {
 
 // --- Sandbox --------------------------------------------------------------
 
-// Dangerous globals and functions are absent inside a policy.
+// Dangerous globals and functions are absent inside a policy; require
+// loads the shipped policies only, never a library or a file.
 TEST(PolicySandbox, DangerousGlobalsAbsent) {
   TempScript s(R"lua(
-    local absent = { os == nil, io == nil, require == nil, load == nil, loadstring == nil,
+    for _, name in ipairs({ "os", "io", "debug", "ffi", "jit", "package", "/etc/passwd",
+                            "./policy", "least_load.lua" }) do
+      assert(not pcall(require, name), "require loads " .. name)
+    end
+    assert(type(require("least_load").pick) == "function", "require misses a shipped policy")
+    local absent = { os == nil, io == nil, load == nil, loadstring == nil,
                      dofile == nil, loadfile == nil, debug == nil, jit == nil, ffi == nil,
                      package == nil, getfenv == nil, setfenv == nil, collectgarbage == nil,
                      string.dump == nil, ("x").dump == nil, module == nil, newproxy == nil }
