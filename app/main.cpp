@@ -461,8 +461,12 @@ int main(int argc, char** argv) {
     auto events = std::make_shared<pdgate::ZmqKvEvents>(block_index, event_options);
     events->start();
     pdgate::start_kv_event_follow(control, gateway.registry(), events, std::chrono::seconds(1));
+    gateway.set_policy_kv([engine](const std::string& prefix, std::size_t limit) {
+      return engine->kv_listing(prefix, limit);
+    });
+    gateway.set_policy_status([engine] { return engine->status_json(); });
     gateway.set_policy_hooks(
-        [engine]() { return engine->reload(); },
+        [engine]() { return engine->reload(engine->settings(), "admin"); },
         [engine, shared_index, events, discovery, load_sync, redis](pdgate::PrometheusText& m) {
           const auto& st = engine->stats();
           const std::pair<const char*, std::uint64_t> rows[] = {
@@ -473,13 +477,16 @@ int main(int argc, char** argv) {
               {"reload_failure", st.reload_failures.load()},
           };
           m.counter("pdgate_policy_errors_total",
-                    "Policy failures by kind (picks fell back to "
-                    "round-robin).");
+                    "Policy failures by kind: the request was routed round-robin (or as "
+                    "configured, for on_request), or refused with 503 when the policy is "
+                    "fail-closed. A deliberate nil or refusal is no failure "
+                    "(pdgate_policy_calls_total, outcome declined or rejected).");
           for (const auto& [kind, n] : rows)
             m.sample("pdgate_policy_errors_total", {{"kind", kind}}, n);
           m.counter("pdgate_policy_picks_total", "Policy picks.");
           m.sample("pdgate_policy_picks_total", std::uint64_t{st.picks.load()});
           engine->policy_metrics().write(m);
+          engine->write_reload_metrics(m);
           if (shared_index)
             pdgate::write_kv_index_metrics(m, shared_index->stats());
           if (load_sync)
@@ -500,7 +507,7 @@ int main(int argc, char** argv) {
            return std::move(again->config);
          },
          [engine](const pdgate::Config& next) {
-           return engine->reload(pdgate::policy::settings_from(next));
+           return engine->reload(pdgate::policy::settings_from(next), "signal");
          },
          [&gateway] { return gateway.prepare_tls_reload(); },
          [&gateway, &cfg]() -> pdgate::Result<std::function<void()>> {

@@ -1,14 +1,18 @@
 #include "policies/engine.hpp"
 
 #include <algorithm>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <system_error>
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
 
+#include "core/base/clock.hpp"
 #include "policies/local_kv_index.hpp"
+#include "policies/prefix_hash.hpp"
 
 namespace pdgate::policy {
 namespace {
@@ -89,6 +93,37 @@ Result<PolicySource> resolve_policy(const std::string& spec, const std::string& 
               "; a path must contain '/' or end in .lua)");
 }
 
+std::string PolicyEngine::kv_listing(const std::string& prefix, std::size_t limit) const {
+  std::size_t matched = 0;
+  const auto rows = kv_.list(prefix, limit, steady_now_ms(), matched);
+  auto keys = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json v;
+    if (const auto* d = std::get_if<double>(&r.value))
+      v = *d;
+    else if (const auto* str = std::get_if<std::string>(&r.value))
+      v = *str;
+    else
+      v = std::get<bool>(r.value);
+    keys.push_back({{"key", r.key},
+                    {"value", v},
+                    {"ttl_seconds",
+                     r.ttl_ms == 0 ? nlohmann::json(nullptr) : nlohmann::json(r.ttl_ms / 1000.0)}});
+  }
+  nlohmann::json j = {{"keys", keys},
+                      {"matched", matched},
+                      {"truncated", matched > rows.size()},
+                      {"bytes", kv_.bytes()}};
+  // Keys are the policies' own strings: invalid UTF-8 is replaced.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string policy_version(std::string_view text) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hash64(text)));
+  return std::string(buf, 12);
+}
+
 // --- The per-worker picker ----------------------------------------------------
 
 namespace {
@@ -102,6 +137,7 @@ class LuaPicker final : public InstancePicker {
 
   InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) override {
     failed_closed_ = false;
+    refusal_.reset();
     last_cached_ = 0;
     if (candidates.empty())
       return nullptr;
@@ -124,6 +160,18 @@ class LuaPicker final : public InstancePicker {
         stats.declined.fetch_add(1, std::memory_order_relaxed);
         counters.call(static_cast<int>(ctx.stage), CallOutcome::declined);
         break;
+      case PickStatus::rejected:
+        // A refusal with a status ends the request whether or not the
+        // policy is fail-closed: it is the policy's answer, not a failure.
+        stats.rejected.fetch_add(1, std::memory_order_relaxed);
+        counters.call(static_cast<int>(ctx.stage), CallOutcome::rejected);
+        if (!a.error.empty()) {
+          engine_->log_limited("refusal headers", std::string("policy ") + to_string(ctx.stage) +
+                                                      " refusal: headers dropped: " + a.error);
+        }
+        refusal_ = a.refusal;
+        failed_closed_ = true;
+        return nullptr;
       case PickStatus::error:
         stats.errors.fetch_add(1, std::memory_order_relaxed);
         counters.call(static_cast<int>(ctx.stage), CallOutcome::error);
@@ -150,6 +198,9 @@ class LuaPicker final : public InstancePicker {
     }
     if (closed) {
       failed_closed_ = true;
+      refusal_.emplace();
+      refusal_->reason = to_string(a.status);
+      refusal_->message = a.error;
       return nullptr;
     }
     auto chosen = fallback_.pick(candidates, ctx);
@@ -159,6 +210,7 @@ class LuaPicker final : public InstancePicker {
   }
 
   bool failed_closed() const override { return failed_closed_; }
+  const PickRefusal* last_refusal() const override { return refusal_ ? &*refusal_ : nullptr; }
   std::int64_t last_pick_cached_tokens() const override { return last_cached_; }
 
   bool on_request(const RequestHookInput& in, RequestDecision& out) override {
@@ -173,6 +225,10 @@ class LuaPicker final : public InstancePicker {
         return true;
       case HookStatus::rejected:
         counters.call(kRequestHook, CallOutcome::rejected);
+        if (!a.error.empty()) {
+          engine_->log_limited("refusal headers",
+                               "policy on_request refusal: headers dropped: " + a.error);
+        }
         return true;
       case HookStatus::error:
       case HookStatus::invalid:
@@ -211,6 +267,10 @@ class LuaPicker final : public InstancePicker {
     // or its prefill failed (no decode will follow).
     if (ctx.stage == Stage::decode || (ctx.stage == Stage::prefill && !outcome.ok))
       unpin(ctx);
+    // A failed decode may be retried, its pick reading ctx.vars again: its
+    // table goes when the request succeeds, or with the oldest ones.
+    if (vm && ctx.stage == Stage::decode && outcome.ok)
+      vm->drop_vars(ctx.serial);
     if (!vm || !vm->has_on_complete(ctx.stage))
       return;
     if (auto err = vm->on_complete(chosen, ctx, outcome, hashes_)) {
@@ -272,6 +332,8 @@ class LuaPicker final : public InstancePicker {
   std::unordered_map<std::string, std::shared_ptr<LuaVm>> pins_;
   PrefixHashCache hashes_;
   bool failed_closed_ = false;
+  // Why the last pick ended its request, when the policy refused it.
+  std::optional<PickRefusal> refusal_;
   std::int64_t last_cached_ = 0;
 };
 
@@ -289,6 +351,13 @@ PolicyEngine::PolicyEngine(PolicySettings settings, std::shared_ptr<KvLocationIn
   services_.kv_index = kv_index_.get();
   services_.watchdog = &watchdog_;
   services_.metrics = &policy_metrics_;
+  services_.module_text = [](std::string_view name) -> const char* {
+    for (const auto& sp : shipped_policies()) {
+      if (name == sp.name)
+        return sp.text;
+    }
+    return nullptr;
+  };
 }
 
 void PolicyEngine::set_exact_kv(std::shared_ptr<const KvBlockIndex> index,
@@ -312,24 +381,44 @@ Result<std::shared_ptr<PolicyEngine>> PolicyEngine::create(
   return e;
 }
 
-Result<std::shared_ptr<const PolicyBundle>> PolicyEngine::build(const PolicySettings& s) {
+Result<std::shared_ptr<const PolicyBundle>> PolicyEngine::build(const PolicySettings& s,
+                                                                std::string* failed) {
   auto bundle = std::make_shared<PolicyBundle>();
   for (int i = 0; i < 3; ++i) {
     auto src = resolve_policy(s.specs[i], s.dir);
-    if (!src)
+    if (!src) {
+      if (failed != nullptr)
+        *failed = policy_label(s.specs[i]);
       return fail(std::string(to_string(static_cast<Stage>(i))) + " policy: " + src.error());
+    }
     bundle->stages[i] = std::move(*src);
   }
+  // A load or self-check error names the script by its origin.
+  const auto blame = [&](const std::string& error) {
+    if (failed == nullptr)
+      return;
+    for (int i = 0; i < 3; ++i) {
+      if (error.find(bundle->stages[i].origin) != std::string::npos) {
+        *failed = policy_label(s.specs[i]);
+        return;
+      }
+    }
+    *failed = policy_label(s.specs[static_cast<int>(Stage::decode)]);
+  };
   bundle->generation = generation_.load() + 1;
   VmServices svc = services_;
   svc.budget = s.budget;
   svc.memory_limit = s.memory_limit;
   svc.prefix_block_bytes = s.prefix_block_bytes;
   auto vm = LuaVm::create(*bundle, svc);
-  if (!vm)
+  if (!vm) {
+    blame(vm.error());
     return fail(vm.error());
-  if (auto ok = (*vm)->self_check(); !ok)
+  }
+  if (auto ok = (*vm)->self_check(); !ok) {
+    blame(ok.error());
     return fail(ok.error());
+  }
   return std::shared_ptr<const PolicyBundle>(std::move(bundle));
 }
 
@@ -353,13 +442,23 @@ Result<bool> PolicyEngine::reload() {
 }
 
 Result<bool> PolicyEngine::reload(PolicySettings settings) {
+  return reload(std::move(settings), "reload");
+}
+
+Result<bool> PolicyEngine::reload(PolicySettings settings, const char* trigger) {
   std::lock_guard lock(mu_);
-  auto b = build(settings);
+  std::string failed;
+  auto b = build(settings, &failed);
   if (!b) {
     stats_.reload_failures.fetch_add(1, std::memory_order_relaxed);
-    spdlog::error("policy reload rejected, version {} stays: {}", generation_.load(), b.error());
+    // One series per policy name ever configured: bounded by the config.
+    ++reload_failures_by_policy_[failed];
+    last_reload_error_ = {b.error(), failed, trigger, wall_now_ms()};
+    spdlog::error("policy reload rejected ({}), version {} stays: {}", trigger, generation_.load(),
+                  b.error());
     return fail(b.error());
   }
+  last_reload_error_ = {};
   // Budget and memory apply to states built from now on.
   services_.budget = settings.budget;
   services_.memory_limit = settings.memory_limit;
@@ -396,7 +495,64 @@ std::optional<Result<bool>> PolicyEngine::reload_if_changed() {
     if (!changed)
       return std::nullopt;
   }
-  return reload();
+  return reload(settings(), "file");
+}
+
+namespace {
+
+// "2026-11-24T20:41:03Z" for a file time or a wall-clock millisecond.
+std::string iso_utc(std::chrono::system_clock::time_point t) {
+  const std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+std::string PolicyEngine::status_json() const {
+  std::lock_guard lock(mu_);
+  nlohmann::json stages = nlohmann::json::object();
+  for (int i = 0; i < 3; ++i) {
+    const PolicySource& src = bundle_->stages[i];
+    nlohmann::json st = {{"policy", policy_label(src.spec)},
+                         {"origin", src.origin},
+                         {"version", policy_version(src.text)}};
+    if (!src.origin.starts_with("builtin:")) {
+      std::error_code ec;
+      const auto t = fs::last_write_time(src.origin, ec);
+      if (!ec) {
+        st["file_time"] = iso_utc(std::chrono::time_point_cast<std::chrono::system_clock::duration>(
+            std::chrono::file_clock::to_sys(t)));
+      }
+    }
+    stages[to_string(static_cast<Stage>(i))] = std::move(st);
+  }
+  nlohmann::json last = nullptr;
+  if (!last_reload_error_.error.empty()) {
+    last = {{"error", last_reload_error_.error},
+            {"policy", last_reload_error_.policy},
+            {"trigger", last_reload_error_.trigger},
+            {"at", iso_utc(std::chrono::system_clock::time_point(
+                       std::chrono::milliseconds(last_reload_error_.wall_ms)))}};
+  }
+  nlohmann::json j = {{"generation", bundle_->generation},
+                      {"stages", stages},
+                      {"reloads", stats_.reloads.load()},
+                      {"reload_failures", stats_.reload_failures.load()},
+                      {"last_reload_error", last}};
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void PolicyEngine::write_reload_metrics(PrometheusText& m) const {
+  std::lock_guard lock(mu_);
+  m.counter("pdgate_policy_reload_failures_total",
+            "Policy reloads rejected (file change, SIGHUP or the admin API), by the policy at "
+            "fault; the running version stayed.");
+  for (const auto& [policy, n] : reload_failures_by_policy_)
+    m.sample("pdgate_policy_reload_failures_total", {{"policy", policy}}, n);
 }
 
 std::shared_ptr<const PolicyBundle> PolicyEngine::bundle() const {

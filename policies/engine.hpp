@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "core/base/result.hpp"
 #include "core/config/config.hpp"
+#include "core/observability/prometheus.hpp"
 #include "core/routing/kv_location_index.hpp"
 #include "core/upstream/instance.hpp"
 #include "policies/lua_vm.hpp"
@@ -49,6 +51,10 @@ struct ShippedPolicy {
 };
 const std::vector<ShippedPolicy>& shipped_policies();
 
+// A script's version: 12 hex digits of a hash of its text, the same on
+// every replica that runs the same file.
+std::string policy_version(std::string_view text);
+
 // Resolves a spec to its text: a path (contains '/' or ends in .lua), a
 // file NAME.lua in `dir`, or a shipped policy's name.
 Result<PolicySource> resolve_policy(const std::string& spec, const std::string& dir);
@@ -58,6 +64,7 @@ Result<PolicySource> resolve_policy(const std::string& spec, const std::string& 
 struct PolicyStats {
   std::atomic<std::uint64_t> picks{0};
   std::atomic<std::uint64_t> declined{0};
+  std::atomic<std::uint64_t> rejected{0};  // picks that refused with a status
   std::atomic<std::uint64_t> errors{0};
   std::atomic<std::uint64_t> invalid{0};
   std::atomic<std::uint64_t> budget_exceeded{0};
@@ -84,6 +91,9 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   // Reloads if a script file's modification time or size changed since it
   // was loaded. Returns the reload's result, or nothing if none changed.
   std::optional<Result<bool>> reload_if_changed();
+  // The same, saying what asked for it ("file", "signal", "admin") in
+  // /admin/config's last error.
+  Result<bool> reload(PolicySettings settings, const char* trigger);
 
   std::shared_ptr<const PolicyBundle> bundle() const;
   std::uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
@@ -97,6 +107,15 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   // Calls by policy, stage and outcome; pdgate.count's counters.
   PolicyMetrics& policy_metrics() { return policy_metrics_; }
   KvStore& kv() { return kv_; }
+  // GET /admin/policy/kv: the first `limit` live keys of the shared store
+  // that start with `prefix`, with their values and TTLs, as JSON text.
+  std::string kv_listing(const std::string& prefix, std::size_t limit) const;
+  // GET /admin/config's "policies": the running version, each stage's
+  // policy (name, origin, content hash, file time) and the last rejected
+  // reload's error, whatever triggered it (file change, SIGHUP, admin).
+  std::string status_json() const;
+  // pdgate_policy_reload_failures_total{policy}.
+  void write_reload_metrics(PrometheusText& m) const;
   KvLocationIndex& kv_index() { return *kv_index_; }
   VmServices services() const;
   // What pdgate.cached_tokens() reads (docs/kv-events.md). Set before the
@@ -111,7 +130,9 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
 
  private:
   PolicyEngine(PolicySettings settings, std::shared_ptr<KvLocationIndex> kv_index);
-  Result<std::shared_ptr<const PolicyBundle>> build(const PolicySettings& s);
+  // On failure `failed` names the policy at fault (its metric label).
+  Result<std::shared_ptr<const PolicyBundle>> build(const PolicySettings& s,
+                                                    std::string* failed = nullptr);
 
   struct FileStamp {
     std::filesystem::path path;
@@ -125,6 +146,15 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
   std::shared_ptr<const PolicyBundle> bundle_;
   std::vector<FileStamp> stamps_;
   std::atomic<std::uint64_t> generation_{0};
+  // The last rejected reload (under mu_), for /admin/config.
+  struct ReloadError {
+    std::string error;
+    std::string policy;
+    std::string trigger;
+    std::int64_t wall_ms = 0;
+  };
+  ReloadError last_reload_error_;
+  std::map<std::string, std::uint64_t> reload_failures_by_policy_;  // bounded by specs ever named
 
   PolicyStats stats_;
   PolicyMetrics policy_metrics_;

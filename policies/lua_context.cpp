@@ -32,10 +32,34 @@ void set_string(lua_State* L, const char* k, std::string_view v) {
 // fresh request id string every time) was half the cost of a pick.
 constexpr const char* kCtxFields[] = {
     "stage",           "model",      "stream",  "is_chat", "prompt_len",
-    "conversation_id", "request_id", "prefill", "headers", "key"};
+    "conversation_id", "request_id", "prefill", "headers", "key",
+    "attempt",         "failed",     "vars"};
+
+// ctx.failed: {id, url, role, kind, status, labels} of the stage's last
+// failed attempt, or nil before any failed.
+void push_failed(lua_State* L, const PickContext& ctx) {
+  const auto s = static_cast<std::size_t>(ctx.stage);
+  if (ctx.retries == nullptr || !ctx.retries->last[s] || !ctx.retries->last[s]->instance) {
+    lua_pushnil(L);
+    return;
+  }
+  const PickFailure& f = *ctx.retries->last[s];
+  const Instance& inst = *f.instance;
+  lua_createtable(L, 0, 6);
+  set_number(L, "id", static_cast<double>(inst.id));
+  set_string(L, "url", inst.spec.url);
+  set_string(L, "role", pdgate::to_string(inst.spec.role));
+  set_string(L, "kind", f.kind);
+  set_number(L, "status", f.status);
+  const auto labels = inst.labels();
+  lua_createtable(L, 0, static_cast<int>(labels->size()));
+  for (const auto& [k, v] : *labels)
+    set_string(L, k.c_str(), v);
+  lua_setfield(L, -2, "labels");
+}
 
 // Pushes field `i` of kCtxFields for `ctx` (nil when it has no value).
-void push_ctx_field(lua_State* L, const PickContext& ctx, int i) {
+void push_ctx_field(Impl& I, lua_State* L, const PickContext& ctx, int i) {
   switch (i) {
     case 0:
       lua_pushstring(L, pdgate::to_string(ctx.stage));
@@ -82,6 +106,19 @@ void push_ctx_field(lua_State* L, const PickContext& ctx, int i) {
     case 9:
       push_client_key(L, ctx.key);
       return;
+    case 10:
+      lua_pushnumber(
+          L, ctx.retries == nullptr
+                 ? 1.0
+                 : static_cast<double>(
+                       ctx.retries->failed_attempts[static_cast<std::size_t>(ctx.stage)] + 1));
+      return;
+    case 11:
+      push_failed(L, ctx);
+      return;
+    case 12:
+      push_vars(I, ctx.serial);
+      return;
     default:
       lua_pushnil(L);
   }
@@ -102,7 +139,7 @@ int ctx_index(lua_State* L) {
   for (int i = 0; i < static_cast<int>(std::size(kCtxFields)); ++i) {
     if (k != kCtxFields[i])
       continue;
-    push_ctx_field(L, *ctx, i);
+    push_ctx_field(*I, L, *ctx, i);
     if (!lua_isnil(L, -1)) {
       lua_pushvalue(L, -1);
       lua_setfield(L, 1, kCtxFields[i]);
@@ -272,6 +309,51 @@ void push_ctx(Impl& I, const PickContext& ctx) {
     lua_setfield(L, -2, kCtxFields[i]);
     I.ctx_filled &= ~(1u << i);
   }
+}
+
+void push_vars(Impl& I, std::uint64_t serial) {
+  lua_State* L = I.L;
+  if (serial == 0) {  // a request without a serial (the self-check): its own table
+    lua_newtable(L);
+    return;
+  }
+  if (I.vars_ref == LUA_NOREF) {
+    lua_newtable(L);
+    I.vars_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.vars_ref);
+  lua_pushnumber(L, static_cast<double>(serial));
+  lua_rawget(L, -2);
+  if (!lua_isnil(L, -1)) {
+    lua_remove(L, -2);
+    return;
+  }
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_pushnumber(L, static_cast<double>(serial));
+  lua_pushvalue(L, -2);
+  lua_rawset(L, -4);
+  I.vars_order.push_back(serial);
+  if (I.vars_order.size() > Impl::kMaxVars) {
+    lua_pushnumber(L, static_cast<double>(I.vars_order.front()));
+    lua_pushnil(L);
+    lua_rawset(L, -4);
+    I.vars_order.pop_front();
+  }
+  lua_remove(L, -2);
+}
+
+void drop_vars(Impl& I, std::uint64_t serial) {
+  if (I.vars_ref == LUA_NOREF || serial == 0)
+    return;
+  lua_State* L = I.L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.vars_ref);
+  lua_pushnumber(L, static_cast<double>(serial));
+  lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+  // The order list keeps the serial until it is the oldest: dropping a
+  // table that is gone already costs nothing.
 }
 
 void push_chosen_instance(Impl& I, Stage stage, const Instance& chosen) {

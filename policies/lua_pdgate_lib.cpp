@@ -14,6 +14,7 @@
 #include "core/routing/request_hook.hpp"
 #include "core/upstream/load_model.hpp"
 #include "policies/detail/lua_bindings.hpp"
+#include "policies/detail/lua_sandbox.hpp"
 #include "policies/detail/lua_state.hpp"
 #include "policies/prefix_hash.hpp"
 
@@ -344,6 +345,10 @@ int l_prompt_tokens(lua_State* L) {
   return 1;
 }
 
+// The longest TTL or window a script may give (a year), so that seconds
+// turned into milliseconds stay far inside an int64.
+constexpr double kMaxKvSeconds = 31536000;
+
 // Runtime failures return nil, err (OpenResty style); caller mistakes raise.
 int push_fail(lua_State* L, const std::string& msg) {
   lua_pushnil(L);
@@ -408,11 +413,50 @@ int l_kv_incr(lua_State* L) {
   std::size_t n = 0;
   const char* k = luaL_checklstring(L, 1, &n);
   const double delta = luaL_optnumber(L, 2, 1);
-  auto r = I.svc.kv->incr({k, n}, delta, steady_ms(Clock::now()));
+  // A key this call creates expires after ttl seconds: a window's counter
+  // in one step, with no moment where it exists without its expiry.
+  const double ttl_s = luaL_optnumber(L, 3, 0);
+  if (!(ttl_s >= 0 && ttl_s <= kMaxKvSeconds))
+    return luaL_argerror(L, 3, "ttl must be 0..31536000 seconds");
+  auto r = I.svc.kv->incr({k, n}, delta, steady_ms(Clock::now()),
+                          static_cast<std::int64_t>(std::ceil(ttl_s * 1000)));
   if (!r)
     return push_fail(L, r.error());
   lua_pushnumber(L, *r);
   return 1;
+}
+
+// pdgate.rate(key, limit, window_seconds) -> allowed, retry_after_seconds,
+// count: a sliding window of `limit` events per window under `key`, shared
+// by every worker (KvStore::rate); an allowed call is counted. On a store
+// failure (full): nil, err.
+int l_rate(lua_State* L) {
+  Impl& I = impl_of(L);
+  std::size_t n = 0;
+  const char* k = luaL_checklstring(L, 1, &n);
+  const double limit = luaL_checknumber(L, 2);
+  const double window_s = luaL_checknumber(L, 3);
+  if (!(limit >= 1 && limit <= static_cast<double>(KvStore::kMaxRateLimit)) ||
+      limit != std::floor(limit))
+    return luaL_argerror(L, 2, "limit must be a whole number 1..100000");
+  if (!(window_s > 0 && window_s <= kMaxKvSeconds))
+    return luaL_argerror(L, 3, "window must be 0..31536000 seconds");
+  if (I.checking) {
+    // A reload's self-check on a synthetic request takes no one's slot.
+    lua_pushboolean(L, 1);
+    lua_pushnumber(L, 0);
+    lua_pushnumber(L, 0);
+    return 3;
+  }
+  auto r = I.svc.kv->rate({k, n}, static_cast<std::int64_t>(limit),
+                          std::max<std::int64_t>(1, static_cast<std::int64_t>(window_s * 1000)),
+                          steady_ms(Clock::now()));
+  if (!r)
+    return push_fail(L, r.error());
+  lua_pushboolean(L, r->allowed ? 1 : 0);
+  lua_pushnumber(L, static_cast<double>(r->retry_after_ms) / 1000.0);
+  lua_pushnumber(L, static_cast<double>(r->count));
+  return 3;
 }
 
 // pdgate.hash(string [, seed]): seed lets rendezvous hashing score one key
@@ -513,6 +557,7 @@ const luaL_Reg kPdgateLib[] = {
     {"kv_get", l_kv_get},
     {"kv_set", l_kv_set},
     {"kv_incr", l_kv_incr},
+    {"rate", l_rate},
     {"hash", l_hash},
     {"now_ms", l_now_ms},
     {"count", l_count},
@@ -522,10 +567,61 @@ const luaL_Reg kPdgateLib[] = {
 
 }  // namespace
 
+// require(name): a shipped policy's table of hooks, to build on
+// (`local pa = require "prefix_affinity"`, then `pa.pick(ctx, instances)`
+// in a pick of one's own). Loaded once per state, in a sandbox of its own
+// (its locals are its own), within the calling code's budget; only the
+// shipped policies, never a file.
+int l_require(lua_State* L) {
+  Impl& I = impl_of(L);
+  std::size_t n = 0;
+  const char* name = luaL_checklstring(L, 1, &n);
+  if (I.modules_ref == LUA_NOREF) {
+    lua_newtable(L);
+    I.modules_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  lua_rawgeti(L, LUA_REGISTRYINDEX, I.modules_ref);
+  const int modules = lua_gettop(L);
+  lua_pushlstring(L, name, n);
+  lua_rawget(L, modules);
+  if (lua_istable(L, -1))
+    return 1;
+  if (lua_isboolean(L, -1))
+    return luaL_error(L, "require: '%s' requires itself", name);
+  const char* text = I.svc.module_text != nullptr ? I.svc.module_text({name, n}) : nullptr;
+  if (text == nullptr)
+    return luaL_error(L, "require: no shipped policy named '%s'", name);
+  lua_pushlstring(L, name, n);
+  lua_pushboolean(L, 0);
+  lua_rawset(L, modules);
+  const std::string chunk = "@builtin:" + std::string(name, n);
+  if (luaL_loadbufferx(L, text, std::strlen(text), chunk.c_str(), "t") != 0)
+    return lua_error(L);
+  push_sandbox_env(L);
+  lua_setfenv(L, -2);
+  const int status = lua_pcall(L, 0, 1, 0);
+  if (status != 0 || !lua_istable(L, -1)) {
+    // Not cached: a later require tries again (this one may have run out
+    // of the caller's budget).
+    lua_pushlstring(L, name, n);
+    lua_pushnil(L);
+    lua_rawset(L, modules);
+    if (status != 0)
+      return lua_error(L);
+    return luaL_error(L, "require: '%s' did not return a table", name);
+  }
+  lua_pushlstring(L, name, n);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, modules);
+  return 1;
+}
+
 void register_pdgate_lib(lua_State* L) {
   lua_newtable(L);
   luaL_register(L, nullptr, kPdgateLib);
   lua_setglobal(L, "pdgate");
+  lua_pushcfunction(L, l_require);
+  lua_setglobal(L, "require");
 }
 
 }  // namespace pdgate::policy::detail

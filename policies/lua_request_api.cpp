@@ -202,6 +202,8 @@ int req_index(lua_State* L) {
     if (in.key == nullptr)
       return 0;
     push_client_key(L, in.key);
+  } else if (k == "vars") {
+    push_vars(I, in.serial);
   } else if (k == "body") {
     lua_createtable(L, 0, 4);
     lua_rawgeti(L, LUA_REGISTRYINDEX, I.body_meta_ref);

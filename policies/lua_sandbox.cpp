@@ -182,8 +182,9 @@ int safe_xpcall(lua_State* L) {
 // package/require, load*, dofile, getfenv/setfenv, collectgarbage) is
 // simply not there.
 constexpr const char* kSafeGlobals[] = {
-    "assert", "error",  "ipairs", "next",   "pairs",    "select",       "tonumber",     "tostring",
-    "type",   "unpack", "rawget", "rawset", "rawequal", "setmetatable", "getmetatable", "_VERSION",
+    "assert",   "error",        "ipairs",       "next",     "pairs",   "select",
+    "tonumber", "tostring",     "type",         "unpack",   "rawget",  "rawset",
+    "rawequal", "setmetatable", "getmetatable", "_VERSION", "require",
 };
 constexpr const char* kSafeLibs[] = {"string", "table", "math", "bit"};
 

@@ -52,6 +52,8 @@ const char* to_string(PickStatus s) {
       return "chosen";
     case PickStatus::declined:
       return "declined";
+    case PickStatus::rejected:
+      return "rejected";
     case PickStatus::error:
       return "error";
     case PickStatus::invalid:
@@ -95,6 +97,70 @@ class CallScope {
  private:
   Impl& I_;
 };
+
+// A refusal's status (at `at`), message (at + 1) and headers table
+// (at + 2) as a hook or pick returned them. Returns an error for a
+// status outside 400..599 or a message that is not a string or nil; a
+// header out of bounds is dropped and named in `dropped`. The table is
+// walked raw: outside the protected call no metamethod may run.
+std::optional<std::string> read_refusal(lua_State* L, int at, unsigned& status,
+                                        std::string& message,
+                                        std::vector<std::pair<std::string, std::string>>& headers,
+                                        std::string& dropped) {
+  const double d = lua_tonumber(L, at);
+  std::size_t n = 0;
+  const char* msg = lua_type(L, at + 1) == LUA_TSTRING ? lua_tolstring(L, at + 1, &n) : nullptr;
+  if (!(d >= 400 && d <= 599 && d == std::floor(d)) || (msg == nullptr && !lua_isnil(L, at + 1)))
+    return "a refusal is a status 400..599, an optional message string and an optional table of "
+           "headers (got status " +
+           std::to_string(d) + ")";
+  status = static_cast<unsigned>(d);
+  message = msg != nullptr ? std::string(msg, std::min<std::size_t>(n, 1024))
+                           : std::string("request refused by policy");
+  if (lua_isnil(L, at + 2))
+    return std::nullopt;
+  if (!lua_istable(L, at + 2))
+    return std::string("a refusal's headers must be a table, not a ") +
+           lua_typename(L, lua_type(L, at + 2));
+  lua_pushnil(L);
+  while (lua_next(L, at + 2) != 0) {
+    // Keys and values are copied, never converted in place (that would
+    // break lua_next); numbers (Retry-After = 5) are written as integers.
+    std::string name, value;
+    bool ok = lua_type(L, -2) == LUA_TSTRING;
+    if (ok) {
+      std::size_t kn = 0;
+      const char* k = lua_tolstring(L, -2, &kn);
+      name.assign(k, std::min<std::size_t>(kn, kMaxHeaderNameBytes + 1));
+    }
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      std::size_t vn = 0;
+      const char* v = lua_tolstring(L, -1, &vn);
+      value.assign(v, std::min<std::size_t>(vn, kMaxRefusalValueBytes + 1));
+    } else if (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) >= 0 &&
+               lua_tonumber(L, -1) < 1e15) {
+      value = std::to_string(static_cast<std::int64_t>(std::ceil(lua_tonumber(L, -1))));
+    } else {
+      ok = false;
+    }
+    lua_pop(L, 1);
+    std::optional<std::string> why;
+    if (!ok)
+      why = "headers map names to strings or numbers";
+    else if (headers.size() >= kMaxRefusalHeaders)
+      why = "at most " + std::to_string(kMaxRefusalHeaders) + " headers";
+    else
+      why = refusal_header_error(name, value);
+    if (why) {
+      if (dropped.size() < 512)
+        dropped +=
+            (dropped.empty() ? "" : "; ") + (name.empty() ? std::string("?") : name) + ": " + *why;
+      continue;
+    }
+    headers.emplace_back(std::move(name), std::move(value));
+  }
+  return std::nullopt;
+}
 
 // Empties the argument slot (an existing registry entry: no allocation),
 // so the state does not keep the last call's argument alive.
@@ -319,15 +385,30 @@ PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickCon
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.stages[static_cast<int>(ctx.stage)].pick_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.ctx_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, array_ref);
-  const int status = budgeted_call(I, 2, 1, I.svc.budget);
+  // The answer, then a refusal's status, message and headers.
+  const int status = budgeted_call(I, 2, 4, I.svc.budget);
   if (status != 0) {
     a.status = I.timed_out ? PickStatus::budget : PickStatus::error;
     a.error = pop_call_error(I);
     lua_settop(L, base);
     return a;
   }
+  // The answer on top, as one result left it; status, message, headers
+  // from base + 1.
+  lua_pushvalue(L, base + 1);
+  lua_remove(L, base + 1);
   const int t = lua_type(L, -1);
-  if (t == LUA_TNIL || (t == LUA_TBOOLEAN && lua_toboolean(L, -1) == 0)) {
+  if ((t == LUA_TNIL || (t == LUA_TBOOLEAN && lua_toboolean(L, -1) == 0)) &&
+      !lua_isnil(L, base + 1)) {
+    PickRefusal& r = a.refusal;
+    if (auto err = read_refusal(L, base + 1, r.status, r.message, r.headers, a.error)) {
+      a.status = PickStatus::invalid;
+      a.error = "pick returned nil and " + *err;
+    } else {
+      a.status = PickStatus::rejected;
+      r.reason = "rejected";
+    }
+  } else if (t == LUA_TNIL || (t == LUA_TBOOLEAN && lua_toboolean(L, -1) == 0)) {
     a.status = PickStatus::declined;
   } else if (t == LUA_TNUMBER) {
     const double d = lua_tonumber(L, -1);
@@ -411,6 +492,10 @@ std::optional<std::string> LuaVm::on_complete(const Instance& chosen, const Pick
   return err;
 }
 
+void LuaVm::drop_vars(std::uint64_t serial) {
+  detail::drop_vars(*impl_, serial);
+}
+
 bool LuaVm::has_on_request() const {
   return impl_->request_ref != LUA_NOREF;
 }
@@ -444,6 +529,7 @@ HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out,
   ctx.for_each_header = in.for_each_header;
   ctx.header_source = in.header_source;
   ctx.key = in.key;
+  ctx.serial = in.serial;
   CallScope scope(I, ctx, hashes, 0);
   I.cur_where = kRequestHook;
   I.cur_hook = &in;
@@ -467,7 +553,7 @@ HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out,
   }
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.request_ref);
   lua_rawgeti(L, LUA_REGISTRYINDEX, I.arg_ref);
-  const int status = budgeted_call(I, 1, 2, I.svc.budget);
+  const int status = budgeted_call(I, 1, 4, I.svc.budget);
   release_arg(I);
   if (status != 0) {
     a.status = I.timed_out ? HookStatus::budget : HookStatus::error;
@@ -475,23 +561,21 @@ HookAnswer LuaVm::on_request(const RequestHookInput& in, RequestDecision& out,
     lua_settop(L, base);
     return a;
   }
-  // Nothing: go on. A status and a message: answer with them.
-  const int t = lua_type(L, -2);
-  if (t == LUA_TNIL) {
+  // Nothing: go on. A status, a message and headers: answer with them
+  // (`nil, status, ...` as a pick refuses is read the same).
+  const int first = lua_gettop(L) - 3;
+  const int t = lua_type(L, first);
+  const int at = t == LUA_TNIL && lua_type(L, first + 1) == LUA_TNUMBER ? first + 1 : first;
+  if (t == LUA_TNIL && at == first) {
     a.status = HookStatus::accepted;
-  } else if (t == LUA_TNUMBER) {
-    const double d = lua_tonumber(L, -2);
-    std::size_t n = 0;
-    const char* msg = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &n) : nullptr;
-    if (d >= 400 && d <= 599 && d == std::floor(d) && (msg != nullptr || lua_isnil(L, -1))) {
-      a.status = HookStatus::rejected;
-      out.reject_status = static_cast<unsigned>(d);
-      out.reject_message = msg != nullptr ? std::string(msg, std::min<std::size_t>(n, 1024))
-                                          : std::string("request refused by policy");
-    } else {
+  } else if (lua_type(L, at) == LUA_TNUMBER) {
+    if (auto err = read_refusal(L, at, out.reject_status, out.reject_message, out.reject_headers,
+                                a.error)) {
       a.status = HookStatus::invalid;
-      a.error = "on_request returned " + std::to_string(d) +
-                " (expected a status 400..599 and an optional message string)";
+      a.error = "on_request returned " + *err;
+      out.reject_status = 0;
+    } else {
+      a.status = HookStatus::rejected;
     }
   } else {
     a.status = HookStatus::invalid;
@@ -537,7 +621,8 @@ Result<bool> LuaVm::self_check() {
       ctx.chosen_prefill = fake[0].get();
     const PickAnswer a = pick(fake, ctx, hashes);
     const std::string& origin = impl_->stages[static_cast<int>(s)].origin;
-    if (a.status != PickStatus::chosen && a.status != PickStatus::declined) {
+    if (a.status != PickStatus::chosen && a.status != PickStatus::declined &&
+        a.status != PickStatus::rejected) {
       return fail("policy " + origin + " failed its self-check (" + to_string(s) +
                   " pick on 3 instances): " + to_string(a.status) + ": " + a.error);
     }

@@ -61,6 +61,9 @@ struct VmServices {
   // Per-policy counters (calls, pdgate.count, pdgate.log's limit); a VM
   // given none keeps its own.
   PolicyMetrics* metrics = nullptr;
+  // What `require(name)` loads: a shipped policy's text, or null when
+  // there is none of that name. Null: require knows no module.
+  const char* (*module_text)(std::string_view name) = nullptr;
 };
 
 // A request's prefix block hashes, computed at most once however many
@@ -81,7 +84,8 @@ class PrefixHashCache {
   std::size_t next_ = 0;
 };
 
-enum class PickStatus { chosen, declined, error, invalid, budget };
+// rejected: the script answered `nil, status, message [, headers]`.
+enum class PickStatus { chosen, declined, rejected, error, invalid, budget };
 const char* to_string(PickStatus s);
 
 struct PickAnswer {
@@ -91,6 +95,9 @@ struct PickAnswer {
   // Prompt tokens the chosen instance holds, as this pick's lookups
   // (pdgate.prefix_matches, pdgate.cached_tokens) found; 0 when none ran.
   std::int64_t cached_tokens = 0;
+  // When rejected: the status, message and checked headers; `error` then
+  // lists headers that were dropped (out of bounds), if any.
+  PickRefusal refusal;
 };
 
 // How a request hook call went.
@@ -99,7 +106,9 @@ const char* to_string(HookStatus s);
 
 struct HookAnswer {
   HookStatus status = HookStatus::accepted;
-  std::string error;  // why, when error / invalid / budget
+  // Why, when error / invalid / budget; when rejected, the refusal's
+  // headers that were dropped (out of bounds), if any.
+  std::string error;
 };
 
 class LuaVm {
@@ -129,6 +138,8 @@ class LuaVm {
   // prompt's hashes if the hook computed them.
   HookAnswer on_request(const RequestHookInput& in, RequestDecision& out, PrefixHashCache& hashes);
   bool has_on_request() const;
+  // The request's ctx.vars table is no longer needed (its decode ended).
+  void drop_vars(std::uint64_t serial);
   // The stage's script declared `fail_closed = true`: a failure answers
   // 503 instead of falling back to round-robin.
   bool fail_closed(Stage s) const;

@@ -16,8 +16,9 @@ void PolicyCounters::write(PrometheusText& m) const {
     const bool hook = w == kRequestHook;
     for (const CallOutcome o : {CallOutcome::picked, CallOutcome::declined, CallOutcome::accepted,
                                 CallOutcome::rejected, CallOutcome::error, CallOutcome::budget}) {
+      // rejected: the hook, or a pick, refused with a status of its own.
       const bool pick_only = o == CallOutcome::picked || o == CallOutcome::declined;
-      const bool hook_only = o == CallOutcome::accepted || o == CallOutcome::rejected;
+      const bool hook_only = o == CallOutcome::accepted;
       if ((hook && pick_only) || (!hook && hook_only))
         continue;
       m.sample("pdgate_policy_calls_total",
@@ -30,7 +31,8 @@ void PolicyMetrics::write(PrometheusText& m) const {
   std::lock_guard lock(mu_);
   m.counter("pdgate_policy_calls_total",
             "Policy hook calls by policy, stage (encode, prefill, decode picks; request: "
-            "on_request) and outcome.");
+            "on_request) and outcome (picked, declined: nil; accepted; rejected: refused with a "
+            "status; error, budget: failed).");
   for (const auto& [name, c] : by_name_)
     c->write(m);
   m.counter("pdgate_policy_custom_total", "Counters kept by policies with pdgate.count().");

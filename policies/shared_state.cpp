@@ -16,8 +16,22 @@ std::size_t KvStore::cost(std::string_view key, const KvValue& v) {
 }
 
 void KvStore::erase_locked(std::unordered_map<std::string, Entry>::iterator it) {
-  bytes_ -= cost(it->first, it->second.value);
+  bytes_ -= cost(it->first, it->second.value) + it->second.times.capacity() * 8;
   map_.erase(it);
+}
+
+bool KvStore::make_room_locked(std::size_t add, std::int64_t now_ms) {
+  if (bytes_ + add <= max_bytes_)
+    return true;
+  // Keys with a TTL are only dropped when read: a full store sweeps them
+  // (at most its byte cap / 64 entries, rarely) before refusing.
+  for (auto it = map_.begin(); it != map_.end();) {
+    auto next = std::next(it);
+    if (it->second.expires_ms != 0 && it->second.expires_ms <= now_ms)
+      erase_locked(it);
+    it = next;
+  }
+  return bytes_ + add <= max_bytes_;
 }
 
 std::optional<KvValue> KvStore::get(std::string_view key, std::int64_t now_ms) {
@@ -38,20 +52,17 @@ Result<bool> KvStore::set(std::string_view key, KvValue value, std::int64_t ttl_
   const std::size_t add = cost(key, value);
   std::string k(key);
   auto it = map_.find(k);
-  const std::size_t old = it == map_.end() ? 0 : cost(it->first, it->second.value);
-  if (bytes_ - old + add > max_bytes_)
+  if (it != map_.end())
+    erase_locked(it);
+  if (!make_room_locked(add, now_ms))
     return fail("shared store full");
-  bytes_ = bytes_ - old + add;
-  Entry e{std::move(value), ttl_ms > 0 ? now_ms + ttl_ms : 0};
-  if (it == map_.end()) {
-    map_.emplace(std::move(k), std::move(e));
-  } else {
-    it->second = std::move(e);
-  }
+  bytes_ += add;
+  map_.emplace(std::move(k), Entry{std::move(value), ttl_ms > 0 ? now_ms + ttl_ms : 0, {}, 0});
   return true;
 }
 
-Result<double> KvStore::incr(std::string_view key, double delta, std::int64_t now_ms) {
+Result<double> KvStore::incr(std::string_view key, double delta, std::int64_t now_ms,
+                             std::int64_t ttl_ms) {
   std::lock_guard lock(mu_);
   std::string k(key);
   auto it = map_.find(k);
@@ -61,17 +72,98 @@ Result<double> KvStore::incr(std::string_view key, double delta, std::int64_t no
   }
   if (it == map_.end()) {
     const std::size_t add = cost(k, KvValue{0.0});
-    if (bytes_ + add > max_bytes_)
+    if (!make_room_locked(add, now_ms))
       return fail("shared store full");
     bytes_ += add;
-    map_.emplace(std::move(k), Entry{delta, 0});
+    map_.emplace(std::move(k), Entry{delta, ttl_ms > 0 ? now_ms + ttl_ms : 0, {}, 0});
     return delta;
   }
   auto* d = std::get_if<double>(&it->second.value);
-  if (d == nullptr)
+  if (d == nullptr || !it->second.times.empty())
     return fail("value is not a number");
   *d += delta;
   return *d;
+}
+
+Result<KvStore::RateAnswer> KvStore::rate(std::string_view key, std::int64_t limit,
+                                          std::int64_t window_ms, std::int64_t now_ms) {
+  if (limit < 1 || limit > kMaxRateLimit)
+    return fail("limit must be 1.." + std::to_string(kMaxRateLimit));
+  if (window_ms < 1)
+    return fail("window must be positive");
+  std::lock_guard lock(mu_);
+  std::string k(key);
+  auto it = map_.find(k);
+  if (it != map_.end() && it->second.times.empty() &&
+      (it->second.expires_ms == 0 || it->second.expires_ms > now_ms))
+    return fail("key holds a value that is not a rate log");
+  if (it == map_.end() || (it->second.expires_ms != 0 && it->second.expires_ms <= now_ms)) {
+    if (it != map_.end())
+      erase_locked(it);
+    const std::size_t add = cost(k, KvValue{0.0});
+    if (!make_room_locked(add, now_ms))
+      return fail("shared store full");
+    bytes_ += add;
+    it = map_.emplace(std::move(k), Entry{0.0, 0, {}, 0}).first;
+  }
+  Entry& e = it->second;
+  e.expires_ms = 0;  // so that making room below cannot sweep this entry
+  // Events that left the window; the log is compacted when half of it is.
+  while (e.head < e.times.size() && e.times[e.head] <= now_ms - window_ms)
+    ++e.head;
+  if (e.head > 0 && e.head * 2 >= e.times.size()) {
+    e.times.erase(e.times.begin(), e.times.begin() + static_cast<std::ptrdiff_t>(e.head));
+    e.head = 0;
+  }
+  RateAnswer a;
+  a.count = static_cast<std::int64_t>(e.times.size() - e.head);
+  // Over the limit (a smaller limit than before counts only the newest).
+  if (a.count >= limit) {
+    const std::int64_t oldest = e.times[e.times.size() - static_cast<std::size_t>(limit)];
+    a.retry_after_ms = std::max<std::int64_t>(1, oldest + window_ms - now_ms);
+  } else {
+    const std::size_t before = e.times.capacity();
+    if (e.times.size() == before && !make_room_locked(std::max<std::size_t>(before, 4) * 8, now_ms))
+      return fail("shared store full");
+    e.times.push_back(now_ms);
+    bytes_ += (e.times.capacity() - before) * 8;
+    a.allowed = true;
+    ++a.count;
+  }
+  e.value = static_cast<double>(a.count);
+  // The log empties itself one window after its last event.
+  e.expires_ms = e.times.back() + window_ms;
+  return a;
+}
+
+namespace {
+bool by_key(const KvStore::Listed& a, const KvStore::Listed& b) {
+  return a.key < b.key;
+}
+}  // namespace
+
+std::vector<KvStore::Listed> KvStore::list(std::string_view prefix, std::size_t max,
+                                           std::int64_t now_ms, std::size_t& matched) const {
+  std::lock_guard lock(mu_);
+  std::vector<Listed> out;
+  matched = 0;
+  for (const auto& [k, e] : map_) {
+    if (k.compare(0, prefix.size(), prefix) != 0 || (e.expires_ms != 0 && e.expires_ms <= now_ms))
+      continue;
+    ++matched;
+    out.push_back({k, e.value, e.expires_ms == 0 ? 0 : e.expires_ms - now_ms});
+    // Keep the first `max` in key order without holding every match
+    // (linear: trimmed each time it doubles).
+    if (out.size() >= 2 * max + 2) {
+      std::nth_element(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(max), out.end(),
+                       by_key);
+      out.resize(max);
+    }
+  }
+  std::sort(out.begin(), out.end(), by_key);
+  if (out.size() > max)
+    out.resize(max);
+  return out;
 }
 
 void KvStore::erase(std::string_view key) {

@@ -30,18 +30,50 @@ class KvStore {
   std::optional<KvValue> get(std::string_view key, std::int64_t now_ms);
   // ttl_ms 0: no expiry. Fails when the store would exceed its byte cap.
   Result<bool> set(std::string_view key, KvValue value, std::int64_t ttl_ms, std::int64_t now_ms);
-  // Adds to a number (absent counts as 0) and returns the new value.
-  Result<double> incr(std::string_view key, double delta, std::int64_t now_ms);
+  // Adds to a number (absent counts as 0) and returns the new value. A
+  // key this creates expires after ttl_ms (0: never): the counter of a
+  // fixed window, set and expired in one step.
+  Result<double> incr(std::string_view key, double delta, std::int64_t now_ms,
+                      std::int64_t ttl_ms = 0);
   void erase(std::string_view key);
   std::size_t bytes() const;
+
+  // A sliding-window limit: whether one more event under `key` fits in
+  // `limit` per `window_ms` (and is then counted), exact across the
+  // workers that share the store. The log keeps one time per event
+  // counted, at most kMaxRateLimit per key.
+  struct RateAnswer {
+    bool allowed = false;
+    std::int64_t count = 0;           // events in the window, this one included if allowed
+    std::int64_t retry_after_ms = 0;  // when refused: until the oldest event leaves the window
+  };
+  static constexpr std::int64_t kMaxRateLimit = 100000;
+  Result<RateAnswer> rate(std::string_view key, std::int64_t limit, std::int64_t window_ms,
+                          std::int64_t now_ms);
+
+  // Up to `max` live entries whose key starts with `prefix`, in key order
+  // (the admin API's listing), and how many matched in all.
+  struct Listed {
+    std::string key;
+    KvValue value;
+    std::int64_t ttl_ms = 0;  // left; 0: none
+  };
+  std::vector<Listed> list(std::string_view prefix, std::size_t max, std::int64_t now_ms,
+                           std::size_t& matched) const;
 
  private:
   struct Entry {
     KvValue value;
     std::int64_t expires_ms = 0;  // 0: never
+    // pdgate.rate: the times of the events in the window, oldest first
+    // (the value then is their count).
+    std::vector<std::int64_t> times;
+    std::size_t head = 0;  // times[head..] are in the window
   };
   static std::size_t cost(std::string_view key, const KvValue& v);
   void erase_locked(std::unordered_map<std::string, Entry>::iterator it);
+  // Room for `add` more bytes, expired entries dropped first if needed.
+  bool make_room_locked(std::size_t add, std::int64_t now_ms);
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> map_;

@@ -181,6 +181,9 @@ void fields(const RequestRecord& r, bool json, Emit&& emit) {
     emit("policy", Value{Value::raw, {}, policies_used(r, true)});
   else
     emit("policy", text_of(policies_used(r, false)));
+  emit("reject", text_of(std::string_view(r.reject)));
+  emit("tenant", text_of(std::string_view(r.tenant)));
+  emit("path", text_of(std::string_view(r.path)));
 }
 
 // A value as the format writes it: "-" or null when absent, text as a

@@ -37,6 +37,11 @@ using tcp = net::ip::tcp;
 
 namespace {
 
+// GET /admin/policy/kv lists this many keys unless asked for fewer (or
+// more, up to the cap): the store holds up to ~16,000 small entries.
+constexpr std::size_t kPolicyKvDefaultLimit = 100;
+constexpr std::size_t kPolicyKvMaxLimit = 1000;
+
 AdminApi::Response json_response(const AdminApi::Request& req, unsigned status, const json& j) {
   AdminApi::Response res{static_cast<http::status>(status), req.version()};
   res.set(http::field::server, "pdgate");
@@ -391,6 +396,10 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
     j["reloads"] = {{"applied", reloads_applied_},
                     {"refused", reloads_refused_},
                     {"last_error", last_reload_error_}};
+    // The policies' own state: a script rejected by file polling shows
+    // here too, not only in the log.
+    if (hooks_.policy_status)
+      j["policies"] = json::parse(hooks_.policy_status());
     co_return json_response(req, 200, j);
   }
   if (path == "/admin/policy/reload" && method == http::verb::post) {
@@ -400,6 +409,30 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
     if (!r)
       co_return error(req, 422, "policy reload failed: " + r.error());
     co_return json_response(req, 200, {{"reloaded", *r}});
+  }
+  if (path == "/admin/policy/kv" && method == http::verb::get) {
+    if (!hooks_.policy_kv)
+      co_return error(req, 404, "no policy engine");
+    std::string prefix;
+    std::size_t limit = kPolicyKvDefaultLimit;
+    const std::string_view target = req.target();
+    if (const auto q = target.find('?'); q != std::string_view::npos) {
+      auto items = query_items(target.substr(q + 1));
+      if (!items)
+        co_return error(req, 400, "query: " + items.error());
+      for (const auto& [k, v] : *items) {
+        if (k == "prefix") {
+          prefix = v;
+        } else if (k == "limit") {
+          std::size_t n = 0;
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+          if (ec != std::errc{} || end != v.data() + v.size() || n < 1 || n > kPolicyKvMaxLimit)
+            co_return error(req, 400, "limit must be 1.." + std::to_string(kPolicyKvMaxLimit));
+          limit = n;
+        }
+      }
+    }
+    co_return json_response(req, 200, json::parse(hooks_.policy_kv(prefix, limit)));
   }
   if (path == "/admin/instances") {
     if (method == http::verb::get) {

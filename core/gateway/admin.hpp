@@ -42,6 +42,12 @@ class AdminApi {
     std::function<std::string()> status_json;     // GET /status
     // GET /readyz, as the client port answers it: status and body.
     std::function<std::pair<unsigned, std::string>()> readiness;
+    // GET /admin/policy/kv?prefix=P&limit=N: the policies' shared store
+    // (JSON text), its first N keys with that prefix. Null: no policies.
+    std::function<std::string(const std::string& prefix, std::size_t limit)> policy_kv;
+    // GET /admin/config's "policies": versions, files, the last rejected
+    // reload (JSON text). Null: no policies.
+    std::function<std::string()> policy_status;
   };
 
   // Reads the key (ADMIN_API_KEY, else --admin-key-file) and parses

@@ -444,7 +444,8 @@ void Gateway::start() {
                        auto [status, j] =
                            readiness(*set, RequiredRoles::from(cfg_), stopping_.load());
                        return std::pair{static_cast<unsigned>(status), j.dump()};
-                     }});
+                     },
+                     policy_kv_, policy_status_});
   if (admin_acceptor_)
     net::co_spawn(admin_ioc_,
                   serve_admin(*admin_acceptor_, admin_, admin_tls_.get(), cfg_.client_idle_timeout),

@@ -73,6 +73,15 @@ class Gateway {
   // counters), both from main(); set before run().
   void set_policy_hooks(std::function<Result<bool>()> reload,
                         std::function<void(PrometheusText&)> metrics);
+  // GET /admin/policy/kv's listing of the policies' shared store (JSON
+  // text); from main(), set before run().
+  void set_policy_kv(std::function<std::string(const std::string&, std::size_t)> listing) {
+    policy_kv_ = std::move(listing);
+  }
+  // GET /admin/config's "policies" (JSON text); from main(), before run().
+  void set_policy_status(std::function<std::string()> status) {
+    policy_status_ = std::move(status);
+  }
   // What hands the memory a worker's allocator holds freed back to the
   // system, called by each worker on its own thread (the allocator keeps a
   // heap per thread) once it has gone quiet: a second without a new
@@ -144,6 +153,8 @@ class Gateway {
   const LoopGuard loop_guard_;
   std::function<Result<bool>()> reload_policy_;
   std::function<void(PrometheusText&)> policy_metrics_;
+  std::function<std::string(const std::string&, std::size_t)> policy_kv_;
+  std::function<std::string()> policy_status_;
   std::shared_ptr<SpanSink> span_sink_;
   std::function<void()> trim_allocator_;
   std::shared_ptr<AdminApi> admin_;

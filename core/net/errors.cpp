@@ -161,6 +161,7 @@ GatewayError policy_error(unsigned status, std::string message, std::string deta
   GatewayError e;
   e.kind = status == 0 ? ErrorKind::policy_failed : ErrorKind::policy_rejected;
   e.source = ErrorSource::policy;
+  e.stage = "policy";
   e.policy_status = status;
   e.message = std::move(message);
   e.detail = std::move(detail);
@@ -259,6 +260,8 @@ http::response<http::string_body> make_error_response(const GatewayError& err,
     res.set(http::field::content_type, "application/json");
     res.body() = error_json(status, client_message(err, verbose), err.param);
   }
+  for (const auto& [name, value] : err.headers)
+    res.set(name, value);
   if (err.retry_after_seconds > 0)
     res.set(http::field::retry_after, std::to_string(err.retry_after_seconds));
   else if (err.kind == ErrorKind::overloaded || err.kind == ErrorKind::limiter_unavailable)

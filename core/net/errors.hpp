@@ -8,6 +8,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <boost/beast/http.hpp>
 
@@ -85,6 +87,11 @@ struct GatewayError {
   unsigned policy_status = 0;
   // Seconds for a Retry-After header (0: none, unless the kind implies one).
   unsigned retry_after_seconds = 0;
+  // A policy's refusal: why, for the access log ("decode:declined",
+  // "request:rejected", "prefill:error", ...), and the response headers
+  // it chose (Retry-After, x-*; checked and bounded by the policy engine).
+  std::string reason;
+  std::vector<std::pair<std::string, std::string>> headers;
 };
 
 // The HTTP status the client gets for `e`.

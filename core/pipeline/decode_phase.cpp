@@ -143,7 +143,12 @@ net::awaitable<std::unique_ptr<DecodeRelay>> decode_phase(RequestContext& rc) {
       rc.decode_queued_tokens = rc.prefill ? 0 : rc.uncached_after_pick();
     }
     if (!rc.decode) {
-      rc.fail(no_instance(Stage::decode, w.picker));
+      // On a retry the failed attempt's error stays the answer (the
+      // engine's 500, not the policy's refusal to go elsewhere), unless
+      // the policy refused with a status of its own.
+      GatewayError none = no_instance(Stage::decode, w.picker);
+      if (!rc.failure || none.kind == ErrorKind::policy_rejected)
+        rc.fail(std::move(none));
       co_return nullptr;
     }
     if (rc.outcome.record)
@@ -197,6 +202,7 @@ net::awaitable<std::unique_ptr<DecodeRelay>> decode_phase(RequestContext& rc) {
     if (rc.failure->kind == ErrorKind::client_gone)
       co_return nullptr;
     rc.tried_decode.push_back(rc.decode.get());
+    rc.attempt_failed(Stage::decode, rc.decode, *rc.failure);
     if (rc.connector.names_peers() || !has_alternative(rc.set->decode, rc.tried_decode) ||
         !rc.failover.may_retry(Stage::decode, *rc.failure))
       co_return nullptr;

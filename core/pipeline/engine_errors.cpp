@@ -84,11 +84,24 @@ GatewayError no_instance(Stage stage) {
 }
 
 GatewayError no_instance(Stage stage, const InstancePicker& picker) {
-  if (!picker.failed_closed())
+  const PickRefusal* r = picker.last_refusal();
+  if (r == nullptr && !picker.failed_closed())
     return no_instance(stage);
-  GatewayError g = policy_error(
-      0, std::string("the ") + to_string(stage) + " routing policy failed and is fail-closed");
-  g.stage = to_string(stage);
+  const std::string policy = std::string("the ") + to_string(stage) + " routing policy";
+  const std::string why = r != nullptr ? r->reason : "error";
+  GatewayError g;
+  if (r != nullptr && r->status != 0) {
+    // A refusal the policy chose: its status, message and headers.
+    g = policy_error(r->status, r->message);
+    g.headers = r->headers;
+  } else if (why == "declined") {
+    g = policy_error(0, policy + " declined the request (it is fail-closed)");
+  } else {
+    g = policy_error(0, policy + " failed and is fail-closed",
+                     policy + " failed (" + why + ")" +
+                         (r != nullptr && !r->message.empty() ? ": " + r->message : ""));
+  }
+  g.reason = std::string(to_string(stage)) + ":" + why;
   return g;
 }
 

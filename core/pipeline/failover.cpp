@@ -50,6 +50,37 @@ bool has_alternative(const std::vector<InstancePtr>& list,
   return false;
 }
 
+std::string failure_kind(const GatewayError& e) {
+  switch (e.kind) {
+    case ErrorKind::connect_failed:
+      return "connect";
+    case ErrorKind::connect_timed_out:
+      return "connect_timeout";
+    case ErrorKind::timed_out:
+      return "timeout";
+    case ErrorKind::connection_closed:
+      return "closed";
+    case ErrorKind::bad_response:
+      return "bad_response";
+    case ErrorKind::response_too_large:
+      return "too_large";
+    case ErrorKind::ejected:
+      return "ejected";
+    default:
+      break;
+  }
+  if (e.engine_status != 0)
+    return "status_" + std::to_string(e.engine_status);
+  return to_string(e.kind);
+}
+
+void note_attempt_failed(PickRetries& retries, Stage stage, const InstancePtr& inst,
+                         const GatewayError& e) {
+  const auto s = static_cast<std::size_t>(stage);
+  ++retries.failed_attempts[s];
+  retries.last[s] = PickFailure{inst, failure_kind(e), e.engine_status};
+}
+
 bool Failover::may_retry(Stage stage, const GatewayError& e) {
   if (!e.retriable)
     return false;

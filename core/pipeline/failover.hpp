@@ -28,6 +28,16 @@ std::vector<InstancePtr> untried(const std::vector<InstancePtr>& list,
 bool has_alternative(const std::vector<InstancePtr>& list,
                      const std::vector<const Instance*>& tried);
 
+// The failure's kind as a policy's retry pick sees it (ctx.failed.kind):
+// "connect", "connect_timeout", "timeout", "closed", "bad_response",
+// "too_large", "ejected", "status_NNN" for an engine's 5xx, else the
+// ErrorKind's name.
+std::string failure_kind(const GatewayError& e);
+// Records the failed attempt at `stage` on `inst`, so the pick that
+// retries it sees ctx.attempt and ctx.failed.
+void note_attempt_failed(PickRetries& retries, Stage stage, const InstancePtr& inst,
+                         const GatewayError& e);
+
 // How many more times one request may go to another instance. A request
 // that never reached an engine may go elsewhere whatever the retry budget,
 // up to kNeverSentRetries times per stage: it cost no engine anything (but

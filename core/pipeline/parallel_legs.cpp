@@ -144,6 +144,9 @@ net::awaitable<PairOutcome> run_pair(RequestContext& rc) {
 }  // namespace
 
 net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext& rc) {
+  // The last pair's failure, the answer when no instance is picked for a
+  // retry (as in prefill_with_failover).
+  std::optional<GatewayError> previous;
   for (bool retrying = false;; retrying = true) {
     PairOutcome o = co_await run_pair(rc);
     // A retried pair is over: its unit of budget goes back.
@@ -155,7 +158,9 @@ net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext&
     }
     GatewayError& e = *o.error;
     if (e.kind == ErrorKind::client_gone || !o.failed) {
-      rc.fail(std::move(e));
+      const bool keep = previous && !o.failed && e.kind != ErrorKind::policy_rejected &&
+                        e.kind != ErrorKind::client_gone;
+      rc.fail(keep ? std::move(*previous) : std::move(e));
       co_return nullptr;
     }
     // The failed leg's instance is not tried again (the other leg was
@@ -163,6 +168,7 @@ net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext&
     const bool prefill_failed = o.failed_stage == Stage::prefill;
     auto& tried = prefill_failed ? rc.tried_prefill : rc.tried_decode;
     tried.push_back(o.failed.get());
+    rc.attempt_failed(o.failed_stage, o.failed, e);
     if (!has_alternative(prefill_failed ? rc.set->prefill : rc.set->decode, tried) ||
         !rc.failover.may_retry(o.failed_stage, e)) {
       rc.fail(std::move(e));
@@ -170,6 +176,7 @@ net::awaitable<std::unique_ptr<DecodeRelay>> parallel_legs_phase(RequestContext&
     }
     spdlog::info("request {}: {} leg on {} failed ({}), both legs again on other instances",
                  rc.request_id(), to_string(o.failed_stage), o.failed->spec.url, to_string(e.kind));
+    previous = std::move(e);
   }
 }
 

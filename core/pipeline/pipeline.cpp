@@ -122,6 +122,7 @@ bool validate_phase(RequestContext& rc) {
   ctx.header_source = &rc.req;
   ctx.for_each_header = &policy_headers;
   ctx.request_id = rc.request_id();
+  ctx.serial = ++rc.w.last_request_serial;
   return true;
 }
 
@@ -192,6 +193,8 @@ net::awaitable<bool> finish(ClientRequest& c, const std::string& request_id,
   const http::request<http::string_body>& req = c.req;
   RequestOutcome& outcome = c.outcome;
   outcome.stage = err.stage;
+  if (outcome.record)
+    outcome.record->reject = err.reason;
   const unsigned status = status_of(err);
   const std::string& logged = err.detail.empty() ? err.message : err.detail;
   if (err.kind == ErrorKind::client_gone || c.scope.client_gone()) {
@@ -252,6 +255,8 @@ net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
   // (true) or ends it, leaving why in rc->failure.
   bool on = authenticate(w, c.req, admission, rc->failure);
   rc->client_key = admission.key();
+  if (rc->client_key != nullptr && c.outcome.record)
+    c.outcome.record->tenant = rc->client_key->name;
   on = on && validate_phase(*rc);
   // Limits once the body says what the request may generate.
   bool admitted = on || rc->client_key != nullptr || w.client_keys == nullptr;

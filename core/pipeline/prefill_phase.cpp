@@ -191,6 +191,9 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
 
 net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext& rc,
                                                                   std::string_view params) {
+  // The last attempt's failure: when the policy then finds no instance
+  // to retry on, the engine's error is the answer, not the refusal.
+  std::optional<GatewayError> previous;
   for (bool retrying = false;; retrying = true) {
     PrefillAnswer a = co_await run_prefill(rc, params, rc.scope, nullptr);
     // A retried prefill is over: its unit of budget goes back (the decode
@@ -208,14 +211,18 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
       rc.decode_body = std::move(a.decode_body);
       co_return std::nullopt;
     }
-    if (a.error->kind == ErrorKind::client_gone || !a.instance)
+    if (a.error->kind == ErrorKind::client_gone)
       co_return a.error;
+    if (!a.instance)
+      co_return previous&& a.error->kind != ErrorKind::policy_rejected ? previous : a.error;
     rc.tried_prefill.push_back(a.instance.get());
+    rc.attempt_failed(Stage::prefill, a.instance, *a.error);
     if (!has_alternative(rc.set->prefill, rc.tried_prefill) ||
         !rc.failover.may_retry(Stage::prefill, *a.error))
       co_return a.error;
     spdlog::info("request {}: prefill on {} failed ({}), retrying on another instance",
                  rc.request_id(), a.instance->spec.url, to_string(a.error->kind));
+    previous = std::move(a.error);
   }
 }
 

@@ -43,6 +43,8 @@ struct RequestView {
   std::string request_id;
   std::string model;
   PickContext ctx;
+  // The failed attempts ctx.retries points at once there is one.
+  PickRetries retries;
 };
 
 struct RequestContext {
@@ -130,6 +132,12 @@ struct RequestContext {
 
   const std::string& request_id() const { return view->request_id; }
   PickContext& pick() { return view->ctx; }
+  // A failed attempt at `stage` on `inst`: the next pick of that stage
+  // sees it (ctx.attempt, ctx.failed).
+  void attempt_failed(Stage stage, const InstancePtr& inst, const GatewayError& e) {
+    note_attempt_failed(view->retries, stage, inst, e);
+    view->ctx.retries = &view->retries;
+  }
 
   // The prompt tokens a leg just picked would compute on its instance:
   // the prompt (the engine's count when asked, else the estimate policies

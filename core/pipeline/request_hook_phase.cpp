@@ -59,14 +59,22 @@ bool request_hook_phase(RequestContext& rc) {
   in.for_each_header = rc.pick().for_each_header;
   in.header_source = rc.pick().header_source;
   in.key = rc.client_key;
+  in.serial = rc.pick().serial;
   rc.pick().key = rc.client_key;
   RequestDecision d;
   if (rc.w.picker.on_request(in, d)) {
-    if (d.failed_closed)
-      return rc.fail(
-          policy_error(0, "the request policy failed", "request hook failed: " + d.error));
-    if (d.reject_status != 0)
-      return rc.fail(policy_error(d.reject_status, std::move(d.reject_message)));
+    if (d.failed_closed) {
+      GatewayError e =
+          policy_error(0, "the request policy failed", "request hook failed: " + d.error);
+      e.reason = "request:error";
+      return rc.fail(std::move(e));
+    }
+    if (d.reject_status != 0) {
+      GatewayError e = policy_error(d.reject_status, std::move(d.reject_message));
+      e.headers = std::move(d.reject_headers);
+      e.reason = "request:rejected";
+      return rc.fail(std::move(e));
+    }
     apply_header_edits(rc.fwd, d.headers);
     if (auto edited = hooked_body(rc.body, rc.index, rc.api, d)) {
       if (!use_edited_body(rc, std::move(*edited), "the request hook's body edit"))
@@ -74,6 +82,8 @@ bool request_hook_phase(RequestContext& rc) {
     }
   }
   rc.one_hop = one_hop_for(rc, d.path);
+  if (rc.outcome.record)
+    rc.outcome.record->path = rc.one_hop ? "one_hop" : "pd";
   // One hop has no prefill to hand blocks to, and only NIXL's params can
   // name a previous turn's blocks: no reuse otherwise.
   rc.reuse = !rc.one_hop && rc.connector.passes_params();

@@ -56,6 +56,14 @@ struct RequestRecord {
   // conversation (or reuse is off).
   const char* conversation = "";
   StagePolicies policies;  // named for the stages that chose an instance
+  // Why a policy refused the request ("decode:declined", "request:rejected",
+  // GatewayError::reason); empty when none did.
+  std::string reject;
+  // The client key's name (--api-keys), empty without keys; the path the
+  // request took: "pd" (prefill, then decode) or "one_hop", empty when it
+  // was not routed.
+  std::string tenant;
+  const char* path = "";
 };
 
 // The outcome of one request: status and stage for /metrics, the record

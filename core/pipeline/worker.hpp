@@ -60,6 +60,8 @@ struct WorkerContext {
   // Requests this worker has begun: its housekeeping tells a worker that
   // went quiet by it.
   std::uint64_t requests_started = 0;
+  // The last PickContext::serial given to a request of this worker.
+  std::uint64_t last_request_serial = 0;
   // Multi-turn KV reuse: this worker's handle on the conversation store
   // (null: reuse off, e.g. in tests that build a bare WorkerContext).
   std::unique_ptr<ConversationStore> conversations;

@@ -78,6 +78,27 @@ std::optional<std::string> header_edit_error(std::string_view name, const std::s
   return std::nullopt;
 }
 
+std::optional<std::string> refusal_header_error(std::string_view name, std::string_view value) {
+  if (name.empty() || name.size() > kMaxHeaderNameBytes)
+    return "header name must be 1.." + std::to_string(kMaxHeaderNameBytes) + " bytes";
+  if (!http_tokens::is_token(name))
+    return "header name '" + std::string(name) + "' is not an HTTP token";
+  const bool x = name.size() > 2 && iequals(name.substr(0, 2), "x-");
+  if (!iequals(name, "retry-after") && !x)
+    return "a refusal may set Retry-After and x-* headers, not '" + std::string(name) + "'";
+  if (iequals(name, "x-request-id") ||
+      (name.size() >= 9 && iequals(name.substr(0, 9), "x-pdgate-")))
+    return "header '" + std::string(name) + "' is pdgate's own";
+  if (value.size() > kMaxRefusalValueBytes)
+    return "header value longer than " + std::to_string(kMaxRefusalValueBytes) + " bytes";
+  for (char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t') || u == 0x7f)
+      return "header value contains a control character";
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> hooked_body(std::string_view body, const JsonObjectIndex& index,
                                        GenerationApi api, const RequestDecision& d) {
   const bool is_chat = api == GenerationApi::chat;

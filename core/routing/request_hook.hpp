@@ -43,6 +43,8 @@ struct RequestHookInput {
   const void* header_source = nullptr;
   // The client's API key (--api-keys), null when keys are off.
   const ClientKey* key = nullptr;
+  // PickContext::serial: the hook's req.vars is the picks' ctx.vars.
+  std::uint64_t serial = 0;
 };
 
 // An upstream header to set (value) or remove (no value).
@@ -53,9 +55,11 @@ struct HeaderEdit {
 
 struct RequestDecision {
   // Non-zero: the request is answered with this status (400..599) and
-  // message and goes no further.
+  // message and goes no further, with these response headers (checked by
+  // refusal_header_error).
   unsigned reject_status = 0;
   std::string reject_message;
+  std::vector<std::pair<std::string, std::string>> reject_headers;
   std::vector<HeaderEdit> headers;
   // Caps max_tokens (and a chat's max_completion_tokens); set when absent.
   std::optional<std::int64_t> max_tokens_cap;
@@ -79,6 +83,16 @@ constexpr std::size_t kMaxHeaderValueBytes = 1024;
 // `value` null: a removal.
 std::optional<std::string> header_edit_error(std::string_view name,
                                              const std::string* value = nullptr);
+
+// Bounds on the response headers a policy's refusal may carry.
+constexpr std::size_t kMaxRefusalHeaders = 8;
+constexpr std::size_t kMaxRefusalValueBytes = 256;
+
+// Why a policy's refusal may not carry this response header, or nothing
+// when it may: Retry-After, or an x-* name (not x-request-id, not
+// x-pdgate-*), a token within kMaxHeaderNameBytes, a value within
+// kMaxRefusalValueBytes without control characters.
+std::optional<std::string> refusal_header_error(std::string_view name, std::string_view value);
 
 // The body the engines get after the hook's field edits (max_tokens cap,
 // priority), or nothing when the decision edits no field or changes

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -373,6 +374,22 @@ class Registry {
 
 struct ClientKey;  // core/pipeline/client_keys.hpp
 
+// What an attempt at a stage met, for the pick that retries it elsewhere
+// (docs/policies.md, "Retries"): the instance, and the failure's kind as
+// policies see it ("connect", "timeout", "status_500", ...).
+struct PickFailure {
+  InstancePtr instance;
+  std::string kind;
+  unsigned status = 0;  // what the engine answered, 0 if it did not
+};
+
+// A request's failed attempts, per stage (indexed by Stage), kept by the
+// pipeline where the pick context can point at it for the request's life.
+struct PickRetries {
+  std::array<unsigned, 3> failed_attempts{0, 0, 0};
+  std::array<std::optional<PickFailure>, 3> last;
+};
+
 // What a picker may look at, gathered before it runs: pickers never do
 // I/O. It grows as policies need more.
 struct PickContext {
@@ -402,6 +419,12 @@ struct PickContext {
   // The client's API key (--api-keys), null when keys are off: policies
   // route tenants by its name and labels.
   const ClientKey* key = nullptr;
+  // Failover: the attempts at each stage that failed so far, and the last
+  // one's failure (ctx.attempt, ctx.failed); null before any failed.
+  const PickRetries* retries = nullptr;
+  // A number no other request of this worker has (0: none): what keys a
+  // policy's state for this request (ctx.vars) from its hook to its picks.
+  std::uint64_t serial = 0;
 };
 
 // How a routed request ended, for policies that learn.
@@ -425,6 +448,19 @@ struct PickOutcome {
 struct RequestHookInput;
 struct RequestDecision;
 
+// Why a policy's pick answered no instance, when the policy meant it to
+// end the request: a refusal with a status of its own (`return nil, 429,
+// "message", {headers}`), or a fail-closed policy that declined (nil) or
+// failed (error, budget, a bad answer).
+struct PickRefusal {
+  // "declined", "rejected" (with a status), or the failure:
+  // "error", "invalid", "budget".
+  const char* reason = "declined";
+  unsigned status = 0;  // 400..599 for "rejected"
+  std::string message;  // the policy's (rejected) or the failure's (operators only)
+  std::vector<std::pair<std::string, std::string>> headers;  // checked
+};
+
 // Chooses an instance for one stage of one request. Each worker thread has
 // its own picker (created by a PickerFactory), so a picker needs no locks
 // for its own state.
@@ -445,6 +481,10 @@ class InstancePicker {
   // Whether the last pick's null answer came from a failed policy that is
   // fail-closed (503), not from a lack of usable instances.
   virtual bool failed_closed() const { return false; }
+  // Why the last pick's null answer ends the request (the policy refused
+  // it, or a fail-closed policy declined or failed); null when it does
+  // not (no usable instance).
+  virtual const PickRefusal* last_refusal() const { return nullptr; }
   // Prompt tokens the last pick's instance was believed to hold cached,
   // as the policy's lookups saw them (0 when it looked up nothing): the
   // rest is the work the request queues there (InFlightGuard).

@@ -39,6 +39,10 @@ void push_chosen_instance(Impl& I, Stage stage, const Instance& chosen);
 void push_outcome(Impl& I, const PickOutcome& outcome);
 // {name = ..., labels = {...}} of the client's API key, or nil.
 void push_client_key(lua_State* L, const ClientKey* key);
+// ctx.vars / req.vars: the request's table (by PickContext::serial), made
+// on first use; drop_vars forgets it (the request's decode was reported).
+void push_vars(Impl& I, std::uint64_t serial);
+void drop_vars(Impl& I, std::uint64_t serial);
 // Adds one header to the table on top of the stack; the callback a
 // request's for_each_header is given.
 void add_header(void* L, std::string_view name, std::string_view value);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,6 +108,15 @@ struct LuaVm::Impl {
   // instance): it is built inside a protected call (run_protected) and
   // only fetched outside it, which allocates nothing.
   int arg_ref = LUA_NOREF;
+  // ctx.vars: each request's table by PickContext::serial (a registry
+  // table, made on first use), and the serials in the order their tables
+  // were made: past kMaxVars the oldest is dropped, so requests that end
+  // without their decode being reported cannot pile up.
+  static constexpr std::size_t kMaxVars = 4096;
+  int vars_ref = LUA_NOREF;
+  // require's modules by name (a registry table; false while loading).
+  int modules_ref = LUA_NOREF;
+  std::deque<std::uint64_t> vars_order;
 
   // The request being handled, for the pdgate.* helpers.
   const PickContext* cur_ctx = nullptr;

@@ -82,10 +82,16 @@ TEST(PolicyLoad, BytecodeRefused) {
 
 // --- Sandbox --------------------------------------------------------------
 
-// Dangerous globals and functions are absent inside a policy.
+// Dangerous globals and functions are absent inside a policy; require
+// loads the shipped policies only, never a library or a file.
 TEST(PolicySandbox, DangerousGlobalsAbsent) {
   TempScript s(R"lua(
-    local absent = { os == nil, io == nil, require == nil, load == nil, loadstring == nil,
+    for _, name in ipairs({ "os", "io", "debug", "ffi", "jit", "package", "/etc/passwd",
+                            "./policy", "least_load.lua" }) do
+      assert(not pcall(require, name), "require loads " .. name)
+    end
+    assert(type(require("least_load").pick) == "function", "require misses a shipped policy")
+    local absent = { os == nil, io == nil, load == nil, loadstring == nil,
                      dofile == nil, loadfile == nil, debug == nil, jit == nil, ffi == nil,
                      package == nil, getfenv == nil, setfenv == nil, collectgarbage == nil,
                      string.dump == nil, ("x").dump == nil, module == nil, newproxy == nil }
@@ -478,6 +484,62 @@ TEST(SharedState, KvStoreCap) {
   EXPECT_TRUE(kv.set("t", true, 10, 100).ok());
   EXPECT_TRUE(kv.get("t", 105).has_value());
   EXPECT_FALSE(kv.get("t", 111).has_value());  // expired
+}
+
+// kv_incr's TTL is set with the key it creates, in the same step; a
+// full store drops expired keys before refusing.
+TEST(SharedState, IncrWithTtlAndSweep) {
+  KvStore kv(1000);
+  EXPECT_EQ(*kv.incr("w", 1, 0, 100), 1.0);
+  EXPECT_EQ(*kv.incr("w", 1, 50, 100), 2.0);   // the first call's expiry stands
+  EXPECT_EQ(*kv.incr("w", 1, 100, 100), 1.0);  // expired at 100: a new window
+  KvStore full(1000);
+  // 13 keys of ~75 bytes each (key, value, entry overhead).
+  for (int i = 0; i < 13; ++i)
+    EXPECT_TRUE(full.incr("k" + std::to_string(i), 1, 0, 10).ok()) << i;
+  EXPECT_FALSE(full.incr("one-too-many", 1, 5).ok());
+  EXPECT_TRUE(full.incr("after-expiry", 1, 10).ok());  // the expired keys went
+}
+
+// pdgate.rate: at most `limit` events in any `window`, the refusal saying
+// when the oldest counted one leaves; the log is bounded by the limit.
+TEST(SharedState, SlidingWindow) {
+  KvStore kv;
+  for (int t = 0; t < 3; ++t)
+    EXPECT_TRUE(kv.rate("r", 3, 1000, t * 100)->allowed) << t;
+  auto refused = *kv.rate("r", 3, 1000, 500);
+  EXPECT_FALSE(refused.allowed);
+  EXPECT_EQ(refused.count, 3);
+  EXPECT_EQ(refused.retry_after_ms, 500);  // the event at 0 leaves at 1000
+  EXPECT_FALSE(kv.rate("r", 3, 1000, 999)->allowed);
+  EXPECT_TRUE(kv.rate("r", 3, 1000, 1000)->allowed);  // 0 left; 100, 200, 1000
+  EXPECT_FALSE(kv.rate("r", 3, 1000, 1050)->allowed);
+  for (int t = 0; t < 100000; t += 7)
+    (void)kv.rate("busy", 5, 50, 2000 + t);
+  EXPECT_LT(kv.bytes(), 4096u);
+  EXPECT_FALSE(kv.rate("r", 0, 1000, 0).ok());
+  EXPECT_FALSE(kv.rate("r", 1, 0, 0).ok());
+  EXPECT_TRUE(kv.set("n", 1.0, 0, 0).ok());
+  EXPECT_FALSE(kv.rate("n", 3, 1000, 0).ok());  // a value, not a rate log
+  EXPECT_FALSE(kv.incr("r", 1, 1050).ok());     // a rate log, not a number
+}
+
+// The admin listing: by prefix, in key order, the first `max`, live only.
+TEST(SharedState, Listing) {
+  KvStore kv;
+  for (int i = 9; i >= 0; --i)
+    EXPECT_TRUE(kv.set("p:" + std::to_string(i), static_cast<double>(i), i == 0 ? 10 : 0, 0).ok());
+  EXPECT_TRUE(kv.set("q", true, 0, 0).ok());
+  std::size_t matched = 0;
+  const auto rows = kv.list("p:", 3, 5, matched);
+  EXPECT_EQ(matched, 10u);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].key, "p:0");
+  EXPECT_EQ(rows[0].ttl_ms, 5);
+  EXPECT_EQ(rows[2].key, "p:2");
+  EXPECT_EQ(kv.list("p:", 3, 20, matched)[0].key, "p:1");  // p:0 expired
+  EXPECT_EQ(matched, 9u);
+  EXPECT_EQ(kv.list("", 100, 20, matched).size(), 10u);
 }
 
 // --- Reload ---------------------------------------------------------------

@@ -11,33 +11,10 @@
 #include <sstream>
 
 #include "tests/integration/harness.hpp"
+#include "tests/policies/policy_gateway_util.hpp"
 
 namespace pdgate::test {
 namespace {
-
-Json user_chat(const std::string& content, int max_tokens = 4) {
-  return {{"model", "sim-model"},
-          {"messages", Json::array({{{"role", "user"}, {"content", content}}})},
-          {"max_tokens", max_tokens}};
-}
-
-Headers with_key(const std::string& key) {
-  return {{"authorization", "Bearer " + key}};
-}
-
-// The value of one series in /metrics text, -1 when absent.
-double metric(std::uint16_t port, const std::string& series) {
-  const std::string body = get(port, "/metrics").body;
-  const auto at = body.find("\n" + series + " ");
-  return at == std::string::npos ? -1 : std::stod(body.substr(at + series.size() + 2));
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The body the engine received, parsed.
 Json body_of(const Json& record) {
@@ -155,11 +132,6 @@ TEST(PolicyV2, TenantSplitExampleAsDocumented) {
 }
 
 // --- The request hook ------------------------------------------------------------
-
-// A policy script in a fresh directory.
-struct Script : EditedFile {
-  explicit Script(const std::string& text) : EditedFile("hook.lua", text) {}
-};
 
 constexpr const char* kEditingHook = R"lua(
 return {

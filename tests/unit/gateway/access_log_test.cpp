@@ -46,6 +46,8 @@ RequestRecord sample_record() {
   r.retries = 1;
   r.conversation = "hit";
   r.policies = {"round_robin", "least_load", "conversation_decode"};
+  r.tenant = "acme";
+  r.path = "pd";
   return r;
 }
 
@@ -74,6 +76,9 @@ TEST(AccessLogFormat, JsonLine) {
   EXPECT_EQ(j["conversation"], "hit");
   EXPECT_EQ(j["policy"],
             (nlohmann::json{{"prefill", "least_load"}, {"decode", "conversation_decode"}}));
+  EXPECT_TRUE(j["reject"].is_null());
+  EXPECT_EQ(j["tenant"], "acme");
+  EXPECT_EQ(j["path"], "pd");
   // A client's model name with quotes, a newline and invalid UTF-8 still
   // gives one valid JSON line.
   RequestRecord hostile = sample_record();
@@ -99,7 +104,8 @@ TEST(AccessLogFormat, TextLineQuotesHostileValues) {
   for (const char* f :
        {" status=200 ", " decode=http://d:8200 ", " ttft_ms=412.345 ", " prompt_tokens=12 ",
         " completion_tokens=100 ", " retries=1 ", " conversation=hit ",
-        " policy=prefill:least_load,decode:conversation_decode\n", " encode=- "}) {
+        " policy=prefill:least_load,decode:conversation_decode ", " reject=- tenant=acme path=pd\n",
+        " encode=- "}) {
     EXPECT_NE(line.find(f), std::string::npos) << f << " in " << line;
   }
   r.model = "evil\nstatus=200 x";

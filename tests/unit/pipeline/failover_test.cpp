@@ -128,5 +128,26 @@ TEST(Failover, AlternativesExcludeTriedAndEjected) {
   EXPECT_EQ(untried(list, tried).size(), 1u);
 }
 
+// What a retry's pick reads in ctx.failed.kind.
+TEST(Failover, FailureKinds) {
+  GatewayError e;
+  e.kind = ErrorKind::connect_failed;
+  EXPECT_EQ(failure_kind(e), "connect");
+  e.kind = ErrorKind::timed_out;
+  EXPECT_EQ(failure_kind(e), "timeout");
+  e.kind = ErrorKind::engine_failed;
+  e.engine_status = 503;
+  EXPECT_EQ(failure_kind(e), "status_503");
+  PickRetries r;
+  auto inst = std::make_shared<Instance>(7, UpstreamSpec{});
+  note_attempt_failed(r, Stage::decode, inst, e);
+  note_attempt_failed(r, Stage::decode, inst, e);
+  EXPECT_EQ(r.failed_attempts[static_cast<int>(Stage::decode)], 2u);
+  EXPECT_EQ(r.failed_attempts[static_cast<int>(Stage::prefill)], 0u);
+  ASSERT_TRUE(r.last[static_cast<int>(Stage::decode)]);
+  EXPECT_EQ(r.last[static_cast<int>(Stage::decode)]->status, 503u);
+  EXPECT_EQ(r.last[static_cast<int>(Stage::decode)]->instance->id, 7u);
+}
+
 }  // namespace
 }  // namespace pdgate

@@ -35,6 +35,21 @@ TEST(HeaderEdit, RefusesWhatPdgateOwns) {
 
 // A cap lowers larger limits (both of a chat's fields), keeps smaller
 // ones, and becomes max_tokens when the request gave none.
+// A policy's refusal may carry Retry-After and x-* headers, bounded.
+TEST(RefusalHeader, OnlyRetryAfterAndXHeadersWithinBounds) {
+  EXPECT_FALSE(refusal_header_error("Retry-After", "5"));
+  EXPECT_FALSE(refusal_header_error("x-quota-left", "0"));
+  EXPECT_TRUE(refusal_header_error("Set-Cookie", "a=b"));
+  EXPECT_TRUE(refusal_header_error("Location", "http://x"));
+  EXPECT_TRUE(refusal_header_error("X-Request-Id", "forged"));
+  EXPECT_TRUE(refusal_header_error("x-pdgate-anything", "1"));
+  EXPECT_TRUE(refusal_header_error("x-", "1"));
+  EXPECT_TRUE(refusal_header_error("x-bad name", "1"));
+  EXPECT_TRUE(refusal_header_error("x-a", "line\r\nInjected: 1"));
+  EXPECT_TRUE(refusal_header_error("x-a", std::string(kMaxRefusalValueBytes + 1, 'v')));
+  EXPECT_TRUE(refusal_header_error("x-" + std::string(kMaxHeaderNameBytes, 'n'), "1"));
+}
+
 TEST(HookedBody, CapsMaxTokens) {
   RequestDecision d;
   d.max_tokens_cap = 100;
