@@ -342,6 +342,10 @@ std::variant<std::uint64_t, GatewayError> AdminApi::instance_id_of(std::string_v
   for (const auto& i : set->by_id) {
     if (i->spec.url != spec->url || (role && i->spec.role != *role))
       continue;
+    // Another rank of a data-parallel engine: the engine is one (the
+    // first rank, by id, stands for it; changes act on every rank).
+    if (match && match->spec.role == i->spec.role && i->spec.dp_rank)
+      continue;
     if (match) {
       return client_error(ErrorKind::conflict, spec->url +
                                                    " is registered in more than one role (" +

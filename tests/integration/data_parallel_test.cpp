@@ -214,5 +214,36 @@ TEST(DataParallel, EngineLoadIsScrapedPerRank) {
   EXPECT_TRUE(seen) << "rank 0: " << r0 << ", rank 1: " << r1;
 }
 
+// The admin API acts on the engine, every rank of it, whether it is named
+// by its URL (the same on every replica) or by any rank's id.
+TEST(DataParallel, AdminActsOnEveryRankByUrlOrId) {
+  Sim p("prefill"), d("decode", {"--data-parallel-size", "3"});
+  AdminGateway gw(
+      {"--prefill", p.hostport(), "--decode", d.hostport(), "--data-parallel", d.url() + "=3"});
+  const auto states = [&] {
+    std::vector<std::string> out;
+    for (const auto& i : gw.instances()) {
+      if (i["role"] == "decode")
+        out.push_back(i["state"].get<std::string>());
+    }
+    return out;
+  };
+  ASSERT_EQ(states(), (std::vector<std::string>{"active", "active", "active"}));
+  auto r = gw.call("POST", "/admin/instances/" + d.hostport() + "/drain");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(states(), (std::vector<std::string>{"draining", "draining", "draining"}));
+  std::uint64_t rank2 = 0;
+  for (const auto& i : gw.instances()) {
+    if (i["role"] == "decode" && i["data_parallel_rank"] == 2)
+      rank2 = i["id"].get<std::uint64_t>();
+  }
+  ASSERT_NE(rank2, 0u);
+  r = gw.call("POST", "/admin/instances/" + std::to_string(rank2) + "/undrain");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(states(), (std::vector<std::string>{"active", "active", "active"}));
+  EXPECT_EQ(post_json(gw.port(), "/v1/completions", rank_completion("after the undrain")).status,
+            200);
+}
+
 }  // namespace
 }  // namespace pdgate::test
