@@ -327,6 +327,18 @@ net::awaitable<RedisReply> RedisConnection::send(const std::vector<std::string_v
 }
 
 net::awaitable<RedisReply> RedisConnection::command(std::vector<std::string_view> args) {
+  if (!ready_ && !connect_settled_ && !stopped_) {
+    // The gateway has just started and this connection is still being
+    // made (resolve, connect, TLS, AUTH): a command sent now waits for it,
+    // within its own timeout, rather than fail at once (a rate limiter's
+    // admission would fail open). A few polls, only at start.
+    const auto deadline = Clock::now() + settings_.command_timeout;
+    net::steady_timer wait(ex_);
+    while (!ready_ && !connect_settled_ && !stopped_ && Clock::now() < deadline) {
+      wait.expires_after(std::chrono::milliseconds(5));
+      co_await wait.async_wait(use_tuple);
+    }
+  }
   if (!ready_)
     co_return no_reply("redis is not connected");
   RedisReply r = co_await send(args, settings_.command_timeout);
@@ -551,7 +563,9 @@ net::awaitable<void> RedisConnection::run(std::shared_ptr<RedisConnection> self)
   const std::string where = self->settings_.endpoint.display();
   while (!self->stopped_) {
     std::string why;
-    if (co_await self->connect_once(why)) {
+    const bool connected = co_await self->connect_once(why);
+    self->connect_settled_ = true;
+    if (connected) {
       backoff.reset();
       if (self->announced_down_) {
         spdlog::info("redis {}: connected again; conversation cache in use", where);

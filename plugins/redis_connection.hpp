@@ -125,6 +125,9 @@ class RedisConnection : public std::enable_shared_from_this<RedisConnection> {
   bool stopped_ = false;
   bool announced_down_ = false;
   bool ever_connected_ = false;
+  // The first connection attempt has ended, made or failed: until then a
+  // command waits for it (within its timeout) rather than fail at once.
+  bool connect_settled_ = false;
   std::string last_error_;
   // Wakes the reconnect loop on connection state changes; also its sleep.
   net::steady_timer signal_;
