@@ -2,6 +2,8 @@
 // redis-server.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -224,6 +226,44 @@ TEST(SharedRegistry, AdminAddressesAnInstanceByUrlOnEitherReplica) {
       [&] { return state_on(r2.a_admin) != "active" && state_on(r2.a_admin) != "draining"; },
       std::chrono::seconds(2)))
       << state_on(r2.a_admin);
+}
+
+// A data-parallel engine added on one replica is shared once, with its
+// size, and the other replica routes to each of its ranks (the rank header
+// on every leg it sends there).
+TEST(SharedRegistry, DataParallelEngineReachesTheOtherReplicaRankByRank) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode"), extra("decode", {"--data-parallel-size", "2"});
+  TwoReplicas r2(p, d, redis);
+  const auto b_admin = r2.b.process().wait_listening();
+  auto r = call(r2.a_admin, "POST", "/admin/instances",
+                {{"role", "decode"}, {"url", extra.url()}, {"data_parallel_size", 2}});
+  ASSERT_EQ(r.status, 201) << r.body;
+  const auto ranks_on = [&](std::uint16_t admin) {
+    std::set<int> out;
+    const Json listed = call(admin, "GET", "/admin/instances").json();
+    for (const auto& i : listed["instances"]) {
+      if (i["url"] == extra.url() && i["state"] == "active" && i["data_parallel_rank"].is_number())
+        out.insert(i["data_parallel_rank"].get<int>());
+    }
+    return out;
+  };
+  ASSERT_TRUE(eventually(
+      [&] {
+        return ranks_on(b_admin) == std::set<int>{0, 1};
+      },
+      std::chrono::seconds(5)))
+      << call(b_admin, "GET", "/admin/instances").body;
+  EXPECT_EQ(ranks_on(r2.a_admin), (std::set<int>{0, 1}));
+  for (int i = 0; i < 6; ++i)
+    ASSERT_EQ(post_json(r2.b.port(), "/v1/chat/completions", chat()).status, 200);
+  std::set<std::string> served;
+  for (const auto& rec : extra.requests()) {
+    EXPECT_EQ(rec["headers"].value("x-data-parallel-rank", "none"),
+              std::to_string(rec["data_parallel_rank"].get<int>()));
+    served.insert(rec["headers"].value("x-data-parallel-rank", "none"));
+  }
+  EXPECT_EQ(served, (std::set<std::string>{"0", "1"}));
 }
 
 // With Redis gone, replicas keep serving with their last known set.
