@@ -4,6 +4,7 @@
 // The same rules serve every source.
 #include <algorithm>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -255,7 +256,21 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
         c.allowed_upstreams.push_back(std::move(u));
     }
   }
-  // After the instance lists: each names an instance given in one of them.
+  // After the instance lists: each names an instance given in one of them,
+  // and `set` is applied to it in every list of `lists` that has it.
+  const auto attach = [](std::initializer_list<std::vector<UpstreamSpec>*> lists,
+                         const std::string& url, const auto& set) {
+    bool found = false;
+    for (auto* list : lists) {
+      for (auto& u : *list) {
+        if (u.url == url) {
+          set(u);
+          found = true;
+        }
+      }
+    }
+    return found;
+  };
   if (const auto* v = get("kv-events")) {
     for (const auto& item : v->values) {
       auto ev = parse_kv_events_flag(item);
@@ -263,16 +278,8 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
         err(*v, ev.error());
         continue;
       }
-      bool found = false;
-      for (auto* list : {&c.prefill, &c.decode, &c.encode}) {
-        for (auto& u : *list) {
-          if (u.url == ev->first) {
-            u.kv_events = ev->second;
-            found = true;
-          }
-        }
-      }
-      if (!found)
+      if (!attach({&c.prefill, &c.decode, &c.encode}, ev->first,
+                  [&](UpstreamSpec& u) { u.kv_events = ev->second; }))
         err(*v,
             "no instance " + ev->first + " is configured (give it with --prefill, --decode, ...)");
     }
@@ -284,16 +291,8 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
         err(*v, dp.error());
         continue;
       }
-      bool found = false;
-      for (auto* list : {&c.prefill, &c.decode}) {
-        for (auto& u : *list) {
-          if (u.url == dp->first) {
-            u.dp_size = dp->second;
-            found = true;
-          }
-        }
-      }
-      if (!found)
+      if (!attach({&c.prefill, &c.decode}, dp->first,
+                  [&](UpstreamSpec& u) { u.dp_size = dp->second; }))
         err(*v, "no prefill or decode instance " + dp->first +
                     " is configured (give it with --prefill, --decode, ...)");
     }

@@ -65,6 +65,10 @@ struct UpstreamSpec {
 // endpoints moved as vLLM moves a rank's (tcp: port + rank; ipc: a
 // `_dp<rank>` suffix).
 UpstreamSpec rank_spec(const UpstreamSpec& engine, std::uint32_t rank);
+// The specs of the instances an engine is routed to as: itself, or one
+// rank_spec() per data-parallel rank (dp_size, within
+// kMaxDataParallelSize), by rank.
+std::vector<UpstreamSpec> instance_specs(const UpstreamSpec& engine);
 // What identifies one routable instance: its URL, and "#dp<rank>" after
 // it for a data-parallel rank (KV-index and load-report keys, logs).
 std::string instance_location(const UpstreamSpec& spec);

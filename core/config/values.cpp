@@ -371,6 +371,18 @@ UpstreamSpec rank_spec(const UpstreamSpec& engine, std::uint32_t rank) {
   return s;
 }
 
+std::vector<UpstreamSpec> instance_specs(const UpstreamSpec& engine) {
+  const std::uint32_t ranks =
+      std::clamp<std::uint32_t>(engine.dp_size, 1, UpstreamSpec::kMaxDataParallelSize);
+  if (ranks == 1)
+    return {engine};
+  std::vector<UpstreamSpec> out;
+  out.reserve(ranks);
+  for (std::uint32_t r = 0; r < ranks; ++r)
+    out.push_back(rank_spec(engine, r));
+  return out;
+}
+
 std::string instance_location(const UpstreamSpec& spec) {
   return spec.dp_rank ? spec.url + "#dp" + std::to_string(*spec.dp_rank) : spec.url;
 }

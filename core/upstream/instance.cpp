@@ -206,10 +206,7 @@ Registry::Registry(const Config& cfg) {
   auto set = std::make_shared<InstanceSet>();
   auto add = [&](const UpstreamSpec& engine, std::vector<InstancePtr>& list) {
     // A data-parallel engine: one instance per rank, consecutive ids.
-    const std::uint32_t ranks =
-        std::clamp<std::uint32_t>(engine.dp_size, 1, UpstreamSpec::kMaxDataParallelSize);
-    for (std::uint32_t r = 0; r < ranks; ++r) {
-      const UpstreamSpec s = ranks > 1 ? rank_spec(engine, r) : engine;
+    for (const UpstreamSpec& s : instance_specs(engine)) {
       auto inst = std::make_shared<Instance>(next_id_++, s, s.labels, s.weight);
       inst->from_config = true;
       list.push_back(inst);
@@ -314,16 +311,13 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
       if (!next)
         next = &writable_locked(replaced);
       // A data-parallel engine: one instance per rank, consecutive ids.
-      const std::uint32_t ranks =
-          std::clamp<std::uint32_t>(b.spec.dp_size, 1, UpstreamSpec::kMaxDataParallelSize);
-      for (std::uint32_t r = 0; r < ranks; ++r) {
-        auto inst = std::make_shared<Instance>(
-            next_id_++, ranks > 1 ? rank_spec(b.spec, r) : b.spec, b.labels, b.weight);
+      for (UpstreamSpec& s : instance_specs(b.spec)) {
+        auto inst = std::make_shared<Instance>(next_id_++, std::move(s), b.labels, b.weight);
         inst->from_config = b.from_config;
         add_to_lists(*next, inst);
         by_url_[inst->spec.url].push_back(inst);
-        if (r == 0)
-          out[k].instance = std::move(inst);
+        if (!out[k].instance)
+          out[k].instance = std::move(inst);  // rank 0 stands for the engine
       }
     }
   }

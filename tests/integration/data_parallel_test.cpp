@@ -15,12 +15,6 @@
 namespace pdgate::test {
 namespace {
 
-#ifdef PDGATE_SANITIZED
-constexpr auto kRankWait = std::chrono::seconds(30);
-#else
-constexpr auto kRankWait = std::chrono::seconds(10);
-#endif
-
 std::string header_value(const Json& rec, const std::string& name) {
   const Json& h = rec["headers"];
   return h.contains(name) ? h[name].get<std::string>() : std::string("(none)");
@@ -162,7 +156,7 @@ TEST(DataParallel, KvEventsAreFollowedPerRank) {
                metric_sample(gw.port(), "pdgate_kv_events_batches_total",
                              "instance=\"" + p.url() + "#dp0\"") >= 1;
       },
-      kRankWait))
+      kLearnWait))
       << get(gw.port(), "/metrics").body;
   std::string prompt;
   for (int i = 0; i < 40; ++i)
@@ -172,7 +166,7 @@ TEST(DataParallel, KvEventsAreFollowedPerRank) {
                 .status,
             200);
   ASSERT_TRUE(eventually(
-      [&] { return metric_sample(gw.port(), "pdgate_kv_index_blocks", rank1) >= 4; }, kRankWait))
+      [&] { return metric_sample(gw.port(), "pdgate_kv_index_blocks", rank1) >= 4; }, kLearnWait))
       << metric_sample(gw.port(), "pdgate_kv_index_blocks", rank1);
   p.clear();
   for (int i = 0; i < 4; ++i) {
@@ -209,7 +203,7 @@ TEST(DataParallel, EngineLoadIsScrapedPerRank) {
         }
         return r1 == 1 && r0 == 0;
       },
-      kRankWait);
+      kLearnWait);
   held.join();
   EXPECT_TRUE(seen) << "rank 0: " << r0 << ", rank 1: " << r1;
 }

@@ -170,6 +170,15 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seco
   return pred();
 }
 
+// How long a test waits for what takes the gateway a moment to learn (an
+// engine's KV events reaching its index, a feed subscribing): longer under
+// the sanitizers, which slow every process down.
+#ifdef PDGATE_SANITIZED
+inline constexpr auto kLearnWait = std::chrono::seconds(30);
+#else
+inline constexpr auto kLearnWait = std::chrono::seconds(10);
+#endif
+
 // The value of the first sample of `name` on the gateway's /metrics whose
 // labels contain `labels`; -1 when none.
 double metric_sample(std::uint16_t port, const std::string& name, const std::string& labels);

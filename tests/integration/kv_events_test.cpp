@@ -15,12 +15,6 @@
 namespace pdgate::test {
 namespace {
 
-#ifdef PDGATE_SANITIZED
-constexpr auto kWait = std::chrono::seconds(30);
-#else
-constexpr auto kWait = std::chrono::seconds(10);
-#endif
-
 double metric(std::uint16_t port, const std::string& name, const std::string& labels) {
   return metric_sample(port, name, labels);
 }
@@ -75,7 +69,7 @@ class KvEvents : public ::testing::Test {
           post_json(control_, "/publish", {{"events", Json::array()}});
           return metric(gateway_->port(), "pdgate_kv_events_batches_total", instance_) >= 1;
         },
-        kWait));
+        kLearnWait));
     // Joining late is itself a gap: repaired by replay when there is one,
     // else the feed falls back until the engine clears its cache.
     ASSERT_TRUE(eventually(
@@ -83,7 +77,7 @@ class KvEvents : public ::testing::Test {
           post_json(control_, "/publish", {{"events", {{{"type", "AllBlocksCleared"}}}}});
           return state_is("exact");
         },
-        kWait));
+        kLearnWait));
     gaps_ = gw_metric("pdgate_kv_events_gaps_total");
     replays_ = gw_metric("pdgate_kv_events_replays_total");
   }
@@ -119,7 +113,7 @@ TEST_F(KvEvents, ArraysAndMapsWithIntAndBytesHashes) {
   publish({{"layout", "map"}, {"hashes", "int"}, {"events", {stored({3}, 2, 8, 4)}}});
   publish({{"layout", "array"}, {"hashes", "bytes"}, {"events", {stored({10, 11}, {}, 100, 4)}}});
   publish({{"layout", "map"}, {"hashes", "bytes"}, {"events", {stored({12}, 11, 108, 4)}}});
-  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 6; }, kWait))
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 6; }, kLearnWait))
       << gw_metric("pdgate_kv_index_blocks");
   publish({{"layout", "map"},
            {"hashes", "bytes"},
@@ -127,7 +121,7 @@ TEST_F(KvEvents, ArraysAndMapsWithIntAndBytesHashes) {
   publish({{"layout", "array"},
            {"hashes", "int"},
            {"events", {{{"type", "BlockRemoved"}, {"block_hashes", {3}}}}}});
-  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 4; }, kWait))
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 4; }, kLearnWait))
       << gw_metric("pdgate_kv_index_blocks");
   EXPECT_TRUE(state_is("exact"));
   EXPECT_EQ(gw_metric("pdgate_kv_events_decode_errors_total"), 0);
@@ -142,7 +136,7 @@ TEST_F(KvEvents, GapRepairedByReplay) {
   start_gateway(true);
   publish({{"drop", true}, {"events", {stored({1, 2}, {}, 0, 4)}}});
   publish({{"events", {stored({3}, 2, 8, 4)}}});
-  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 3; }, kWait))
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 3; }, kLearnWait))
       << gw_metric("pdgate_kv_index_blocks");
   EXPECT_EQ(gw_metric("pdgate_kv_events_gaps_total"), gaps_ + 1);
   EXPECT_EQ(gw_metric("pdgate_kv_events_replays_total"), replays_ + 1);
@@ -155,15 +149,15 @@ TEST_F(KvEvents, GapRepairedByReplay) {
 TEST_F(KvEvents, GapWithoutReplayFallsBack) {
   start_gateway(true);
   publish({{"events", {stored({1}, {}, 0, 4)}}});
-  ASSERT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 1; }, kWait));
+  ASSERT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 1; }, kLearnWait));
   post_json(control_, "/replay", {{"enabled", false}});
   publish({{"drop", true}, {"events", {stored({2}, 1, 4, 4)}}});
   publish({{"events", {stored({3}, 2, 8, 4)}}});
-  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kWait));
+  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kLearnWait));
   EXPECT_EQ(gw_metric("pdgate_kv_index_blocks"), 0);
   EXPECT_EQ(gw_metric("pdgate_kv_events_replay_failures_total"), 1);
   publish({{"events", {{{"type", "AllBlocksCleared"}}, stored({4}, {}, 0, 4)}}});
-  EXPECT_TRUE(eventually([&] { return state_is("exact"); }, kWait));
+  EXPECT_TRUE(eventually([&] { return state_is("exact"); }, kLearnWait));
   EXPECT_EQ(gw_metric("pdgate_kv_index_blocks"), 1);
 }
 
@@ -172,10 +166,10 @@ TEST_F(KvEvents, GapWithoutReplayFallsBack) {
 TEST_F(KvEvents, EngineRestartForgetsItsBlocks) {
   start_gateway(true);
   publish({{"events", {stored({1, 2}, {}, 0, 4)}}});
-  ASSERT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 2; }, kWait));
+  ASSERT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 2; }, kLearnWait));
   ASSERT_EQ(post_json(control_, "/restart", Json::object()).status, 200);
   publish({{"events", {stored({7}, {}, 100, 4)}}});
-  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 1; }, kWait))
+  EXPECT_TRUE(eventually([&] { return gw_metric("pdgate_kv_index_blocks") == 1; }, kLearnWait))
       << gw_metric("pdgate_kv_index_blocks");
   EXPECT_TRUE(state_is("exact"));
   EXPECT_EQ(gw_metric("pdgate_kv_events_gaps_total"), gaps_);
@@ -186,7 +180,7 @@ TEST_F(KvEvents, GapWithoutReplayEndpointFallsBack) {
   start_gateway(false);
   publish({{"drop", true}, {"events", {stored({1}, {}, 0, 4)}}});
   publish({{"events", {stored({2}, 1, 4, 4)}}});
-  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kWait));
+  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kLearnWait));
   EXPECT_EQ(gw_metric("pdgate_kv_events_replays_total"), 0);
   EXPECT_EQ(gw_metric("pdgate_kv_events_gaps_total"), gaps_ + 1);
 }
@@ -197,7 +191,7 @@ TEST_F(KvEvents, UndecodablePayloadFallsBackAndGatewayServes) {
   start_gateway(true);
   publish({{"raw", "dd ffffffff 01"}});
   publish({{"raw", "c1"}});
-  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kWait));
+  EXPECT_TRUE(eventually([&] { return state_is("fallback"); }, kLearnWait));
   EXPECT_GE(gw_metric("pdgate_kv_events_decode_errors_total"), 1);
   auto r = post_json(gateway_->port(), "/v1/completions",
                      {{"model", "sim-model"}, {"prompt", "hello"}, {"max_tokens", 3}});
@@ -230,7 +224,7 @@ bool heard_from(std::uint16_t gateway, Sim& sim) {
         http_request(sim.port(), "POST", "/reset_prefix_cache");
         return metric(gateway, "pdgate_kv_events_batches_total", instance) >= 1;
       },
-      kWait);
+      kLearnWait);
 }
 
 std::size_t completions_on(Sim& sim) {
@@ -255,8 +249,8 @@ void prompt_cached_by_another_client_is_routed_to_its_engine(const std::string& 
     prompt += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ". ";
   const Json body = {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 2}};
   ASSERT_EQ(post_json(p2->port(), "/v1/completions", body).status, 200);
-  ASSERT_TRUE(
-      eventually([&] { return metric(gw.port(), "pdgate_kv_index_blocks", instance) >= 4; }, kWait))
+  ASSERT_TRUE(eventually([&] { return metric(gw.port(), "pdgate_kv_index_blocks", instance) >= 4; },
+                         kLearnWait))
       << metric(gw.port(), "pdgate_kv_index_blocks", instance);
   p1->clear();
   p2->clear();
@@ -296,7 +290,7 @@ TEST_F(KvEvents, HostileFeedDoesNotStarveAnHonestOne) {
   // The hostile feed is being read: its gaps have made the gateway ask for a replay.
   ASSERT_TRUE(eventually(
       [&] { return metric(gw.port(), "pdgate_kv_events_replays_total", hostile_label) >= 1; },
-      kWait));
+      kLearnWait));
   for (int round = 0; round < 2; ++round) {
     std::string prompt;
     for (int i = 0; i < 40; ++i)
@@ -326,7 +320,7 @@ TEST_F(KvEvents, HostileFeedDoesNotStarveAnHonestOne) {
     }
     return true;
   };
-  EXPECT_TRUE(eventually(fallback_for_a_second, kWait));
+  EXPECT_TRUE(eventually(fallback_for_a_second, kLearnWait));
   EXPECT_LE(metric(gw.port(), "pdgate_kv_events_replays_total", hostile_label), 3);
 }
 
@@ -363,7 +357,7 @@ Landed repeats_after_eviction(const std::string& policy) {
   const std::string first_label = "instance=\"" + first.url() + "\"";
   const std::string other_label = "instance=\"" + other.url() + "\"";
   EXPECT_TRUE(eventually(
-      [&] { return metric(gw.port(), "pdgate_kv_index_blocks", first_label) >= 4; }, kWait));
+      [&] { return metric(gw.port(), "pdgate_kv_index_blocks", first_label) >= 4; }, kLearnWait));
   // Evicted where the gateway sent it, cached on the other engine by another client.
   EXPECT_EQ(http_request(first.port(), "POST", "/reset_prefix_cache").status, 200);
   EXPECT_EQ(post_json(other.port(), "/v1/completions", body).status, 200);
@@ -372,7 +366,7 @@ Landed repeats_after_eviction(const std::string& policy) {
         return metric(gw.port(), "pdgate_kv_index_blocks", first_label) == 0 &&
                metric(gw.port(), "pdgate_kv_index_blocks", other_label) >= 4;
       },
-      kWait));
+      kLearnWait));
   p1->clear();
   p2->clear();
   for (int i = 0; i < 3; ++i)
@@ -435,8 +429,9 @@ void lora_and_base_requests_route_on_their_own_blocks(const std::string& format)
   const Json base = {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 2}};
   ASSERT_EQ(post_json(pair.a->port(), "/v1/completions", lora).status, 200);
   ASSERT_EQ(post_json(pair.b->port(), "/v1/completions", base).status, 200);
-  ASSERT_TRUE(eventually(
-      [&] { return pair.blocks(pair.a_label) >= 4 && pair.blocks(pair.b_label) >= 4; }, kWait));
+  ASSERT_TRUE(
+      eventually([&] { return pair.blocks(pair.a_label) >= 4 && pair.blocks(pair.b_label) >= 4; },
+                 kLearnWait));
   pair.a->clear();
   pair.b->clear();
   for (int i = 0; i < 3; ++i) {
@@ -491,7 +486,7 @@ TEST(KvEventsSim, NonAttentionGroupsDoNotMakeAnEngineLookCached) {
         return pair.blocks(pair.a_label) == half_blocks &&
                metric(pair.gw->port(), "pdgate_kv_events_total", pair.b_label) >= b_events + 2;
       },
-      kWait))
+      kLearnWait))
       << pair.blocks(pair.a_label) << " blocks on the hybrid engine";
   EXPECT_EQ(pair.blocks(pair.b_label), 0);
   EXPECT_GE(metric(pair.gw->port(), ignored, pair.b_label + ",reason=\"group\""), 8);
@@ -530,8 +525,9 @@ TEST(KvEventsSim, AdminAddedInstancesAreSubscribed) {
   EXPECT_EQ(bad.status, 400) << bad.body;
   const auto id = r.json()["id"].get<std::uint64_t>();
   ASSERT_EQ(gw.call("DELETE", "/admin/instances/" + std::to_string(id)).status, 202);
-  EXPECT_TRUE(eventually(
-      [&] { return metric(gw.port(), "pdgate_kv_events_batches_total", instance) < 0; }, kWait));
+  EXPECT_TRUE(
+      eventually([&] { return metric(gw.port(), "pdgate_kv_events_batches_total", instance) < 0; },
+                 kLearnWait));
 }
 
 }  // namespace
