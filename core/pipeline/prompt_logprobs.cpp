@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/base/json_body.hpp"
+
 namespace pdgate {
 
 namespace {
@@ -11,10 +13,21 @@ namespace {
 // request that asked for prompt_logprobs pays for it.
 using ojson = nlohmann::ordered_json;
 
+// Engine text as a JSON value, or discarded: first checked by the one
+// validator (nesting up to kMaxJsonDepth), since nlohmann writes a value
+// back one recursion per level and a hostile engine could nest deep enough
+// to overflow the stack.
+ojson parse_engine_json(std::string_view text) {
+  auto valid = validate_json(text);
+  if (!valid || !*valid)
+    return ojson(ojson::value_t::discarded);
+  return ojson::parse(text, nullptr, false);
+}
+
 }  // namespace
 
 std::optional<std::string> prompt_logprobs_of(std::string_view answer) {
-  const ojson j = ojson::parse(answer, nullptr, false);
+  const ojson j = parse_engine_json(answer);
   if (!j.is_object())
     return std::nullopt;
   if (auto c = j.find("choices"); c != j.end() && c->is_array() && !c->empty()) {
@@ -31,8 +44,8 @@ std::optional<std::string> prompt_logprobs_of(std::string_view answer) {
 
 std::optional<std::string> with_prompt_logprobs(std::string_view answer,
                                                 std::string_view logprobs) {
-  ojson j = ojson::parse(answer, nullptr, false);
-  const ojson lp = ojson::parse(logprobs, nullptr, false);
+  ojson j = parse_engine_json(answer);
+  const ojson lp = parse_engine_json(logprobs);
   if (!j.is_object() || !lp.is_array())
     return std::nullopt;
   bool changed = false;

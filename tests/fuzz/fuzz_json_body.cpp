@@ -11,6 +11,7 @@
 
 #include "core/base/json_body.hpp"
 #include "core/base/json_edit.hpp"
+#include "core/pipeline/prompt_logprobs.hpp"
 #include "core/routing/kv_params.hpp"
 #include "core/routing/request_facts.hpp"
 #include "core/routing/tokenize_message.hpp"
@@ -71,6 +72,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check(r.rank < 4096 && !r.engine_id.empty() && r.engine_id.size() <= 256,
             "bootstrap rank out of bounds");
   }
+  // prefill's prompt_logprobs read from its answer, and put into decode's:
+  // whatever either engine sends, what comes out is JSON the validator
+  // takes (never deeper than its bound).
+  if (const auto lp = pdgate::prompt_logprobs_of(text)) {
+    check(pdgate::validate_json(*lp).ok(), "prompt_logprobs read as invalid JSON");
+    if (const auto merged = pdgate::with_prompt_logprobs(text, *lp))
+      check(pdgate::index_json_object(*merged).ok(), "merged answer is not a JSON object");
+  }
+  if (const auto merged = pdgate::with_prompt_logprobs(text, "[null]"))
+    check(pdgate::index_json_object(*merged).ok(), "merged answer is not a JSON object");
   // An engine's /tokenize answer: ids only from an object nlohmann reads.
   if (pdgate::parse_tokenize_answer(text))
     check(theirs, "token ids read from a text that is not a JSON object");
