@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -318,19 +319,38 @@ int l_predicted_ttft(lua_State* L) {
 
 // pdgate.least_cost([start]) -> the healthy instance where this prompt,
 // computed in full, would get its first token soonest, and that time (ms).
-// Ties go to the first in scan order, which begins at position `start`.
+// Ties go to the prompt's home among them (load_model.hpp, home_among),
+// so replicas routing the same new prefix at the same moment agree;
+// `start` orders the scan only for a prompt with no text to key by.
 int l_least_cost(lua_State* L) {
   Impl& I = impl_of(L);
   if (I.cur_list == nullptr)
     luaL_error(L, "pdgate.least_cost: only callable inside pick");
+  const auto& list = *I.cur_list;
   const std::int64_t tokens = prompt_tokens(I);
   const double fleet = fleet_cost(I);
+  const auto cost = [&](const Instance& inst) {
+    return predicted_ttft_ms(inst, tokens, fleet, I.cur_now_ms);
+  };
+  const auto& keys = I.caches[static_cast<int>(I.cur_ctx->stage)].keys;
+  std::size_t best = list.size();
   double best_ms = 0;
-  const std::size_t best = scan_least(
-      *I.cur_list, scan_start(L),
-      [&](const Instance& inst) { return predicted_ttft_ms(inst, tokens, fleet, I.cur_now_ms); },
-      [](double) {}, best_ms);
-  if (best == I.cur_list->size())
+  if (I.cur_ctx->prompt_raw.empty() || keys.size() != list.size()) {
+    best = scan_least(
+        list, scan_start(L), cost, [](double) {}, best_ms);
+  } else {
+    auto& costs = I.cur_costs;
+    costs.assign(list.size(), std::numeric_limits<double>::quiet_NaN());
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (list[i]->healthy.load(std::memory_order_relaxed))
+        costs[i] = cost(*list[i]);
+    }
+    const double own = cached_worth_ms(tokens + kBaseTokens, fleet);
+    best = home_among(costs, keys, home_key(I.cur_ctx->prompt_raw), kHomeSlack * own);
+    if (best < list.size())
+      best_ms = costs[best];
+  }
+  if (best == list.size())
     return 0;
   push_candidate(L, I, best);
   lua_pushnumber(L, best_ms);

@@ -3,6 +3,7 @@
 #include "core/routing/request_hook.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace pdgate {
 
@@ -86,6 +87,50 @@ double predicted_ttft_ms(const Instance& inst, std::int64_t uncached_tokens, dou
   const std::int64_t tokens = inst.cluster_queued_tokens() + kBaseTokens * requests_ahead +
                               std::max<std::int64_t>(uncached_tokens, 0) + kBaseTokens;
   return static_cast<double>(tokens) * or_unit(ms_per_token(inst, fleet));
+}
+
+std::uint64_t home_key(std::string_view prompt_raw) {
+  // FNV-1a: the same bytes give the same key on every replica and build.
+  std::uint64_t h = 14695981039346656037ull;
+  for (const char c : prompt_raw.substr(0, kHomeBytes)) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
+std::uint64_t home_rank(std::uint64_t prompt_key, std::uint64_t instance_key) {
+  // splitmix64's finaliser: FNV's low bits mix poorly, and a rank must
+  // depend on every bit of both keys.
+  std::uint64_t z = prompt_key ^ (instance_key * 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::size_t home_among(std::span<const double> costs, std::span<const std::uint64_t> keys,
+                       std::uint64_t prompt_key, double slack) {
+  const std::size_t n = std::min(costs.size(), keys.size());
+  double least = 0;
+  bool any = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isnan(costs[i]) && (!any || costs[i] < least)) {
+      least = costs[i];
+      any = true;
+    }
+  }
+  std::size_t best = costs.size();
+  std::uint64_t best_rank = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::isnan(costs[i]) || costs[i] > least + slack)
+      continue;
+    const std::uint64_t r = home_rank(prompt_key, keys[i]);
+    if (best == costs.size() || r > best_rank) {
+      best = i;
+      best_rank = r;
+    }
+  }
+  return best;
 }
 
 void note_prefill_time(const Instance& inst, std::int64_t waited_tokens, double elapsed_ms) {

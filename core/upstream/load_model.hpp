@@ -20,6 +20,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/upstream/instance.hpp"
@@ -55,6 +57,31 @@ double cached_worth_ms(std::int64_t cached_tokens, double fleet);
 // The prompt's length in tokens: the engine's count when it was asked
 // (--tokenizer vllm), else the estimate every limit and policy uses.
 std::int64_t prompt_tokens(const PickContext& ctx);
+
+// A cold prompt's home. Replicas behind one balancer decide concurrent
+// requests on figures a few milliseconds old: two requests with the same
+// new prefix, arriving at two replicas within that time, each look cold
+// to both, and a tie broken by each replica's own rotation computes the
+// prefix on two engines (and evicts something else for it). Instead,
+// among the candidates whose predicted start is the soonest (within
+// kHomeSlack of this prompt's own compute time), the one ranking highest
+// for the prompt's leading kHomeBytes (rendezvous hashing) takes it: every
+// replica ranks the same way, so they agree without talking. Only ties:
+// a slack of 0.1 to 0.5 of the prompt's compute time made the homes win
+// over a less loaded engine, and lost hits and tail latency with a single
+// replica (bench/README.md, "Routing quality").
+inline constexpr std::size_t kHomeBytes = 2048;
+inline constexpr double kHomeSlack = 0.0;
+
+// The key prompts sharing their first kHomeBytes share (never 0).
+std::uint64_t home_key(std::string_view prompt_raw);
+// Where `prompt_key` ranks on the instance named `instance_key`.
+std::uint64_t home_rank(std::uint64_t prompt_key, std::uint64_t instance_key);
+// The position in `costs` of the cold prompt's home: among the eligible
+// candidates (cost not NaN) within `slack` of the least cost, the one whose
+// key in `keys` ranks highest. costs.size() when none is eligible.
+std::size_t home_among(std::span<const double> costs, std::span<const std::uint64_t> keys,
+                       std::uint64_t prompt_key, double slack);
 
 // Learns from one completed prefill: `waited_tokens` (queued ahead when
 // it was sent, plus its own) took `elapsed_ms`.

@@ -129,6 +129,9 @@ struct LuaVm::Impl {
   // as the lookups made so far found (the larger of the approximate and
   // the exact answer); empty until a lookup runs.
   std::vector<std::int64_t> cur_cached;
+  // pdgate.least_cost's per-candidate predictions (kept: no allocation
+  // per pick once it has grown).
+  std::vector<double> cur_costs;
   // The pick's candidates' mean learnt prefill cost (load_model.hpp), -1
   // until a helper needs it.
   double cur_fleet_cost = -1;

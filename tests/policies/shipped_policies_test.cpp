@@ -270,14 +270,14 @@ PickContext prefill_ctx(const std::string& prompt, const std::string& id) {
 }
 
 // prefix_affinity sends prompts sharing a long prefix to the same instance,
-// and unrelated prompts elsewhere.
+// and unrelated prompts to their homes: spread over the instances.
 TEST(PrefixAffinity, SharedPrefixSticks) {
   auto e = engine_for("prefix_affinity");
   auto p = e->make_picker(0);
   auto inst = fake_instances(4);
   std::vector<std::string> prompts;
   std::map<int, InstancePtr> home;
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < 16; ++c) {
     const std::string base(3000, static_cast<char>('a' + c));
     for (int turn = 0; turn < 5; ++turn) {
       prompts.push_back(base + std::string(static_cast<std::size_t>(300 * turn), 'z'));
@@ -293,7 +293,37 @@ TEST(PrefixAffinity, SharedPrefixSticks) {
   std::set<InstancePtr> distinct;
   for (auto& [c, i] : home)
     distinct.insert(i);
-  EXPECT_EQ(distinct.size(), 4u);  // new prefixes go to the least loaded (rotating)
+  EXPECT_EQ(distinct.size(), 4u);
+}
+
+// Two replicas share no state when two requests with the same new prefix
+// reach them within the same millisecond: both must send it to the same
+// instance (its home), not each to its own rotation's next, which would
+// compute the prefix twice. Before the homes (each replica's tie-breaking
+// rotation), the two agreed on 4 of the 16 here, for both policies.
+TEST(PrefixAffinity, ReplicasAgreeOnANewPrefixsHome) {
+  for (const char* policy : {"prefix_affinity", "cache_aware"}) {
+    auto a = engine_for(policy), b = engine_for(policy);
+    auto pa = a->make_picker(0), pb = b->make_picker(0);
+    auto inst = fake_instances(4);
+    int agreed = 0;
+    std::set<InstancePtr> homes;
+    for (int c = 0; c < 16; ++c) {
+      const std::string prompt(3000, static_cast<char>('A' + c));
+      const std::string id = "r" + std::to_string(c);
+      // Replicas see different traffic: b has routed one more prompt of
+      // its own before each of these.
+      const std::string own = "own " + std::to_string(c), own_id = "o" + std::to_string(c);
+      PickContext co = prefill_ctx(own, own_id);
+      pb->pick(inst, co);
+      PickContext ca = prefill_ctx(prompt, id), cb = prefill_ctx(prompt, id);
+      const auto x = pa->pick(inst, ca), y = pb->pick(inst, cb);
+      agreed += x == y ? 1 : 0;
+      homes.insert(x);
+    }
+    EXPECT_EQ(agreed, 16) << policy;
+    EXPECT_EQ(homes.size(), 4u) << policy;
+  }
 }
 
 // prefix_affinity leaves a matching instance whose queue (prompt tokens every replica has

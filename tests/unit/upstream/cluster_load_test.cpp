@@ -4,6 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/routing/kv_location_index.hpp"
 #include "core/upstream/load_model.hpp"
 
 namespace pdgate {
@@ -139,6 +145,41 @@ TEST(LoadModel, RoutingLoadCountsFreshEngineLoadBeyondTheReplicas) {
   a->metrics_at_ms = 99'000;
   EXPECT_EQ(routing_load(*a, 100'000), 9);
   EXPECT_EQ(routing_load(*a, 99'000 + kEngineMetricsFreshMs + 1), 5);  // too old
+}
+
+TEST(LoadModel, ColdPromptsHomeIsTheSameForEveryReplicaAndSpreadsPrefixes) {
+  const std::vector<std::uint64_t> keys = {
+      instance_key("http://10.0.0.1:8000"), instance_key("http://10.0.0.2:8000"),
+      instance_key("http://10.0.0.3:8000"), instance_key("http://10.0.0.4:8000")};
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Keys depend on the leading kHomeBytes only: a shared long prefix
+  // shares its home whatever follows it.
+  const std::string prefix(kHomeBytes, 'p');
+  EXPECT_EQ(home_key(prefix + "question one"), home_key(prefix + "another question"));
+  EXPECT_NE(home_key("short a"), home_key("short b"));
+  // Equal costs: every prefix has one home, and 64 prefixes use all four.
+  std::vector<int> used(4, 0);
+  for (int p = 0; p < 64; ++p) {
+    const auto k = home_key("prefix " + std::to_string(p));
+    const std::vector<double> idle = {100, 100, 100, 100};
+    const auto h = home_among(idle, keys, k, 10);
+    ASSERT_LT(h, 4u);
+    ++used[h];
+    // Another replica, seeing slightly different (within the slack)
+    // loads, agrees.
+    const std::vector<double> skewed = {103, 100, 109, 101};
+    EXPECT_EQ(home_among(skewed, keys, k, 10), h) << p;
+    // Beyond the slack, or unhealthy (NaN), the home is passed over.
+    std::vector<double> busy = idle;
+    busy[h] = 111;
+    EXPECT_NE(home_among(busy, keys, k, 10), h);
+    busy[h] = nan;
+    EXPECT_NE(home_among(busy, keys, k, 10), h);
+  }
+  for (int n : used)
+    EXPECT_GE(n, 8);  // ~16 each: no instance starved
+  const std::vector<double> none = {nan, nan};
+  EXPECT_EQ(home_among(none, std::span(keys).first(2), 1, 10), 2u);
 }
 
 }  // namespace
