@@ -346,7 +346,9 @@ int l_least_cost(lua_State* L) {
         costs[i] = cost(*list[i]);
     }
     const double own = cached_worth_ms(tokens + kBaseTokens, fleet);
-    best = home_among(costs, keys, home_key(I.cur_ctx->prompt_raw), kHomeSlack * own);
+    // Prompts sharing their first kHomeBytes share a home.
+    const auto key = hash64(I.cur_ctx->prompt_raw.substr(0, kHomeBytes), 0);
+    best = home_among(costs, keys, key, kHomeSlack * own);
     if (best < list.size())
       best_ms = costs[best];
   }

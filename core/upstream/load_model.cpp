@@ -89,19 +89,9 @@ double predicted_ttft_ms(const Instance& inst, std::int64_t uncached_tokens, dou
   return static_cast<double>(tokens) * or_unit(ms_per_token(inst, fleet));
 }
 
-std::uint64_t home_key(std::string_view prompt_raw) {
-  // FNV-1a: the same bytes give the same key on every replica and build.
-  std::uint64_t h = 14695981039346656037ull;
-  for (const char c : prompt_raw.substr(0, kHomeBytes)) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h == 0 ? 1 : h;
-}
-
 std::uint64_t home_rank(std::uint64_t prompt_key, std::uint64_t instance_key) {
-  // splitmix64's finaliser: FNV's low bits mix poorly, and a rank must
-  // depend on every bit of both keys.
+  // splitmix64's finaliser: a rank must depend on every bit of both keys
+  // (an instance key is FNV-1a, whose low bits mix poorly).
   std::uint64_t z = prompt_key ^ (instance_key * 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;

@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <span>
-#include <string_view>
 #include <vector>
 
 #include "core/upstream/instance.hpp"
@@ -73,8 +72,6 @@ std::int64_t prompt_tokens(const PickContext& ctx);
 inline constexpr std::size_t kHomeBytes = 2048;
 inline constexpr double kHomeSlack = 0.0;
 
-// The key prompts sharing their first kHomeBytes share (never 0).
-std::uint64_t home_key(std::string_view prompt_raw);
 // Where `prompt_key` ranks on the instance named `instance_key`.
 std::uint64_t home_rank(std::uint64_t prompt_key, std::uint64_t instance_key);
 // The position in `costs` of the cold prompt's home: among the eligible
