@@ -538,9 +538,12 @@ void LuaVm::explain_candidates(const std::vector<InstancePtr>& candidates, const
     }
   };
   if (I.svc.kv_index != nullptr && !h.empty()) {
-    for (const auto& [key, blocks] :
+    // (Pairs, not bindings: a lambda may not capture a structured binding
+    // in every compiler pdgate builds with.)
+    for (const auto& match :
          I.svc.kv_index->prefix_matches(h, steady_ms(Clock::now()), std::max<std::size_t>(n, 1)))
-      at(key, [&](std::size_t i) { out.prefix_blocks[i] = static_cast<std::int64_t>(blocks); });
+      at(match.first,
+         [&](std::size_t i) { out.prefix_blocks[i] = static_cast<std::int64_t>(match.second); });
   }
   if (I.svc.block_index == nullptr)
     return;

@@ -270,7 +270,7 @@ std::pair<unsigned, std::string> explain_request(std::string_view document, Inst
     pick(Stage::decode, env.set.decode, decode);
   }
   out["stages"] = std::move(stages);
-  out["answer"] = answer ? std::move(*answer) : json{{"status", nullptr}, {"routed", true}};
+  out["answer"] = answer ? std::move(*answer) : json{{"routed", true}};
   return {200, out.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
 
