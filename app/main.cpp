@@ -465,6 +465,8 @@ int main(int argc, char** argv) {
       return engine->kv_listing(prefix, limit);
     });
     gateway.set_policy_status([engine] { return engine->status_json(); });
+    gateway.set_policy_explainer(
+        [engine](const pdgate::InstanceSet& set) { return engine->make_dry_picker(set); });
     gateway.set_policy_hooks(
         [engine]() { return engine->reload(engine->settings(), "admin"); },
         [engine, shared_index, events, discovery, load_sync, redis](pdgate::PrometheusText& m) {

@@ -31,6 +31,13 @@ Result<std::string> read_text(const fs::path& path) {
   return ss.str();
 }
 
+std::vector<std::pair<std::string, int>> log_levels_of(const PolicySettings& s) {
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& [name, level] : s.log_levels)
+    out.emplace_back(name, static_cast<int>(spdlog::level::from_str(level)));
+  return out;
+}
+
 bool is_path(const std::string& spec) {
   return spec.find('/') != std::string::npos ||
          (spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".lua") == 0);
@@ -48,6 +55,7 @@ PolicySettings settings_from(const Config& cfg) {
   s.budget = cfg.policy_budget;
   s.memory_limit = cfg.policy_memory;
   s.prefix_block_bytes = cfg.prefix_block_size;
+  s.log_levels = cfg.policy_log_levels;
   return s;
 }
 
@@ -212,6 +220,9 @@ class LuaPicker final : public InstancePicker {
   bool failed_closed() const override { return failed_closed_; }
   const PickRefusal* last_refusal() const override { return refusal_ ? &*refusal_ : nullptr; }
   std::int64_t last_pick_cached_tokens() const override { return last_cached_; }
+  std::pair<std::string, std::string> policy_of(Stage stage) const override {
+    return names_[static_cast<std::size_t>(stage)];
+  }
 
   bool on_request(const RequestHookInput& in, RequestDecision& out) override {
     refresh();
@@ -297,6 +308,8 @@ class LuaPicker final : public InstancePicker {
       return;
     }
     current_ = std::shared_ptr<LuaVm>(std::move(*vm));
+    for (std::size_t i = 0; i < names_.size(); ++i)
+      names_[i] = {policy_label(bundle->stages[i].spec), policy_version(bundle->stages[i].text)};
   }
 
   const std::shared_ptr<LuaVm>& vm_for(const PickContext& ctx) {
@@ -335,11 +348,116 @@ class LuaPicker final : public InstancePicker {
   // Why the last pick ended its request, when the policy refused it.
   std::optional<PickRefusal> refusal_;
   std::int64_t last_cached_ = 0;
+  // Each stage's policy name and version, as current_ runs them.
+  std::array<std::pair<std::string, std::string>, 3> names_;
+};
+
+// The explaining picker (make_dry_picker): one request's hook and picks
+// in a dry VM of its own, each call's answer and what it saw kept for
+// last_explanation(). A failed or declined pick is routed as the workers'
+// pickers route it (round-robin, not moved; or refused when fail-closed).
+class DryPicker final : public InstancePicker {
+ public:
+  DryPicker(std::shared_ptr<PolicyEngine> engine, std::shared_ptr<const PolicyBundle> bundle,
+            std::unique_ptr<LuaVm> vm)
+      : engine_(std::move(engine)),
+        bundle_(std::move(bundle)),
+        vm_(std::move(vm)),
+        fallback_(engine_->round_robin_state()) {}
+
+  InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) override {
+    begin(static_cast<int>(ctx.stage));
+    if (candidates.empty()) {
+      explained_.outcome = "no candidates";
+      return nullptr;
+    }
+    const PickAnswer a = vm_->pick(candidates, ctx, hashes_);
+    explained_.outcome = to_string(a.status);
+    explained_.error = a.error;
+    explained_.log = vm_->take_log();
+    vm_->explain_candidates(candidates, ctx, hashes_, explained_);
+    last_cached_ = a.cached_tokens;
+    switch (a.status) {
+      case PickStatus::chosen:
+        return candidates[a.index];
+      case PickStatus::rejected:
+        refusal_ = a.refusal;
+        failed_closed_ = true;
+        return nullptr;
+      default:
+        break;
+    }
+    if (vm_->fail_closed(ctx.stage)) {
+      failed_closed_ = true;
+      refusal_.emplace();
+      refusal_->reason = to_string(a.status);
+      refusal_->message = a.error;
+      return nullptr;
+    }
+    explained_.fallback = true;
+    return fallback_.peek(candidates, ctx);
+  }
+
+  bool on_request(const RequestHookInput& in, RequestDecision& out) override {
+    begin(static_cast<int>(Stage::decode));
+    if (!vm_->has_on_request())
+      return false;
+    const HookAnswer a = vm_->on_request(in, out, hashes_);
+    explained_.outcome = to_string(a.status);
+    explained_.error = a.error;
+    explained_.log = vm_->take_log();
+    if (a.status == HookStatus::accepted || a.status == HookStatus::rejected)
+      return true;
+    // As a worker's picker: a failed hook decided nothing.
+    out = RequestDecision{};
+    out.failed_closed = vm_->fail_closed(Stage::decode);
+    out.error = a.error;
+    return true;
+  }
+
+  bool failed_closed() const override { return failed_closed_; }
+  const PickRefusal* last_refusal() const override { return refusal_ ? &*refusal_ : nullptr; }
+  std::int64_t last_pick_cached_tokens() const override { return last_cached_; }
+  const PickExplanation* last_explanation() const override { return &explained_; }
+
+ private:
+  void begin(int stage) {
+    failed_closed_ = false;
+    refusal_.reset();
+    last_cached_ = 0;
+    explained_ = PickExplanation{};
+    const PolicySource& src = bundle_->stages[static_cast<std::size_t>(stage)];
+    explained_.policy = policy_label(src.spec);
+    explained_.version = policy_version(src.text);
+  }
+
+  std::shared_ptr<PolicyEngine> engine_;
+  std::shared_ptr<const PolicyBundle> bundle_;
+  std::unique_ptr<LuaVm> vm_;
+  RoundRobinPicker fallback_;
+  PrefixHashCache hashes_;
+  PickExplanation explained_;
+  bool failed_closed_ = false;
+  std::optional<PickRefusal> refusal_;
+  std::int64_t last_cached_ = 0;
 };
 
 }  // namespace
 
 // --- PolicyEngine -------------------------------------------------------------
+
+Result<std::unique_ptr<InstancePicker>> PolicyEngine::make_dry_picker(const InstanceSet& set) {
+  const auto b = bundle();
+  VmServices svc = services();
+  svc.dry = true;
+  auto vm = LuaVm::create(*b, svc);
+  if (!vm)
+    return fail(vm.error());
+  for (const Stage s : {Stage::encode, Stage::prefill, Stage::decode})
+    (*vm)->prime(s, set.for_stage(s));
+  return std::unique_ptr<InstancePicker>(
+      std::make_unique<DryPicker>(shared_from_this(), b, std::move(*vm)));
+}
 
 PolicyEngine::PolicyEngine(PolicySettings settings, std::shared_ptr<KvLocationIndex> kv_index)
     : settings_(std::move(settings)),
@@ -347,6 +465,11 @@ PolicyEngine::PolicyEngine(PolicySettings settings, std::shared_ptr<KvLocationIn
   services_.budget = settings_.budget;
   services_.memory_limit = settings_.memory_limit;
   services_.prefix_block_bytes = settings_.prefix_block_bytes;
+  services_.log_levels = log_levels_of(settings_);
+  // Writes a policy's lines at its own level (--policy-log-level), past
+  // the global one: the same sinks and format as every other line.
+  services_.logger = spdlog::default_logger()->clone("pdgate");
+  services_.logger->set_level(spdlog::level::trace);
   services_.kv = &kv_;
   services_.kv_index = kv_index_.get();
   services_.watchdog = &watchdog_;
@@ -410,6 +533,7 @@ Result<std::shared_ptr<const PolicyBundle>> PolicyEngine::build(const PolicySett
   svc.budget = s.budget;
   svc.memory_limit = s.memory_limit;
   svc.prefix_block_bytes = s.prefix_block_bytes;
+  svc.log_levels = log_levels_of(s);
   auto vm = LuaVm::create(*bundle, svc);
   if (!vm) {
     blame(vm.error());
@@ -463,6 +587,7 @@ Result<bool> PolicyEngine::reload(PolicySettings settings, const char* trigger) 
   services_.budget = settings.budget;
   services_.memory_limit = settings.memory_limit;
   services_.prefix_block_bytes = settings.prefix_block_bytes;
+  services_.log_levels = log_levels_of(settings);
   settings_ = std::move(settings);
   bundle_ = std::move(*b);
   stamps_ = stamps_of(*bundle_);

@@ -39,6 +39,8 @@ struct PolicySettings {
   std::chrono::microseconds budget{1000};
   std::size_t memory_limit = 64u << 20;
   std::size_t prefix_block_bytes = 256;
+  // --policy-log-level: a policy's (by name) own level for pdgate.log.
+  std::vector<std::pair<std::string, std::string>> log_levels;
 };
 
 PolicySettings settings_from(const Config& cfg);
@@ -101,6 +103,14 @@ class PolicyEngine : public std::enable_shared_from_this<PolicyEngine> {
 
   // A picker for one worker thread.
   std::unique_ptr<InstancePicker> make_picker(std::size_t worker_index);
+  // A picker for POST /admin/policy/explain (core/pipeline/policy_explain.hpp):
+  // a fresh state of the running version, its stages' instance tables
+  // built from `set` as a worker's picks leave them, in which whatever
+  // would change shared state (the store, pdgate.rate, rotation counters,
+  // the KV-location index, counters, the log) answers as it would and
+  // changes nothing; it explains each call (last_explanation()). Counts
+  // nothing in PolicyStats or the policies' metrics.
+  Result<std::unique_ptr<InstancePicker>> make_dry_picker(const InstanceSet& set);
   PickerFactory factory();
 
   PolicyStats& stats() { return stats_; }

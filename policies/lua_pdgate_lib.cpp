@@ -378,11 +378,30 @@ int push_fail(lua_State* L, const std::string& msg) {
   return 2;
 }
 
+// A dry VM's view of a key: its own writes first, then the store.
+std::optional<KvValue> dry_get(Impl& I, std::string_view key) {
+  if (auto it = I.dry_kv.find(std::string(key)); it != I.dry_kv.end())
+    return it->second;
+  return I.svc.kv->get(key, steady_ms(Clock::now()));
+}
+
+// Keeps a dry VM's write to the store for its own later reads; false past
+// the bound.
+bool dry_put(Impl& I, std::string_view key, std::optional<KvValue> v) {
+  std::string k(key);
+  if (I.dry_kv.size() >= Impl::kMaxDryWrites && I.dry_kv.find(k) == I.dry_kv.end())
+    return false;
+  I.dry_kv[std::move(k)] = std::move(v);
+  return true;
+}
+
+constexpr const char* kDryWritesFull = "explain: too many writes to the shared store";
+
 int l_kv_get(lua_State* L) {
   Impl& I = impl_of(L);
   std::size_t n = 0;
   const char* k = luaL_checklstring(L, 1, &n);
-  const auto v = I.svc.kv->get({k, n}, steady_ms(Clock::now()));
+  const auto v = I.dry ? dry_get(I, {k, n}) : I.svc.kv->get({k, n}, steady_ms(Clock::now()));
   if (!v)
     return 0;
   if (const auto* d = std::get_if<double>(&*v)) {
@@ -416,11 +435,22 @@ int l_kv_set(lua_State* L) {
     }
     case LUA_TNIL:
     case LUA_TNONE:
-      I.svc.kv->erase({k, n});
+      if (I.dry) {
+        if (!dry_put(I, {k, n}, std::nullopt))
+          return push_fail(L, kDryWritesFull);
+      } else {
+        I.svc.kv->erase({k, n});
+      }
       lua_pushboolean(L, 1);
       return 1;
     default:
       return luaL_argerror(L, 2, "number, string, boolean or nil expected");
+  }
+  if (I.dry) {
+    if (!dry_put(I, {k, n}, std::move(v)))
+      return push_fail(L, kDryWritesFull);
+    lua_pushboolean(L, 1);
+    return 1;
   }
   auto r = I.svc.kv->set({k, n}, std::move(v), static_cast<std::int64_t>(ttl_s * 1000),
                          steady_ms(Clock::now()));
@@ -440,6 +470,25 @@ int l_kv_incr(lua_State* L) {
   const double ttl_s = luaL_optnumber(L, 3, 0);
   if (!(ttl_s >= 0 && ttl_s <= kMaxKvSeconds))
     return luaL_argerror(L, 3, "ttl must be 0..31536000 seconds");
+  if (I.dry) {
+    // What the increment would return, kept for this VM's later reads.
+    Result<double> r = delta;
+    if (auto it = I.dry_kv.find(std::string(k, n)); it != I.dry_kv.end()) {
+      const double* d = it->second ? std::get_if<double>(&*it->second) : nullptr;
+      if (it->second && d == nullptr)
+        r = fail("value is not a number");
+      else
+        r = (d != nullptr ? *d : 0) + delta;
+    } else {
+      r = I.svc.kv->incr_peek({k, n}, delta, steady_ms(Clock::now()));
+    }
+    if (!r)
+      return push_fail(L, r.error());
+    if (!dry_put(I, {k, n}, KvValue{*r}))
+      return push_fail(L, kDryWritesFull);
+    lua_pushnumber(L, *r);
+    return 1;
+  }
   auto r = I.svc.kv->incr({k, n}, delta, steady_ms(Clock::now()),
                           static_cast<std::int64_t>(std::ceil(ttl_s * 1000)));
   if (!r)
@@ -470,9 +519,13 @@ int l_rate(lua_State* L) {
     lua_pushnumber(L, 0);
     return 3;
   }
-  auto r = I.svc.kv->rate({k, n}, static_cast<std::int64_t>(limit),
-                          std::max<std::int64_t>(1, static_cast<std::int64_t>(window_s * 1000)),
-                          steady_ms(Clock::now()));
+  const std::int64_t window_ms =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(window_s * 1000));
+  // Explaining: the answer one more event would get, not counted.
+  auto r = I.dry ? I.svc.kv->rate_peek({k, n}, static_cast<std::int64_t>(limit), window_ms,
+                                       steady_ms(Clock::now()))
+                 : I.svc.kv->rate({k, n}, static_cast<std::int64_t>(limit), window_ms,
+                                  steady_ms(Clock::now()));
   if (!r)
     return push_fail(L, r.error());
   lua_pushboolean(L, r->allowed ? 1 : 0);
@@ -517,8 +570,9 @@ int l_count(lua_State* L) {
   const lua_Number n = luaL_optnumber(L, 2, 1);
   if (!(n >= 0 && n <= 9007199254740992.0) || n != std::floor(n))
     return luaL_argerror(L, 2, "a whole number >= 0 expected");
-  // A reload's self-check on a synthetic request counts nothing.
-  if (impl_of(L).checking) {
+  // A reload's self-check on a synthetic request, or an explanation,
+  // counts nothing.
+  if (impl_of(L).checking || impl_of(L).dry) {
     if (auto err = PolicyCounters::name_error({name, len}))
       return push_fail(L, *err);
     lua_pushboolean(L, 1);
@@ -550,7 +604,14 @@ int l_log(lua_State* L) {
   } else {
     return luaL_argerror(L, 1, "\"debug\", \"info\", \"warn\" or \"error\" expected");
   }
-  if (impl_of(L).checking || !c.may_log(Clock::now())) {
+  Impl& I = impl_of(L);
+  // The policy's own level (--policy-log-level) decides where it has one,
+  // else the global one; a line below it is not written and takes no
+  // place under the rate limit.
+  const int where = I.cur_where == kRequestHook ? static_cast<int>(Stage::decode) : I.cur_where;
+  const int own = I.stages[static_cast<std::size_t>(where)].log_level;
+  const bool shown = own >= 0 ? static_cast<int>(lv) >= own : spdlog::should_log(lv);
+  if (I.checking || (!I.dry && (!shown || !c.may_log(Clock::now())))) {
     lua_pushboolean(L, 0);
     return 1;
   }
@@ -560,7 +621,19 @@ int l_log(lua_State* L) {
     if (static_cast<unsigned char>(ch) < 0x20)
       ch = ' ';
   }
-  spdlog::log(lv, "policy {}: {}", c.name(), line);
+  if (I.dry) {
+    // An explanation shows the lines, whatever the log level; the log
+    // and the policy's rate limit see nothing.
+    if (I.dry_log.size() >= Impl::kMaxDryLog) {
+      lua_pushboolean(L, 0);
+      return 1;
+    }
+    I.dry_log.push_back(std::string(level) + ": " + line);
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  (own >= 0 ? *I.svc.logger : *spdlog::default_logger_raw())
+      .log(lv, "policy {}: {}", c.name(), line);
   lua_pushboolean(L, 1);
   return 1;
 }

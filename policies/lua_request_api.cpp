@@ -4,6 +4,7 @@
 // (headers, max_tokens cap, priority, path). The handle is valid during
 // on_request only; the VM's state says which request that is.
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -62,6 +63,190 @@ int body_index(lua_State* L) {
   lua_pushvalue(L, 2);
   lua_pushvalue(L, -2);
   lua_rawset(L, 1);
+  return 1;
+}
+
+// Strings read from nested body fields are cut at this many bytes, so a
+// policy never copies a whole prompt into its state by accident.
+constexpr std::size_t kMaxFieldString = 256 * 1024;
+// req.tools lists at most this many names.
+constexpr std::size_t kMaxToolNames = 128;
+
+void budget_tick(void* L) {
+  budget::check(static_cast<lua_State*>(L));
+}
+
+// Cuts `s` to kMaxFieldString bytes at most, at a UTF-8 character's start.
+void cut(std::string& s) {
+  if (s.size() <= kMaxFieldString)
+    return;
+  std::size_t n = kMaxFieldString;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80)
+    --n;
+  s.resize(n);
+}
+
+// A JSON string's decoded text, cut; nullopt when `raw` is not a string.
+std::optional<std::string> bounded_string(std::string_view raw) {
+  if (raw.empty() || raw.front() != '"')
+    return std::nullopt;
+  auto s = decode_json_string(raw);
+  if (s)
+    cut(*s);
+  return s;
+}
+
+// Pushes a JSON value as a policy reads a nested field: a scalar as its
+// Lua value (a string cut at kMaxFieldString), an array or object as its
+// element count; then its kind ("string", "number", "boolean", "null",
+// "array", "object"). Two results.
+int push_field(lua_State* L, std::string_view raw) {
+  const char c = raw.front();
+  if (c == '[' || c == '{') {
+    std::size_t count = 0;
+    if (c == '[') {
+      JsonArrayElements it(raw);
+      std::string_view e;
+      while (it.next(e)) {
+        if (++count % 4096 == 0)
+          budget::check(L);
+      }
+    } else if (auto index = index_json_object(raw)) {
+      count = index->members.size();
+    }
+    lua_pushnumber(L, static_cast<double>(count));
+    lua_pushstring(L, c == '[' ? "array" : "object");
+    return 2;
+  }
+  if (c == '"') {
+    const auto s = bounded_string(raw);
+    if (s)
+      lua_pushlstring(L, s->data(), s->size());
+    else
+      lua_pushnil(L);
+    lua_pushliteral(L, "string");
+    return 2;
+  }
+  push_json_scalar(L, raw);
+  lua_pushstring(L, raw == "null" ? "null" : (c == 't' || c == 'f') ? "boolean" : "number");
+  return 2;
+}
+
+// req:body_field(name_or_position, ...): the body's value at that path,
+// each step an object member's name or an array element's position
+// (1-based, as Lua counts): req:body_field("messages", 1, "content").
+// Read when asked, nothing built: see push_field for what it returns;
+// nothing when the path names nothing.
+int l_req_body_field(lua_State* L) {
+  Impl& I = in_hook(L, "body_field");
+  const int n = lua_gettop(L) - 1;
+  if (n < 1 || n > static_cast<int>(kMaxJsonPathSteps))
+    return luaL_error(L, "req:body_field: 1 to %d steps", int(kMaxJsonPathSteps));
+  std::array<JsonPathStep, kMaxJsonPathSteps> path;
+  for (int k = 0; k < n; ++k) {
+    const int arg = k + 2;
+    if (lua_type(L, arg) == LUA_TNUMBER) {
+      const lua_Number v = lua_tonumber(L, arg);
+      if (!(v >= 1 && v <= 1e12) || v != std::floor(v))
+        return luaL_argerror(L, arg, "a position (1, 2, ...) or a member name expected");
+      path[k].is_index = true;
+      path[k].index = static_cast<std::size_t>(v) - 1;
+    } else {
+      std::size_t len = 0;
+      const char* key = luaL_checklstring(L, arg, &len);
+      path[k].key = {key, len};
+    }
+  }
+  // The first step is a top-level member: already indexed.
+  if (path[0].is_index)
+    return 0;
+  const auto top = raw_member(I.cur_hook->body, *I.cur_hook->index, path[0].key);
+  if (!top)
+    return 0;
+  const auto raw =
+      raw_at_path(*top, path.data() + 1, static_cast<std::size_t>(n - 1), &budget_tick, L);
+  if (!raw || raw->empty())
+    return 0;
+  return push_field(L, *raw);
+}
+
+// A message's content as text: a string, or the text parts of a list of
+// parts ({"type": "text", "text": ...}) joined by newlines; cut at
+// kMaxFieldString bytes.
+std::optional<std::string> message_text(lua_State* L, std::string_view message) {
+  const JsonPathStep content{"content"};
+  const auto raw = raw_at_path(message, &content, 1);
+  if (!raw)
+    return std::nullopt;
+  if (raw->front() == '"')
+    return bounded_string(*raw);
+  if (raw->front() != '[')
+    return std::nullopt;
+  std::string out;
+  JsonArrayElements parts(*raw);
+  std::string_view part;
+  std::size_t count = 0;
+  while (out.size() < kMaxFieldString && parts.next(part)) {
+    if (++count % 4096 == 0)
+      budget::check(L);
+    const JsonPathStep text{"text"};
+    const auto t = raw_at_path(part, &text, 1);
+    if (auto s = t ? bounded_string(*t) : std::nullopt) {
+      if (!out.empty())
+        out += '\n';
+      out += *s;
+    }
+  }
+  cut(out);
+  return out;
+}
+
+// req.system_prompt: the text of a chat's first "system" (or "developer")
+// message, nil when there is none.
+int system_prompt(lua_State* L, const RequestHookInput& in) {
+  const auto raw = raw_member(in.body, *in.index, "messages");
+  if (!in.is_chat || !raw)
+    return 0;
+  JsonArrayElements it(*raw);
+  std::string_view m;
+  std::size_t count = 0;
+  while (it.next(m)) {
+    if (++count % 4096 == 0)
+      budget::check(L);
+    const JsonPathStep role{"role"};
+    const auto r = raw_at_path(m, &role, 1);
+    if (!r || (*r != "\"system\"" && *r != "\"developer\""))
+      continue;
+    const auto text = message_text(L, m);
+    if (!text)
+      return 0;
+    lua_pushlstring(L, text->data(), text->size());
+    return 1;
+  }
+  return 0;
+}
+
+// req.tools: the names of the request's tools ({"type": "function",
+// "function": {"name": ...}}, or a Responses tool's own "name"), in order,
+// at most kMaxToolNames; nil when the body has no `tools` list.
+int tool_names(lua_State* L, const RequestHookInput& in) {
+  const auto raw = raw_member(in.body, *in.index, "tools");
+  if (!raw || raw->front() != '[')
+    return 0;
+  lua_createtable(L, 8, 0);
+  JsonArrayElements it(*raw);
+  std::string_view tool;
+  int n = 0;
+  while (n < static_cast<int>(kMaxToolNames) && it.next(tool)) {
+    const JsonPathStep function_name[] = {{"function"}, {"name"}};
+    auto name = raw_at_path(tool, function_name, 2);
+    if (!name)
+      name = raw_at_path(tool, function_name + 1, 1);
+    if (auto s = name ? bounded_string(*name) : std::nullopt) {
+      lua_pushlstring(L, s->data(), s->size());
+      lua_rawseti(L, -2, ++n);
+    }
+  }
   return 1;
 }
 
@@ -172,7 +357,8 @@ int req_index(lua_State* L) {
                                       {"remove_header", l_req_remove_header},
                                       {"cap_max_tokens", l_req_cap_max_tokens},
                                       {"set_priority", l_req_set_priority},
-                                      {"set_path", l_req_set_path}};
+                                      {"set_path", l_req_set_path},
+                                      {"body_field", l_req_body_field}};
   for (const auto& m : kMethods) {
     if (k == m.name) {
       lua_pushcfunction(L, m.func);
@@ -193,6 +379,12 @@ int req_index(lua_State* L) {
     lua_pushnumber(L, static_cast<double>(estimated_prompt_tokens(in.prompt_bytes)));
   } else if (k == "message_count") {
     if (message_count(L, in) == 0)
+      return 0;
+  } else if (k == "system_prompt") {
+    if (system_prompt(L, in) == 0)
+      return 0;
+  } else if (k == "tools") {
+    if (tool_names(L, in) == 0)
       return 0;
   } else if (k == "headers") {
     lua_createtable(L, 0, 8);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/pipeline/client_key.hpp"
 
@@ -206,6 +207,7 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
                                              const VmServices& services) {
   auto I = std::make_unique<Impl>();
   I->svc = services;
+  I->dry = services.dry;
   I->mem_limit = services.memory_limit;
   I->watchdog = services.watchdog;
   if (I->watchdog != nullptr)
@@ -282,6 +284,10 @@ Result<std::unique_ptr<LuaVm>> LuaVm::create(const PolicyBundle& bundle,
     st.fail_closed = lua_toboolean(L, -1) != 0;
     lua_pop(L, 1);
     st.counters = &metrics->for_policy(policy_label(src.spec));
+    for (const auto& [name, level] : services.log_levels) {
+      if (name == st.counters->name() && services.logger)
+        st.log_level = level;
+    }
     // The request hook runs once per request, before any stage: the
     // decode script, the one stage every request has, holds it.
     if (s == static_cast<int>(Stage::decode)) {
@@ -326,8 +332,9 @@ std::optional<PickAnswer> round_robin_natively(Impl& I, const std::vector<Instan
       key = "round_robin:decode";
       break;
   }
-  // `pdgate.kv_incr(key) or 0`
-  auto r = I.svc.kv->incr(key, 1, steady_ms(Clock::now()));
+  // `pdgate.kv_incr(key) or 0`; explaining, what it would return.
+  const std::int64_t now_ms = steady_ms(Clock::now());
+  auto r = I.dry ? I.svc.kv->incr_peek(key, 1, now_ms) : I.svc.kv->incr(key, 1, now_ms);
   const double turn = r ? *r : 0;
   PickAnswer a;
   const std::size_t n = candidates.size();
@@ -450,7 +457,7 @@ PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickCon
   lua_settop(L, base);
   if (a.status == PickStatus::chosen && a.index < I.cur_cached.size())
     a.cached_tokens = I.cur_cached[a.index];
-  if (a.status == PickStatus::chosen && I.prefix_used && !I.checking) {
+  if (a.status == PickStatus::chosen && I.prefix_used && !I.checking && !I.dry) {
     I.svc.kv_index->record_prefix(hashes.get(ctx, I.svc.prefix_block_bytes),
                                   I.caches[static_cast<int>(ctx.stage)].keys[a.index],
                                   steady_ms(now));
@@ -490,6 +497,70 @@ std::optional<std::string> LuaVm::on_complete(const Instance& chosen, const Pick
   lua_settop(L, base);
   release_arg(I);
   return err;
+}
+
+void LuaVm::prime(Stage stage, const std::vector<InstancePtr>& candidates) {
+  Impl& I = *impl_;
+  if (!I.dry || candidates.empty())
+    return;
+  const int base = lua_gettop(I.L);
+  // Under protection, as a pick builds them; a failure leaves the stage
+  // unprimed, as on a worker that has not picked yet.
+  (void)detail::run_protected(I.L, [&](lua_State* S) {
+    push_instances(I, stage, candidates, steady_ms(Clock::now()));
+    lua_pop(S, 1);
+  });
+  lua_settop(I.L, base);
+}
+
+std::vector<std::string> LuaVm::take_log() {
+  return std::exchange(impl_->dry_log, {});
+}
+
+void LuaVm::explain_candidates(const std::vector<InstancePtr>& candidates, const PickContext& ctx,
+                               PrefixHashCache& hashes, PickExplanation& out) {
+  Impl& I = *impl_;
+  const std::size_t n = candidates.size();
+  const auto& h = hashes.get(ctx, I.svc.prefix_block_bytes);
+  out.prompt_blocks = static_cast<std::int64_t>(h.size());
+  out.prefix_blocks.assign(n, 0);
+  out.exact_tokens.assign(n, -1);
+  out.cached_tokens.assign(n, 0);
+  for (std::size_t i = 0; i < n && i < I.cur_cached.size(); ++i)
+    out.cached_tokens[i] = I.cur_cached[i];
+  std::vector<InstanceKey> keys(n);
+  for (std::size_t i = 0; i < n; ++i)
+    keys[i] = instance_key(candidates[i]->location);
+  const auto at = [&](InstanceKey key, auto&& set) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (keys[i] == key)
+        set(i);
+    }
+  };
+  if (I.svc.kv_index != nullptr && !h.empty()) {
+    // (Pairs, not bindings: a lambda may not capture a structured binding
+    // in every compiler pdgate builds with.)
+    for (const auto& match :
+         I.svc.kv_index->prefix_matches(h, steady_ms(Clock::now()), std::max<std::size_t>(n, 1)))
+      at(match.first,
+         [&](std::size_t i) { out.prefix_blocks[i] = static_cast<std::int64_t>(match.second); });
+  }
+  if (I.svc.block_index == nullptr)
+    return;
+  std::optional<std::vector<std::uint32_t>> owned;
+  const std::vector<std::uint32_t>* ids = ctx.token_ids;
+  if (ids == nullptr && I.svc.tokenizer != nullptr) {
+    owned = I.svc.tokenizer->token_ids(ctx.is_chat, ctx.prompt_raw);
+    if (owned)
+      ids = &*owned;
+  }
+  if (ids == nullptr || ids->empty())
+    return;
+  for (const auto& row : I.svc.block_index->cached_tokens(*ids, ctx.model)) {
+    if (row.exact)
+      at(row.key,
+         [&](std::size_t i) { out.exact_tokens[i] = static_cast<std::int64_t>(row.tokens); });
+  }
 }
 
 void LuaVm::drop_vars(std::uint64_t serial) {

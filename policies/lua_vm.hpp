@@ -26,6 +26,10 @@
 #include "policies/policy_counters.hpp"
 #include "policies/shared_state.hpp"
 
+namespace spdlog {
+class logger;
+}
+
 namespace pdgate::policy {
 
 class PolicyWatchdog;
@@ -64,6 +68,14 @@ struct VmServices {
   // What `require(name)` loads: a shipped policy's text, or null when
   // there is none of that name. Null: require knows no module.
   const char* (*module_text)(std::string_view name) = nullptr;
+  // --policy-log-level: policies' own levels (spdlog's, by policy name),
+  // and the logger their lines at such a level go to (the default
+  // logger's sinks, every level let through: the policy's level decides).
+  std::vector<std::pair<std::string, int>> log_levels;
+  std::shared_ptr<spdlog::logger> logger;
+  // A VM that explains (PolicyEngine::make_dry_picker): what would change
+  // shared state answers as it would and changes nothing (lua_state.hpp).
+  bool dry = false;
 };
 
 // A request's prefix block hashes, computed at most once however many
@@ -153,6 +165,16 @@ class LuaVm {
 
   // Bytes the state holds (for tests and the memory cap).
   std::size_t memory_used() const;
+
+  // For a dry VM (VmServices::dry), what POST /admin/policy/explain shows:
+  // the stages' instance tables built as a worker's last picks left them
+  // (pdgate.prefix_held, pdgate.conversation read them), the pdgate.log
+  // lines of the last call, and, after a pick, what each candidate holds
+  // of the prompt and what the pick's lookups found there.
+  void prime(Stage stage, const std::vector<InstancePtr>& candidates);
+  std::vector<std::string> take_log();
+  void explain_candidates(const std::vector<InstancePtr>& candidates, const PickContext& ctx,
+                          PrefixHashCache& hashes, PickExplanation& out);
 
   struct Impl;
 

@@ -85,12 +85,69 @@ Result<double> KvStore::incr(std::string_view key, double delta, std::int64_t no
   return *d;
 }
 
+namespace {
+
+std::optional<std::string> rate_args_error(std::int64_t limit, std::int64_t window_ms) {
+  if (limit < 1 || limit > KvStore::kMaxRateLimit)
+    return "limit must be 1.." + std::to_string(KvStore::kMaxRateLimit);
+  if (window_ms < 1)
+    return std::string("window must be positive");
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::size_t KvStore::window_start(const Entry& e, std::int64_t window_ms, std::int64_t now_ms) {
+  std::size_t first = e.head;
+  while (first < e.times.size() && e.times[first] <= now_ms - window_ms)
+    ++first;
+  return first;
+}
+
+KvStore::RateAnswer KvStore::assess(const Entry& e, std::size_t first, std::int64_t limit,
+                                    std::int64_t window_ms, std::int64_t now_ms) {
+  RateAnswer a;
+  a.count = static_cast<std::int64_t>(e.times.size() - first);
+  // Over the limit (a smaller limit than before counts only the newest).
+  if (a.count >= limit) {
+    const std::int64_t oldest = e.times[e.times.size() - static_cast<std::size_t>(limit)];
+    a.retry_after_ms = std::max<std::int64_t>(1, oldest + window_ms - now_ms);
+  } else {
+    a.allowed = true;
+    ++a.count;
+  }
+  return a;
+}
+
+Result<KvStore::RateAnswer> KvStore::rate_peek(std::string_view key, std::int64_t limit,
+                                               std::int64_t window_ms, std::int64_t now_ms) const {
+  if (auto err = rate_args_error(limit, window_ms))
+    return fail(*err);
+  std::lock_guard lock(mu_);
+  auto it = map_.find(std::string(key));
+  if (it == map_.end() || expired(it->second, now_ms))
+    return assess(Entry{}, 0, limit, window_ms, now_ms);
+  if (it->second.times.empty())
+    return fail("key holds a value that is not a rate log");
+  const Entry& e = it->second;
+  return assess(e, window_start(e, window_ms, now_ms), limit, window_ms, now_ms);
+}
+
+Result<double> KvStore::incr_peek(std::string_view key, double delta, std::int64_t now_ms) const {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(std::string(key));
+  if (it == map_.end() || expired(it->second, now_ms))
+    return delta;
+  const auto* d = std::get_if<double>(&it->second.value);
+  if (d == nullptr || !it->second.times.empty())
+    return fail("value is not a number");
+  return *d + delta;
+}
+
 Result<KvStore::RateAnswer> KvStore::rate(std::string_view key, std::int64_t limit,
                                           std::int64_t window_ms, std::int64_t now_ms) {
-  if (limit < 1 || limit > kMaxRateLimit)
-    return fail("limit must be 1.." + std::to_string(kMaxRateLimit));
-  if (window_ms < 1)
-    return fail("window must be positive");
+  if (auto err = rate_args_error(limit, window_ms))
+    return fail(*err);
   std::lock_guard lock(mu_);
   std::string k(key);
   auto it = map_.find(k);
@@ -109,26 +166,18 @@ Result<KvStore::RateAnswer> KvStore::rate(std::string_view key, std::int64_t lim
   Entry& e = it->second;
   e.expires_ms = 0;  // so that making room below cannot sweep this entry
   // Events that left the window; the log is compacted when half of it is.
-  while (e.head < e.times.size() && e.times[e.head] <= now_ms - window_ms)
-    ++e.head;
+  e.head = window_start(e, window_ms, now_ms);
   if (e.head > 0 && e.head * 2 >= e.times.size()) {
     e.times.erase(e.times.begin(), e.times.begin() + static_cast<std::ptrdiff_t>(e.head));
     e.head = 0;
   }
-  RateAnswer a;
-  a.count = static_cast<std::int64_t>(e.times.size() - e.head);
-  // Over the limit (a smaller limit than before counts only the newest).
-  if (a.count >= limit) {
-    const std::int64_t oldest = e.times[e.times.size() - static_cast<std::size_t>(limit)];
-    a.retry_after_ms = std::max<std::int64_t>(1, oldest + window_ms - now_ms);
-  } else {
+  const RateAnswer a = assess(e, e.head, limit, window_ms, now_ms);
+  if (a.allowed) {
     const std::size_t before = e.times.capacity();
     if (e.times.size() == before && !make_room_locked(std::max<std::size_t>(before, 4) * 8, now_ms))
       return fail("shared store full");
     e.times.push_back(now_ms);
     bytes_ += (e.times.capacity() - before) * 8;
-    a.allowed = true;
-    ++a.count;
   }
   e.value = static_cast<double>(a.count);
   // The log empties itself one window after its last event.

@@ -50,6 +50,11 @@ class KvStore {
   static constexpr std::int64_t kMaxRateLimit = 100000;
   Result<RateAnswer> rate(std::string_view key, std::int64_t limit, std::int64_t window_ms,
                           std::int64_t now_ms);
+  // What rate() would answer now, counting nothing (explain's dry picks).
+  Result<RateAnswer> rate_peek(std::string_view key, std::int64_t limit, std::int64_t window_ms,
+                               std::int64_t now_ms) const;
+  // What incr() would return now, changing nothing.
+  Result<double> incr_peek(std::string_view key, double delta, std::int64_t now_ms) const;
 
   // Up to `max` live entries whose key starts with `prefix`, in key order
   // (the admin API's listing), and how many matched in all.
@@ -71,6 +76,14 @@ class KvStore {
     std::size_t head = 0;  // times[head..] are in the window
   };
   static std::size_t cost(std::string_view key, const KvValue& v);
+  static bool expired(const Entry& e, std::int64_t now_ms) {
+    return e.expires_ms != 0 && e.expires_ms <= now_ms;
+  }
+  // A rate log's first event still in the window, and the answer to one
+  // more event; the log is not changed.
+  static std::size_t window_start(const Entry& e, std::int64_t window_ms, std::int64_t now_ms);
+  static RateAnswer assess(const Entry& e, std::size_t first, std::int64_t limit,
+                           std::int64_t window_ms, std::int64_t now_ms);
   void erase_locked(std::unordered_map<std::string, Entry>::iterator it);
   // Room for `add` more bytes, expired entries dropped first if needed.
   bool make_room_locked(std::size_t add, std::int64_t now_ms);

@@ -599,6 +599,41 @@ bool JsonArrayElements::next(std::string_view& element) {
   return true;
 }
 
+std::optional<std::string_view> raw_at_path(std::string_view raw, const JsonPathStep* path,
+                                            std::size_t steps, JsonScanTick tick, void* user) {
+  if (steps > kMaxJsonPathSteps)
+    return std::nullopt;
+  for (std::size_t k = 0; k < steps; ++k) {
+    const JsonPathStep& step = path[k];
+    if (step.is_index) {
+      JsonArrayElements it(raw);
+      std::string_view e;
+      std::size_t i = 0;
+      for (;;) {
+        if (!it.next(e))
+          return std::nullopt;
+        if (i == step.index)
+          break;
+        if (++i % 4096 == 0 && tick != nullptr)
+          tick(user);
+      }
+      raw = e;
+    } else {
+      // An object's members are indexed in one pass over it (and only it).
+      if (raw.empty() || raw.front() != '{')
+        return std::nullopt;
+      const auto index = index_json_object(raw);
+      if (!index)
+        return std::nullopt;
+      const auto v = raw_member(raw, *index, step.key);
+      if (!v)
+        return std::nullopt;
+      raw = *v;
+    }
+  }
+  return raw;
+}
+
 std::optional<std::string_view> raw_member(std::string_view text, const JsonObjectIndex& index,
                                            std::string_view key) {
   for (auto it = index.members.rbegin(); it != index.members.rend(); ++it) {

@@ -93,6 +93,29 @@ class JsonArrayElements {
   State state_ = State::start;
 };
 
+// One step of a path into a JSON value: an object member by name, or an
+// array element by position (0-based).
+struct JsonPathStep {
+  std::string_view key;  // when !is_index
+  std::size_t index = 0;
+  bool is_index = false;
+};
+// Paths go at most this deep (a policy's req:body_field).
+inline constexpr std::size_t kMaxJsonPathSteps = 16;
+
+// The raw text (no surrounding whitespace) at `path` inside the JSON value
+// `raw`, read as the steps go, nothing built: an object's member (the last
+// of that name), an array's element. Nullopt when a step names nothing (no
+// such member, a position past the end, a name into an array or a
+// position into anything else), the path is longer than kMaxJsonPathSteps,
+// or the text is not valid JSON where a step reads it. `tick(user)`, when
+// given, is called every 4096 array elements skipped (a caller's budget
+// check; it may unwind).
+using JsonScanTick = void (*)(void* user);
+std::optional<std::string_view> raw_at_path(std::string_view raw, const JsonPathStep* path,
+                                            std::size_t steps, JsonScanTick tick = nullptr,
+                                            void* user = nullptr);
+
 // Decodes a JSON string literal (quotes included) that index_json_object
 // accepted. Returns nullopt if `literal` is not a valid string literal.
 std::optional<std::string> decode_json_string(std::string_view literal);

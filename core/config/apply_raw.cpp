@@ -238,6 +238,18 @@ Config apply_raw(Config c, const RawMap& raw, Errors& errors) {
       }
     }
   }
+  if (const auto* v = get("policy-log-level")) {
+    c.policy_log_levels.clear();
+    for (const auto& item : v->values) {
+      auto l = parse_policy_log_level(item);
+      if (!l) {
+        err(*v, l.error());
+        continue;
+      }
+      std::erase_if(c.policy_log_levels, [&](const auto& e) { return e.first == l->first; });
+      c.policy_log_levels.push_back(std::move(*l));
+    }
+  }
   if (const auto* v = get("set-header")) {
     c.set_headers.clear();
     for (const auto& item : v->values) {

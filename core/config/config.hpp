@@ -192,6 +192,9 @@ struct Config {
   std::size_t policy_memory = 64u << 20;  // per Lua state (one per worker)
   std::size_t prefix_block_size = 256;    // bytes of prompt text per prefix block hash
   std::chrono::milliseconds policy_poll_interval{1000};
+  // --policy-log-level NAME=LEVEL: a policy's own log level for its
+  // pdgate.log lines (name as in metrics), whatever log_level says.
+  std::vector<std::pair<std::string, std::string>> policy_log_levels;
   // How often each engine's /metrics is scraped; 0 turns scraping off.
   std::chrono::milliseconds metrics_interval{250};
   // Multi-turn KV reuse (docs/conversations.md).

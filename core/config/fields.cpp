@@ -299,6 +299,13 @@ std::vector<std::string> show_set_headers(const Config& c) {
   return out;
 }
 
+std::vector<std::string> show_policy_log_levels(const Config& c) {
+  std::vector<std::string> out;
+  for (const auto& [name, level] : c.policy_log_levels)
+    out.push_back(name + "=" + level);
+  return out;
+}
+
 std::vector<std::string> show_tls_version(const Config& c) {
   return {std::string(c.tls_min_version == 13 ? "1.3" : "1.2")};
 }

@@ -242,6 +242,11 @@ constexpr std::array kOptions = {
     Option{"policy-poll-interval", "", 0, false, false, kPolicies, "DURATION",
            "How often policy files are checked for changes and reloaded (default: 1s).",
            duration_field<&Config::policy_poll_interval>, kRestart},
+    Option{"policy-log-level", "", 0, true, false, kPolicies, "NAME=LEVEL",
+           "The level of one policy's pdgate.log lines (trace, debug, info, warn or error; "
+           "NAME as in metrics: the script's file name without .lua), whatever --log-level "
+           "says; repeat the flag for more policies (default: --log-level).",
+           Binding{.show = &show_policy_log_levels}, false, true},
     Option{"metrics-interval", "", 0, false, false, kPolicies, "DURATION|off",
            "How often each engine's /metrics is scraped for policies; off disables "
            "(default: 250ms).",

@@ -152,6 +152,23 @@ Result<std::string> parse_log_level(std::string_view text) {
               "' (expected trace, debug, info, warn or error)");
 }
 
+Result<std::pair<std::string, std::string>> parse_policy_log_level(std::string_view text) {
+  const std::string_view t = trim(text);
+  const auto eq = t.find('=');
+  if (eq == std::string_view::npos)
+    return fail("expected NAME=LEVEL, e.g. tenant_slo=debug (got '" + std::string(t) + "')");
+  const std::string_view name = trim(t.substr(0, eq));
+  if (name.empty() || name.size() > 128 ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") !=
+          std::string_view::npos)
+    return fail("invalid policy name '" + std::string(name) +
+                "' (the policy's name as in metrics: the script's file name without .lua)");
+  auto level = parse_log_level(t.substr(eq + 1));
+  if (!level)
+    return fail(level.error());
+  return std::pair{std::string(name), std::move(*level)};
+}
+
 Result<bool> parse_switch(std::string_view text) {
   const std::string l = lower(trim(text));
   if (l == "true" || l == "on" || l == "yes" || l == "1")

@@ -54,13 +54,13 @@ std::string encode_urls(const RequestRecord& r) {
   return out;
 }
 
-// The stages that chose an instance, with their policies: as text
-// "prefill:x,decode:y", as JSON {"prefill":"x","decode":"y"}.
-std::string policies_used(const RequestRecord& r, bool json) {
+// The stages that chose an instance, with their policies' names (or
+// versions): as text "prefill:x,decode:y", as JSON {"prefill":"x","decode":"y"}.
+std::string policies_used(const RequestRecord& r, bool json, bool versions = false) {
   const StagePolicies& p = r.policies;
   std::string out;
   auto add = [&](bool used, std::string_view stage, const std::string& name) {
-    if (!used)
+    if (!used || name.empty())
       return;
     if (!out.empty())
       out += ',';
@@ -68,9 +68,9 @@ std::string policies_used(const RequestRecord& r, bool json) {
     out += ':';
     out += json ? json_quote(name) : name;
   };
-  add(!r.encode.empty(), "encode", p.encode);
-  add(r.prefill != nullptr, "prefill", p.prefill);
-  add(r.decode != nullptr, "decode", p.decode);
+  add(!r.encode.empty(), "encode", versions ? p.encode_version : p.encode);
+  add(r.prefill != nullptr, "prefill", versions ? p.prefill_version : p.prefill);
+  add(r.decode != nullptr, "decode", versions ? p.decode_version : p.decode);
   return json ? "{" + out + "}" : out;
 }
 
@@ -177,10 +177,13 @@ void fields(const RequestRecord& r, bool json, Emit&& emit) {
   emit("completion_tokens", r.usage ? number_of(r.usage->completion_tokens) : Value{});
   emit("retries", number_of(r.retries));
   emit("conversation", text_of(std::string_view(r.conversation)));
-  if (json)
+  if (json) {
     emit("policy", Value{Value::raw, {}, policies_used(r, true)});
-  else
+    emit("policy_version", Value{Value::raw, {}, policies_used(r, true, true)});
+  } else {
     emit("policy", text_of(policies_used(r, false)));
+    emit("policy_version", text_of(policies_used(r, false, true)));
+  }
   emit("reject", text_of(std::string_view(r.reject)));
   emit("tenant", text_of(std::string_view(r.tenant)));
   emit("path", text_of(std::string_view(r.path)));

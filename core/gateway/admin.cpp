@@ -414,6 +414,14 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
       co_return error(req, 422, "policy reload failed: " + r.error());
     co_return json_response(req, 200, {{"reloaded", *r}});
   }
+  if (path == "/admin/policy/explain" && method == http::verb::post) {
+    if (!hooks_.policy_explain)
+      co_return error(req, 404, "no policy engine");
+    auto [status, text] = hooks_.policy_explain(req.body());
+    if (status != 200)
+      co_return error(req, status, "policy explain: " + text);
+    co_return json_response(req, 200, json::parse(text));
+  }
   if (path == "/admin/policy/kv" && method == http::verb::get) {
     if (!hooks_.policy_kv)
       co_return error(req, 404, "no policy engine");

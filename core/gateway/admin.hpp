@@ -48,6 +48,10 @@ class AdminApi {
     // GET /admin/config's "policies": versions, files, the last rejected
     // reload (JSON text). Null: no policies.
     std::function<std::string()> policy_status;
+    // POST /admin/policy/explain: the status (200, 400) and JSON text of
+    // what the policies would do with the request the body describes
+    // (core/pipeline/policy_explain.hpp). Null: no policies.
+    std::function<std::pair<unsigned, std::string>(std::string_view document)> policy_explain;
   };
 
   // Reads the key (ADMIN_API_KEY, else --admin-key-file) and parses

@@ -28,6 +28,7 @@
 #include "core/observability/prometheus.hpp"
 #include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/pipeline.hpp"
+#include "core/pipeline/policy_explain.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/upstream/health.hpp"
 
@@ -323,6 +324,18 @@ Result<std::function<void()>> Gateway::prepare_tls_reload() const {
   });
 }
 
+std::function<std::pair<unsigned, std::string>(std::string_view)> Gateway::explain_hook() {
+  if (!make_dry_picker_)
+    return {};
+  return [this](std::string_view document) -> std::pair<unsigned, std::string> {
+    const auto set = registry_.snapshot();
+    auto picker = make_dry_picker_(*set);
+    if (!picker)
+      return {503, "cannot load the policies to explain with: " + picker.error()};
+    return explain_request(document, **picker, {cfg_, *connector_, *set, client_keys_.get()});
+  };
+}
+
 void Gateway::set_policy_hooks(std::function<Result<bool>()> reload,
                                std::function<void(PrometheusText&)> metrics) {
   reload_policy_ = std::move(reload);
@@ -445,7 +458,7 @@ void Gateway::start() {
                            readiness(*set, RequiredRoles::from(cfg_), stopping_.load());
                        return std::pair{static_cast<unsigned>(status), j.dump()};
                      },
-                     policy_kv_, policy_status_});
+                     policy_kv_, policy_status_, explain_hook()});
   if (admin_acceptor_)
     net::co_spawn(admin_ioc_,
                   serve_admin(*admin_acceptor_, admin_, admin_tls_.get(), cfg_.client_idle_timeout),

@@ -78,6 +78,11 @@ class Gateway {
   void set_policy_kv(std::function<std::string(const std::string&, std::size_t)> listing) {
     policy_kv_ = std::move(listing);
   }
+  // POST /admin/policy/explain's picker (PolicyEngine::make_dry_picker):
+  // made for each call on the admin thread. From main(), before run().
+  using DryPickerFactory =
+      std::function<Result<std::unique_ptr<InstancePicker>>(const InstanceSet& set)>;
+  void set_policy_explainer(DryPickerFactory make) { make_dry_picker_ = std::move(make); }
   // GET /admin/config's "policies" (JSON text); from main(), before run().
   void set_policy_status(std::function<std::string()> status) {
     policy_status_ = std::move(status);
@@ -155,6 +160,9 @@ class Gateway {
   std::function<void(PrometheusText&)> policy_metrics_;
   std::function<std::string(const std::string&, std::size_t)> policy_kv_;
   std::function<std::string()> policy_status_;
+  DryPickerFactory make_dry_picker_;
+  // The admin API's POST /admin/policy/explain; null without policies.
+  std::function<std::pair<unsigned, std::string>(std::string_view)> explain_hook();
   std::shared_ptr<SpanSink> span_sink_;
   std::function<void()> trim_allocator_;
   std::shared_ptr<AdminApi> admin_;

@@ -58,8 +58,8 @@ std::string request_id_for(WorkerContext& w, const http::request<http::string_bo
   return w.request_ids.uuid();
 }
 
-// PickContext::for_each_header over the client's request: every header but
-// the credentials, names lower-cased.
+}  // namespace
+
 void policy_headers(const void* source, void* user, PickContext::HeaderEmit emit) {
   const auto& req = *static_cast<const http::request<http::string_body>*>(source);
   std::string low;
@@ -74,6 +74,8 @@ void policy_headers(const void* source, void* user, PickContext::HeaderEmit emit
     emit(user, low, f.value());
   }
 }
+
+namespace {
 
 // The server span's name and the attributes known when the request
 // arrives (OpenTelemetry's HTTP server conventions, plus pdgate's id).
@@ -180,10 +182,19 @@ void note_routing(RequestContext& rc, const std::string& request_id) {
   r->stream = rc.facts.stream;
   r->request_id = request_id;
   r->model = rc.facts.model;
-  // From this worker's configuration: a reload may have changed them.
+  // As this worker's picker runs them; else as its configuration names
+  // them (a reload may have changed them).
   const Config& c = rc.w.cfg;
-  auto policy = [&c](const std::string& stage) { return stage.empty() ? c.policy : stage; };
-  r->policies = {policy(c.policy_encode), policy(c.policy_prefill), policy(c.policy_decode)};
+  StagePolicies& p = r->policies;
+  const auto policy = [&](Stage s, const std::string& configured, std::string& name,
+                          std::string& version) {
+    std::tie(name, version) = rc.w.picker.policy_of(s);
+    if (name.empty())
+      name = configured.empty() ? c.policy : configured;
+  };
+  policy(Stage::encode, c.policy_encode, p.encode, p.encode_version);
+  policy(Stage::prefill, c.policy_prefill, p.prefill, p.prefill_version);
+  policy(Stage::decode, c.policy_decode, p.decode, p.decode_version);
 }
 
 }  // namespace

@@ -26,6 +26,11 @@
 
 namespace pdgate {
 
+// PickContext::for_each_header over a client's request (`source`, an
+// http::request<http::string_body>): every header but the credentials
+// (Authorization, Proxy-Authorization, Cookie), names lower-cased.
+void policy_headers(const void* source, void* user, PickContext::HeaderEmit emit);
+
 // Serves one POST /v1/completions, /v1/chat/completions or /v1/responses
 // (`api`) and writes the answer to `client`. Returns whether the client
 // connection may be reused.

@@ -6,20 +6,28 @@
 
 namespace pdgate {
 
-namespace {
-
-// The path the request takes: the hook's choice where the connector
-// allows it. p2p-nccl engines find their peer from the request id, and a
-// vLLM decode (kv_consumer) without one waits for a prefill that never
-// comes, so its requests keep the configured path.
-bool one_hop_for(const RequestContext& rc, RoutePath chosen) {
-  const bool configured = rc.w.cfg.prefill_disabled || !rc.connector.has_prefill();
+bool one_hop_for(const Config& cfg, const KvConnector& connector, RoutePath chosen) {
+  const bool configured = cfg.prefill_disabled || !connector.has_prefill();
   if (configured || chosen != RoutePath::one_hop)
     return configured;
-  return !rc.connector.names_peers();
+  return !connector.names_peers();
 }
 
-}  // namespace
+std::optional<GatewayError> hook_refusal(RequestDecision& d) {
+  if (d.failed_closed) {
+    GatewayError e =
+        policy_error(0, "the request policy failed", "request hook failed: " + d.error);
+    e.reason = "request:error";
+    return e;
+  }
+  if (d.reject_status != 0) {
+    GatewayError e = policy_error(d.reject_status, std::move(d.reject_message));
+    e.headers = std::move(d.reject_headers);
+    e.reason = "request:rejected";
+    return e;
+  }
+  return std::nullopt;
+}
 
 void apply_header_edits(ForwardedHeaders& fwd, const std::vector<HeaderEdit>& edits) {
   for (const HeaderEdit& e : edits) {
@@ -63,25 +71,15 @@ bool request_hook_phase(RequestContext& rc) {
   rc.pick().key = rc.client_key;
   RequestDecision d;
   if (rc.w.picker.on_request(in, d)) {
-    if (d.failed_closed) {
-      GatewayError e =
-          policy_error(0, "the request policy failed", "request hook failed: " + d.error);
-      e.reason = "request:error";
-      return rc.fail(std::move(e));
-    }
-    if (d.reject_status != 0) {
-      GatewayError e = policy_error(d.reject_status, std::move(d.reject_message));
-      e.headers = std::move(d.reject_headers);
-      e.reason = "request:rejected";
-      return rc.fail(std::move(e));
-    }
+    if (auto refused = hook_refusal(d))
+      return rc.fail(std::move(*refused));
     apply_header_edits(rc.fwd, d.headers);
     if (auto edited = hooked_body(rc.body, rc.index, rc.api, d)) {
       if (!use_edited_body(rc, std::move(*edited), "the request hook's body edit"))
         return false;
     }
   }
-  rc.one_hop = one_hop_for(rc, d.path);
+  rc.one_hop = one_hop_for(rc.w.cfg, rc.connector, d.path);
   if (rc.outcome.record)
     rc.outcome.record->path = rc.one_hop ? "one_hop" : "pd";
   // One hop has no prefill to hand blocks to, and only NIXL's params can

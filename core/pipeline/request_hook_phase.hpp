@@ -18,6 +18,17 @@ namespace pdgate {
 // fail-closed hook failed), else nothing: the request goes on as decided.
 bool request_hook_phase(RequestContext& rc);
 
+// The path the request takes: the hook's choice where the connector
+// allows it. p2p-nccl engines find their peer from the request id, and a
+// vLLM decode (kv_consumer) without one waits for a prefill that never
+// comes, so its requests keep the configured path. True: one hop.
+bool one_hop_for(const Config& cfg, const KvConnector& connector, RoutePath chosen);
+
+// What the client gets when the hook's decision ends the request (its
+// refusal, or 503 when a fail-closed hook failed); nothing when it goes
+// on. Moves the refusal's message and headers out of `d`.
+std::optional<GatewayError> hook_refusal(RequestDecision& d);
+
 // Makes `edited` (the request's body with a few fields changed) the body
 // every later phase reads: re-indexed, and the views into the body moved
 // to it. False (and the request failed with an internal error) if the edit

@@ -19,12 +19,16 @@ namespace pdgate {
 
 struct Instance;
 
-// The policy of each stage, as the request's worker had them configured
-// (a reload may change them).
+// The policy of each stage as the request's worker ran them (a reload may
+// change them): its name, as in metrics, and its version (a hash of its
+// text, as /admin/config shows it; empty when not known).
 struct StagePolicies {
   std::string encode;
   std::string prefill;
   std::string decode;
+  std::string encode_version;
+  std::string prefill_version;
+  std::string decode_version;
 };
 
 struct RequestRecord {

@@ -494,20 +494,36 @@ std::size_t Registry::forget_idle() {
   return gone.size();
 }
 
-InstancePtr RoundRobinPicker::pick(const std::vector<InstancePtr>& candidates,
-                                   const PickContext& ctx) {
+namespace {
+
+// The first healthy candidate from the rotation's `start`: unhealthy
+// instances are skipped but the rotation stays fair among the rest.
+InstancePtr first_healthy_from(const std::vector<InstancePtr>& candidates, std::uint64_t start) {
   const std::size_t n = candidates.size();
-  if (n == 0)
-    return nullptr;
-  auto& counter = shared_->next[static_cast<int>(ctx.stage)];
-  const std::uint64_t start = counter.fetch_add(1, std::memory_order_relaxed);
-  // Skip unhealthy instances but keep the rotation fair among the rest.
   for (std::size_t i = 0; i < n; ++i) {
     const auto& c = candidates[(start + i) % n];
     if (c->healthy.load(std::memory_order_relaxed))
       return c;
   }
   return nullptr;
+}
+
+}  // namespace
+
+InstancePtr RoundRobinPicker::pick(const std::vector<InstancePtr>& candidates,
+                                   const PickContext& ctx) {
+  if (candidates.empty())
+    return nullptr;
+  auto& counter = shared_->next[static_cast<int>(ctx.stage)];
+  return first_healthy_from(candidates, counter.fetch_add(1, std::memory_order_relaxed));
+}
+
+InstancePtr RoundRobinPicker::peek(const std::vector<InstancePtr>& candidates,
+                                   const PickContext& ctx) const {
+  if (candidates.empty())
+    return nullptr;
+  const auto& counter = shared_->next[static_cast<int>(ctx.stage)];
+  return first_healthy_from(candidates, counter.load(std::memory_order_relaxed));
 }
 
 PickerFactory RoundRobinPicker::factory() {

@@ -461,6 +461,28 @@ struct PickRefusal {
   std::vector<std::pair<std::string, std::string>> headers;  // checked
 };
 
+// What a dry pick or request hook saw and answered (POST
+// /admin/policy/explain, core/pipeline/policy_explain.hpp); filled only by
+// a picker made to explain (PolicyEngine::make_dry_picker).
+struct PickExplanation {
+  std::string policy;   // the script's name, as in metrics
+  std::string version;  // a hash of its text, as /admin/config shows it
+  // picks: chosen, declined, rejected, error, invalid, budget;
+  // the request hook: accepted, rejected, error, invalid, budget.
+  std::string outcome;
+  bool fallback = false;  // a failure or decline routed round-robin
+  std::string error;
+  // By candidate position: the prompt's leading prefix blocks recently
+  // routed there (the approximate index), the prompt tokens its engine
+  // holds by its KV events (-1: no exact data), and what the pick's own
+  // lookups found there (what it queues as cached).
+  std::vector<std::int64_t> prefix_blocks;
+  std::vector<std::int64_t> exact_tokens;
+  std::vector<std::int64_t> cached_tokens;
+  std::int64_t prompt_blocks = 0;
+  std::vector<std::string> log;  // pdgate.log lines of the call (not logged)
+};
+
 // Chooses an instance for one stage of one request. Each worker thread has
 // its own picker (created by a PickerFactory), so a picker needs no locks
 // for its own state.
@@ -489,6 +511,12 @@ class InstancePicker {
   // as the policy's lookups saw them (0 when it looked up nothing): the
   // rest is the work the request queues there (InFlightGuard).
   virtual std::int64_t last_pick_cached_tokens() const { return 0; }
+  // The name (as in metrics) and version (a hash of its text) of the
+  // policy running for `stage`, for the access log; empty: not known.
+  virtual std::pair<std::string, std::string> policy_of(Stage /*stage*/) const { return {}; }
+  // What the last pick or on_request saw and answered, for a picker that
+  // explains; null for the others.
+  virtual const PickExplanation* last_explanation() const { return nullptr; }
 };
 
 using PickerFactory = std::function<std::unique_ptr<InstancePicker>(std::size_t worker_index)>;
@@ -502,6 +530,8 @@ class RoundRobinPicker final : public InstancePicker {
   };
   explicit RoundRobinPicker(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
   InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) override;
+  // What pick() would answer now, without moving the rotation.
+  InstancePtr peek(const std::vector<InstancePtr>& candidates, const PickContext& ctx) const;
 
   static PickerFactory factory();
 

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "policies/lua_vm.hpp"
@@ -62,6 +64,8 @@ struct LuaVm::Impl {
     bool native_round_robin = false;
     bool fail_closed = false;
     PolicyCounters* counters = nullptr;
+    // --policy-log-level's level for this script (spdlog's), -1: none.
+    int log_level = -1;
   };
   std::array<StageScript, 3> stages;
   // The decode script's on_request, and the metatables of its `req` and
@@ -137,6 +141,16 @@ struct LuaVm::Impl {
   double cur_fleet_cost = -1;
   // During self_check(): its fake instances' routes are not recorded.
   bool checking = false;
+  // An explaining VM (VmServices::dry): whatever would change state
+  // shared with the workers (the store, rate logs, rotation counters, the
+  // KV-location index, counters) answers as it would and changes
+  // nothing. Its writes to the store are kept here, so that its own later
+  // reads see them; pdgate.log lines are kept for the explanation.
+  bool dry = false;
+  static constexpr std::size_t kMaxDryWrites = 256;
+  static constexpr std::size_t kMaxDryLog = 32;
+  std::unordered_map<std::string, std::optional<KvValue>> dry_kv;
+  std::vector<std::string> dry_log;
   // The request hook's request and decision, during on_request only.
   const RequestHookInput* cur_hook = nullptr;
   RequestDecision* cur_decision = nullptr;

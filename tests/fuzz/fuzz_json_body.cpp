@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/base/json_body.hpp"
 #include "core/base/json_edit.hpp"
@@ -95,6 +96,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           "member ranges out of order");
   }
   check(pdgate::JsonBodyEditor(text, *idx).render() == text, "render without edits differs");
+  // A policy's req:body_field: a path the input's bytes choose (positions,
+  // and the members' own names) leads to a value of the text, or nothing.
+  if (!idx->members.empty()) {
+    std::vector<pdgate::JsonPathStep> path;
+    for (std::size_t i = 0; i < size % (pdgate::kMaxJsonPathSteps + 2); ++i) {
+      const auto b = static_cast<unsigned char>(text[(i * 7) % size]);
+      if (b % 2 == 0)
+        path.push_back({{}, static_cast<std::size_t>(b % 5), true});
+      else
+        path.push_back({idx->members[b % idx->members.size()].key});
+    }
+    if (const auto v = pdgate::raw_at_path(text, path.data(), path.size())) {
+      check(v->data() >= text.data() && v->data() + v->size() <= text.data() + text.size(),
+            "a path's value is not part of the text");
+      check(pdgate::validate_json(*v).ok(), "a path's value does not validate on its own");
+    }
+  }
 
   const std::string prefill = pdgate::make_prefill_body(text, *idx);
   const auto pidx = pdgate::index_json_object(prefill);

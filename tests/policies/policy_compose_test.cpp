@@ -1,6 +1,6 @@
 // Composing policies through a real gateway: ctx.vars from the request
-// hook to every pick of the same request, and shipped policies used as
-// building blocks with require.
+// hook to every pick of the same request, shipped policies used as
+// building blocks with require, and nested body fields read by the hook.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -82,6 +82,63 @@ TEST(PolicyCompose, VarsReachEveryPickAndShippedPoliciesCompose) {
   EXPECT_EQ(p1.requests().size() * p2.requests().size(), 0u)
       << p1.requests().size() << " and " << p2.requests().size();
   EXPECT_EQ(p1.requests().size() + p2.requests().size(), 3u);
+}
+
+// The hook reads nested body fields (a message's content, the system
+// prompt, the tools' names, a kind and a count) and answers them back in
+// its refusal's message, which the client reads. Strings are cut at 256
+// KiB; a path deeper than 16 steps is refused (the hook fails, and the
+// request goes on as configured).
+TEST(PolicyBody, NestedFieldsAreReadBoundedWhenAsked) {
+  Sim d("both", {"--itl-ms", "0"});
+  Script policy(R"lua(
+return {
+  on_request = function(req)
+    if not req.headers["x-fields"] then return end
+    if req.headers["x-deep"] then
+      req:body_field("a", 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+      return 400, "a 17-step path was read"
+    end
+    local second = req:body_field("messages", 2, "content")
+    local part, part_kind = req:body_field("messages", 3, "content", 1, "text")
+    local n, kind = req:body_field("messages")
+    local _, temp_kind = req:body_field("temperature")
+    local missing = req:body_field("messages", 9, "content")
+    local tools = req.tools or {}
+    local sys = req.system_prompt or "none"
+    return 400, table.concat({ #sys, sys:sub(1, 8), second, part, part_kind,
+                               kind .. ":" .. n, temp_kind, tostring(missing),
+                               table.concat(tools, ",") }, "|")
+  end,
+  pick = function(ctx, instances) return 1 end,
+}
+)lua",
+                "fields.lua");
+  // A budget that a loaded machine's copy of a 300 KiB prompt fits in.
+  Gateway gw({"--model", "sim-model", "--workers", "1", "--kv-connector", "none", "--policy",
+              policy.path(), "--policy-budget-us", "50000", "--decode", d.hostport()});
+  const std::string system(300 * 1024, 's');
+  const Json body = {
+      {"model", "sim-model"},
+      {"temperature", 0.5},
+      {"messages",
+       Json::array({{{"role", "system"}, {"content", system}},
+                    {{"role", "user"}, {"content", "second message"}},
+                    {{"role", "user"},
+                     {"content", Json::array({{{"type", "text"}, {"text", "a part"}}})}}})},
+      {"tools", Json::array({{{"type", "function"}, {"function", {{"name", "get_weather"}}}},
+                             {{"type", "function"}, {"function", {{"name", "book"}}}}})}};
+  auto r = post_json(gw.port(), "/v1/chat/completions", body, {{"x-fields", "1"}});
+  ASSERT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(r.json()["error"]["message"].get<std::string>(),
+            "262144|ssssssss|second message|a part|string|array:3|number|nil|get_weather,book")
+      << gw.process().log();
+  // Too deep a path: the hook fails, the request is served as configured.
+  auto deep = post_json(gw.port(), "/v1/chat/completions", user_chat("x"),
+                        {{"x-fields", "1"}, {"x-deep", "1"}});
+  EXPECT_EQ(deep.status, 200) << deep.body;
+  EXPECT_TRUE(
+      eventually([&] { return gw.process().log().find("1 to 16 steps") != std::string::npos; }));
 }
 
 }  // namespace

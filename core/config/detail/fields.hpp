@@ -218,6 +218,7 @@ std::vector<std::string> show_kv_events(const Config& c);
 std::vector<std::string> show_data_parallel(const Config& c);
 // Values may be credentials: names only.
 std::vector<std::string> show_set_headers(const Config& c);
+std::vector<std::string> show_policy_log_levels(const Config& c);
 std::vector<std::string> show_tls_version(const Config& c);
 std::vector<std::string> show_fail_mode(const Config& c);
 std::vector<std::string> show_policy_budget(const Config& c);

@@ -47,6 +47,9 @@ Result<std::string> parse_choice(std::string_view text,
 // --kv-events URL=ENDPOINT[,replay=ENDPOINT]: the instance it is for and
 // where its events come from.
 Result<std::pair<std::string, KvEventsEndpoint>> parse_kv_events_flag(std::string_view text);
+// --policy-log-level NAME=LEVEL: a policy's name (as in metrics: letters,
+// digits, '_', '-', '.', at most 128 bytes) and a log level.
+Result<std::pair<std::string, std::string>> parse_policy_log_level(std::string_view text);
 // --data-parallel URL=N: the instance it is for and its number of
 // data-parallel ranks (1..UpstreamSpec::kMaxDataParallelSize).
 Result<std::pair<std::string, std::uint32_t>> parse_data_parallel_flag(std::string_view text);

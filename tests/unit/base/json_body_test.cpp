@@ -562,6 +562,40 @@ TEST(IntegralValue, WholeNumbersHoweverWritten) {
   EXPECT_EQ(integral_value("-9.223372036854775808e18"), INT64_MIN);
 }
 
+// A path into a value: members by name (the last of a name), elements by
+// position; whatever the path does not name is nothing.
+TEST(RawAtPath, MembersAndElementsAsTheStepsGo) {
+  const std::string_view doc =
+      R"({"messages": [{"role": "system", "content": "be brief"},)"
+      R"( {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "n": 1, "n": 2})";
+  const auto at = [&](std::vector<JsonPathStep> path) {
+    return raw_at_path(doc, path.data(), path.size());
+  };
+  JsonPathStep messages{"messages"}, content{"content"}, text{"text"}, role{"role"};
+  JsonPathStep first{{}, 0, true}, second{{}, 1, true}, third{{}, 2, true};
+  EXPECT_EQ(at({messages, first, content}), R"("be brief")");
+  EXPECT_EQ(at({messages, second, content, first, text}), R"("hi")");
+  EXPECT_EQ(at({messages, second, role}), R"("user")");
+  EXPECT_EQ(at({JsonPathStep{"n"}}), "2");
+  EXPECT_EQ(at({}), doc);
+  EXPECT_FALSE(at({messages, third}));
+  EXPECT_FALSE(at({messages, content}));       // a name into an array
+  EXPECT_FALSE(at({messages, first, first}));  // a position into an object
+  EXPECT_FALSE(at({JsonPathStep{"n"}, first}));
+  EXPECT_FALSE(at({JsonPathStep{"absent"}}));
+  // At most kMaxJsonPathSteps steps, however deep the text.
+  std::string deep = "0";
+  for (std::size_t i = 0; i <= kMaxJsonPathSteps; ++i)
+    deep = "[" + deep + "]";
+  std::vector<JsonPathStep> down(kMaxJsonPathSteps, first);
+  EXPECT_EQ(raw_at_path(deep, down.data(), down.size()), "[0]");
+  down.push_back(first);
+  EXPECT_FALSE(raw_at_path(deep, down.data(), down.size()));
+  // Malformed where a step reads: nothing.
+  EXPECT_FALSE(raw_at_path(R"([1, }])", &second, 1));
+  EXPECT_FALSE(raw_at_path(R"({"a": })", &messages, 1));
+}
+
 TEST(IntegralValue, RefusesWhatIsNotAWholeInt64) {
   for (const char* raw :
        {"100.5", "1e-1", "9223372036854775808", "9.3e18", "1e30", "-1e19", "\"100.0\"", "\"1e2\"",

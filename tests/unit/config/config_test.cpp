@@ -1147,7 +1147,8 @@ constexpr const char* kReloadValues[] = {"7",
                                          "sequential",
                                          "http://collector:4318",
                                          "http://d:1=tcp://e:5557",
-                                         "http://d:1=2"};
+                                         "http://d:1=2",
+                                         "mine=debug"};
 
 // Every restart-only option has a binding that keeps its running value
 // through a reload, and every option a config file may set can be shown

@@ -45,7 +45,8 @@ RequestRecord sample_record() {
   r.usage = TokenUsage{12, 100};
   r.retries = 1;
   r.conversation = "hit";
-  r.policies = {"round_robin", "least_load", "conversation_decode"};
+  r.policies = {"round_robin",  "least_load",   "conversation_decode",
+                "0123456789ab", "1a2b3c4d5e6f", "abcdef012345"};
   r.tenant = "acme";
   r.path = "pd";
   return r;
@@ -76,6 +77,8 @@ TEST(AccessLogFormat, JsonLine) {
   EXPECT_EQ(j["conversation"], "hit");
   EXPECT_EQ(j["policy"],
             (nlohmann::json{{"prefill", "least_load"}, {"decode", "conversation_decode"}}));
+  EXPECT_EQ(j["policy_version"],
+            (nlohmann::json{{"prefill", "1a2b3c4d5e6f"}, {"decode", "abcdef012345"}}));
   EXPECT_TRUE(j["reject"].is_null());
   EXPECT_EQ(j["tenant"], "acme");
   EXPECT_EQ(j["path"], "pd");
@@ -104,8 +107,9 @@ TEST(AccessLogFormat, TextLineQuotesHostileValues) {
   for (const char* f :
        {" status=200 ", " decode=http://d:8200 ", " ttft_ms=412.345 ", " prompt_tokens=12 ",
         " completion_tokens=100 ", " retries=1 ", " conversation=hit ",
-        " policy=prefill:least_load,decode:conversation_decode ", " reject=- tenant=acme path=pd\n",
-        " encode=- "}) {
+        " policy=prefill:least_load,decode:conversation_decode ",
+        " policy_version=prefill:1a2b3c4d5e6f,decode:abcdef012345 ",
+        " reject=- tenant=acme path=pd\n", " encode=- "}) {
     EXPECT_NE(line.find(f), std::string::npos) << f << " in " << line;
   }
   r.model = "evil\nstatus=200 x";
