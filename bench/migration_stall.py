@@ -101,7 +101,7 @@ def main():
         procs.append(d2)
         g, port = start([gw, "--host", "127.0.0.1", "--port", "0", "--prefill", f"127.0.0.1:{pport}",
                          "--decode", f"127.0.0.1:{dying}", f"127.0.0.1:{healthy}",
-                         "--retry-budget", "1", "--eject-after", "1000000", "--log-level", "warn"],
+                         "--retry-budget", "1", "--eject-after", "1000", "--log-level", "warn"],
                         open(os.path.join(logs, "pdgate.log"), "w"))
         procs.append(g)
 
