@@ -302,6 +302,11 @@ net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(ClientRequest& c, Reques
   }
   rc->pick().migrations = rs.migrations + 1;
   rc->tried_decode.push_back(broken.decode.get());
+  // No other decode: no prefill is spent on a leg that cannot be sent.
+  if (!has_alternative(rc->set->decode, rc->tried_decode)) {
+    why = "no other decode instance is in service";
+    co_return nullptr;
+  }
   GatewayError failed = upstream_failure(Stage::decode, *rs.broke);
   failed.retriable = true;
   failed.reached_engine = true;
