@@ -249,6 +249,31 @@ TEST(Resumption, DisabledGivesTheErrorEvent) {
   EXPECT_EQ(migrations(gw.port(), "reset", "resumed"), 0);
 }
 
+// A policy opts out: its decode pick refuses when ctx.migrations is set
+// (a plain nil would fall back to round-robin), and the client gets the
+// error event.
+TEST(Resumption, PolicyOptsOutWithCtxMigrations) {
+  Sim p("prefill");
+  Sim dying("decode", {"--die-after-chunks", "3", "--itl-ms", "2"});
+  Sim healthy("decode", {"--itl-ms", "2"});
+  EditedFile policy("no_resume.lua", R"(
+return { pick = function(ctx, instances)
+  if ctx.migrations > 0 then return nil, 503, "no resuming" end
+  return instances[1]
+end }
+)");
+  Gateway gw({"--prefill", p.hostport(), "--decode", dying.hostport(), healthy.hostport(),
+              "--policy-decode", policy.path()});
+  auto r = post_json(gw.port(), "/v1/chat/completions", chat_body(20, false));
+  ASSERT_EQ(r.status, 200);
+  const auto events = sse_data(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_TRUE(Json::parse(events.back()).contains("error")) << r.body;
+  EXPECT_EQ(r.body.find("[DONE]"), std::string::npos) << r.body;
+  EXPECT_EQ(migrations(gw.port(), "reset", "failed"), 1);
+  EXPECT_TRUE(healthy.requests().empty()) << healthy.requests().dump();
+}
+
 // A decode that goes silent mid-stream (its socket open) is given up after
 // --first-byte-timeout and the stream resumed elsewhere.
 TEST(Resumption, StalledDecodeIsResumedAfterTheTimeout) {
