@@ -114,6 +114,7 @@ awaitable<bool> Faults::before_work(Exchange& x, const Fault& fault, bool stream
   if (stream) {
     x.die_after = fault.die_after ? fault.die_after : opts_.die_after_chunks;
     x.error_after = fault.error_after;
+    x.stall_after = fault.stall_after ? fault.stall_after : opts_.stall_after_chunks;
   }
   co_return true;
 }
@@ -121,6 +122,16 @@ awaitable<bool> Faults::before_work(Exchange& x, const Fault& fault, bool stream
 awaitable<bool> fire_stream_faults(Exchange& x) {
   if (maybe_die(x))
     co_return false;
+  if (x.stall_after && x.events_written >= *x.stall_after) {
+    // --stall-after-chunks / stall-after=N: the stream goes silent with
+    // its connection open, until the client gives up and leaves.
+    x.log.info("request {}: stalling after {} data events (fault)", x.rid, x.events_written);
+    ++x.counters.faults_injected;
+    x.stall_after.reset();
+    x.closed = true;  // never completed: the connection cannot be reused
+    co_await hang_forever();
+    co_return false;
+  }
   if (x.error_after && x.events_written >= *x.error_after) {
     co_await fail_stream(x);
     co_return false;

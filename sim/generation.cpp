@@ -160,7 +160,7 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
       if (!co_await sleep_for(itl))
         co_return;
     }
-    const std::string token = output_token(i);
+    const std::string token = output_token(g.first_token + i);
     text += token;
     rec.completion_tokens = i + 1;
     ++counters_.generation_tokens;

@@ -40,6 +40,39 @@ std::string connector_violation(const SimOptions& opts, const json& body, const 
   return {};
 }
 
+// A continuation's starting token. Chat: vLLM's continue_final_message
+// (ChatCompletionRequest.check_generation_prompt refuses it together with
+// an explicit add_generation_prompt: true, and the chat template refuses
+// it with the default true), continuing the final assistant message.
+// Completions: the prompt itself, extended by the answer so far.
+std::optional<HttpError> read_continuation(const json& body, SimApi api, GenRequest& g) {
+  if (api == SimApi::completions) {
+    g.first_token = continuation_offset(g.prompt.text);
+    return std::nullopt;
+  }
+  if (api != SimApi::chat)
+    return std::nullopt;
+  auto flag = [&](const char* k) -> std::optional<bool> {
+    const auto it = body.find(k);
+    if (it == body.end() || it->is_null())
+      return std::nullopt;
+    if (!it->is_boolean())
+      return false;
+    return it->get<bool>();
+  };
+  if (!flag("continue_final_message").value_or(false))
+    return std::nullopt;
+  if (flag("add_generation_prompt").value_or(true))
+    return HttpError{400,
+                     "Cannot set both `continue_final_message` and `add_generation_prompt` to "
+                     "True."};
+  const json& last = body["messages"].back();
+  if (last.value("role", json()) == "assistant" && last.contains("content") &&
+      last["content"].is_string())
+    g.first_token = continuation_offset(last["content"].get<std::string>());
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<HttpError> check_model(const json& body, const std::string& model) {
@@ -107,6 +140,8 @@ std::optional<HttpError> parse_generation(const Request& req, SimApi api, const 
   if (!pr.ok())
     return HttpError{400, pr.error};
   g.prompt = std::move(pr.prompt);
+  if (std::optional<HttpError> e = read_continuation(body, api, g))
+    return e;
   const std::size_t prompt_tokens = g.prompt.tokens;
   rec.prompt_tokens = prompt_tokens;
 

@@ -28,6 +28,9 @@ struct GenRequest {
   bool include_usage = false;
   Prompt prompt;
   std::size_t max_tokens = 0;
+  // The output token the answer starts at: non-zero for a continuation
+  // (continuation_offset(), sim/tokenizer.hpp).
+  std::size_t first_token = 0;
   nlohmann::json body;          // the request's body, parsed
   nlohmann::json kv;            // kv_transfer_params, or null
   bool remote_prefill = false;  // decode side of the handshake: pull, then decode

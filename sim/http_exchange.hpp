@@ -61,6 +61,7 @@ struct Exchange {
   std::size_t events_written = 0;
   std::optional<std::size_t> die_after;
   std::optional<std::size_t> error_after;
+  std::optional<std::size_t> stall_after;
 };
 
 // Sleeps; false when cancelled (the client left).

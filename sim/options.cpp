@@ -98,6 +98,8 @@ Usage: pdgate-sim --role prefill|decode|both|encode [options]
   --default-max-tokens N    output tokens when the request names none (16)
   --error-rate P            fraction of completion requests answered 500 (0.0)
   --die-after-chunks N      streaming: close the socket after N data events
+  --stall-after-chunks N    streaming: after N data events send nothing more, the
+                            connection left open (a hung engine)
   --hang                    read requests and never answer (except /sim/*)
   --no-profile              /start_profile and /stop_profile answer 404, as vLLM does
                             without VLLM_TORCH_PROFILER_DIR
@@ -169,6 +171,16 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
       if (x < min)
         return "must be at least " + std::to_string(min);
       dst = x;
+      return {};
+    };
+  };
+  // A count that stays unset unless given (a fault armed by its flag).
+  auto optional_size_flag = [](std::optional<std::size_t>& dst) -> Setter {
+    return [&dst](const std::string& v) -> std::string {
+      std::size_t n = 0;
+      if (!parse_uint(v, n))
+        return "expects a non-negative integer";
+      dst = n;
       return {};
     };
   };
@@ -250,14 +262,8 @@ ParseOutcome parse_args(const std::vector<std::string>& args) {
       {"--kv-blocks", size_flag(o.kv_blocks, 1)},
       {"--default-max-tokens", size_flag(o.default_max_tokens, 1)},
       {"--error-rate", double_flag(o.error_rate, 0, 1)},
-      {"--die-after-chunks",
-       [&](const std::string& v) -> std::string {
-         std::size_t n = 0;
-         if (!parse_uint(v, n))
-           return "expects a non-negative integer";
-         o.die_after_chunks = n;
-         return {};
-       }},
+      {"--die-after-chunks", optional_size_flag(o.die_after_chunks)},
+      {"--stall-after-chunks", optional_size_flag(o.stall_after_chunks)},
       {"--seed",
        [&](const std::string& v) -> std::string {
          std::uint64_t s = 0;
@@ -445,6 +451,13 @@ FaultParse parse_fault_header(std::string_view value) {
         return out;
       }
       out.fault.die_after = n;
+    } else if (key == "stall-after" && has_arg) {
+      std::size_t n = 0;
+      if (!parse_uint(arg, n)) {
+        out.error = "X-Sim-Fault: stall-after=N expects a non-negative integer";
+        return out;
+      }
+      out.fault.stall_after = n;
     } else if (key == "error-after" && has_arg) {
       std::size_t n = 0;
       if (!parse_uint(arg, n)) {
@@ -475,8 +488,8 @@ FaultParse parse_fault_header(std::string_view value) {
       out.fault.stall_body = n;
     } else {
       out.error = "X-Sim-Fault: unknown item '" + item +
-                  "' (expected error, error=NNN, hang, die-after=N, error-after=N, delay-ms=N, "
-                  "interim=N, stall-body=N)";
+                  "' (expected error, error=NNN, hang, die-after=N, stall-after=N, "
+                  "error-after=N, delay-ms=N, interim=N, stall-body=N)";
       return out;
     }
   }

@@ -39,6 +39,9 @@ struct SimOptions {
   std::size_t default_max_tokens = 16;
   double error_rate = 0.0;
   std::optional<std::size_t> die_after_chunks;
+  // Streaming: after N data events, send nothing more and keep the
+  // connection open (a decode whose GPU hung).
+  std::optional<std::size_t> stall_after_chunks;
   bool hang = false;
   bool issue_decode_kv = false;
   bool no_profile = false;
@@ -94,12 +97,13 @@ ParseOutcome parse_args(const std::vector<std::string>& args);
 std::string usage_text();
 
 // X-Sim-Fault: comma-separated items among `error`, `error=NNN`, `hang`,
-// `die-after=N`, `error-after=N`, `delay-ms=N`, `stall-body=N`.
+// `die-after=N`, `stall-after=N`, `error-after=N`, `delay-ms=N`, `stall-body=N`.
 struct Fault {
   std::optional<int> error_status;  // answer this status instead of working
   bool hang = false;
   std::optional<std::size_t> die_after;    // streaming: drop the socket after N events
   std::optional<std::size_t> error_after;  // streaming: error event + [DONE] after N events
+  std::optional<std::size_t> stall_after;  // streaming: go silent after N events, socket open
   std::size_t delay_ms = 0;
   // Interim answers (103 Early Hints) sent before the real one, as a
   // server in front of an engine may.

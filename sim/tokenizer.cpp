@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdio>
+#include <optional>
 
 namespace pdgate::sim {
 
@@ -202,6 +203,37 @@ std::string output_token(std::size_t i) {
       "the",  "quick", "brown", "fox",  "jumps", "over",  "lazy",   "dog",
       "pack", "my",    "box",   "with", "five",  "dozen", "liquor", "jugs"};
   return std::string(" ") + kWords[i % kWords.size()];
+}
+
+std::size_t continuation_offset(std::string_view text) {
+  // Walk back over the words the text ends with, each the one before the
+  // next in the cycle; the answer is the longest run that starts at word 0.
+  // Linear in the words matched: a long prompt that does not end with
+  // output costs one comparison per word of the list.
+  constexpr std::size_t kCycle = 16;
+  std::size_t end = text.size();
+  std::optional<std::size_t> want;  // index (mod kCycle) the next word back must have
+  std::size_t matched = 0;
+  std::size_t best = 0;
+  for (;;) {
+    bool found = false;
+    for (std::size_t w = 0; w < kCycle && !found; ++w) {
+      if (want && w != *want)
+        continue;
+      const std::string word = output_token(w);
+      if (end >= word.size() && text.substr(end - word.size(), word.size()) == word) {
+        end -= word.size();
+        ++matched;
+        found = true;
+        if (w == 0)
+          best = matched;
+        want = (w + kCycle - 1) % kCycle;
+      }
+    }
+    if (!found)
+      break;
+  }
+  return best;
 }
 
 std::string output_text(std::size_t n) {

@@ -67,4 +67,11 @@ std::string encoder_violation(const nlohmann::json& body, bool chat);
 std::string output_token(std::size_t i);
 std::string output_text(std::size_t n);
 
+// How many output tokens `text` already ends with: the largest k such that
+// `text` ends with output_text(k) (0 when none). A continuation (a chat's
+// partial assistant message with continue_final_message, a completion
+// whose prompt was extended by the answer so far) goes on from token k, so
+// an answer resumed elsewhere equals the uninterrupted one token by token.
+std::size_t continuation_offset(std::string_view text);
+
 }  // namespace pdgate::sim

@@ -272,6 +272,10 @@ struct Config {
   // Retries in flight may be at most this fraction of requests in flight
   // (at least one), so an outage cannot turn into a retry storm.
   double retry_budget = 0.2;
+  // A stream whose decode breaks off after its first event is resumed on
+  // another decode at most this many times (docs/resumption.md); 0: the
+  // client gets the in-band error event.
+  unsigned decode_migrations = 1;
 
   // Tracing (docs/tracing.md). Spans go to otlp_endpoint over OTLP/HTTP
   // (empty: no spans, and engines get the client's traceparent as sent).

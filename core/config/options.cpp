@@ -397,6 +397,11 @@ constexpr std::array kOptions = {
            "Consecutive request failures (connect, timeout, 5xx) that eject an instance "
            "(default: 3).",
            count_field<&Config::eject_after>},
+    Option{"decode-migrations", "", 0, false, false, kGeneral, "N",
+           "Times one stream may be resumed on another decode after its decode broke off "
+           "mid-answer (reset, error event, silence past --first-byte-timeout), 0 to 8; 0 "
+           "ends such a stream with an error event (default: 1).",
+           uint_field<&Config::decode_migrations, 8>},
     Option{"retry-budget", "", 0, false, false, kGeneral, "FRACTION",
            "Retries in flight allowed, as a fraction of requests in flight (default: 0.2).",
            fraction_field<&Config::retry_budget>},

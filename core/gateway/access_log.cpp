@@ -176,6 +176,8 @@ void fields(const RequestRecord& r, bool json, Emit&& emit) {
   emit("prompt_tokens", r.usage ? number_of(r.usage->prompt_tokens) : Value{});
   emit("completion_tokens", r.usage ? number_of(r.usage->completion_tokens) : Value{});
   emit("retries", number_of(r.retries));
+  emit("migrations", number_of(r.migrations));
+  emit("migrated_from", text_of(std::string_view(r.migrated_from)));
   emit("conversation", text_of(std::string_view(r.conversation)));
   if (json) {
     emit("policy", Value{Value::raw, {}, policies_used(r, true)});

@@ -20,6 +20,7 @@
 
 #include "core/base/text.hpp"
 #include "core/base/use_tuple.hpp"
+#include "core/config/detail/values.hpp"
 #include "core/net/errors.hpp"
 #include "core/net/http_head.hpp"
 #include "core/net/maybe_tls_stream.hpp"
@@ -514,10 +515,19 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
     // longer findable) the moment drain() returns, when it had nothing in
     // flight and was already marked for removal.
     if (drain_only && method == http::verb::post) {
+      auto deadline = drain_deadline(req);
+      if (!deadline)
+        co_return error(req, 400, deadline.error());
+      if (*deadline && pending_deadlines_ >= kMaxPendingDeadlines)
+        co_return error(req, 503,
+                        "too many drain deadlines pending (" +
+                            std::to_string(kMaxPendingDeadlines) + "); try again later");
       auto [err, inst] = registry_.drain(id, false);
       if (err)
         co_return make_error_response(*err, req.version(), req.keep_alive());
       spdlog::info("admin: draining instance {}", id);
+      if (*deadline && hooks_.migrate_streams)
+        migrate_at_deadline(co_await net::this_coro::executor, id, **deadline);
       co_return json_response(req, 200, instance_json(*inst));
     }
     if (undrain) {
@@ -566,6 +576,57 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
                     ".../undrain");
   }
   co_return error(req, 404, "no admin route for " + std::string(req.method_string()) + " " + path);
+}
+
+Result<std::optional<std::chrono::milliseconds>> AdminApi::drain_deadline(const Request& req) {
+  std::optional<std::chrono::milliseconds> deadline;
+  const std::string_view target = req.target();
+  if (const auto q = target.find('?'); q != std::string_view::npos) {
+    auto items = query_items(target.substr(q + 1));
+    if (!items)
+      return fail("query: " + items.error());
+    for (const auto& [k, v] : *items) {
+      if (k != "deadline")
+        continue;
+      auto d = config_detail::parse_duration(v);
+      if (!d)
+        return fail("deadline: " + d.error());
+      deadline = *d;
+    }
+  }
+  if (!req.body().empty()) {
+    const auto j = json::parse(req.body(), nullptr, false);
+    if (!j.is_object())
+      return fail(R"(expected no body or {"deadline_ms": N})");
+    if (const auto it = j.find("deadline_ms"); it != j.end()) {
+      if (!it->is_number_unsigned() || it->get<std::uint64_t>() == 0)
+        return fail("deadline_ms must be a positive integer");
+      deadline = std::chrono::milliseconds(it->get<std::uint64_t>());
+    }
+  }
+  if (deadline && *deadline > kMaxDrainDeadline)
+    return fail("the deadline may be at most 24h");
+  return deadline;
+}
+
+void AdminApi::migrate_at_deadline(net::any_io_executor ex, std::uint64_t id,
+                                   std::chrono::milliseconds deadline) {
+  ++pending_deadlines_;
+  // The api outlives its listener's coroutines: the timer holds it.
+  net::co_spawn(
+      ex,
+      [self = shared_from_this(), id, deadline]() -> net::awaitable<void> {
+        net::steady_timer timer(co_await net::this_coro::executor, deadline);
+        co_await timer.async_wait(use_tuple);
+        --self->pending_deadlines_;
+        // Undrained (or gone) meanwhile: its streams stay where they are.
+        const auto inst = self->registry_.snapshot()->find(id);
+        if (!inst || inst->state() != InstanceState::draining)
+          co_return;
+        spdlog::info("admin: instance {}'s drain deadline passed; moving its streams", id);
+        self->hooks_.migrate_streams(id);
+      },
+      net::detached);
 }
 
 namespace {

@@ -31,7 +31,7 @@ namespace pdgate {
 // Equal-length-independent, data-independent comparison of secrets.
 bool constant_time_equals(std::string_view a, std::string_view b);
 
-class AdminApi {
+class AdminApi : public std::enable_shared_from_this<AdminApi> {
  public:
   using Request = boost::beast::http::request<boost::beast::http::string_body>;
   using Response = boost::beast::http::response<boost::beast::http::string_body>;
@@ -52,6 +52,9 @@ class AdminApi {
     // what the policies would do with the request the body describes
     // (core/pipeline/policy_explain.hpp). Null: no policies.
     std::function<std::pair<unsigned, std::string>(std::string_view document)> policy_explain;
+    // A drain's deadline passed (POST .../drain?deadline=): the streams
+    // still relaying from the instance are resumed elsewhere. Null: none.
+    std::function<void(std::uint64_t instance_id)> migrate_streams;
   };
 
   // Reads the key (ADMIN_API_KEY, else --admin-key-file) and parses
@@ -104,6 +107,17 @@ class AdminApi {
 
   // nullopt when the request may proceed.
   std::optional<Response> authorize(const Request& req, bool mutating) const;
+  // A drain's deadline: `?deadline=2s` or a body {"deadline_ms": 2000};
+  // none when neither is given.
+  static Result<std::optional<std::chrono::milliseconds>> drain_deadline(const Request& req);
+  // Once `deadline` passed, the instance's streams are resumed elsewhere
+  // if it is still draining (Hooks::migrate_streams).
+  void migrate_at_deadline(boost::asio::any_io_executor ex, std::uint64_t id,
+                           std::chrono::milliseconds deadline);
+  static constexpr std::chrono::hours kMaxDrainDeadline{24};
+  // Deadline timers running at most: more drains with one are refused.
+  static constexpr std::size_t kMaxPendingDeadlines = 1024;
+  std::size_t pending_deadlines_ = 0;
   boost::asio::awaitable<Response> add(const Request& req, Role role, const std::string& url,
                                        std::map<std::string, std::string> labels, unsigned weight,
                                        KvEventsEndpoint kv_events, std::uint32_t dp_size = 1);

@@ -45,6 +45,20 @@ std::string Gateway::metrics_text(bool addresses) const {
   m.counter("pdgate_retries_total", "Failovers before the first byte, by stage.");
   m.sample("pdgate_retries_total", {{"stage", "prefill"}}, metrics_.retries_prefill.load());
   m.sample("pdgate_retries_total", {{"stage", "decode"}}, metrics_.retries_decode.load());
+  m.counter("pdgate_decode_migrations_total",
+            "Streams whose decode broke off mid-answer, by reason (reset, error_event, stall, "
+            "drain) and outcome (resumed on another decode, failed, refused).");
+  {
+    static constexpr const char* kReasons[] = {"reset", "error_event", "stall", "drain"};
+    static constexpr const char* kOutcomes[] = {"resumed", "failed", "refused"};
+    for (std::size_t r = 0; r < GatewayMetrics::kMigrationReasons; ++r) {
+      for (std::size_t o = 0; o < GatewayMetrics::kMigrationOutcomes; ++o) {
+        m.sample("pdgate_decode_migrations_total",
+                 {{"reason", kReasons[r]}, {"outcome", kOutcomes[o]}},
+                 metrics_.decode_migrations[r][o].load());
+      }
+    }
+  }
   m.counter("pdgate_requests_by_path_total",
             "Completion requests routed, by path: pd (prefill then decode) or one_hop (decode "
             "prefills locally).");

@@ -29,6 +29,7 @@
 #include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/pipeline.hpp"
 #include "core/pipeline/policy_explain.hpp"
+#include "core/pipeline/relay.hpp"
 #include "core/routing/conversation.hpp"
 #include "core/upstream/health.hpp"
 
@@ -448,17 +449,27 @@ void Gateway::start() {
     });
   }
 
-  admin_->set_hooks({reload_policy_, [this] { return metrics_text(true); },
-                     [this] { return status_document(true).dump(); },
-                     [this] {
-                       // As the client port's /readyz (the roles a start
-                       // requires cannot change on reload but encode's).
-                       const auto set = registry_.snapshot();
-                       auto [status, j] =
-                           readiness(*set, RequiredRoles::from(cfg_), stopping_.load());
-                       return std::pair{static_cast<unsigned>(status), j.dump()};
-                     },
-                     policy_kv_, policy_status_, explain_hook()});
+  admin_->set_hooks(
+      {reload_policy_, [this] { return metrics_text(true); },
+       [this] { return status_document(true).dump(); },
+       [this] {
+         // As the client port's /readyz (the roles a start
+         // requires cannot change on reload but encode's).
+         const auto set = registry_.snapshot();
+         auto [status, j] = readiness(*set, RequiredRoles::from(cfg_), stopping_.load());
+         return std::pair{static_cast<unsigned>(status), j.dump()};
+       },
+       policy_kv_, policy_status_, explain_hook(),
+       [this](std::uint64_t id) {
+         // Each worker moves its own streams, on its thread.
+         for (auto& wp : workers_) {
+           Worker& w = *wp;
+           net::post(w.ioc, [&w, id] {
+             if (const std::size_t n = migrate_streams(w.ctx, id))
+               spdlog::info("drain deadline: {} streams from instance {} moved", n, id);
+           });
+         }
+       }});
   if (admin_acceptor_)
     net::co_spawn(admin_ioc_,
                   serve_admin(*admin_acceptor_, admin_, admin_tls_.get(), cfg_.client_idle_timeout),

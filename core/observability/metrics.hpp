@@ -107,6 +107,12 @@ struct GatewayMetrics {
   std::atomic<std::uint64_t> retries_decode{0};
   std::atomic<std::uint64_t> retries_refused{0};  // over budget
   std::atomic<std::int64_t> retries_in_flight{0};
+  // Streams whose decode broke off mid-answer, by why (reset, error_event,
+  // stall, drain) and what came of it (resumed on another decode, failed:
+  // the resumed leg could not be started, refused: not tried).
+  static constexpr std::size_t kMigrationReasons = 4;
+  static constexpr std::size_t kMigrationOutcomes = 3;
+  std::atomic<std::uint64_t> decode_migrations[kMigrationReasons][kMigrationOutcomes] = {};
   std::atomic<std::uint64_t> ejections{0};
   // Routed requests by path: prefill then decode, or one hop to decode
   // (which prefills locally), as the request hook or configuration chose.

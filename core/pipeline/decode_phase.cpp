@@ -129,6 +129,7 @@ void note_decode_answered(RequestContext& rc, DecodeRelay& relay) {
   }
   relay.cached_tokens = rc.prefill_cached_tokens;
   relay.prompt_logprobs = rc.prefill_prompt_logprobs;
+  relay.prompt_tokens = rc.prefill_prompt_tokens;
   relay.view = std::move(rc.view);
   rc.failure.reset();  // an earlier attempt's
 }

@@ -24,6 +24,7 @@ struct PrefillLeg {
   RequestScope* decode_waiting = nullptr;
   std::optional<GatewayError> error;
   std::optional<std::uint64_t> cached_tokens;
+  std::optional<std::uint64_t> prompt_tokens;
   bool done = false;
 };
 
@@ -32,6 +33,7 @@ net::awaitable<void> run_prefill_leg(RequestContext& rc, std::string params, Ins
   PrefillAnswer a = co_await run_prefill(rc, params, leg.scope.scope, std::move(prefill));
   leg.done = true;
   leg.cached_tokens = a.cached_tokens;
+  leg.prompt_tokens = a.prompt_tokens;
   leg.error = std::move(a.error);
   if (leg.error && leg.error->kind != ErrorKind::client_gone && leg.decode_waiting) {
     spdlog::info("request {}: prefill leg failed ({}); aborting the decode leg", rc.request_id(),
@@ -125,6 +127,7 @@ net::awaitable<PairOutcome> run_pair(RequestContext& rc) {
                    leg.error->detail.empty() ? leg.error->message : leg.error->detail);
     }
     rc.prefill_cached_tokens = leg.cached_tokens;
+    rc.prefill_prompt_tokens = leg.prompt_tokens;
     out.relay = std::move(a.relay);
     co_return out;
   }

@@ -90,15 +90,11 @@ void name_server_span(RequestTrace& trace, const http::request<http::string_body
   trace.attribute("pdgate.request_id", request_id);
 }
 
-// The request is one pdgate can route: reads what the later phases and
-// the policies need.
-bool validate_phase(RequestContext& rc) {
-  const auto ct = first_field(rc.req, http::field::content_type);
-  if (!ct || !is_json_content_type(*ct)) {
-    return rc.fail(client_error(ErrorKind::unsupported_media_type,
-                                "Unsupported Media Type: Content-Type must be application/json"));
-  }
-  rc.body = rc.req.body();
+// Reads what the later phases and the policies need from `body` (the
+// client's, or a resumed leg's continuation of it, which must outlive
+// rc).
+bool read_request(RequestContext& rc, std::string_view body) {
+  rc.body = body;
   auto index = index_json_object(rc.body);
   if (!index)
     return rc.fail(
@@ -126,6 +122,17 @@ bool validate_phase(RequestContext& rc) {
   ctx.request_id = rc.request_id();
   ctx.serial = ++rc.w.last_request_serial;
   return true;
+}
+
+// The request is one pdgate can route: reads what the later phases and
+// the policies need.
+bool validate_phase(RequestContext& rc) {
+  const auto ct = first_field(rc.req, http::field::content_type);
+  if (!ct || !is_json_content_type(*ct)) {
+    return rc.fail(client_error(ErrorKind::unsupported_media_type,
+                                "Unsupported Media Type: Content-Type must be application/json"));
+  }
+  return read_request(rc, rc.req.body());
 }
 
 // The tokens a completion may use, held against its key's tokens per
@@ -247,6 +254,146 @@ void prepare_one_hop(RequestContext& rc) {
   rc.decode_body = *rc.connector.decode_body(rc.body, rc.index, std::nullopt);
 }
 
+// The phases that take an admitted request to its engines, up to decode's
+// first bytes: the relay, or null with rc.failure set.
+net::awaitable<std::unique_ptr<DecodeRelay>> route_phases(RequestContext& rc) {
+  bool on = true;
+  if (tokenizes(rc))
+    co_await tokenize_phase(rc);
+  if (has_media_to_encode(rc))
+    on = co_await encode_phase(rc);
+  // The connector's form says when the legs run: decode after prefill
+  // answered, or both at once (Mooncake).
+  const bool parallel = !rc.one_hop && rc.connector.parallel();
+  if (on && rc.one_hop)
+    prepare_one_hop(rc);
+  else if (on && !parallel)
+    on = co_await prefill_phase(rc);
+  std::unique_ptr<DecodeRelay> relay;
+  // (Not a conditional expression: GCC 12 runs both co_awaits of one.)
+  if (on && parallel)
+    relay = co_await parallel_legs_phase(rc);
+  else if (on)
+    relay = co_await decode_phase(rc);
+  co_return relay;
+}
+
+// Whether a stream may be resumed if its decode breaks off: streamed chat
+// and completions (a Responses stream's events are the engine's own
+// state machine), with --decode-migrations above 0.
+bool resumes(const Config& cfg, GenerationApi api, bool stream) {
+  return stream && cfg.decode_migrations > 0 && api != GenerationApi::responses;
+}
+
+// A resumed leg for the stream `rs`, whose decode `broken` broke off: the
+// continuation of the client's request (core/pipeline/resumption.hpp),
+// routed as a request of its own (prefill again, the policies' picks with
+// ctx.migrations set) to a decode not tried, under the id `<id>-r<n>`,
+// within the retry budget. Null, with `why` set, when there is none.
+net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(ClientRequest& c, RequestTrace& trace,
+                                                        GenerationApi api, const ClientKey* key,
+                                                        const std::string& request_id,
+                                                        StreamResume& rs, const DecodeRelay& broken,
+                                                        std::string& why, bool& attempted) {
+  const std::string_view original = c.req.body();
+  auto index = index_json_object(original);
+  if (!index) {
+    why = "the request body no longer parses";
+    co_return nullptr;
+  }
+  auto body = continuation_body(original, *index, api == GenerationApi::chat, rs.transcript, why);
+  if (!body)
+    co_return nullptr;
+  auto rc = std::make_unique<RequestContext>(c, trace, api);
+  rc->client_key = key;
+  rc->view->request_id = request_id + "-r" + std::to_string(rs.migrations + 1);
+  if (!read_request(*rc, *body)) {
+    why = rc->failure->message;
+    co_return nullptr;
+  }
+  rc->pick().migrations = rs.migrations + 1;
+  rc->tried_decode.push_back(broken.decode.get());
+  // No other decode: no prefill is spent on a leg that cannot be sent.
+  if (!has_alternative(rc->set->decode, rc->tried_decode)) {
+    why = "no other decode instance is in service";
+    co_return nullptr;
+  }
+  GatewayError failed = upstream_failure(Stage::decode, *rs.broke);
+  failed.retriable = true;
+  failed.reached_engine = true;
+  // A drain's move is the operator's plan, not a retry after a failure:
+  // it does not wait for the retry budget (which would cut the streams
+  // past it off).
+  if (rs.reason != BreakReason::drain && !rc->failover.may_retry(Stage::decode, failed)) {
+    why = "the retry budget (--retry-budget) is spent";
+    co_return nullptr;
+  }
+  attempted = true;
+  std::unique_ptr<DecodeRelay> relay;
+  if (request_hook_phase(*rc))
+    relay = co_await route_phases(*rc);
+  if (!relay) {
+    const GatewayError& e = *rc->failure;
+    why = e.detail.empty() ? e.message : e.detail;
+  }
+  co_return relay;
+}
+
+// Relays a stream that may be resumed: each time its decode breaks off,
+// the continuation goes to another decode and the stream goes on, until
+// it ends or may not be resumed again (--decode-migrations, the budget,
+// a policy, a request that cannot be continued): then the error event.
+net::awaitable<bool> relay_resumable(ClientRequest& c, RequestTrace& trace, GenerationApi api,
+                                     const ClientKey* key, bool client_usage,
+                                     std::unique_ptr<DecodeRelay>& relay) {
+  WorkerContext& w = c.w;
+  StreamResume rs(api == GenerationApi::chat);
+  rs.client_usage = client_usage;
+  const ResumableListing listed(w, rs);
+  const std::string request_id = relay->view->request_id;
+  // The original prompt's length (a resumed leg's prompt holds the answer).
+  const std::optional<std::uint64_t> prompt_tokens = relay->prompt_tokens;
+  bool keep = co_await relay_answer(c, *relay, &rs);
+  while (rs.broke && !c.scope.client_gone()) {
+    const BreakReason reason = rs.reason;
+    // A drain cut its own engine off: no failure of the engine's.
+    if (reason != BreakReason::drain)
+      note_broken(w, *relay, *rs.broke);
+    std::string why;
+    bool attempted = false;
+    std::unique_ptr<DecodeRelay> next;
+    if (rs.transcript.saw_done() || rs.transcript.finished()) {
+      why = "the answer was complete";
+    } else if (rs.migrations >= w.cfg.decode_migrations) {
+      why = "--decode-migrations " + std::to_string(w.cfg.decode_migrations) + " reached";
+    } else {
+      spdlog::info("request {}: decode {} broke off after {} tokens ({}: {}); resuming elsewhere",
+                   request_id, relay->decode->spec.url, rs.transcript.tokens(), to_string(reason),
+                   rs.broke->detail);
+      next = co_await resume_leg(c, trace, api, key, request_id, rs, *relay, why, attempted);
+    }
+    if (!next) {
+      count_migration(w, reason, attempted ? MigrationOutcome::failed : MigrationOutcome::refused);
+      spdlog::info("request {}: stream not resumed: {}", request_id, why);
+      keep = co_await end_broken_stream(c, rs);
+      break;
+    }
+    count_migration(w, reason, MigrationOutcome::resumed);
+    ++rs.migrations;
+    if (RequestRecord* r = c.outcome.record.get()) {
+      r->migrations = rs.migrations;
+      if (!r->migrated_from.empty())
+        r->migrated_from += ',';
+      r->migrated_from += relay->decode->spec.url;
+    }
+    rs.broke.reset();
+    rs.leg.emplace(rs.transcript, prompt_tokens, client_usage);
+    relay = std::move(next);
+    keep = co_await relay_answer(c, *relay, &rs);
+  }
+  co_return keep;
+}
+
 }  // namespace
 
 net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
@@ -281,23 +428,9 @@ net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
   if (api == GenerationApi::responses)
     rc->reuse = false;
   on = on && ask_decode_for_usage(*rc);
-  if (on && tokenizes(*rc))
-    co_await tokenize_phase(*rc);
-  if (on && has_media_to_encode(*rc))
-    on = co_await encode_phase(*rc);
-  // The connector's form says when the legs run: decode after prefill
-  // answered, or both at once (Mooncake).
-  const bool parallel = !rc->one_hop && rc->connector.parallel();
-  if (on && rc->one_hop)
-    prepare_one_hop(*rc);
-  else if (on && !parallel)
-    on = co_await prefill_phase(*rc);
   std::unique_ptr<DecodeRelay> relay;
-  // (Not a conditional expression: GCC 12 runs both co_awaits of one.)
-  if (on && parallel)
-    relay = co_await parallel_legs_phase(*rc);
-  else if (on)
-    relay = co_await decode_phase(*rc);
+  if (on)
+    relay = co_await route_phases(*rc);
   // ... and relay_answer() below, once decode's first bytes are in.
   if (admitted)
     note_routing(*rc, relay ? relay->view->request_id : rc->request_id());
@@ -306,10 +439,18 @@ net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
     trace.finish(c.outcome.status, c.outcome.stage);
     co_return keep;
   }
+  const bool resumable = resumes(w.cfg, api, rc->facts.stream) && relay->stream;
+  const bool client_usage = rc->facts.include_usage;
+  const ClientKey* const key = rc->client_key;
   rc.reset();
   c.outcome.status = relay->ex->status();
   c.outcome.stage = "decode";
-  const bool keep = co_await relay_answer(c, *relay);
+  // (Not a conditional expression: GCC 12 runs both co_awaits of one.)
+  bool keep = false;
+  if (resumable)
+    keep = co_await relay_resumable(c, trace, api, key, client_usage, relay);
+  else
+    keep = co_await relay_answer(c, *relay);
   trace.finish(c.scope.client_gone() ? 0 : c.outcome.status, c.outcome.stage);
   // Counted against the key's tokens per minute when the admission ends.
   admission.add_tokens(c.outcome.tokens_used);

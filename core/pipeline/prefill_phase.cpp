@@ -148,6 +148,8 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   guard.prompt_done();
   note_prefill_time(*r.instance, ahead_tokens + own_tokens, elapsed * 1000);
   r.cached_tokens = prompt_cached_tokens(answer);
+  if (const auto usage = last_usage(answer))
+    r.prompt_tokens = usage->prompt_tokens;
   // Whole answers only: a stream's prompt_logprobs are not merged.
   if (!rc.facts.stream) {
     if (auto asked = raw_member(rc.body, rc.index, "prompt_logprobs"); asked && *asked != "null")
@@ -206,6 +208,7 @@ net::awaitable<std::optional<GatewayError>> prefill_with_failover(RequestContext
       rc.prefill = a.instance;
       rc.prefill_answered_at = std::chrono::steady_clock::now();
       rc.prefill_cached_tokens = a.cached_tokens;
+      rc.prefill_prompt_tokens = a.prompt_tokens;
       rc.prefill_prompt_logprobs = std::move(a.prompt_logprobs);
       rc.stage_id = std::move(a.request_id);
       rc.decode_body = std::move(a.decode_body);

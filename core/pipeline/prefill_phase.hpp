@@ -24,6 +24,9 @@ struct PrefillAnswer {
   // usage.prompt_tokens_details.cached_tokens of the answer: the prompt's
   // true cache hit (decode counts what it pulled as cached too).
   std::optional<std::uint64_t> cached_tokens;
+  // usage.prompt_tokens: the prompt's length in tokens, which a stream
+  // resumed elsewhere reports (its own prompt holds the answer so far).
+  std::optional<std::uint64_t> prompt_tokens;
   // Its prompt_logprobs, when the client asked for them (whole answers).
   std::optional<std::string> prompt_logprobs;
 };

@@ -146,32 +146,80 @@ void note_usage(const DecodeRelay& r, const std::optional<TokenUsage>& usage,
 // Decode broke off mid-stream: noted against the instance and the trace;
 // returns the in-band error event the client gets. (Not in the relay's
 // coroutine: its strings would take room in every idle stream's frame.)
-std::string broke_off(WorkerContext& w, DecodeRelay& r, const UpstreamError& failure) {
-  spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure.detail);
-  note_failure(w, *r.decode, failure.detail);
-  trace_error(r.span, upstream_failure(Stage::decode, failure));
+std::string broken_stream_event(const WorkerContext& w, const UpstreamError& failure) {
   const std::string why = w.cfg.verbose_errors ? failure.detail : public_reason(failure.kind);
   return sse_data_event(error_json(502, "decode stage failed mid-stream: " + why));
+}
+std::string broke_off(WorkerContext& w, DecodeRelay& r, const UpstreamError& failure) {
+  note_broken(w, r, failure);
+  return broken_stream_event(w, failure);
+}
+
+// Shows the resumption the bytes about to go to the client: a resumed
+// leg's events are rewritten into the stream's, and the transcript reads
+// them. Returns false when an error event came: `bytes` then holds only
+// what precedes it. `cut`: whether the error event may be kept from the
+// client (not when it is all a first read brought).
+bool pass_resume(StreamResume* rs, std::string& bytes, bool cut = true) {
+  if (rs == nullptr)
+    return true;
+  if (rs->leg)
+    bytes = rs->leg->rewrite(bytes);
+  const std::size_t keep = rs->transcript.observe(bytes);
+  if (keep == bytes.size() || (!cut && keep == 0))
+    return true;
+  bytes.resize(keep);
+  return false;
+}
+
+// Why `failure` broke a stream.
+BreakReason reason_of(const UpstreamError& failure) {
+  return failure.kind == UpstreamFailure::timeout ? BreakReason::stall : BreakReason::reset;
 }
 
 // The rest of decode's stream after its first events went out with the
 // header. If decode breaks off now, the client gets an in-band error event
-// and the stream ends: never an invented finish_reason or [DONE].
-net::awaitable<bool> relay_stream(ClientRequest& c, DecodeRelay& r) {
+// and the stream ends: never an invented finish_reason or [DONE]. With a
+// resumption (`rs`), the relay stops instead and leaves the stream open.
+net::awaitable<bool> relay_stream(ClientRequest& c, DecodeRelay& r, StreamResume* rs) {
   WorkerContext& w = c.w;
   MaybeTlsStream& client = c.client;
   const http::request<http::string_body>& req = c.req;
   UpstreamExchange& ex = *r.ex;
-  // Counted however the relay ends (the client may leave mid-stream).
+  // Counted however the relay ends (the client may leave mid-stream); a
+  // resumed leg's usage is the sum the client was told.
   struct CountUsage {
     const DecodeRelay& r;
     RequestOutcome& outcome;
-    ~CountUsage() { note_usage(r, r.stream->usage(), outcome); }
-  } count_usage{r, c.outcome};
+    const StreamResume* rs;
+    ~CountUsage() {
+      note_usage(r, rs && rs->leg && rs->leg->usage() ? rs->leg->usage() : r.stream->usage(),
+                 outcome);
+    }
+  } count_usage{r, c.outcome, rs};
+  const bool resumed = rs != nullptr && rs->leg.has_value();
+  // Between legs nothing may cut this one off (migrate_streams()).
+  struct Current {
+    StreamResume* rs;
+    ~Current() {
+      if (rs)
+        rs->current = nullptr;
+    }
+  } current{rs};
+  if (rs)
+    rs->current = &r;
+  bool broke = !pass_resume(rs, r.first, resumed);
   // A short answer may have ended with its first read: then everything,
   // the last chunk included, leaves in that one write.
-  const bool ended = r.stream->done();
-  if (!co_await write_stream_start(w.cfg, client, req, ex, r.view->request_id, r.first, ended)) {
+  const bool ended = r.stream->done() && !broke;
+  // (Not a conditional expression: GCC 12 runs both co_awaits of one.)
+  bool written = false;
+  if (resumed)
+    written = co_await write_chunk(client, r.first, w.cfg, ended);
+  else
+    written =
+        co_await write_stream_start(w.cfg, client, req, ex, r.view->request_id, r.first, ended);
+  if (!written) {
     c.scope.on_client_gone();
     co_return false;
   }
@@ -179,6 +227,8 @@ net::awaitable<bool> relay_stream(ClientRequest& c, DecodeRelay& r) {
   if (ended) {
     note_turn_without_params(w, r, r.stream->captured_params());
     ex.finish();
+    if (rs)
+      rs->broke.reset();  // a drain's cut that came too late: nothing to resume
     co_return req.keep_alive();
   }
   // Bytes reached the client: no failover from here on.
@@ -189,7 +239,7 @@ net::awaitable<bool> relay_stream(ClientRequest& c, DecodeRelay& r) {
   std::string().swap(r.first);
   std::string out;
   UpstreamError failure;
-  while (!r.stream->done()) {
+  while (!broke && !r.stream->done()) {
     // An idle stream waits here, its read's frames not yet allocated and
     // its read buffer released.
     if (ex.must_wait()) {
@@ -206,7 +256,8 @@ net::awaitable<bool> relay_stream(ClientRequest& c, DecodeRelay& r) {
       failure = std::move(err);
       break;
     }
-    const bool last = r.stream->done();
+    broke = !pass_resume(rs, out);
+    const bool last = r.stream->done() && !broke;
     if (last) {
       note_turn_without_params(w, r, r.stream->captured_params());
       ex.finish();
@@ -218,10 +269,31 @@ net::awaitable<bool> relay_stream(ClientRequest& c, DecodeRelay& r) {
       }
       c.outcome.count_sent(out.size());
     }
-    if (last)
+    if (last) {
+      if (rs)
+        rs->broke.reset();
       co_return req.keep_alive();
+    }
     std::string().swap(out);
   }
+  if (broke) {
+    failure = UpstreamError{UpstreamFailure::protocol,
+                            "decode " + r.decode->spec.url + " sent an error event mid-stream"};
+    if (rs)
+      rs->reason = BreakReason::error_event;
+  } else if (rs && rs->broke) {
+    // Cut off on purpose (a drain's deadline): the reason is set.
+    failure = std::move(*rs->broke);
+  } else if (rs) {
+    rs->reason = reason_of(failure);
+  }
+  if (rs) {
+    rs->broke = std::move(failure);
+    co_return req.keep_alive();
+  }
+  // Not resumable (--decode-migrations 0, a Responses stream): counted
+  // as a break not tried.
+  count_migration(w, reason_of(failure), MigrationOutcome::refused);
   const std::string ev = broke_off(w, r, failure);
   if (!co_await write_chunk(client, ev, w.cfg, true))
     co_return false;
@@ -449,10 +521,87 @@ net::awaitable<bool> write_whole_answer(MaybeTlsStream& client,
 }
 
 // Not a coroutine itself: a held stream's chain of frames is one shorter.
-net::awaitable<bool> relay_answer(ClientRequest& c, DecodeRelay& r) {
+net::awaitable<bool> relay_answer(ClientRequest& c, DecodeRelay& r, StreamResume* resume) {
   if (r.stream)
-    return relay_stream(c, r);
+    return relay_stream(c, r, resume);
   return relay_whole(c, r);
+}
+
+ResumableListing::ResumableListing(WorkerContext& w, StreamResume& rs) : w_(w), rs_(rs) {
+  rs.slot = w.resumable_streams.size();
+  w.resumable_streams.push_back(&rs);
+}
+
+ResumableListing::~ResumableListing() {
+  auto& list = w_.resumable_streams;
+  StreamResume* last = list.back();
+  list[rs_.slot] = last;
+  last->slot = rs_.slot;
+  list.pop_back();
+}
+
+std::size_t migrate_streams(WorkerContext& w, std::uint64_t instance_id) {
+  std::size_t moved = 0;
+  // Copy: cutting a leg off may run no handler now, but keep the walk
+  // independent of the list anyway.
+  const auto streams = w.resumable_streams;
+  for (StreamResume* rs : streams) {
+    DecodeRelay* r = rs->current;
+    if (r == nullptr || rs->broke || !r->ex || !r->stream || r->stream->done() ||
+        r->decode->id != instance_id)
+      continue;
+    rs->broke = UpstreamError{UpstreamFailure::ejected,
+                              "instance " + r->decode->spec.url + " drained: deadline passed"};
+    rs->reason = BreakReason::drain;
+    r->ex->abort_ejected();
+    ++moved;
+  }
+  return moved;
+}
+
+void count_migration(WorkerContext& w, BreakReason reason, MigrationOutcome outcome) {
+  if (w.metrics)
+    w.metrics
+        ->decode_migrations[static_cast<std::size_t>(reason)][static_cast<std::size_t>(outcome)]
+        .fetch_add(1, std::memory_order_relaxed);
+}
+
+const char* to_string(BreakReason r) {
+  switch (r) {
+    case BreakReason::reset:
+      return "reset";
+    case BreakReason::error_event:
+      return "error_event";
+    case BreakReason::stall:
+      return "stall";
+    case BreakReason::drain:
+      return "drain";
+  }
+  return "reset";
+}
+
+void note_broken(WorkerContext& w, DecodeRelay& r, const UpstreamError& failure) {
+  spdlog::warn("request {}: decode stream broke off: {}", r.view->request_id, failure.detail);
+  note_failure(w, *r.decode, failure.detail);
+  trace_error(r.span, upstream_failure(Stage::decode, failure));
+}
+
+net::awaitable<bool> end_broken_stream(ClientRequest& c, const StreamResume& rs) {
+  const http::request<http::string_body>& req = c.req;
+  std::string ev;
+  if (rs.transcript.saw_done()) {
+    // Everything came, [DONE] included; only the body's end did not.
+  } else if (rs.transcript.finished() && !rs.client_usage && rs.transcript.resumable()) {
+    // The engine finished the answer (its finish_reason came) and died
+    // before the [DONE] that frames it: nothing of the answer is missing.
+    ev = "data: [DONE]\n\n";
+  } else {
+    ev = broken_stream_event(c.w, *rs.broke);
+  }
+  if (!co_await write_chunk(c.client, ev, c.w.cfg, true))
+    co_return false;
+  c.outcome.count_sent(ev.size());
+  co_return req.keep_alive();
 }
 
 }  // namespace pdgate

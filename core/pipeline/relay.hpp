@@ -17,6 +17,7 @@
 #include "core/net/sse.hpp"
 #include "core/pipeline/engine_call.hpp"
 #include "core/pipeline/request_context.hpp"
+#include "core/pipeline/resumption.hpp"
 #include "core/routing/conversation.hpp"
 
 namespace pdgate {
@@ -112,11 +113,72 @@ struct DecodeRelay {
   std::optional<std::uint64_t> cached_tokens;
   // Prefill's prompt_logprobs, put into a whole answer's null ones.
   std::optional<std::string> prompt_logprobs;
+  // Prefill's usage.prompt_tokens: the prompt a resumed stream reports.
+  std::optional<std::uint64_t> prompt_tokens;
 };
+
+// Why a stream's decode broke off (pdgate_decode_migrations_total{reason}).
+enum class BreakReason { reset, error_event, stall, drain };
+const char* to_string(BreakReason r);
+// What came of it: resumed on another decode, failed (the resumed leg
+// could not be started), refused (not tried).
+enum class MigrationOutcome { resumed, failed, refused };
+// Counts a stream's break in pdgate_decode_migrations_total.
+void count_migration(WorkerContext& w, BreakReason reason, MigrationOutcome outcome);
+
+// A stream that may be resumed on another decode if its decode breaks off
+// (core/pipeline/resumption.hpp): the relay shows it every event the
+// client is sent, and instead of ending the stream with an error event it
+// stops and says why (`broke`), for the caller to resume it.
+struct StreamResume {
+  explicit StreamResume(bool chat) : transcript(chat) {}
+  StreamTranscript transcript;
+  // Set while a resumed leg relays: rewrites its events.
+  std::optional<ResumedLeg> leg;
+  // The failure the relay stopped at, and its kind.
+  std::optional<UpstreamError> broke;
+  BreakReason reason = BreakReason::reset;
+  unsigned migrations = 0;    // legs resumed so far
+  bool client_usage = false;  // the client asked for a usage event
+  // The leg relaying now (null between legs), for migrate_streams().
+  DecodeRelay* current = nullptr;
+  // Its place in its worker's resumable_streams, while listed.
+  std::size_t slot = 0;
+};
+
+// Lists `rs` in its worker's resumable streams for as long as it lives.
+class ResumableListing {
+ public:
+  ResumableListing(WorkerContext& w, StreamResume& rs);
+  ~ResumableListing();
+  ResumableListing(const ResumableListing&) = delete;
+  ResumableListing& operator=(const ResumableListing&) = delete;
+
+ private:
+  WorkerContext& w_;
+  StreamResume& rs_;
+};
+
+// A drain's deadline passed: every stream of this worker relaying from
+// `instance_id` is cut off there and resumed elsewhere (reason drain).
+// Returns how many.
+std::size_t migrate_streams(WorkerContext& w, std::uint64_t instance_id);
 
 // Writes decode's answer to the client: the header with the first bytes,
 // then the rest. Returns whether the client connection may be reused.
-net::awaitable<bool> relay_answer(ClientRequest& c, DecodeRelay& r);
+// With `resume` (streams), a decode that breaks off leaves the stream open
+// and resume->broke set; a resumed leg (resume->leg set) continues the
+// stream already started.
+net::awaitable<bool> relay_answer(ClientRequest& c, DecodeRelay& r, StreamResume* resume = nullptr);
+
+// Decode broke off mid-stream: logged, counted against the instance, noted
+// on its span.
+void note_broken(WorkerContext& w, DecodeRelay& r, const UpstreamError& failure);
+
+// The end of a stream that broke off and was not resumed: the client is
+// sent the in-band error event (or, when the answer was complete but for
+// its [DONE], that).
+net::awaitable<bool> end_broken_stream(ClientRequest& c, const StreamResume& rs);
 
 // A non-streaming engine answer as the client gets it: the status, the
 // headers that describe the body, the body.

@@ -112,6 +112,9 @@ struct RequestContext {
   // Prefill's usage.prompt_tokens_details.cached_tokens: what the client's
   // final usage reports (decode counts the blocks it pulled as cached).
   std::optional<std::uint64_t> prefill_cached_tokens;
+  // Prefill's usage.prompt_tokens: what a resumed stream's usage reports
+  // as its prompt (core/pipeline/resumption.hpp).
+  std::optional<std::uint64_t> prefill_prompt_tokens;
   // Prefill's prompt_logprobs (JSON text) when the client asked for them:
   // decode, which did not compute the prompt, answers null in their place.
   std::optional<std::string> prefill_prompt_logprobs;

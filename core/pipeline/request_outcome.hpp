@@ -56,6 +56,10 @@ struct RequestRecord {
   std::uint64_t bytes_sent = 0;  // response body bytes written to the client
   std::optional<TokenUsage> usage;
   unsigned retries = 0;
+  // Streams resumed on another decode after theirs broke off, and the
+  // decodes that broke (comma-separated URLs; `decode` is the last leg's).
+  unsigned migrations = 0;
+  std::string migrated_from;
   // Multi-turn reuse: "hit", "miss", or empty when the request named no
   // conversation (or reuse is off).
   const char* conversation = "";

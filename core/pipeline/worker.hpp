@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config/config.hpp"
 #include "core/net/client_watch.hpp"
@@ -25,6 +26,7 @@
 namespace pdgate {
 
 class SpanSink;
+struct StreamResume;
 
 struct WorkerContext {
   WorkerContext(const Config& c, Registry& r, std::unique_ptr<InstancePicker> p,
@@ -81,6 +83,10 @@ struct WorkerContext {
   // Where finished spans go (null: tracing off), and this worker's ids.
   SpanSink* spans = nullptr;
   TraceIdSource trace_ids;
+  // The streams this worker relays that may be resumed elsewhere
+  // (core/pipeline/relay.hpp): a drain's deadline moves those on its
+  // instance (migrate_streams()). Each knows its slot, so leaving is O(1).
+  std::vector<StreamResume*> resumable_streams;
 
   UpstreamTimeouts timeouts() const { return {cfg.connect_timeout, cfg.first_byte_timeout}; }
 };

@@ -422,6 +422,12 @@ struct PickContext {
   // Failover: the attempts at each stage that failed so far, and the last
   // one's failure (ctx.attempt, ctx.failed); null before any failed.
   const PickRetries* retries = nullptr;
+  // How many times this request's stream was resumed on another decode
+  // after its decode broke off mid-answer: 0 on a request's first legs, 1
+  // on the first resumed leg's picks (ctx.migrations). A policy that
+  // refuses when it is non-zero opts out of resuming: the client gets the
+  // error event instead (docs/resumption.md).
+  unsigned migrations = 0;
   // A number no other request of this worker has (0: none): what keys a
   // policy's state for this request (ctx.vars) from its hook to its picks.
   std::uint64_t serial = 0;

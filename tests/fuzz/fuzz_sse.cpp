@@ -12,6 +12,7 @@
 #include "core/base/json_body.hpp"
 #include "core/net/sse.hpp"
 #include "core/observability/usage.hpp"
+#include "core/pipeline/resumption.hpp"
 
 namespace {
 
@@ -88,6 +89,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (const auto merged = pdgate::with_cached_tokens(stream, 7)) {
     check(pdgate::index_json_object(*merged).ok(), "merged usage is not a JSON object");
     check(pdgate::prompt_cached_tokens(*merged) == 7u, "merged cached_tokens not read back");
+  }
+  // A resumed stream (core/pipeline/resumption.hpp) reads every event the
+  // client is sent, rewrites a resumed leg's, and builds a continuation
+  // from what it read: engine output, untrusted, for both APIs.
+  for (const bool chat : {true, false}) {
+    pdgate::StreamTranscript t(chat);
+    const std::size_t kept = t.observe(raw);
+    check(kept <= raw.size(), "the transcript kept more than it was given");
+    check(t.text().size() <= pdgate::kMaxResumableText, "the transcript outgrew its bound");
+    pdgate::ResumedLeg leg(t, std::nullopt, chat);
+    pdgate::StreamTranscript after(chat);
+    (void)after.observe(leg.rewrite(raw));
+    const std::string body = chat
+                                 ? R"({"messages":[{"role":"user","content":"x"}],"max_tokens":50})"
+                                 : R"({"prompt":"x","max_tokens":50})";
+    const auto index = pdgate::index_json_object(body);
+    std::string why;
+    if (const auto next = pdgate::continuation_body(body, *index, chat, t, why))
+      check(pdgate::index_json_object(*next).ok(), "the continuation is not a JSON object");
   }
   return 0;
 }

@@ -398,6 +398,62 @@ TEST(TracingFailures, RetriesAndBrokenStreamsAreInTheSpans) {
   EXPECT_EQ(attribute(decode, "error.type"), "connection_closed") << decode.dump();
 }
 
+// A stream resumed on another decode (docs/resumption.md): the resumed
+// leg's prefill and decode are spans of the request's own trace, beside
+// the broken decode's span, which ends as an error; the engines of the
+// resumed leg get the same trace in their traceparent.
+TEST(TracingFailures, ResumedLegIsInTheSameTrace) {
+  OtlpReceiver receiver;
+  Sim p("prefill");
+  Sim dying("decode", {"--die-after-chunks", "3"});
+  Sim healthy("decode");
+  Gateway g({"--prefill", p.hostport(), "--decode", dying.hostport(), healthy.hostport(),
+             "--otlp-endpoint", receiver.url(), "--otlp-export-interval", "50ms"});
+  // Round-robin: one of two requests starts on the dying decode.
+  std::string trace;
+  for (int i = 0; i < 2 && trace.empty(); ++i) {
+    const std::string rid = "resumed-" + std::to_string(i);
+    auto r = chat(g.port(), chat_body(false, true), {{"X-Request-Id", rid}});
+    ASSERT_EQ(r.status, 200);
+    ASSERT_NE(r.body.find("[DONE]"), std::string::npos) << r.body;
+    if (!logged(dying, rid).empty())
+      trace = split(header_of(logged(dying, rid).at(0), "traceparent")).trace;
+  }
+  ASSERT_FALSE(trace.empty());
+  std::vector<Json> decodes, prefills;
+  ASSERT_TRUE(eventually([&] {
+    decodes.clear();
+    prefills.clear();
+    for (const auto& s : receiver.trace(trace)) {
+      if (s.at("name") == "decode")
+        decodes.push_back(s);
+      if (s.at("name") == "prefill")
+        prefills.push_back(s);
+    }
+    return decodes.size() == 2 && prefills.size() == 2;
+  })) << decodes.size()
+      << " decode spans, " << prefills.size() << " prefill spans";
+  int failed = 0;
+  for (const auto& d : decodes) {
+    if (attribute(d, "url.full") == dying.url()) {
+      ++failed;
+      EXPECT_EQ(d.at("status").at("code"), 2) << d.dump();
+    } else {
+      EXPECT_EQ(attribute(d, "url.full"), healthy.url());
+      EXPECT_FALSE(d.contains("status")) << d.dump();
+    }
+  }
+  EXPECT_EQ(failed, 1);
+  // The resumed leg's engines carried the same trace.
+  bool resumed_leg_traced = false;
+  for (const auto& rec : healthy.requests()) {
+    const std::string id = rec.value("request_id", "");
+    if (id.ends_with("-r1"))
+      resumed_leg_traced = split(header_of(rec, "traceparent")).trace == trace;
+  }
+  EXPECT_TRUE(resumed_leg_traced);
+}
+
 // X-Forwarded-For is appended to the client's, Forwarded names the peer,
 // the headers --forward-headers lists reach the engines when sent (others
 // do not), and --set-header's reach every stage.

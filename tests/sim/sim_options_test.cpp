@@ -39,9 +39,10 @@ TEST(SimOptions, DefaultsWithRoleOnly) {
 
 // Both `--flag value` and `--flag=value` forms set the option.
 TEST(SimOptions, BothValueForms) {
-  auto r = parse({"--role=prefill", "--port", "8100", "--host=0.0.0.0", "--advertise-host",
-                  "10.0.0.5", "--itl-ms=2.5", "--die-after-chunks", "3", "--seed=7", "--hang",
-                  "--no-prefix-cache", "--issue-decode-kv", "--error-rate", "0.25"});
+  auto r =
+      parse({"--role=prefill", "--port", "8100", "--host=0.0.0.0", "--advertise-host", "10.0.0.5",
+             "--itl-ms=2.5", "--die-after-chunks", "3", "--stall-after-chunks=9", "--seed=7",
+             "--hang", "--no-prefix-cache", "--issue-decode-kv", "--error-rate", "0.25"});
   ASSERT_TRUE(r.options) << r.error;
   EXPECT_EQ(r.options->role, SimRole::prefill);
   EXPECT_EQ(r.options->port, 8100);
@@ -49,6 +50,7 @@ TEST(SimOptions, BothValueForms) {
   EXPECT_EQ(r.options->advertise_host, "10.0.0.5");
   EXPECT_DOUBLE_EQ(r.options->itl_ms, 2.5);
   EXPECT_EQ(r.options->die_after_chunks, 3u);
+  EXPECT_EQ(r.options->stall_after_chunks, 9u);
   EXPECT_EQ(r.options->seed, 7u);
   EXPECT_TRUE(r.options->hang);
   EXPECT_FALSE(r.options->prefix_cache);
@@ -154,6 +156,10 @@ TEST(SimFaultHeader, Forms) {
   f = parse_fault_header("error-after=3");
   EXPECT_EQ(f.fault.error_after, 3u);
   EXPECT_FALSE(f.fault.error_status);
+  f = parse_fault_header("stall-after=4");
+  EXPECT_TRUE(f.error.empty()) << f.error;
+  EXPECT_EQ(f.fault.stall_after, 4u);
+  EXPECT_FALSE(f.fault.die_after);
   f = parse_fault_header("stall-body=1048575");
   EXPECT_EQ(f.fault.stall_body, 1048575u);
 }
@@ -165,6 +171,8 @@ TEST(SimFaultHeader, Malformed) {
   EXPECT_FALSE(parse_fault_header("die-after=x").error.empty());
   EXPECT_FALSE(parse_fault_header("delay-ms").error.empty());
   EXPECT_FALSE(parse_fault_header("stall-body=-1").error.empty());
+  EXPECT_FALSE(parse_fault_header("stall-after").error.empty());
+  EXPECT_FALSE(parse_fault_header("stall-after=x").error.empty());
 }
 
 }  // namespace

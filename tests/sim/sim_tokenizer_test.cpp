@@ -89,6 +89,35 @@ TEST(SimTokenizer, OutputIsDeterministic) {
   EXPECT_EQ(output_text(3), " the quick brown");
 }
 
+// A text that ends with the first k output tokens continues at token k:
+// the longest such run counts, however the cycle of words repeats, and
+// anything else (a partial word, a run not starting at the first word)
+// starts from 0.
+TEST(SimTokenizer, ContinuationOffsetFindsTheAnswerSoFar) {
+  EXPECT_EQ(continuation_offset(""), 0u);
+  EXPECT_EQ(continuation_offset("Say something"), 0u);
+  EXPECT_EQ(continuation_offset("prompt" + output_text(1)), 1u);
+  EXPECT_EQ(continuation_offset("prompt" + output_text(5)), 5u);
+  EXPECT_EQ(continuation_offset(output_text(40)), 40u);
+  EXPECT_EQ(continuation_offset("x" + output_text(17)), 17u);
+  // " quick brown" without " the" before it is no answer so far.
+  EXPECT_EQ(continuation_offset("prompt quick brown"), 0u);
+  EXPECT_EQ(continuation_offset("prompt" + output_text(3) + "s"), 0u);
+  // The answer resumed after k tokens is the uninterrupted one's rest.
+  for (std::size_t k : {0u, 1u, 7u, 16u, 33u}) {
+    const std::size_t from = continuation_offset("Tell me" + output_text(k));
+    EXPECT_EQ(
+        output_text(k) +
+            [&] {
+              std::string rest;
+              for (std::size_t i = 0; i < 10; ++i)
+                rest += output_token(from + i);
+              return rest;
+            }(),
+        output_text(k + 10));
+  }
+}
+
 // The encoder accepts exactly one media item, no text, max_tokens 1, no stream.
 TEST(SimTokenizer, EncoderRules) {
   json item = {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,AAAA"}}}};
