@@ -66,10 +66,57 @@ function renderOnce(overlay) {
 }
 
 // Checks one object against its kind's schema; throws what is wrong.
+// kubernetes-models' validators are compiled from the API's OpenAPI
+// schemas, which (as the API server without --validate=strict) let any
+// field the schema does not define pass. So the check also watches what
+// the validator reads: a compiled validator reads each property its
+// schema defines (`data.name`) and enumerates the keys of a map (labels,
+// a ConfigMap's data); a key of an object that it neither read nor
+// enumerated is a field the schema does not have, a typo.
 function checkSchema(d) {
   const Model = models[`${d.apiVersion}/${d.kind}`];
   assert.ok(Model, `no schema known for ${d.apiVersion} ${d.kind}`);
   new Model(d).validate();
+  const read = new Map(); // object -> the keys the validator read of it
+  const enumerated = new Set(); // objects whose keys it listed: maps
+  const watched = (value) => {
+    if (value === null || typeof value !== "object") return value;
+    return new Proxy(value, {
+      get(target, key, receiver) {
+        if (typeof key === "string") {
+          if (!read.has(target)) read.set(target, new Set());
+          read.get(target).add(key);
+        }
+        return watched(Reflect.get(target, key, receiver));
+      },
+      has(target, key) {
+        if (!read.has(target)) read.set(target, new Set());
+        read.get(target).add(String(key));
+        return Reflect.has(target, key);
+      },
+      ownKeys(target) {
+        enumerated.add(target);
+        return Reflect.ownKeys(target);
+      },
+    });
+  };
+  const plain = structuredClone(d);
+  Model.prototype.validate.call(watched(plain));
+  const unknown = [];
+  const walk = (value, path) => {
+    if (value === null || typeof value !== "object") return;
+    if (Array.isArray(value)) {
+      value.forEach((v, i) => walk(v, `${path}[${i}]`));
+      return;
+    }
+    for (const [key, v] of Object.entries(value)) {
+      if (!enumerated.has(value) && !read.get(value)?.has(key)) unknown.push(`${path}.${key}`);
+      else walk(v, `${path}.${key}`);
+    }
+  };
+  walk(plain, "");
+  if (unknown.length > 0)
+    throw new Error(`fields the ${d.kind} schema does not define: ${unknown.join(", ")}`);
 }
 
 function find(docs, kind, name) {
