@@ -35,13 +35,11 @@ constexpr auto kRetryInterval = std::chrono::milliseconds(250);
 // batch before they are added.
 constexpr auto kAddBatchDelay = std::chrono::milliseconds(10);
 
-// The cluster's id of an engine (core/upstream/instance.hpp, "Instance
-// ids"): the one the ids hash keeps for its cluster_id_key, else the next
-// `ranks` of the counter, kept there for good (so an engine removed and
-// added again, and every replica restarted, gets it back). `wanted`, the
-// id a replica already serves the engine under, refills a hash Redis lost
-// (a restart without persistence) rather than hand out another. The hash
-// is bounded (100,000 engines ever listed, dns:// addresses
+// The cluster's id of an engine (core/upstream/instance_ids.hpp): the one the ids hash keeps for
+// its cluster_id_key, else the next `ranks` of the counter, kept there for good (so an engine
+// removed and added again, and every replica restarted, gets it back). `wanted`, the id a replica
+// already serves the engine under, refills a hash Redis lost (a restart without persistence) rather
+// than hand out another. The hash is bounded (100,000 engines ever listed, dns:// addresses
 // included): past it an engine gets no id ('') and is numbered locally.
 // Returned as a string, as the hash holds it; the replica checks it
 // (parse_cluster_id).

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/config/config.hpp"
-#include "core/upstream/instance.hpp"
+#include "core/upstream/instance_ids.hpp"
 
 namespace pdgate {
 
@@ -32,8 +32,8 @@ struct RegistryEntry {
   // Data-parallel ranks (1..UpstreamSpec::kMaxDataParallelSize): one
   // entry per engine, each replica routes to its ranks.
   std::uint32_t dp_size = 1;
-  // The cluster's id of rank 0 (core/upstream/instance.hpp, "Instance
-  // ids"), 0 when the entry has none (written by an older replica: asked
+  // The cluster's id of rank 0 (core/upstream/instance_ids.hpp), 0 when
+  // the entry has none (written by an older replica: asked
   // of Redis before the instance is added).
   std::uint64_t id = 0;
   // Set when the entry breaks a bound (labels past LabelLimits, as the

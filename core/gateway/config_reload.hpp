@@ -38,7 +38,7 @@ struct InstanceChanges {
 // registry numbers it.
 InstanceChanges reconcile_instances(Registry& registry, const Config& before, const Config& after,
                                     const ClusterIds& ids = {});
-// The cluster's ids (core/upstream/instance.hpp, "Instance ids") of the
+// The cluster's ids (core/upstream/instance_ids.hpp) of the
 // engines `after` lists that the registry does not, by cluster_id_key:
 // asked before they are added, so that an id is never renumbered. Empty
 // without a shared registry.

@@ -6,6 +6,7 @@
 #include <set>
 
 #include <unistd.h>
+#include <csignal>
 
 #include <algorithm>
 #include <cstdlib>
@@ -229,13 +230,17 @@ TEST(SharedRegistry, AdminAddressesAnInstanceByUrlOnEitherReplica) {
       << state_on(r2.a_admin);
 }
 
-// Every instance as "role url" -> id, as a replica's admin API lists it
+// Every instance as "role url" (" rank R" after it for a data-parallel
+// rank) -> id, as a replica's admin API lists it
 // (the draining and removed included: an id must not change with state).
 std::map<std::string, int> ids_on(std::uint16_t admin_port) {
   std::map<std::string, int> out;
   const Json listed = call(admin_port, "GET", "/admin/instances").json();
   for (const auto& i : listed["instances"]) {
-    out[i["role"].get<std::string>() + " " + i["url"].get<std::string>()] = i["id"].get<int>();
+    std::string key = i["role"].get<std::string>() + " " + i["url"].get<std::string>();
+    if (i["data_parallel_rank"].is_number())
+      key += " rank " + std::to_string(i["data_parallel_rank"].get<int>());
+    out[key] = i["id"].get<int>();
   }
   return out;
 }
@@ -328,6 +333,37 @@ TEST(SharedRegistry, IdsAreTheSameOnEveryReplicaAndAcrossRestarts) {
         << call(port, "GET", "/admin/instances").body;
     EXPECT_EQ(ids_on(port), ids) << call(port, "GET", "/admin/instances").body;
   }
+}
+
+// An engine a SIGHUP adds (the config file edited on one replica) takes
+// the cluster's id before it is listed, the one the other replica then
+// learns it under; a data-parallel one keeps its consecutive ids there.
+TEST(SharedRegistry, EngineAddedBySighupHasTheSameIdEverywhere) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode"), y("decode"), z("decode", {"--data-parallel-size", "2"});
+  auto config = [&](const std::string& more) {
+    return "prefill: [" + p.hostport() + "]\ndecode:\n  - " + d.hostport() + "\n" + more +
+           "redis: " + redis.url() + "\nadmin-port: 0\nport: 0\nhost: 127.0.0.1\n";
+  };
+  EditedFile file("pdgate.yaml", config(""));
+  Gateway a({"--config", file.path()}, {{"ADMIN_API_KEY", kKey}});
+  const auto a_admin = a.process().wait_listening();
+  Gateway b({"--prefill", p.hostport(), "--decode", d.hostport(), "--redis", redis.url(),
+             "--admin-port", "0"},
+            {{"ADMIN_API_KEY", kKey}});
+  const auto b_admin = b.process().wait_listening();
+  file.write(
+      config("  - " + y.hostport() + "\n  - {url: " + z.hostport() + ", data_parallel_size: 2}\n"));
+  a.process().signal(SIGHUP);
+  ASSERT_TRUE(
+      eventually([&] { return ids_on(a_admin).size() == 5u && ids_on(b_admin).size() == 5u; },
+                 std::chrono::seconds(5)))
+      << call(a_admin, "GET", "/admin/instances").body
+      << call(b_admin, "GET", "/admin/instances").body;
+  const auto ids = ids_on(a_admin);
+  EXPECT_EQ(ids_on(b_admin), ids);
+  for (const auto& [key, id] : ids)
+    EXPECT_LT(id, 100) << key << ": numbered locally, not by the cluster";
 }
 
 // A data-parallel engine added on one replica is shared once, with its
