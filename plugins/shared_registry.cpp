@@ -522,8 +522,7 @@ void SharedRegistry::add_passed() {
     if (outcomes[k].instance || asked[k].id == 0 ||
         registry_.find(asked[k].spec.role, asked[k].spec.url))
       continue;
-    log_refusal(to_string(asked[k].spec.role), asked[k].spec.url,
-                outcomes[k].error->message + "; numbered locally");
+    log_refusal(to_string(asked[k].spec.role), asked[k].spec.url, outcomes[k].error->message, true);
     clashed.push_back(std::move(asked[k]));
     clashed.back().id = 0;
   }
@@ -552,8 +551,8 @@ void SharedRegistry::report_document(const std::string& why) {
   spdlog::error("shared registry: {} (pdgate_shared_registry_document_errors_total)", why);
 }
 
-void SharedRegistry::log_refusal(std::string_view role, std::string_view url,
-                                 std::string_view why) {
+void SharedRegistry::log_refusal(std::string_view role, std::string_view url, std::string_view why,
+                                 bool used) {
   // At most one line a second: a document full of bad entries must not
   // flood the log.
   const std::int64_t now = steady_now_ms();
@@ -565,8 +564,8 @@ void SharedRegistry::log_refusal(std::string_view role, std::string_view url,
   if (refusals_not_logged_ > 0)
     more =
         " (and " + std::to_string(refusals_not_logged_) + " more refusal(s) since the last line)";
-  spdlog::warn("shared registry: not using {} instance {} from Redis: {}{}", role,
-               url.substr(0, 256), why, more);
+  spdlog::warn("shared registry: {} {} instance {} from Redis: {}{}",
+               used ? "under a local id," : "not using", role, url.substr(0, 256), why, more);
   last_refusal_log_ms_ = now;
   refusals_not_logged_ = 0;
 }

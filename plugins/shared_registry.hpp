@@ -86,7 +86,9 @@ class SharedRegistry final : public RegistrySync {
   boost::asio::awaitable<void> validate_queued();
   // Adds the instances that passed and are still wanted, as one batch.
   void add_passed();
-  void log_refusal(std::string_view role, std::string_view url, std::string_view why);
+  // `used`: the instance is served all the same (under a local id).
+  void log_refusal(std::string_view role, std::string_view url, std::string_view why,
+                   bool used = false);
   // A document that could not be read or used whole: counted
   // (Registry::note_shared_document_error), logged at most once a second.
   void report_document(const std::string& why);
