@@ -378,8 +378,13 @@ int main(int argc, char** argv) {
       }
       exporter = std::make_shared<pdgate::OtlpExporter>(std::move(*options));
     }
+    // With --redis, instance ids are the cluster's: those of the configured
+    // engines are asked before the registry lists them (bounded).
+    pdgate::ClusterIds config_ids;
+    if (!cfg.redis_url.empty())
+      config_ids = pdgate::SharedRegistry::config_ids(cfg, registry_redis);
     pdgate::Gateway gateway(cfg, std::move(*stores), std::move(connector), engine->factory(),
-                            share_registry);
+                            share_registry, config_ids);
     gateway.set_span_sink(exporter);
 #ifdef PDGATE_WITH_MIMALLOC
     // mimalloc returns freed pages only when the thread frees more, after
@@ -528,9 +533,12 @@ int main(int argc, char** argv) {
                               path, c.added, c.removed, c.changed);
                });
          },
+         [&gateway](const pdgate::Config& next) {
+           return pdgate::cluster_ids_for(gateway.registry(), next);
+         },
          [&gateway](const pdgate::Config& before, std::shared_ptr<const pdgate::Config> next,
-                    std::vector<std::string> restart_needed) {
-           gateway.apply_config(before, std::move(next), std::move(restart_needed));
+                    std::vector<std::string> restart_needed, const pdgate::ClusterIds& ids) {
+           gateway.apply_config(before, std::move(next), std::move(restart_needed), ids);
          },
          [&gateway](const std::string& why) { gateway.reload_refused(why); }});
     // Signals are installed before the listener opens: the first

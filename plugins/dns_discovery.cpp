@@ -221,10 +221,14 @@ net::awaitable<void> DnsDiscovery::check_and_add(Source& s, const std::string& u
            "/health " + (r.status != 0 ? "answered " + std::to_string(r.status) : r.error));
     co_return;
   }
+  // notify false: every replica resolves the same name itself, and asks
+  // the cluster's id for what it found.
+  std::vector<NewInstance> one;
+  one.push_back({std::move(*spec), {}, 1});
+  co_await registry_.take_cluster_ids(one);
   if (!s.listed.count(url))
     co_return;  // gone from the answers while it was checked
-  // notify false: every replica resolves the same name itself.
-  auto out = registry_.add(std::move(*spec), {}, 1, false);
+  auto out = std::move(registry_.add(std::move(one), false).front());
   if (out.error) {
     refuse(s, url, validation, out.error->message);  // the same URL given elsewhere
     co_return;

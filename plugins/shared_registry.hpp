@@ -61,8 +61,16 @@ class SharedRegistry final : public RegistrySync {
                  RedisClientContext redis = {});
   ~SharedRegistry();
   // Connects on `ex` and runs the sync loop until `ex` stops. Hooks the
-  // registry's on_change.
+  // registry's on_change and makes Redis its source of ids.
   Result<bool> start(boost::asio::any_io_executor ex) override;
+
+  // The cluster's ids of the engines `cfg` lists (the ids Redis keeps,
+  // given out now to those it has none for), by cluster_id_key, for the
+  // registry to be made with. Blocks for at most about 2 x `budget`:
+  // call before serving, never on an event loop. An engine Redis did not
+  // answer for in time is missing (the registry numbers it locally).
+  static ClusterIds config_ids(const Config& cfg, RedisClientContext redis,
+                               std::chrono::milliseconds budget = std::chrono::seconds(1));
 
  private:
   boost::asio::awaitable<void> loop();
@@ -78,7 +86,9 @@ class SharedRegistry final : public RegistrySync {
   boost::asio::awaitable<void> validate_queued();
   // Adds the instances that passed and are still wanted, as one batch.
   void add_passed();
-  void log_refusal(std::string_view role, std::string_view url, std::string_view why);
+  // `used`: the instance is served all the same (under a local id).
+  void log_refusal(std::string_view role, std::string_view url, std::string_view why,
+                   bool used = false);
   // A document that could not be read or used whole: counted
   // (Registry::note_shared_document_error), logged at most once a second.
   void report_document(const std::string& why);
@@ -104,6 +114,9 @@ class SharedRegistry final : public RegistrySync {
     std::string entry;  // JSON
     bool announce = false;
     bool added = false;  // an add: replaces a removal's tombstone
+    std::string id_key;  // cluster_id_key, for the id the entry is written with
+    std::string ranks;
+    std::string wanted;  // the id this replica serves it under, "" for a local one
     bool operator==(const Change&) const = default;
   };
   std::deque<Change> pending_;

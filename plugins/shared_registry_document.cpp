@@ -1,5 +1,6 @@
 #include "plugins/shared_registry_document.hpp"
 
+#include <charconv>
 #include <cstdint>
 #include <utility>
 
@@ -10,6 +11,10 @@ namespace pdgate {
 namespace {
 
 using json = nlohmann::json;
+
+std::uint64_t valid_id(std::uint64_t id, std::uint32_t ranks) {
+  return id >= 1 && ranks >= 1 && id <= kLocalIdBase - ranks ? id : 0;
+}
 
 std::optional<RegistryEntry> parse_entry(const json& e) {
   if (!e.is_object())
@@ -65,6 +70,15 @@ std::optional<RegistryEntry> parse_entry(const json& e) {
     }
     out.dp_size = static_cast<std::uint32_t>(it->get<std::uint64_t>());
   }
+  if (const auto it = e.find("id"); it != e.end() && !out.refused) {
+    // An id past the bounds would collide with the ids a replica gives
+    // its own instances (kLocalIdBase); one another instance has is
+    // refused when it is added.
+    if (it->is_number_unsigned())
+      out.id = valid_id(it->get<std::uint64_t>(), out.dp_size);
+    if (out.id == 0)
+      out.refused = "an id that is not 1 to " + std::to_string(kLocalIdBase - out.dp_size);
+  }
   return out;
 }
 
@@ -92,6 +106,17 @@ RegistryDocument parse_registry_document(std::string_view text) {
       out.entries.push_back(std::move(*entry));
   }
   return out;
+}
+
+std::uint64_t parse_cluster_id(std::string_view text, std::uint32_t ranks) {
+  if (text.empty() || text.size() > 19 ||
+      text.find_first_not_of("0123456789") != std::string_view::npos)
+    return 0;
+  std::uint64_t id = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), id);
+  if (ec != std::errc() || end != text.data() + text.size())
+    return 0;
+  return valid_id(id, ranks);
 }
 
 }  // namespace pdgate

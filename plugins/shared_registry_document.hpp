@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config/config.hpp"
+#include "core/upstream/instance_ids.hpp"
 
 namespace pdgate {
 
@@ -31,6 +32,10 @@ struct RegistryEntry {
   // Data-parallel ranks (1..UpstreamSpec::kMaxDataParallelSize): one
   // entry per engine, each replica routes to its ranks.
   std::uint32_t dp_size = 1;
+  // The cluster's id of rank 0 (core/upstream/instance_ids.hpp), 0 when
+  // the entry has none (written by an older replica: asked
+  // of Redis before the instance is added).
+  std::uint64_t id = 0;
   // Set when the entry breaks a bound (labels past LabelLimits, as the
   // admin API holds them; a URL past kMaxRegistryUrlBytes, kept cut to
   // that length for the log): the entry is refused, its labels not kept.
@@ -50,5 +55,10 @@ struct RegistryDocument {
 };
 
 RegistryDocument parse_registry_document(std::string_view text);
+
+// An id as Redis answers it (a decimal string): rank 0's id of an engine of
+// `ranks` ranks, or 0 when it is not one (not digits, 0, or its ranks'
+// ids reaching kLocalIdBase).
+std::uint64_t parse_cluster_id(std::string_view text, std::uint32_t ranks);
 
 }  // namespace pdgate

@@ -281,7 +281,12 @@ net::awaitable<AdminApi::Response> AdminApi::add(const Request& req, Role role,
   auto invalid = co_await validator_.check(*spec);
   if (invalid)
     co_return make_error_response(*invalid, req.version(), req.keep_alive());
-  auto [err, inst] = registry_.add(*spec, std::move(labels), weight);
+  // The cluster's id for it (the same on every replica), asked before it
+  // is listed: an id is never renumbered.
+  std::vector<NewInstance> one;
+  one.push_back({std::move(*spec), std::move(labels), weight});
+  co_await registry_.take_cluster_ids(one);
+  auto [err, inst] = std::move(registry_.add(std::move(one)).front());
   if (err)
     co_return make_error_response(*err, req.version(), req.keep_alive());
   spdlog::info("admin: added {} instance {} (id {})", to_string(role), inst->spec.url, inst->id);

@@ -30,7 +30,25 @@ std::string joined(const std::vector<std::string>& items) {
 
 }  // namespace
 
-InstanceChanges reconcile_instances(Registry& registry, const Config& before, const Config& after) {
+net::awaitable<ClusterIds> cluster_ids_for(const Registry& registry, const Config& after) {
+  std::vector<NewInstance> fresh;
+  for (const auto* list : {&after.prefill, &after.decode, &after.encode}) {
+    for (const auto& spec : *list) {
+      if (!registry.find(spec.role, spec.url))
+        fresh.push_back({spec, {}, 1, true});
+    }
+  }
+  co_await registry.take_cluster_ids(fresh);
+  ClusterIds ids;
+  for (const auto& n : fresh) {
+    if (n.id != 0)
+      ids.emplace(cluster_id_key(n.spec.role, n.spec.url, n.spec.dp_size), n.id);
+  }
+  co_return ids;
+}
+
+InstanceChanges reconcile_instances(Registry& registry, const Config& before, const Config& after,
+                                    const ClusterIds& ids) {
   InstanceChanges out;
   const Listed lists[] = {{Role::prefill, &before.prefill, &after.prefill},
                           {Role::decode, &before.decode, &after.decode},
@@ -62,7 +80,8 @@ InstanceChanges reconcile_instances(Registry& registry, const Config& before, co
         }
         continue;
       }
-      added.push_back({spec, spec.labels, spec.weight, true});
+      const auto id = ids.find(cluster_id_key(spec.role, spec.url, spec.dp_size));
+      added.push_back({spec, spec.labels, spec.weight, true, id != ids.end() ? id->second : 0});
     }
     for (const auto& spec : *l.before) {
       if (wanted.count(spec.url) != 0)
@@ -168,10 +187,13 @@ net::awaitable<Result<bool>> ConfigReloader::once() {
     install_keys();
   if (!next->log_level.empty() && next->log_level != before.log_level)
     spdlog::set_level(spdlog::level::from_str(next->log_level));
+  ClusterIds ids;
+  if (hooks_.cluster_ids)
+    ids = co_await hooks_.cluster_ids(*next);
   auto previous = running_;
   running_ = next;
   if (hooks_.apply)
-    hooks_.apply(*previous, next, diff.restart_needed);
+    hooks_.apply(*previous, next, diff.restart_needed, ids);
   if (diff.applied.empty() && diff.restart_needed.empty())
     spdlog::info("SIGHUP: configuration unchanged");
   if (!diff.applied.empty())

@@ -34,7 +34,15 @@ struct InstanceChanges {
 // drained and then forgotten once idle, one both list keeps its id (its
 // labels and weight follow `after`). Instances added at run time (admin
 // API, another replica) are not the config's to remove and stay.
-InstanceChanges reconcile_instances(Registry& registry, const Config& before, const Config& after);
+// An instance to add takes its id from `ids` (cluster_ids_for), else the
+// registry numbers it.
+InstanceChanges reconcile_instances(Registry& registry, const Config& before, const Config& after,
+                                    const ClusterIds& ids = {});
+// The cluster's ids (core/upstream/instance_ids.hpp) of the
+// engines `after` lists that the registry does not, by cluster_id_key:
+// asked before they are added, so that an id is never renumbered. Empty
+// without a shared registry.
+boost::asio::awaitable<ClusterIds> cluster_ids_for(const Registry& registry, const Config& after);
 
 class ConfigReloader {
  public:
@@ -51,10 +59,14 @@ class ConfigReloader {
     // Reads the --api-keys file again, as prepare_tls: a file that does
     // not parse refuses the reload; the action installs the keys.
     std::function<Result<std::function<void()>>()> prepare_keys;
+    // The cluster's ids of the engines an accepted configuration adds
+    // (cluster_ids_for); unset: the registry numbers them.
+    std::function<boost::asio::awaitable<ClusterIds>(const Config& next)> cluster_ids;
     // Hands an accepted configuration to the gateway's threads, with the
-    // keys the file changed that wait for a restart.
+    // keys the file changed that wait for a restart and the ids of the
+    // engines it adds.
     std::function<void(const Config& before, std::shared_ptr<const Config> next,
-                       std::vector<std::string> restart_needed)>
+                       std::vector<std::string> restart_needed, const ClusterIds& ids)>
         apply;
     // Told why a reload was refused (every error, a line each).
     std::function<void(const std::string& why)> refused;

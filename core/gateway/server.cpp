@@ -166,9 +166,9 @@ struct Gateway::Worker {
 
 Gateway::Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
                  std::shared_ptr<const KvConnector> connector, PickerFactory make_picker,
-                 RegistrySyncFactory make_registry_sync)
+                 RegistrySyncFactory make_registry_sync, const ClusterIds& ids)
     : cfg_(std::move(cfg)),
-      registry_(cfg_),
+      registry_(cfg_, ids),
       make_picker_(std::move(make_picker)),
       make_registry_sync_(std::move(make_registry_sync)),
       conversations_(std::move(conversations)),
@@ -365,8 +365,8 @@ nlohmann::json Gateway::status_document(bool addresses) const {
 }
 
 void Gateway::apply_config(const Config& before, std::shared_ptr<const Config> next,
-                           std::vector<std::string> restart_needed) {
-  for (const auto& line : reconcile_instances(registry_, before, *next).lines)
+                           std::vector<std::string> restart_needed, const ClusterIds& ids) {
+  for (const auto& line : reconcile_instances(registry_, before, *next, ids).lines)
     spdlog::info("SIGHUP: {}", line);
   body_budget_.set_limit(next->body_memory_limit);
   answer_budget_.set_limit(next->answer_memory_limit);

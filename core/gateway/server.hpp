@@ -39,11 +39,13 @@ class Gateway {
  public:
   // `make_picker` builds each worker's instance picker (default:
   // round-robin); `make_registry_sync` what shares the instance registry
-  // with other replicas (default: nothing is shared).
+  // with other replicas (default: nothing is shared); `ids` the cluster's
+  // ids of the configured engines, asked before the registry is made
+  // (plugins/shared_registry.hpp, SharedRegistry::config_ids).
   Gateway(Config cfg, std::unique_ptr<ConversationStores> conversations,
           std::shared_ptr<const KvConnector> connector,
           PickerFactory make_picker = RoundRobinPicker::factory(),
-          RegistrySyncFactory make_registry_sync = {});
+          RegistrySyncFactory make_registry_sync = {}, const ClusterIds& ids = {});
   ~Gateway();
 
   const Registry& registry() const { return registry_; }
@@ -114,9 +116,10 @@ class Gateway {
   // never sees a half-written one. Settings that need a restart must
   // already be `before`'s (reloadable_part). Call from one thread.
   // `restart_needed`: keys the file changed that keep their running value,
-  // for GET /admin/config.
+  // for GET /admin/config. `ids`: the cluster's ids of the engines `next`
+  // adds (cluster_ids_for).
   void apply_config(const Config& before, std::shared_ptr<const Config> next,
-                    std::vector<std::string> restart_needed);
+                    std::vector<std::string> restart_needed, const ClusterIds& ids = {});
   // A reload was refused: GET /admin/config says why.
   void reload_refused(std::string why);
   // Starts the workers and the admin thread; returns at once.

@@ -4,8 +4,11 @@
 #include <utility>
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/this_coro.hpp>
 
 namespace pdgate {
+
+namespace net = boost::asio;
 
 namespace {
 
@@ -161,8 +164,8 @@ InstancePtr InstanceSet::find(std::uint64_t id) const {
 
 namespace {
 
-// Role lists, like by_id, are in id order (ids only grow, and an undrained
-// instance goes back to its place), so policies see a stable order.
+// Role lists, like by_id, are in id order (an undrained instance goes back
+// to its place), so policies see a stable order.
 void insert_by_id(std::vector<InstancePtr>& list, const InstancePtr& inst) {
   const auto at =
       std::lower_bound(list.begin(), list.end(), inst->id,
@@ -194,35 +197,95 @@ void add_to_lists(InstanceSet& set, const InstancePtr& inst, bool with_id = true
       break;
   }
   if (with_id) {
-    set.by_id.push_back(inst);
+    // Not always last: a cluster id may be lower than ids listed before.
+    insert_by_id(set.by_id, inst);
     if (host_is_name(inst->spec.host))
-      set.named.push_back(inst);
+      insert_by_id(set.named, inst);
   }
 }
 
 }  // namespace
 
-Registry::Registry(const Config& cfg) {
-  auto set = std::make_shared<InstanceSet>();
+std::string cluster_id_key(Role role, const std::string& url, std::uint32_t dp_size) {
+  std::string key = std::string(to_string(role)) + "|" + url;
+  if (dp_size > 1)
+    key += "|dp=" + std::to_string(dp_size);
+  return key;
+}
+
+Registry::Registry(const Config& cfg, const ClusterIds& ids) {
+  set_ = std::make_shared<InstanceSet>();
+  // With a shared registry, an engine whose cluster id could not be had
+  // is numbered where no cluster id reaches.
+  if (!cfg.redis_url.empty())
+    next_id_ = kLocalIdBase;
   auto add = [&](const UpstreamSpec& engine, std::vector<InstancePtr>& list) {
+    const auto specs = instance_specs(engine);
+    const auto ranks = static_cast<std::uint32_t>(specs.size());
+    std::uint64_t id = 0;
+    if (const auto it = ids.find(cluster_id_key(engine.role, engine.url, engine.dp_size));
+        it != ids.end()) {
+      if (it->second != 0 && it->second < kLocalIdBase && !ids_taken_locked(it->second, ranks))
+        id = it->second;
+      else
+        spdlog::error("{} {}: the cluster's id {} is taken here; numbered locally",
+                      to_string(engine.role), engine.url, it->second);
+    }
+    if (id == 0)
+      id = local_ids_locked(ranks);
     // A data-parallel engine: one instance per rank, consecutive ids.
-    for (const UpstreamSpec& s : instance_specs(engine)) {
-      auto inst = std::make_shared<Instance>(next_id_++, s, s.labels, s.weight);
+    for (const UpstreamSpec& s : specs) {
+      auto inst = std::make_shared<Instance>(id++, s, s.labels, s.weight);
       inst->from_config = true;
-      list.push_back(inst);
-      set->by_id.push_back(inst);
+      insert_by_id(list, inst);
+      insert_by_id(set_->by_id, inst);
       if (host_is_name(s.host))
-        set->named.push_back(inst);
+        insert_by_id(set_->named, inst);
       by_url_[s.url].push_back(std::move(inst));
     }
   };
   for (const auto& s : cfg.prefill)
-    add(s, set->prefill);
+    add(s, set_->prefill);
   for (const auto& s : cfg.decode)
-    add(s, set->decode);
+    add(s, set_->decode);
   for (const auto& s : cfg.encode)
-    add(s, set->encode);
-  set_ = std::move(set);
+    add(s, set_->encode);
+}
+
+net::awaitable<void> Registry::take_cluster_ids(std::vector<NewInstance>& batch) const {
+  const auto source = id_source_.load(std::memory_order_acquire);
+  if (!source)
+    co_return;
+  std::vector<IdRequest> asked;
+  std::vector<std::size_t> at;
+  for (std::size_t k = 0; k < batch.size(); ++k) {
+    if (batch[k].id != 0)
+      continue;
+    asked.push_back({batch[k].spec.role, batch[k].spec.url, batch[k].spec.dp_size});
+    at.push_back(k);
+  }
+  if (asked.empty())
+    co_return;
+  const auto ids = co_await source->ids(std::move(asked));
+  for (std::size_t k = 0; k < at.size() && k < ids.size(); ++k)
+    batch[at[k]].id = ids[k];
+}
+
+bool Registry::ids_taken_locked(std::uint64_t first, std::uint32_t ranks) const {
+  const auto& by_id = set_->by_id;
+  const auto it = std::lower_bound(by_id.begin(), by_id.end(), first,
+                                   [](const InstancePtr& i, std::uint64_t v) { return i->id < v; });
+  return it != by_id.end() && (*it)->id - first < ranks;
+}
+
+std::uint64_t Registry::local_ids_locked(std::uint32_t ranks) {
+  // Ids handed out here only grow; skipping those the cluster gave keeps
+  // every id naming one instance.
+  while (ids_taken_locked(next_id_, ranks))
+    ++next_id_;
+  const std::uint64_t first = next_id_;
+  next_id_ += ranks;
+  return first;
 }
 
 std::shared_ptr<const InstanceSet> Registry::snapshot() const {
@@ -307,12 +370,21 @@ std::vector<RegistryOutcome> Registry::add(std::vector<NewInstance> batch, bool 
                                      to_string(i->state()) + ")");
         continue;
       }
+      auto specs = instance_specs(b.spec);
+      const auto ranks = static_cast<std::uint32_t>(specs.size());
+      if (b.id != 0 && (b.id >= kLocalIdBase || ids_taken_locked(b.id, ranks))) {
+        out[k].error = client_error(ErrorKind::conflict, std::string(to_string(b.spec.role)) +
+                                                             " instance " + b.spec.url + ": id " +
+                                                             std::to_string(b.id) + " is not free");
+        continue;
+      }
       // At most one copy of the set for the whole batch.
       if (!next)
         next = &writable_locked(replaced);
       // A data-parallel engine: one instance per rank, consecutive ids.
-      for (UpstreamSpec& s : instance_specs(b.spec)) {
-        auto inst = std::make_shared<Instance>(next_id_++, std::move(s), b.labels, b.weight);
+      std::uint64_t id = b.id != 0 ? b.id : local_ids_locked(ranks);
+      for (UpstreamSpec& s : specs) {
+        auto inst = std::make_shared<Instance>(id++, std::move(s), b.labels, b.weight);
         inst->from_config = b.from_config;
         add_to_lists(*next, inst);
         by_url_[inst->spec.url].push_back(inst);

@@ -20,9 +20,12 @@
 #include <utility>
 #include <vector>
 
+#include <boost/asio/awaitable.hpp>
+
 #include "core/config/config.hpp"
 #include "core/net/errors.hpp"
 #include "core/observability/metrics.hpp"
+#include "core/upstream/instance_ids.hpp"
 
 namespace pdgate {
 
@@ -231,8 +234,8 @@ class InFlightGuard {
 // Registry builds one, keeping these invariants: an instance of role
 // "both" is in prefill and decode, every other one in its role's list,
 // and a draining one only in `draining`; `by_id` lists each once, by
-// ascending id (ids only grow), which keeps all() linear and find()
-// logarithmic with thousands of instances.
+// ascending id, which keeps all() linear and find() logarithmic with
+// thousands of instances.
 struct InstanceSet {
   std::vector<InstancePtr> prefill;
   std::vector<InstancePtr> decode;
@@ -276,11 +279,29 @@ struct NewInstance {
   std::map<std::string, std::string> labels;
   unsigned weight = 1;
   bool from_config = false;  // see Instance::from_config
+  // Its cluster-wide id (rank 0's; the ranks' follow), 0 for the registry
+  // to number it (core/upstream/instance_ids.hpp).
+  std::uint64_t id = 0;
+};
+
+// Where cluster-wide ids come from (plugins/shared_registry.cpp, through
+// Redis): the registry only holds it, its users ask it before they add.
+class InstanceIds {
+ public:
+  virtual ~InstanceIds() = default;
+  // Rank 0's id for each engine, in order, on the caller's executor,
+  // within a bounded time; 0 for an engine whose id could not be had
+  // (Redis away or slow, an answer out of bounds): the registry numbers
+  // that one.
+  virtual boost::asio::awaitable<std::vector<std::uint64_t>> ids(
+      std::vector<IdRequest> engines) = 0;
 };
 
 class Registry {
  public:
-  explicit Registry(const Config& cfg);
+  // The instances of `cfg`; an engine found in `ids` (asked of the
+  // cluster before the registry is made) takes that id.
+  explicit Registry(const Config& cfg, const ClusterIds& ids = {});
 
   std::shared_ptr<const InstanceSet> snapshot() const;
 
@@ -293,8 +314,17 @@ class Registry {
   RegistryOutcome add(UpstreamSpec spec, std::map<std::string, std::string> labels = {},
                       unsigned weight = 1, bool notify = true);
   // Adds several at once, publishing one new set: one outcome per entry,
-  // in order (a duplicate within the batch is refused like any other).
+  // in order (a duplicate within the batch is refused like any other). An
+  // entry with an id another instance already has is a conflict.
   std::vector<RegistryOutcome> add(std::vector<NewInstance> batch, bool notify = true);
+  // Where cluster-wide ids come from; null (the default): this replica
+  // numbers its instances. Set by the shared registry when it starts.
+  void set_id_source(std::shared_ptr<InstanceIds> source) {
+    id_source_.store(std::move(source), std::memory_order_release);
+  }
+  // Fills in the cluster's id of every entry of `batch` that has none,
+  // when there is a source (else leaves them to be numbered here).
+  boost::asio::awaitable<void> take_cluster_ids(std::vector<NewInstance>& batch) const;
   // The instance registered with exactly this role and URL (rank 0 of a
   // data-parallel engine), else nullptr.
   InstancePtr find(Role role, const std::string& url) const;
@@ -365,7 +395,13 @@ class Registry {
   // URL -> the instances registered with it (at most one per role), under
   // mu_: duplicate checks and lookups by URL without scanning the set.
   std::unordered_map<std::string, std::vector<InstancePtr>> by_url_;
+  // `ranks` consecutive ids no instance has, from next_id_ on (under mu_).
+  std::uint64_t local_ids_locked(std::uint32_t ranks);
+  // Whether an instance has one of `ranks` ids from `first` on (under mu_).
+  bool ids_taken_locked(std::uint64_t first, std::uint32_t ranks) const;
+
   std::uint64_t next_id_ = 1;
+  std::atomic<std::shared_ptr<InstanceIds>> id_source_;
   std::atomic<std::uint64_t> shared_refused_{0};
   std::atomic<std::uint64_t> shared_document_errors_{0};
   mutable std::mutex document_error_mu_;

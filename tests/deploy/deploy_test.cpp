@@ -6,12 +6,15 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "tests/integration/harness.hpp"
 
@@ -147,6 +150,128 @@ TEST(Deploy, KubernetesProbesAnswer) {
     EXPECT_NE(metrics.body.find("\n" + name + " "), std::string::npos) << name;
   }
   fs::remove_all(dir);
+}
+
+// The reload sidecar's script as the Deployment gives it to its shell:
+// Kubernetes turns `$$` into `$` (and would expand `$(VAR)`, which the
+// script does not use).
+std::string reload_script(const std::vector<YAML::Node>& docs) {
+  const auto dep = find_kind(docs, "Deployment", "pdgate");
+  for (const auto& c : dep["spec"]["template"]["spec"]["containers"]) {
+    if (c["name"].as<std::string>() != "reload")
+      continue;
+    const std::string text = c["command"][2].as<std::string>();
+    std::string out;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      out += text[i];
+      if (text[i] == '$' && i + 1 < text.size() && text[i + 1] == '$')
+        ++i;
+    }
+    return out;
+  }
+  ADD_FAILURE() << "no reload container";
+  return "";
+}
+
+// The reload sidecar, run for real: its script from the Deployment (the
+// mount paths under a temporary directory, the interval shortened through
+// RELOAD_INTERVAL) and pdgate in one PID namespace, as
+// shareProcessNamespace gives the pod. A change of the ConfigMap's file
+// (written as the kubelet does: a new directory, the ..data link swapped)
+// reaches pdgate as a SIGHUP and is in force on /admin/config; a new key in
+// the API-keys Secret is accepted after the next one. The namespace also
+// keeps the script's `kill -HUP` away from every other pdgate on this
+// machine.
+TEST(Deploy, ReloadSidecarSignalsPdgateWhenMountedFilesChange) {
+  if (run("unshare --pid --fork --mount-proc true 2>&1 && echo ok") != "ok\n")
+    GTEST_SKIP() << "no PID namespace can be made here (unshare needs root)";
+  const auto docs = manifests();
+  const std::string script = reload_script(docs);
+  ASSERT_NE(script.find("kill -HUP"), std::string::npos) << script;
+  const std::string root =
+      fs::temp_directory_path() / ("pdgate-reload-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  // A mounted ConfigMap or Secret: files are links into ..data, itself a
+  // link to a timestamped directory, swapped whole on a change.
+  int generation = 0;
+  auto mount = [&](const std::string& path, const std::map<std::string, std::string>& files) {
+    const std::string dir = root + path;
+    fs::create_directories(dir);
+    const std::string gen = "..gen" + std::to_string(++generation);
+    fs::create_directories(dir + "/" + gen);
+    for (const auto& [name, text] : files) {
+      std::ofstream(dir + "/" + gen + "/" + name) << text;
+      if (!fs::exists(fs::symlink_status(dir + "/" + name)))
+        fs::create_symlink("..data/" + name, dir + "/" + name);
+    }
+    fs::create_symlink(gen, dir + "/..data_tmp");
+    fs::rename(dir + "/..data_tmp", dir + "/..data");
+  };
+  Sim p("prefill"), d("decode");
+  auto config = [&](const std::string& timeout) {
+    return "prefill: [" + p.hostport() + "]\ndecode: [" + d.hostport() +
+           "]\nhost: 127.0.0.1\nport: 0\nadmin-host: 127.0.0.1\nadmin-port: 0\n"
+           "first-byte-timeout: " +
+           timeout + "\n";
+  };
+  const std::string key = "sidecar-test-key";
+  const std::string hash = run("printf %s " + key + " | sha256sum").substr(0, 64);
+  mount("/etc/pdgate", {{"pdgate.yaml", config("600s")}});
+  mount("/etc/pdgate-keys", {{"keys.yaml", "keys: []\n"}});
+  mount("/etc/pdgate-admin", {{"key", "admin-key\n"}});
+  std::string paths = script;
+  for (std::size_t at = 0; (at = paths.find("/etc/pdgate", at)) != std::string::npos;
+       at += root.size() + 1)
+    paths.insert(at, root);
+  // pdgate in the background, the sidecar's shell in the foreground as the
+  // namespace's first process: when it ends, so does pdgate.
+  const std::string pod = build_dir() + "/pdgate --config " + root +
+                          "/etc/pdgate/pdgate.yaml --admin-key-file " + root +
+                          "/etc/pdgate-admin/key --api-keys " + root +
+                          "/etc/pdgate-keys/keys.yaml & exec /bin/sh -c \"$RELOAD_SCRIPT\"";
+  Process pods(
+      "reload-pod",
+      {"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "/bin/sh", "-c", pod},
+      {{"RELOAD_SCRIPT", paths}, {"RELOAD_INTERVAL", "0.2"}});
+  // unshare passes no SIGTERM on (and the namespace's first process
+  // ignores it): SIGKILL ends unshare, and --kill-child the namespace.
+  struct EndPod {
+    Process& p;
+    ~EndPod() {
+      p.signal(SIGKILL);
+      p.wait();
+    }
+  } end_pod{pods};
+  const auto client_port = pods.wait_listening();
+  const auto admin_port = pods.wait_listening();
+  auto admin_config = [&] {
+    return http_request(admin_port, "GET", "/admin/config", "", {{"X-API-Key", "admin-key"}})
+        .json();
+  };
+  auto models = [&] {
+    return http_request(client_port, "GET", "/v1/models", "", {{"Authorization", "Bearer " + key}})
+        .status;
+  };
+  ASSERT_EQ(admin_config()["first-byte-timeout"], "600s") << admin_config().dump();
+  EXPECT_EQ(models(), 401);
+
+  const auto t0 = Clock::now();
+  mount("/etc/pdgate", {{"pdgate.yaml", config("45s")}});
+  EXPECT_TRUE(eventually([&] { return admin_config()["first-byte-timeout"] == "45s"; },
+                         std::chrono::seconds(5)))
+      << admin_config().dump() << pods.log();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(admin_config()["reloads"]["applied"], 1);
+
+  mount("/etc/pdgate-keys",
+        {{"keys.yaml", "keys:\n  - name: sidecar\n    sha256: " + hash + "\n"}});
+  EXPECT_TRUE(eventually([&] { return models() == 200; }, std::chrono::seconds(5)))
+      << models() << " " << pods.log();
+  EXPECT_EQ(admin_config()["reloads"]["applied"], 2);
+  // Nothing changed: no more signals.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_EQ(admin_config()["reloads"]["applied"], 2);
+  fs::remove_all(root);
 }
 
 // The systemd unit's ExecStart uses flags pdgate documents.

@@ -1,10 +1,13 @@
 // The shared registry's document as a replica reads it from Redis
-// (plugins/shared_registry_document.cpp), and label sets checked against
+// (plugins/shared_registry_document.cpp), the instance ids Redis answers
+// (parse_cluster_id), and label sets checked against
 // the bounds every source of labels holds (label_problem,
-// core/config/validate.cpp). The first byte picks the mode: a document, or
-// a label set made from the bytes (names and values split at NUL and
-// '='). Whatever the bytes: no crash, at most the bounded number of
-// entries, and every entry kept has labels within the bounds.
+// core/config/validate.cpp). The first byte picks the mode: a document, a
+// label set made from the bytes (names and values split at NUL and '='),
+// or an id (a rank count, then the text). Whatever the bytes: no crash,
+// at most the bounded number of entries, every entry kept has labels
+// within the bounds, and every id kept leaves its ranks below the ids a
+// replica numbers its own instances from.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +39,9 @@ void fuzz_document(std::string_view text) {
     check(e.weight >= 1 && e.weight <= 1000, "weight in range");
     check(e.dp_size >= 1 && e.dp_size <= pdgate::UpstreamSpec::kMaxDataParallelSize,
           "data_parallel_size in range");
+    if (!e.refused && e.id != 0)
+      check(e.id <= pdgate::kLocalIdBase - e.dp_size,
+            "an id kept leaves its ranks below the local ids");
     if (e.refused)
       check(e.labels.empty(), "a refused entry keeps no labels");
     else
@@ -68,15 +74,35 @@ void fuzz_labels(std::string_view bytes) {
   check(fits == !problem, "label_problem agrees with the bounds");
 }
 
+// An id as Redis answers it: one kept is a plain decimal number whose
+// ranks all stay below the ids a replica gives its own instances.
+void fuzz_cluster_id(std::string_view bytes) {
+  if (bytes.empty())
+    return;
+  const std::uint32_t ranks = static_cast<unsigned char>(bytes[0]);
+  const std::string_view text = bytes.substr(1);
+  const std::uint64_t id = pdgate::parse_cluster_id(text, ranks);
+  if (id == 0)
+    return;
+  check(ranks >= 1 && id + ranks - 1 < pdgate::kLocalIdBase,
+        "an id's ranks stay below the local ids");
+  check(std::to_string(id) == text.substr(text.find_first_not_of('0') == std::string_view::npos
+                                              ? text.size()
+                                              : text.find_first_not_of('0')),
+        "the id is the number written");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0)
     return 0;
   const std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
-  if (data[0] % 2 == 0)
+  if (data[0] % 3 == 0)
     fuzz_document(bytes);
-  else
+  else if (data[0] % 3 == 1)
     fuzz_labels(bytes);
+  else
+    fuzz_cluster_id(bytes);
   return 0;
 }

@@ -2,9 +2,11 @@
 // redis-server.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include <unistd.h>
+#include <csignal>
 
 #include <algorithm>
 #include <cstdlib>
@@ -226,6 +228,142 @@ TEST(SharedRegistry, AdminAddressesAnInstanceByUrlOnEitherReplica) {
       [&] { return state_on(r2.a_admin) != "active" && state_on(r2.a_admin) != "draining"; },
       std::chrono::seconds(2)))
       << state_on(r2.a_admin);
+}
+
+// Every instance as "role url" (" rank R" after it for a data-parallel
+// rank) -> id, as a replica's admin API lists it
+// (the draining and removed included: an id must not change with state).
+std::map<std::string, int> ids_on(std::uint16_t admin_port) {
+  std::map<std::string, int> out;
+  const Json listed = call(admin_port, "GET", "/admin/instances").json();
+  for (const auto& i : listed["instances"]) {
+    std::string key = i["role"].get<std::string>() + " " + i["url"].get<std::string>();
+    if (i["data_parallel_rank"].is_number())
+      key += " rank " + std::to_string(i["data_parallel_rank"].get<int>());
+    out[key] = i["id"].get<int>();
+  }
+  return out;
+}
+
+std::string state_of(std::uint16_t admin_port, const std::string& url) {
+  const Json listed = call(admin_port, "GET", "/admin/instances").json();
+  for (const auto& i : listed["instances"]) {
+    if (i["url"] == url)
+      return i["state"].get<std::string>();
+  }
+  return "";
+}
+
+// Behind a load balancer the admin call reaches any replica: an id must
+// name the same engine on all of them. Replicas listing their engines in
+// another order (or more of them), one started afterwards and one
+// restarted all use the ids Redis handed out first for each role and URL,
+// and a drain by one replica's id sent to the other acts on that engine.
+TEST(SharedRegistry, IdsAreTheSameOnEveryReplicaAndAcrossRestarts) {
+  RedisServer redis;
+  Sim p("prefill"), d1("decode"), d2("decode"), x("decode");
+  const std::vector<std::string> a_args = {"--prefill", p.hostport(), "--decode",     d1.hostport(),
+                                           "--redis",   redis.url(),  "--admin-port", "0"};
+  auto a = std::make_unique<Gateway>(a_args,
+                                     std::map<std::string, std::string>{{"ADMIN_API_KEY", kKey}});
+  auto a_admin = a->process().wait_listening();
+  auto r = call(a_admin, "POST", "/admin/instances", {{"role", "decode"}, {"url", x.url()}});
+  ASSERT_EQ(r.status, 201) << r.body;
+  const int x_id = r.json()["id"].get<int>();
+  // B lists another engine first, and d1 after it.
+  Gateway b({"--prefill", p.hostport(), "--decode", d2.hostport(), d1.hostport(), "--redis",
+             redis.url(), "--admin-port", "0"},
+            {{"ADMIN_API_KEY", kKey}});
+  const auto b_admin = b.process().wait_listening();
+  const std::string d2_key = "decode " + d2.url(), x_key = "decode " + x.url();
+  ASSERT_TRUE(
+      eventually([&] { return ids_on(a_admin).count(d2_key) && ids_on(b_admin).count(x_key); },
+                 std::chrono::seconds(3)))
+      << call(a_admin, "GET", "/admin/instances").body
+      << call(b_admin, "GET", "/admin/instances").body;
+  const auto ids = ids_on(a_admin);
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(ids_on(b_admin), ids);
+  std::set<int> distinct;
+  for (const auto& [key, id] : ids)
+    distinct.insert(id);
+  EXPECT_EQ(distinct.size(), ids.size()) << "two instances share an id";
+
+  // A's id for x, sent to B, drains x on both.
+  r = call(b_admin, "POST", "/admin/instances/" + std::to_string(x_id) + "/drain");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["url"], x.url());
+  EXPECT_TRUE(eventually([&] { return state_of(a_admin, x.url()) == "draining"; },
+                         std::chrono::seconds(2)));
+  EXPECT_EQ(state_of(b_admin, d1.url()), "active");
+  ASSERT_EQ(call(a_admin, "POST", "/admin/instances/" + std::to_string(x_id) + "/undrain").status,
+            200);
+
+  // One started afterwards, listing only d2.
+  Gateway c({"--prefill", p.hostport(), "--decode", d2.hostport(), "--redis", redis.url(),
+             "--admin-port", "0"},
+            {{"ADMIN_API_KEY", kKey}});
+  const auto c_admin = c.process().wait_listening();
+  EXPECT_TRUE(eventually([&] { return ids_on(c_admin) == ids; }, std::chrono::seconds(3)))
+      << call(c_admin, "GET", "/admin/instances").body;
+
+  // A restarted: the same ids, its own engines' and those it learns.
+  a.reset();
+  a = std::make_unique<Gateway>(a_args,
+                                std::map<std::string, std::string>{{"ADMIN_API_KEY", kKey}});
+  a_admin = a->process().wait_listening();
+  EXPECT_TRUE(eventually([&] { return ids_on(a_admin) == ids; }, std::chrono::seconds(3)))
+      << call(a_admin, "GET", "/admin/instances").body;
+
+  // Removed through C and added again through A: the same id, active on
+  // every replica and on one started afterwards.
+  ASSERT_EQ(call(c_admin, "DELETE", "/admin/instances/" + std::to_string(x_id)).status, 202);
+  ASSERT_TRUE(
+      eventually([&] { return ids_on(a_admin).count(x_key) == 0; }, std::chrono::seconds(3)));
+  r = call(a_admin, "POST", "/admin/instances", {{"role", "decode"}, {"url", x.url()}});
+  ASSERT_EQ(r.status, 201) << r.body;
+  EXPECT_EQ(r.json()["id"].get<int>(), x_id);
+  Gateway e({"--prefill", p.hostport(), "--decode", d1.hostport(), "--redis", redis.url(),
+             "--admin-port", "0"},
+            {{"ADMIN_API_KEY", kKey}});
+  const auto e_admin = e.process().wait_listening();
+  for (const auto port : {a_admin, b_admin, c_admin, e_admin}) {
+    EXPECT_TRUE(
+        eventually([&] { return state_of(port, x.url()) == "active"; }, std::chrono::seconds(3)))
+        << call(port, "GET", "/admin/instances").body;
+    EXPECT_EQ(ids_on(port), ids) << call(port, "GET", "/admin/instances").body;
+  }
+}
+
+// An engine a SIGHUP adds (the config file edited on one replica) takes
+// the cluster's id before it is listed, the one the other replica then
+// learns it under; a data-parallel one keeps its consecutive ids there.
+TEST(SharedRegistry, EngineAddedBySighupHasTheSameIdEverywhere) {
+  RedisServer redis;
+  Sim p("prefill"), d("decode"), y("decode"), z("decode", {"--data-parallel-size", "2"});
+  auto config = [&](const std::string& more) {
+    return "prefill: [" + p.hostport() + "]\ndecode:\n  - " + d.hostport() + "\n" + more +
+           "redis: " + redis.url() + "\nadmin-port: 0\nport: 0\nhost: 127.0.0.1\n";
+  };
+  EditedFile file("pdgate.yaml", config(""));
+  Gateway a({"--config", file.path()}, {{"ADMIN_API_KEY", kKey}});
+  const auto a_admin = a.process().wait_listening();
+  Gateway b({"--prefill", p.hostport(), "--decode", d.hostport(), "--redis", redis.url(),
+             "--admin-port", "0"},
+            {{"ADMIN_API_KEY", kKey}});
+  const auto b_admin = b.process().wait_listening();
+  file.write(
+      config("  - " + y.hostport() + "\n  - {url: " + z.hostport() + ", data_parallel_size: 2}\n"));
+  a.process().signal(SIGHUP);
+  ASSERT_TRUE(
+      eventually([&] { return ids_on(a_admin).size() == 5u && ids_on(b_admin).size() == 5u; },
+                 std::chrono::seconds(5)))
+      << call(a_admin, "GET", "/admin/instances").body
+      << call(b_admin, "GET", "/admin/instances").body;
+  const auto ids = ids_on(a_admin);
+  EXPECT_EQ(ids_on(b_admin), ids);
+  for (const auto& [key, id] : ids)
+    EXPECT_LT(id, 100) << key << ": numbered locally, not by the cluster";
 }
 
 // A data-parallel engine added on one replica is shared once, with its

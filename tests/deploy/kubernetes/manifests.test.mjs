@@ -65,6 +65,60 @@ function renderOnce(overlay) {
   }
 }
 
+// Checks one object against its kind's schema; throws what is wrong.
+// kubernetes-models' validators are compiled from the API's OpenAPI
+// schemas, which (as the API server without --validate=strict) let any
+// field the schema does not define pass. So the check also watches what
+// the validator reads: a compiled validator reads each property its
+// schema defines (`data.name`) and enumerates the keys of a map (labels,
+// a ConfigMap's data); a key of an object that it neither read nor
+// enumerated is a field the schema does not have, a typo.
+function checkSchema(d) {
+  const Model = models[`${d.apiVersion}/${d.kind}`];
+  assert.ok(Model, `no schema known for ${d.apiVersion} ${d.kind}`);
+  new Model(d).validate();
+  const read = new Map(); // object -> the keys the validator read of it
+  const enumerated = new Set(); // objects whose keys it listed: maps
+  const watched = (value) => {
+    if (value === null || typeof value !== "object") return value;
+    return new Proxy(value, {
+      get(target, key, receiver) {
+        if (typeof key === "string") {
+          if (!read.has(target)) read.set(target, new Set());
+          read.get(target).add(key);
+        }
+        return watched(Reflect.get(target, key, receiver));
+      },
+      has(target, key) {
+        if (!read.has(target)) read.set(target, new Set());
+        read.get(target).add(String(key));
+        return Reflect.has(target, key);
+      },
+      ownKeys(target) {
+        enumerated.add(target);
+        return Reflect.ownKeys(target);
+      },
+    });
+  };
+  const plain = structuredClone(d);
+  Model.prototype.validate.call(watched(plain));
+  const unknown = [];
+  const walk = (value, path) => {
+    if (value === null || typeof value !== "object") return;
+    if (Array.isArray(value)) {
+      value.forEach((v, i) => walk(v, `${path}[${i}]`));
+      return;
+    }
+    for (const [key, v] of Object.entries(value)) {
+      if (!enumerated.has(value) && !read.get(value)?.has(key)) unknown.push(`${path}.${key}`);
+      else walk(v, `${path}.${key}`);
+    }
+  };
+  walk(plain, "");
+  if (unknown.length > 0)
+    throw new Error(`fields the ${d.kind} schema does not define: ${unknown.join(", ")}`);
+}
+
 function find(docs, kind, name) {
   const d = docs.find((o) => o.kind === kind && o.metadata.name === name);
   assert.ok(d, `no ${kind} ${name}`);
@@ -93,9 +147,7 @@ for (const overlay of ["dev", "production"]) {
     const docs = render(overlay);
     assert.ok(docs.length >= 10, `only ${docs.length} objects`);
     for (const d of docs) {
-      const Model = models[`${d.apiVersion}/${d.kind}`];
-      assert.ok(Model, `no schema known for ${d.apiVersion} ${d.kind}`);
-      assert.doesNotThrow(() => new Model(d).validate(), `${d.kind} ${d.metadata.name}`);
+      assert.doesNotThrow(() => checkSchema(d), `${d.kind} ${d.metadata.name}`);
       assert.equal(d.metadata.namespace, "llm", `${d.kind} ${d.metadata.name}`);
     }
   });
@@ -274,4 +326,43 @@ test("production: clients over TLS through a load balancer", () => {
     ["http"],
   );
   assert.ok(find(docs, "HorizontalPodAutoscaler", "pdgate").spec.minReplicas >= 3);
+});
+
+// A misspelt field is the mistake a schema check is for: the API server
+// drops it (or refuses it under --validate=strict), and the setting it
+// meant silently never applies. Each of these must fail the check, at any
+// depth and in the custom resource too; a map's keys (labels, a
+// ConfigMap's data) are anyone's to choose and must not.
+test("a field the schema does not know fails the check", () => {
+  const docs = render("production");
+  const typos = [
+    ["Deployment", "pdgate", (d) => (d.spec.replica = 3), /replica\b/],
+    [
+      "Deployment",
+      "pdgate",
+      (d) => (d.spec.template.spec.containers[0].imagePulPolicy = "Always"),
+      /imagePulPolicy/,
+    ],
+    [
+      "Deployment",
+      "pdgate",
+      (d) => (d.spec.template.spec.containers[0].resources.limit = { cpu: "1" }),
+      /limit\b/,
+    ],
+    ["Service", "pdgate", (d) => (d.spec.ports[0].targetport = "http"), /targetport/],
+    ["ServiceMonitor", "pdgate", (d) => (d.spec.endpoints[0].intervall = "15s"), /intervall/],
+    ["HorizontalPodAutoscaler", "pdgate", (d) => (d.spec.minReplica = 2), /minReplica\b/],
+  ];
+  for (const [kind, name, typo, named] of typos) {
+    const d = structuredClone(find(docs, kind, name));
+    typo(d);
+    assert.throws(() => checkSchema(d), named, `${kind} ${name}: ${typo}`);
+  }
+  const d = structuredClone(find(docs, "Deployment", "pdgate"));
+  d.metadata.labels["example.com/any-name"] = "x";
+  d.spec.template.metadata.annotations = { "example.com/any-name": "x" };
+  assert.doesNotThrow(() => checkSchema(d));
+  const cm = structuredClone(find(docs, "ConfigMap", "pdgate-config"));
+  cm.data["any-file.yaml"] = "x: 1\n";
+  assert.doesNotThrow(() => checkSchema(cm));
 });

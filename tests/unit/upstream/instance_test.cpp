@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace pdgate {
 namespace {
 
@@ -223,6 +225,64 @@ TEST(Registry, DataParallelEngineIsOneInstancePerRank) {
   EXPECT_FALSE(r.drain(added.instance->id, true).error);
   r.forget_idle();
   EXPECT_EQ(r.snapshot()->by_id.size(), 5u);
+}
+
+// Cluster ids (given by the shared registry): the configured engines take
+// theirs, whatever their order; an add with an id lower than those listed
+// keeps every list in id order and find() working; an id already taken
+// (or in the local range) is a conflict; what has no cluster id is
+// numbered from kLocalIdBase when Redis is configured, skipping ids taken.
+TEST(Registry, ClusterIdsKeepTheSetInIdOrder) {
+  Config cfg = two_and_one();
+  cfg.redis_url = "redis://127.0.0.1:6379";
+  cfg.decode[0].dp_size = 2;
+  const ClusterIds ids = {
+      {cluster_id_key(Role::prefill, "http://127.0.0.1:8101", 1), 7},
+      {cluster_id_key(Role::decode, "http://127.0.0.1:8200", 2), 3},
+  };
+  Registry r(cfg, ids);
+  auto set = r.snapshot();
+  ASSERT_EQ(set->by_id.size(), 4u);
+  EXPECT_EQ(set->by_id[0]->id, 3u);
+  EXPECT_EQ(set->by_id[1]->id, 4u);  // rank 1
+  EXPECT_EQ(set->by_id[2]->id, 7u);
+  EXPECT_EQ(set->by_id[3]->id, kLocalIdBase);  // 8100: Redis gave none
+  EXPECT_EQ(set->find(7)->spec.url, "http://127.0.0.1:8101");
+  EXPECT_EQ(set->prefill[0]->id, 7u);  // lists in id order too
+
+  std::vector<NewInstance> batch;
+  batch.push_back({spec(Role::decode, "127.0.0.1:8300"), {}, 1, false, 1});
+  batch.push_back({spec(Role::decode, "127.0.0.1:8301"), {}, 1, false, 4});  // rank 1's
+  batch.push_back({spec(Role::decode, "127.0.0.1:8302"), {}, 1, false, kLocalIdBase});
+  batch.push_back({spec(Role::decode, "127.0.0.1:8303"), {}, 1, false, 0});
+  const auto out = r.add(std::move(batch));
+  ASSERT_FALSE(out[0].error);
+  ASSERT_TRUE(out[1].error);
+  EXPECT_EQ(out[1].error->kind, ErrorKind::conflict);
+  ASSERT_TRUE(out[2].error);
+  ASSERT_FALSE(out[3].error);
+  EXPECT_EQ(out[3].instance->id, kLocalIdBase + 1);
+  set = r.snapshot();
+  EXPECT_TRUE(std::is_sorted(set->by_id.begin(), set->by_id.end(),
+                             [](const auto& a, const auto& b) { return a->id < b->id; }));
+  EXPECT_EQ(set->find(1)->spec.url, "http://127.0.0.1:8300");
+  EXPECT_EQ(set->decode.front()->id, 1u);
+  // Removed and added again with its id: back under it.
+  EXPECT_FALSE(r.drain(1, true).error);
+  r.forget_idle();
+  EXPECT_EQ(r.snapshot()->find(1), nullptr);
+  std::vector<NewInstance> again;
+  again.push_back({spec(Role::decode, "127.0.0.1:8300"), {}, 1, false, 1});
+  EXPECT_EQ(r.add(std::move(again)).front().instance->id, 1u);
+}
+
+// Without a shared registry ids are 1, 2, ... as before.
+TEST(Registry, WithoutRedisIdsFollowTheConfig) {
+  Registry r(two_and_one());
+  const auto set = r.snapshot();
+  for (std::uint64_t k = 0; k < 3; ++k)
+    EXPECT_EQ(set->by_id[k]->id, k + 1);
+  EXPECT_EQ(r.add(spec(Role::decode, "127.0.0.1:8300")).instance->id, 4u);
 }
 
 // A reader's snapshot never changes under it: a change made while one is
