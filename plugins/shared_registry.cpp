@@ -204,15 +204,17 @@ ClusterIds SharedRegistry::config_ids(const Config& cfg, RedisClientContext redi
   if (engines.empty() || !endpoint)
     return out;
   // Declared before the loop, which they outlive: the handlers it still
-  // holds when destroyed refer to them.
+  // holds when destroyed refer to them. The connection is declared after
+  // the loop, so it is gone before the loop is: its timer and socket
+  // belong to the loop's services (the other order freed them first).
   RedisConnectionsShared shared;
   std::vector<std::uint64_t> ids;
+  net::io_context ioc;
   std::shared_ptr<RedisConnection> conn;
   auto ask = [&]() -> net::awaitable<void> {
     ids = co_await ask_ids(conn, IdKeys(cfg.redis_key_prefix), engines);
     conn->stop();
   };
-  net::io_context ioc;
   RedisConnectionSettings settings;
   settings.endpoint = std::move(*endpoint);
   settings.context = std::move(redis);
@@ -225,6 +227,11 @@ ClusterIds SharedRegistry::config_ids(const Config& cfg, RedisClientContext redi
   // the instances are numbered locally.
   ioc.run_for(2 * budget + std::chrono::milliseconds(100));
   conn->stop();
+  // Let what the stop ended finish (a command cut off, the reader), so no
+  // handler left in the loop holds the connection when it is destroyed.
+  ioc.restart();
+  ioc.run_for(std::chrono::milliseconds(200));
+  conn.reset();
   for (std::size_t k = 0; k < ids.size(); ++k) {
     if (ids[k] != 0)
       out.emplace(cluster_id_key(engines[k].role, engines[k].url, engines[k].dp_size), ids[k]);
