@@ -703,6 +703,15 @@ std::optional<std::string> decode_json_string(std::string_view literal) {
   return out;
 }
 
+bool append_json_string(std::string_view literal, std::string& out) {
+  const std::size_t before = out.size();
+  Scanner s(literal);
+  if (s.string(&out) && s.at_end())
+    return true;
+  out.resize(before);
+  return false;
+}
+
 std::string json_quote(std::string_view s) {
   std::string out;
   out.reserve(s.size() + 2);

@@ -120,6 +120,11 @@ std::optional<std::string_view> raw_at_path(std::string_view raw, const JsonPath
 // accepted. Returns nullopt if `literal` is not a valid string literal.
 std::optional<std::string> decode_json_string(std::string_view literal);
 
+// Appends the decoded value of a JSON string literal (quotes included) to
+// `out`. False, with `out` as it was, when `literal` is not a valid string
+// literal.
+bool append_json_string(std::string_view literal, std::string& out);
+
 // A JSON string literal for `s`: quotes, backslashes and control characters
 // are escaped; bytes that are not valid UTF-8 become U+FFFD so the output
 // is always valid JSON.

@@ -23,6 +23,10 @@
 
 namespace pdgate {
 
+namespace detail {
+class EventReader;
+}
+
 // Most answer text kept per stream for a continuation: past it the stream
 // is no longer resumable (and the text is freed), so a held stream costs a
 // bounded amount however long its answer.
@@ -62,9 +66,12 @@ class StreamTranscript {
   void refuse(std::string why);
 
  private:
+  struct EventFacts;
   // One event's data; false when it is an error event.
   bool on_data(std::string_view data);
-  void on_choice(std::string_view choice);
+  // One element of its choices at the reader's cursor; false when the
+  // event is not JSON.
+  bool on_choice(detail::EventReader& r, EventFacts& facts);
 
   const bool chat_;
   bool error_event_ = false;
@@ -76,6 +83,9 @@ class StreamTranscript {
   std::string id_;
   std::string created_;
   std::string model_;
+  // The first event's bytes up to its choices' '[' (at most kMaxEnvelope).
+  static constexpr std::size_t kMaxEnvelope = 512;
+  std::string envelope_;
 };
 
 // The resumed leg's body: the client's `body` (indexed by `index`) made a
@@ -121,12 +131,14 @@ class ResumedLeg {
 
 // The next complete event of `events` from `pos`: its data lines joined
 // (has_data false for an event with none, e.g. a comment), `pos` moved past
-// it. False at the end.
+// it. False at the end. `data` views `events` when the event has one data
+// line (an engine's always do), else `joined`.
 struct SplitEvent {
   std::size_t begin = 0;
   std::size_t end = 0;
   bool has_data = false;
-  std::string data;
+  std::string_view data;
+  std::string joined;
 };
 bool next_event(std::string_view events, std::size_t& pos, SplitEvent& out);
 

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +43,83 @@ TEST(StreamTranscript, ReadsWhatTheClientGot) {
   t.observe(chat_token("chatcmpl-a", 7, " brown", R"("length")") + "data: [DONE]\n\n");
   EXPECT_TRUE(t.finished());
   EXPECT_TRUE(t.saw_done());
+}
+
+// Events are read as any JSON parser would: keys written with escapes,
+// data split over several lines, duplicate keys (the last wins), an event
+// that is not JSON (relayed, nothing learned) and the bound on the text.
+TEST(StreamTranscript, ReadsEventsAsJsonParsersDo) {
+  StreamTranscript t(true);
+  const std::string events =
+      kRole +
+      ev(R"({"choices":[{"index":0,"delta":{"\u0063ontent":" the","content":" quick"}}]})") +
+      "data: {\"choices\":[{\"index\":0,\ndata: \"delta\":{\"content\":\" brown\"}}]}\n\n" +
+      ev(R"({"choices":[{"index":0,"delta":{"content":" fox"}}]} trailing)") +
+      ev(R"({"choices":[{"index":0,"delta":{"content":"\u00e9\n"}}]})");
+  EXPECT_EQ(t.observe(events), events.size());
+  EXPECT_EQ(t.text(), " quick brown\xc3\xa9\n");
+  EXPECT_EQ(t.tokens(), 3u);
+  EXPECT_TRUE(t.resumable());
+
+  StreamTranscript big(false);
+  const std::string piece(1u << 16, 'x');
+  for (std::size_t n = 0; n < kMaxResumableText / piece.size(); ++n)
+    big.observe(ev(R"({"choices":[{"index":0,"text":")" + piece + R"("}]})"));
+  EXPECT_TRUE(big.resumable());
+  EXPECT_EQ(big.text().size(), kMaxResumableText);
+  big.observe(ev(R"({"choices":[{"index":0,"text":"y"}]})"));
+  EXPECT_FALSE(big.resumable());
+  EXPECT_TRUE(big.text().empty());
+}
+
+// Each event's envelope (the members before its choices) is read once
+// and skipped while it stays the same, byte for byte: what the transcript
+// learns is what a JSON parser (nlohmann here) reads from every event,
+// whatever changes from one event to the next.
+TEST(StreamTranscript, ReadsWhatAParserReadsWhateverTheEnvelopeDoes) {
+  std::mt19937 rng(7);
+  const std::vector<std::string> envelopes = {
+      R"("id":"chatcmpl-a","object":"chat.completion.chunk","created":7,"model":"m",)",
+      R"("id":"chatcmpl-b","created":7,"model":"m",)",
+      R"( "id" : "chatcmpl-a" , "created":7,"model":"m", )",
+      R"("id":"chatcmpl-a","error":null,"created":7,"model":"m",)",
+      "",
+  };
+  const std::vector<std::string> tails = {"", R"(,"usage":null)",
+                                          R"(,"usage":{"prompt_tokens":1},"x":[1,"]"])"};
+  for (int round = 0; round < 200; ++round) {
+    StreamTranscript t(true);
+    std::string expected;
+    std::string events;
+    for (int i = 0; i < 6; ++i) {
+      const std::string& envelope = envelopes[rng() % envelopes.size()];
+      std::string content = " w" + std::to_string(rng() % 100);
+      if (rng() % 4 == 0)
+        content += "\\\"q\\\\";
+      const std::string data = "{" + envelope + R"("choices":[{"index":0,"delta":{"content":")" +
+                               content + R"("},"finish_reason":null}])" +
+                               tails[rng() % tails.size()] + "}";
+      const auto j = json::parse(data);
+      expected += j["choices"][0]["delta"]["content"].get<std::string>();
+      events += ev(data);
+    }
+    EXPECT_EQ(t.observe(events), events.size());
+    EXPECT_EQ(t.text(), expected) << events;
+    EXPECT_EQ(t.tokens(), 6u);
+    EXPECT_TRUE(t.resumable());
+  }
+  // The envelope skipped, what follows is still read: a second choice, an
+  // event that is not JSON after its envelope.
+  StreamTranscript t(true);
+  const std::string first = chat_token("chatcmpl-a", 7, " the");
+  const std::string broken = ev(
+      R"({"id":"chatcmpl-a","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":" x"}} oops)");
+  EXPECT_EQ(t.observe(first + broken), first.size() + broken.size());
+  EXPECT_EQ(t.text(), " the");
+  EXPECT_TRUE(t.resumable());
+  t.observe(ev(
+      R"({"id":"chatcmpl-a","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":1,"delta":{"content":" y"}}]})"));
+  EXPECT_FALSE(t.resumable());
 }
 
 // An engine's error event stops what the client is sent before it.
