@@ -35,6 +35,21 @@ bool next_event(std::string_view events, std::size_t& pos, SplitEvent& out) {
   out.begin = pos;
   out.has_data = false;
   out.data = {};
+  // How engines send an event: one "data:" line and a blank one.
+  if (events.compare(pos, 5, "data:") == 0) {
+    const std::size_t nl = events.find('\n', pos);
+    if (nl != std::string_view::npos && nl + 1 < events.size() && events[nl + 1] == '\n' &&
+        std::memchr(events.data() + pos, '\r', nl - pos) == nullptr) {
+      std::string_view value = events.substr(pos + 5, nl - pos - 5);
+      if (value.starts_with(' '))
+        value.remove_prefix(1);
+      out.data = value;
+      out.has_data = true;
+      pos = nl + 2;
+      out.end = pos;
+      return true;
+    }
+  }
   bool joining = false;
   // Lines up to the blank one that ends the event ("\n", "\r\n" or "\r").
   while (pos < events.size()) {
@@ -289,7 +304,65 @@ struct StreamTranscript::EventFacts {
   bool finished = false;
   bool choices = false;
   std::string why_not;
+  // For learning the stream's token-event shape: how many choices, and
+  // the one choice's text (a view of the event) when it is a plain token.
+  std::size_t choice_count = 0;
+  bool plain_token = false;
+  std::string_view text;
 };
+
+bool StreamTranscript::token_event(std::string_view data) {
+  if (head_ == 0 || !why_not_.empty())
+    return false;
+  const std::string_view lead(shape_.data(), head_);
+  const std::string_view tail = std::string_view(shape_).substr(head_);
+  if (data.size() < lead.size() + tail.size() + 2 || !data.starts_with(lead) ||
+      !data.ends_with(tail))
+    return false;
+  const std::string_view literal =
+      data.substr(lead.size(), data.size() - lead.size() - tail.size());
+  if (literal.front() != '"' || literal.back() != '"')
+    return false;
+  // One string literal (a quote inside it ends the match): most tokens
+  // have no escape and are taken as they are; others are decoded strictly.
+  const std::string_view inner = literal.substr(1, literal.size() - 2);
+  bool plain = true;
+  for (const char c : inner)
+    plain = plain && c != '"' && c != '\\';
+  if (plain)
+    text_.append(inner);
+  else if (!append_json_string(literal, text_))
+    return false;
+  if (literal != "\"\"")
+    ++tokens_;
+  if (text_.size() > kMaxResumableText)
+    refuse("an answer longer than the text kept for resuming");
+  return true;
+}
+
+void StreamTranscript::learn_shape(std::string_view data, std::size_t choices_at,
+                                   const EventFacts& facts) {
+  if (envelope_ == 0) {
+    if (choices_at == 0 || choices_at + 1 > kMaxShape)
+      return;
+    shape_.assign(data.substr(0, choices_at + 1));
+    envelope_ = static_cast<std::uint16_t>(choices_at + 1);
+  }
+  // A token event: one choice, a text that is not empty (a role chunk's
+  // is), nothing that finishes or refuses, no token ids (which differ
+  // from event to event), in the stream's envelope.
+  if (head_ != 0 || facts.choice_count != 1 || !facts.plain_token || facts.finished ||
+      !facts.why_not.empty() || facts.text.size() <= 2 ||
+      !data.starts_with(std::string_view(shape_.data(), envelope_)))
+    return;
+  const std::size_t at = static_cast<std::size_t>(facts.text.data() - data.data());
+  const std::size_t after = at + facts.text.size();
+  if (at + (data.size() - after) > kMaxShape)
+    return;
+  shape_.assign(data.substr(0, at));
+  shape_.append(data.substr(after));
+  head_ = static_cast<std::uint16_t>(at);
+}
 
 bool StreamTranscript::on_data(std::string_view data) {
   if (data == "[DONE]") {
@@ -297,6 +370,9 @@ bool StreamTranscript::on_data(std::string_view data) {
     finished_ = true;
     return true;
   }
+  // The same shape as the stream's token events: only the text is new.
+  if (token_event(data))
+    return true;
   EventFacts facts;
   facts.text_before = text_.size();
   std::optional<std::string_view> error, id, created, model;
@@ -330,13 +406,14 @@ bool StreamTranscript::on_data(std::string_view data) {
       model = non_null(v);
     return true;
   };
+  const std::string_view envelope(shape_.data(), envelope_);
   bool read = false;
-  if (!envelope_.empty() && data.starts_with(envelope_)) {
+  if (envelope_ > 0 && data.starts_with(envelope)) {
     // The members before the choices are this stream's envelope, byte for
     // byte, as an engine sends them in every event: read once, in the
     // first event (they would be read the same), and skipped since.
     facts.choices = true;
-    r.seek(envelope_.size() - 1);
+    r.seek(envelope.size() - 1);
     read = choices() && r.after_member(member);
   } else {
     read = r.members(member);
@@ -357,8 +434,7 @@ bool StreamTranscript::on_data(std::string_view data) {
     if (model)
       model_ = *model;
   }
-  if (envelope_.empty() && choices_at > 0 && choices_at < kMaxEnvelope)
-    envelope_.assign(data.substr(0, choices_at + 1));
+  learn_shape(data, choices_at, facts);
   tokens_ += facts.tokens;
   finished_ = finished_ || facts.finished;
   if (!facts.why_not.empty())
@@ -369,6 +445,7 @@ bool StreamTranscript::on_data(std::string_view data) {
 }
 
 bool StreamTranscript::on_choice(detail::EventReader& r, EventFacts& facts) {
+  ++facts.choice_count;
   if (!r.at('{')) {
     if (!r.value())
       return false;
@@ -444,6 +521,8 @@ bool StreamTranscript::on_choice(detail::EventReader& r, EventFacts& facts) {
     // event, and per stream once the event is read).
     if (why_not_.empty() && facts.why_not.empty() && !append_json_string(*text, text_))
       return refuse_event("a text that is not a JSON string");
+    facts.plain_token = !token_ids;
+    facts.text = *text;
   }
   facts.tokens += tokens;
   return true;

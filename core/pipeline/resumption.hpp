@@ -83,9 +83,18 @@ class StreamTranscript {
   std::string id_;
   std::string created_;
   std::string model_;
-  // The first event's bytes up to its choices' '[' (at most kMaxEnvelope).
-  static constexpr std::size_t kMaxEnvelope = 512;
-  std::string envelope_;
+  // Engines send every event of a stream in one shape. `shape_` holds the
+  // first event's bytes up to its choices' '[' (the envelope, skipped in
+  // later events that start with the same bytes), then those of a token
+  // event around its text: before it (`head_` bytes) and after it (the
+  // rest). An event that is the same bytes around another text differs
+  // from that one only in its text. At most kMaxShape bytes in all.
+  static constexpr std::size_t kMaxShape = 768;
+  bool token_event(std::string_view data);
+  void learn_shape(std::string_view data, std::size_t choices_at, const EventFacts& facts);
+  std::string shape_;
+  std::uint16_t envelope_ = 0;  // shape_'s envelope length (0: none yet)
+  std::uint16_t head_ = 0;      // the token event's bytes before its text (0: none yet)
 };
 
 // The resumed leg's body: the client's `body` (indexed by `index`) made a

@@ -122,6 +122,29 @@ TEST(StreamTranscript, ReadsWhatAParserReadsWhateverTheEnvelopeDoes) {
   EXPECT_FALSE(t.resumable());
 }
 
+// A token event in the shape of the stream's others is read by its text
+// alone; one whose middle is not a single string is read whole.
+TEST(StreamTranscript, TokenEventsOfOneShapeDifferOnlyInText) {
+  StreamTranscript t(true);
+  std::string events = kRole;
+  for (const char* piece : {" the", " qu\\\"ick", " br\\u00f6wn", ""})
+    events += chat_token("chatcmpl-a", 7, piece);
+  EXPECT_EQ(t.observe(events), events.size());
+  EXPECT_EQ(t.text(), " the qu\"ick br\xc3\xb6wn");
+  EXPECT_EQ(t.tokens(), 3u);
+  EXPECT_TRUE(t.resumable());
+  // Same bytes around it, but the middle holds more members than a text.
+  const std::string sneaky = R"(" x","tool_calls":[{"index":0}],"content":" y")";
+  t.observe(chat_token("chatcmpl-a", 7, sneaky.substr(1, sneaky.size() - 2)));
+  EXPECT_FALSE(t.resumable());
+  EXPECT_EQ(t.why_not(), "a tool-call stream");
+  StreamTranscript f(true);
+  f.observe(kRole + chat_token("chatcmpl-a", 7, " the") +
+            chat_token("chatcmpl-a", 7, " end", R"("stop")"));
+  EXPECT_TRUE(f.finished());
+  EXPECT_EQ(f.text(), " the end");
+}
+
 // An engine's error event stops what the client is sent before it.
 TEST(StreamTranscript, StopsAtAnErrorEvent) {
   StreamTranscript t(false);
