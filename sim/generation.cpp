@@ -181,11 +181,21 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
       continue;
     }
     if (i == 0 && chat) {
-      std::string role_event = sse_event(make_role_chunk(meta));
+      ojson role = make_role_chunk(meta);
+      // return_token_ids: the prompt's ids come in the first chunk.
+      if (g.return_token_ids)
+        role["prompt_token_ids"] = token_ids(g.prompt.text);
+      std::string role_event = sse_event(role);
       if (!co_await write_event(x, std::move(role_event)))
         co_return;
     }
     ojson chunk = make_token_chunk(meta, token, last ? "length" : "");
+    if (g.return_token_ids) {
+      ojson& choice = chunk["choices"][0];
+      if (i == 0 && !chat)
+        choice["prompt_token_ids"] = token_ids(g.prompt.text);
+      choice["token_ids"] = ojson::array({output_token_id(g.first_token + i)});
+    }
     // kv params ride on the last data event before [DONE].
     if (last && !g.include_usage && !issued.is_null())
       chunk["kv_transfer_params"] = issued;
@@ -225,6 +235,16 @@ awaitable<void> Generator::generate_inner(Exchange& x, SimApi api) {
     co_return;
   }
   ojson answer = make_response(meta, text, "length", usage, issued);
+  if (g.return_token_ids) {
+    ojson ids = ojson::array();
+    for (std::size_t i = 0; i < g.max_tokens; ++i)
+      ids.push_back(output_token_id(g.first_token + i));
+    answer["choices"][0]["token_ids"] = std::move(ids);
+    if (chat)
+      answer["prompt_token_ids"] = token_ids(g.prompt.text);
+    else
+      answer["choices"][0]["prompt_token_ids"] = token_ids(g.prompt.text);
+  }
   // Only an engine that computed the prompt has its logprobs: a decode
   // that received the KV answers null, as vLLM's can give nothing else.
   if (g.prompt_logprobs && !skip_prefill) {

@@ -47,7 +47,12 @@ std::string connector_violation(const SimOptions& opts, const json& body, const 
 // Completions: the prompt itself, extended by the answer so far.
 std::optional<HttpError> read_continuation(const json& body, SimApi api, GenRequest& g) {
   if (api == SimApi::completions) {
-    g.first_token = continuation_offset(g.prompt.text);
+    // A token-id prompt (a gateway resuming token-exact) ends with the
+    // answer's ids; a text prompt with its words.
+    const json& prompt = body.contains("prompt") ? body["prompt"] : json();
+    const bool ids = prompt.is_array() && !prompt.empty() && prompt.front().is_number_integer();
+    g.first_token =
+        ids ? continuation_offset(token_ids(g.prompt.text)) : continuation_offset(g.prompt.text);
     return std::nullopt;
   }
   if (api != SimApi::chat)
@@ -122,6 +127,11 @@ std::optional<HttpError> parse_generation(const Request& req, SimApi api, const 
     const json& so = body["stream_options"];
     g.include_usage = so.is_object() && so.contains("include_usage") &&
                       so["include_usage"].is_boolean() && so["include_usage"].get<bool>();
+  }
+  if (body.contains("return_token_ids") && !body["return_token_ids"].is_null()) {
+    if (!body["return_token_ids"].is_boolean())
+      return HttpError{400, "'return_token_ids' must be a boolean"};
+    g.return_token_ids = body["return_token_ids"].get<bool>();
   }
   if (opts.role == SimRole::encode) {
     if (std::string v = encoder_violation(body, chat); !v.empty()) {

@@ -26,6 +26,9 @@ struct GenRequest {
   Fault fault;
   bool stream = false;
   bool include_usage = false;
+  // vLLM's return_token_ids: the prompt's ids in the first chunk (or the
+  // answer), each token's id with it.
+  bool return_token_ids = false;
   Prompt prompt;
   std::size_t max_tokens = 0;
   // The output token the answer starts at: non-zero for a continuation

@@ -236,6 +236,28 @@ std::size_t continuation_offset(std::string_view text) {
   return best;
 }
 
+std::uint32_t output_token_id(std::size_t i) {
+  return 0xFFFF0000u + static_cast<std::uint32_t>(i % 16);
+}
+
+std::size_t continuation_offset(const std::vector<std::uint32_t>& ids) {
+  // As for text: walk back over output ids, each the one before the next
+  // in the cycle; the longest run that starts at token 0 counts.
+  std::size_t matched = 0;
+  std::size_t best = 0;
+  std::optional<std::uint32_t> want;
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    const std::uint32_t id = *it;
+    if (id < output_token_id(0) || id > output_token_id(15) || (want && id != *want))
+      break;
+    ++matched;
+    if (id == output_token_id(0))
+      best = matched;
+    want = id == output_token_id(0) ? output_token_id(15) : id - 1;
+  }
+  return best;
+}
+
 std::string output_text(std::size_t n) {
   std::string s;
   for (std::size_t i = 0; i < n; ++i)

@@ -74,4 +74,13 @@ std::string output_text(std::size_t n);
 // an answer resumed elsewhere equals the uninterrupted one token by token.
 std::size_t continuation_offset(std::string_view text);
 
+// The i-th output token's id, as vLLM's return_token_ids reports it:
+// 0xFFFF0000 + i mod 16, outside the ids a prompt's bytes make (their top
+// byte would be 0xFF, which no UTF-8 text holds), so a token-id prompt's
+// trailing output ids are told from its prompt ids.
+std::uint32_t output_token_id(std::size_t i);
+// continuation_offset() for a token-id prompt: how many output tokens its
+// ids end with (the longest run of output ids that starts at token 0).
+std::size_t continuation_offset(const std::vector<std::uint32_t>& ids);
+
 }  // namespace pdgate::sim

@@ -42,7 +42,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   if (rc.turn)
     r->conversation = rc.turn->fork();
   const bool stream = rc.facts.stream;
-  const auto head = upstream_head(http::verb::post, *decode, rc.req.target(), rc.decode_body.size(),
+  const auto head = upstream_head(http::verb::post, *decode, rc.target, rc.decode_body.size(),
                                   rc.stage_id, rc.fwd, r->span.traceparent());
   const auto buffers = body_buffers(rc.decode_body);
   auto [err, ex] = co_await UpstreamExchange::start(w.pools.for_instance(decode), head, buffers,

@@ -301,10 +301,17 @@ net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(ClientRequest& c, Reques
     why = "the request body no longer parses";
     co_return nullptr;
   }
-  auto body = continuation_body(original, *index, api == GenerationApi::chat, rs.transcript, why);
+  bool completion_leg = false;
+  auto body = continuation_body(original, *index, api == GenerationApi::chat, rs.transcript, why,
+                                &completion_leg);
   if (!body)
     co_return nullptr;
-  auto rc = std::make_unique<RequestContext>(c, trace, api);
+  // A chat stream resumed token-exact goes on as a completion of its ids.
+  const GenerationApi leg_api = completion_leg ? GenerationApi::completions : api;
+  auto rc = std::make_unique<RequestContext>(c, trace, leg_api);
+  if (completion_leg)
+    rc->target = "/v1/completions";
+  rs.completion_leg = completion_leg;
   rc->client_key = key;
   rc->view->request_id = request_id + "-r" + std::to_string(rs.migrations + 1);
   if (!read_request(*rc, *body)) {
@@ -330,8 +337,12 @@ net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(ClientRequest& c, Reques
   }
   attempted = true;
   std::unique_ptr<DecodeRelay> relay;
-  if (request_hook_phase(*rc))
+  if (request_hook_phase(*rc)) {
+    // A completion leg's prompt is no chat turn to store for the next.
+    if (completion_leg)
+      rc->reuse = false;
     relay = co_await route_phases(*rc);
+  }
   if (!relay) {
     const GatewayError& e = *rc->failure;
     why = e.detail.empty() ? e.message : e.detail;
@@ -387,7 +398,7 @@ net::awaitable<bool> relay_resumable(ClientRequest& c, RequestTrace& trace, Gene
       r->migrated_from += relay->decode->spec.url;
     }
     rs.broke.reset();
-    rs.leg.emplace(rs.transcript, prompt_tokens, client_usage);
+    rs.leg.emplace(rs.transcript, prompt_tokens, client_usage, rs.completion_leg);
     relay = std::move(next);
     keep = co_await relay_answer(c, *relay, &rs);
   }

@@ -109,7 +109,7 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
     responses_body = responses_prefill_body(body.str());
     body = SplicedText(responses_body);
   }
-  const auto head = upstream_head(http::verb::post, *r.instance, rc.req.target(), body.size(),
+  const auto head = upstream_head(http::verb::post, *r.instance, rc.target, body.size(),
                                   r.request_id, rc.fwd, span.traceparent());
   const auto buffers = body_buffers(body);
   auto& pool = w.pools.for_instance(r.instance);

@@ -140,6 +140,8 @@ struct StreamResume {
   BreakReason reason = BreakReason::reset;
   unsigned migrations = 0;    // legs resumed so far
   bool client_usage = false;  // the client asked for a usage event
+  // The current leg continues a chat stream as a completion (token-exact).
+  bool completion_leg = false;
   // The leg relaying now (null between legs), for migrate_streams().
   DecodeRelay* current = nullptr;
   // Its place in its worker's resumable_streams, while listed.

@@ -57,6 +57,7 @@ struct RequestContext {
         trace(trace_),
         api(api_),
         is_chat(api_ == GenerationApi::chat),
+        target(c.req.target()),
         view(std::make_unique<RequestView>()),
         failover(c.w),
         connector(*c.w.connector) {}
@@ -69,6 +70,9 @@ struct RequestContext {
   RequestTrace& trace;  // outlives the relay too
   const GenerationApi api;
   const bool is_chat;
+  // The path the engines are sent: the client's, or (a chat stream resumed
+  // token-exact, core/pipeline/resumption.hpp) the completions path.
+  std::string_view target;
 
   // The client's API key (--api-keys), null when keys are off.
   const ClientKey* client_key = nullptr;

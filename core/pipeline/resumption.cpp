@@ -309,7 +309,52 @@ struct StreamTranscript::EventFacts {
   std::size_t choice_count = 0;
   bool plain_token = false;
   std::string_view text;
+  // Token ids (vLLM's return_token_ids): the prompt's (chat: the event's,
+  // completions: the choice's) and this event's tokens'.
+  std::optional<std::string_view> prompt_ids;
+  std::optional<std::string_view> token_ids;
+  bool text_without_ids = false;
 };
+
+namespace {
+
+// Appends a JSON array's elements, each a plain non-negative integer, to
+// `out` joined by commas. False for anything else.
+bool append_ids(std::string_view array, std::string& out) {
+  JsonArrayElements e(array);
+  std::string_view id;
+  while (e.next(id)) {
+    if (id.empty() || id.size() > 10 ||
+        id.find_first_not_of("0123456789") != std::string_view::npos ||
+        (id.size() > 1 && id.front() == '0'))
+      return false;
+    if (!out.empty())
+      out += ',';
+    out.append(id);
+  }
+  return !e.failed();
+}
+
+}  // namespace
+
+void StreamTranscript::drop_ids() {
+  ids_exact_ = false;
+  std::string().swap(prompt_ids_);
+  std::string().swap(ids_);
+}
+
+void StreamTranscript::take_ids(const EventFacts& facts) {
+  if (!ids_exact_)
+    return;
+  if (facts.text_without_ids)
+    return drop_ids();
+  if (facts.prompt_ids && prompt_ids_.empty() && !append_ids(*facts.prompt_ids, prompt_ids_))
+    return drop_ids();
+  if (facts.token_ids && !append_ids(*facts.token_ids, ids_))
+    return drop_ids();
+  if (prompt_ids_.size() + ids_.size() > kMaxTokenIdText)
+    drop_ids();
+}
 
 bool StreamTranscript::token_event(std::string_view data) {
   if (head_ == 0 || !why_not_.empty())
@@ -333,8 +378,12 @@ bool StreamTranscript::token_event(std::string_view data) {
     text_.append(inner);
   else if (!append_json_string(literal, text_))
     return false;
-  if (literal != "\"\"")
+  if (literal != "\"\"") {
     ++tokens_;
+    // A token without its id: the ids no longer tell the answer.
+    if (ids_exact_)
+      drop_ids();
+  }
   if (text_.size() > kMaxResumableText)
     refuse("an answer longer than the text kept for resuming");
   return true;
@@ -398,6 +447,8 @@ bool StreamTranscript::on_data(std::string_view data) {
       return false;
     if (key == "error")
       error = non_null(v);
+    else if (chat_ && key == "prompt_token_ids")
+      facts.prompt_ids = non_null(v);
     else if (key == "id")
       id = non_null(v);
     else if (key == "created")
@@ -435,6 +486,7 @@ bool StreamTranscript::on_data(std::string_view data) {
       model_ = *model;
   }
   learn_shape(data, choices_at, facts);
+  take_ids(facts);
   tokens_ += facts.tokens;
   finished_ = finished_ || facts.finished;
   if (!facts.why_not.empty())
@@ -490,6 +542,8 @@ bool StreamTranscript::on_choice(detail::EventReader& r, EventFacts& facts) {
       text = non_null(v);
     else if (key == "token_ids")
       token_ids = non_null(v);
+    else if (!chat_ && key == "prompt_token_ids")
+      facts.prompt_ids = non_null(v);
     return true;
   });
   if (!read)
@@ -523,18 +577,92 @@ bool StreamTranscript::on_choice(detail::EventReader& r, EventFacts& facts) {
       return refuse_event("a text that is not a JSON string");
     facts.plain_token = !token_ids;
     facts.text = *text;
+    if (!token_ids && *text != "\"\"")
+      facts.text_without_ids = true;
   }
+  if (token_ids)
+    facts.token_ids = token_ids;
   facts.tokens += tokens;
   return true;
 }
 
+namespace {
+
+// What a completion takes of a chat request's fields: those the two
+// requests share (sampling, limits on output, structure, scheduling);
+// the chat's own (messages, templates, tools, reasoning, logprobs in
+// their chat form) have no place in a completion of token ids.
+constexpr std::string_view kSharedWithCompletions[] = {"model",
+                                                       "frequency_penalty",
+                                                       "logit_bias",
+                                                       "presence_penalty",
+                                                       "seed",
+                                                       "stop",
+                                                       "temperature",
+                                                       "top_p",
+                                                       "user",
+                                                       "top_k",
+                                                       "min_p",
+                                                       "repetition_penalty",
+                                                       "length_penalty",
+                                                       "stop_token_ids",
+                                                       "include_stop_str_in_output",
+                                                       "ignore_eos",
+                                                       "min_tokens",
+                                                       "skip_special_tokens",
+                                                       "spaces_between_special_tokens",
+                                                       "allowed_token_ids",
+                                                       "bad_words",
+                                                       "response_format",
+                                                       "structured_outputs",
+                                                       "priority",
+                                                       "cache_salt",
+                                                       "vllm_xargs",
+                                                       "return_token_ids",
+                                                       "thinking_token_budget",
+                                                       "repetition_detection",
+                                                       "stream",
+                                                       "stream_options"};
+
+// A chat stream's continuation as a completion of `ids` (the templated
+// prompt's and the answer's tokens): nullopt when the chat request cannot
+// be so continued (its limit unknown: a completion's default is 16
+// tokens, not the rest of the context; chat logprobs asked for).
+std::optional<std::string> chat_as_completion(std::string_view body, const JsonObjectIndex& index,
+                                              const std::string& ids, std::int64_t left) {
+  if (bool_member(body, index, "logprobs").value_or(false))
+    return std::nullopt;
+  ojson out = ojson::object();
+  for (const auto key : kSharedWithCompletions) {
+    if (const auto raw = present(body, index, key)) {
+      ojson v = ojson::parse(*raw, nullptr, false);
+      if (v.is_discarded())
+        return std::nullopt;
+      out[std::string(key)] = std::move(v);
+    }
+  }
+  out["prompt"] = ojson::parse("[" + ids + "]", nullptr, false);
+  if (out["prompt"].is_discarded())
+    return std::nullopt;
+  out["max_tokens"] = left;
+  // The legs' usage is summed: this one must report its own.
+  if (!out["stream_options"].is_object())
+    out["stream_options"] = ojson::object();
+  out["stream_options"]["include_usage"] = true;
+  return out.dump();
+}
+
+}  // namespace
+
 std::optional<std::string> continuation_body(std::string_view body, const JsonObjectIndex& index,
                                              bool chat, const StreamTranscript& t,
-                                             std::string& why_not) {
+                                             std::string& why_not, bool* completion_leg) {
   auto refuse = [&](std::string why) -> std::optional<std::string> {
     why_not = std::move(why);
     return std::nullopt;
   };
+  if (completion_leg != nullptr)
+    *completion_leg = false;
   if (!t.resumable())
     return refuse(t.why_not());
   if (auto n = present(body, index, "n"); n && *n != "1")
@@ -558,6 +686,28 @@ std::optional<std::string> continuation_body(std::string_view body, const JsonOb
       return refuse("nothing left to generate");
     editor.set(key, std::to_string(left));
   }
+  // Token-exact: the prompt's ids and the answer's, as the engine counted
+  // them (the text would be tokenized again, maybe otherwise at the seam).
+  std::string ids;
+  if (t.token_exact()) {
+    ids = t.prompt_ids();
+    if (!t.ids().empty())
+      ids += "," + t.ids();
+  }
+  if (chat && !ids.empty() && completion_leg != nullptr) {
+    std::optional<std::int64_t> limit;
+    for (std::string_view key : {"max_completion_tokens", "max_tokens"}) {
+      if (const auto raw = present(body, index, key); raw && !limit)
+        limit = integral_value(*raw);
+    }
+    std::optional<std::string> leg;
+    if (limit)
+      leg = chat_as_completion(body, index, ids, *limit - static_cast<std::int64_t>(t.tokens()));
+    if (leg) {
+      *completion_leg = true;
+      return leg;
+    }
+  }
   if (chat) {
     if (is_true(body, index, "continue_final_message"))
       return refuse("the request continues a message itself");
@@ -576,6 +726,9 @@ std::optional<std::string> continuation_body(std::string_view body, const JsonOb
     editor.set("messages", std::move(edited));
     editor.set("continue_final_message", "true");
     editor.set("add_generation_prompt", "false");
+  } else if (!ids.empty()) {
+    // Whatever form the client's prompt had, the engine's ids say it.
+    editor.set("prompt", "[" + ids + "]");
   } else {
     const auto prompt = present(body, index, "prompt");
     if (!prompt)
@@ -607,13 +760,14 @@ std::optional<std::string> continuation_body(std::string_view body, const JsonOb
 }
 
 ResumedLeg::ResumedLeg(const StreamTranscript& t, std::optional<std::uint64_t> prompt_tokens,
-                       bool client_usage)
+                       bool client_usage, bool completion_leg)
     : id_(t.id()),
       created_(t.created()),
       model_(t.model()),
       emitted_tokens_(t.tokens()),
       prompt_tokens_(prompt_tokens),
-      client_usage_(client_usage) {}
+      client_usage_(client_usage),
+      completion_leg_(completion_leg) {}
 
 std::string ResumedLeg::rewrite(std::string_view events) {
   std::string out;
@@ -645,6 +799,35 @@ std::string ResumedLeg::rewrite_data(std::string_view data) {
   put("created", created_);
   put("model", model_);
   j.erase("kv_transfer_params");
+  // The client had the prompt's ids from the first leg (this leg's prompt
+  // holds the answer too).
+  j.erase("prompt_token_ids");
+  if (completion_leg_) {
+    // A completion continuing a chat stream: its events in a chat chunk's
+    // form (text as the delta's content).
+    j["object"] = "chat.completion.chunk";
+    if (auto u = j.find("usage"); u != j.end() && u->is_null())
+      j.erase(u);
+    if (auto c = j.find("choices"); c != j.end() && c->is_array()) {
+      for (auto& choice : *c) {
+        if (!choice.is_object())
+          continue;
+        ojson chunk = ojson::object();
+        chunk["index"] = choice.value("index", ojson(0));
+        ojson delta = ojson::object();
+        if (auto text = choice.find("text"); text != choice.end() && text->is_string())
+          delta["content"] = *text;
+        chunk["delta"] = std::move(delta);
+        chunk["logprobs"] = nullptr;
+        chunk["finish_reason"] = choice.value("finish_reason", ojson());
+        if (!chunk["finish_reason"].is_null())
+          chunk["stop_reason"] = choice.value("stop_reason", ojson());
+        if (auto ids = choice.find("token_ids"); ids != choice.end())
+          chunk["token_ids"] = *ids;
+        choice = std::move(chunk);
+      }
+    }
+  }
   bool has_choices = false;
   bool carries_something = false;
   if (auto c = j.find("choices"); c != j.end() && c->is_array()) {
@@ -652,6 +835,7 @@ std::string ResumedLeg::rewrite_data(std::string_view data) {
       if (!choice.is_object())
         continue;
       has_choices = true;
+      choice.erase("prompt_token_ids");
       if (auto d = choice.find("delta"); d != choice.end() && d->is_object()) {
         // The client had its role chunk from the first leg.
         d->erase("role");

@@ -31,6 +31,9 @@ class EventReader;
 // is no longer resumable (and the text is freed), so a held stream costs a
 // bounded amount however long its answer.
 inline constexpr std::size_t kMaxResumableText = 1u << 20;
+// Most token-id text (the prompt's and the answer's ids) kept per stream;
+// past it a stream is resumed from its text.
+inline constexpr std::size_t kMaxTokenIdText = 4u << 20;
 
 // What the client has been sent of one stream, read event by event.
 class StreamTranscript {
@@ -56,6 +59,14 @@ class StreamTranscript {
   // A finish_reason or [DONE] came: the answer is complete.
   bool finished() const { return finished_; }
   bool saw_done() const { return done_; }
+  // Token ids, when the stream carried them (vLLM's return_token_ids):
+  // the prompt's and every emitted token's, as JSON numbers joined by
+  // commas. A continuation then goes on from exactly these tokens instead
+  // of the text re-tokenized. False when they did not come, some text came
+  // without its ids, or they passed kMaxTokenIdText.
+  bool token_exact() const { return ids_exact_ && !prompt_ids_.empty(); }
+  const std::string& prompt_ids() const { return prompt_ids_; }
+  const std::string& ids() const { return ids_; }
   // The first event's envelope (raw JSON values), which a resumed leg's
   // events are given.
   const std::string& id() const { return id_; }
@@ -83,6 +94,11 @@ class StreamTranscript {
   std::string id_;
   std::string created_;
   std::string model_;
+  void take_ids(const EventFacts& facts);
+  void drop_ids();
+  bool ids_exact_ = true;
+  std::string prompt_ids_;
+  std::string ids_;
   // Engines send every event of a stream in one shape. `shape_` holds the
   // first event's bytes up to its choices' '[' (the envelope, skipped in
   // later events that start with the same bytes), then those of a token
@@ -106,9 +122,16 @@ class StreamTranscript {
 // Nullopt, with `why_not` set, when the request cannot be continued so
 // (n > 1, best_of, echo, a token-id prompt, its own continue_final_message,
 // nothing left to generate).
+//
+// When the stream carried token ids (t.token_exact()), the continuation is
+// token-exact: a completion's prompt becomes the prompt's ids followed by
+// the answer's; a chat stream (when `completion_leg` is given, the request
+// sets a token limit and asks no logprobs, whose chat form a completion
+// does not give) is continued as a completion of those ids, sent to
+// /v1/completions, `*completion_leg` then true.
 std::optional<std::string> continuation_body(std::string_view body, const JsonObjectIndex& index,
                                              bool chat, const StreamTranscript& t,
-                                             std::string& why_not);
+                                             std::string& why_not, bool* completion_leg = nullptr);
 
 // Rewrites a resumed leg's events into the client's stream.
 class ResumedLeg {
@@ -118,8 +141,10 @@ class ResumedLeg {
   // usage), else derived from this leg's usage; `client_usage`: the client
   // asked for usage (otherwise the usage event, asked for by the gateway,
   // is dropped).
+  // `completion_leg`: the leg is a completion continuing a chat stream
+  // (its events are given the chat chunks' form).
   ResumedLeg(const StreamTranscript& t, std::optional<std::uint64_t> prompt_tokens,
-             bool client_usage);
+             bool client_usage, bool completion_leg = false);
 
   // Complete SSE events in, the client's bytes out.
   std::string rewrite(std::string_view events);
@@ -135,6 +160,7 @@ class ResumedLeg {
   std::uint64_t emitted_tokens_;
   std::optional<std::uint64_t> prompt_tokens_;
   bool client_usage_;
+  bool completion_leg_;
   std::optional<TokenUsage> usage_;
 };
 

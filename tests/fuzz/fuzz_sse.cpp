@@ -106,8 +106,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                  : R"({"prompt":"x","max_tokens":50})";
     const auto index = pdgate::index_json_object(body);
     std::string why;
-    if (const auto next = pdgate::continuation_body(body, *index, chat, t, why))
+    bool completion_leg = false;
+    if (const auto next = pdgate::continuation_body(body, *index, chat, t, why, &completion_leg))
       check(pdgate::index_json_object(*next).ok(), "the continuation is not a JSON object");
+    // A chat stream continued as a completion of its token ids: that leg's
+    // events (engine output again) in the chat form.
+    pdgate::ResumedLeg as_chat(t, std::nullopt, true, true);
+    (void)as_chat.rewrite(raw);
   }
   return 0;
 }

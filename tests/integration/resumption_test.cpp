@@ -210,6 +210,90 @@ TEST(Resumption, StreamedCompletionContinuesOnAnotherDecode) {
   std::remove(log.c_str());
 }
 
+// A stream that carries token ids (the client asked for return_token_ids)
+// is resumed token-exact: the resumed leg is a completion whose prompt is
+// the prompt's ids followed by the answer's, as the engine counted them
+// (a chat stream's leg goes to /v1/completions and its events come back
+// as chat chunks). The client's stream is one answer, its token ids
+// continuing without a gap or a repeat.
+TEST(Resumption, TokenIdsResumeTokenExact) {
+  Sim p("prefill");
+  Sim dying("decode", {"--die-after-chunks", "4", "--itl-ms", "2"});
+  Sim healthy("decode", {"--itl-ms", "2"});
+  Gateway gw({"--prefill", p.hostport(), "--decode", dying.hostport(), healthy.hostport()});
+  for (const bool chat : {true, false}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    Json body = chat ? chat_body(10, true) : completion_body(10, true);
+    body["return_token_ids"] = true;
+    const std::size_t legs_before = healthy.requests().size();
+    const std::size_t dead_before = dying.requests().size();
+    std::vector<Response> responses;
+    Json client_prompt_ids;
+    for (int i = 0; i < 4 && dying.requests().size() == dead_before; ++i)
+      responses.push_back(
+          post_json(gw.port(), chat ? "/v1/chat/completions" : "/v1/completions", body));
+    ASSERT_GT(dying.requests().size(), dead_before);
+    for (const auto& r : responses) {
+      const Read got = read_stream(r, chat);
+      EXPECT_EQ(got.problems, "") << r.body;
+      EXPECT_EQ(got.text, sim_answer(10)) << r.body;
+      ASSERT_TRUE(got.usage) << r.body;
+      EXPECT_EQ((*got.usage)["completion_tokens"], 10) << r.body;
+      // The answer's ids, in order: 0xFFFF0000 + position, each once; the
+      // prompt's ids once, in the first events.
+      std::vector<std::uint32_t> ids;
+      int prompt_ids = 0;
+      for (const auto& ev : sse_data(r.body)) {
+        const Json e = Json::parse(ev, nullptr, false);
+        if (!e.is_object())
+          continue;
+        prompt_ids += e.contains("prompt_token_ids");
+        if (e.contains("prompt_token_ids"))
+          client_prompt_ids = e["prompt_token_ids"];
+        for (const auto& c : e["choices"]) {
+          prompt_ids += c.contains("prompt_token_ids");
+          if (c.contains("prompt_token_ids"))
+            client_prompt_ids = c["prompt_token_ids"];
+          for (const auto& id : c.value("token_ids", Json::array()))
+            ids.push_back(id.get<std::uint32_t>());
+        }
+      }
+      EXPECT_EQ(prompt_ids, 1) << r.body;
+      ASSERT_EQ(ids.size(), 10u) << r.body;
+      for (std::uint32_t i = 0; i < 10; ++i)
+        EXPECT_EQ(ids[i], 0xFFFF0000u + i) << r.body;
+    }
+    // The resumed leg: a completion of token ids ending with the tokens
+    // the client had (the dying decode sends 4 events: a chat's first is
+    // its role chunk), the rest left to generate.
+    const std::size_t had = chat ? 3 : 4;
+    const Json legs = healthy.requests();
+    bool token_leg = false;
+    for (std::size_t i = legs_before; i < legs.size(); ++i) {
+      const Json& leg = legs[i];
+      if (!leg.value("request_id", "").ends_with("-r1"))
+        continue;
+      EXPECT_EQ(leg["path"], "/v1/completions") << leg.dump();
+      const Json sent = Json::parse(leg.value("body", ""), nullptr, false);
+      ASSERT_TRUE(sent.is_object()) << leg.dump();
+      ASSERT_TRUE(sent["prompt"].is_array()) << sent.dump();
+      const auto& prompt = sent["prompt"];
+      ASSERT_GT(prompt.size(), had) << sent.dump();
+      for (std::size_t k = 0; k < had; ++k)
+        EXPECT_EQ(prompt[prompt.size() - had + k], 0xFFFF0000u + k) << sent.dump();
+      Json own = Json::array();
+      for (std::size_t k = 0; k + had < prompt.size(); ++k)
+        own.push_back(prompt[k]);
+      EXPECT_EQ(own, client_prompt_ids) << "the prompt's own ids come first: " << sent.dump();
+      EXPECT_EQ(sent["max_tokens"], 10 - had) << sent.dump();
+      EXPECT_FALSE(sent.contains("messages")) << sent.dump();
+      token_leg = true;
+    }
+    EXPECT_TRUE(token_leg) << legs.dump();
+  }
+  EXPECT_EQ(migrations(gw.port(), "reset", "resumed"), 2);
+}
+
 // vLLM's mid-stream error event (here on every leg, after 3 events: the
 // fault header reaches every decode) is kept from the client and the
 // stream resumed, leg after leg, until the answer is whole.

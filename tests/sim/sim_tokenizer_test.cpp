@@ -118,6 +118,28 @@ TEST(SimTokenizer, ContinuationOffsetFindsTheAnswerSoFar) {
   }
 }
 
+// The same for a token-id prompt (a gateway resuming token-exact): the
+// output ids it ends with, a run from token 0 in order.
+TEST(SimTokenizer, ContinuationOffsetOfTokenIds) {
+  auto ids_of = [](std::vector<std::uint32_t> prompt, std::size_t k) {
+    for (std::size_t i = 0; i < k; ++i)
+      prompt.push_back(output_token_id(i));
+    return prompt;
+  };
+  EXPECT_EQ(output_token_id(0), 0xFFFF0000u);
+  EXPECT_EQ(output_token_id(17), 0xFFFF0001u);
+  EXPECT_EQ(continuation_offset(std::vector<std::uint32_t>{}), 0u);
+  for (std::size_t k : {0u, 1u, 5u, 16u, 40u})
+    EXPECT_EQ(continuation_offset(ids_of(token_ids("Tell me"), k)), k) << k;
+  // Output ids not starting at token 0, or out of order, are no answer.
+  EXPECT_EQ(continuation_offset(std::vector<std::uint32_t>{7, output_token_id(1)}), 0u);
+  EXPECT_EQ(continuation_offset(std::vector<std::uint32_t>{output_token_id(0), output_token_id(2)}),
+            0u);
+  // No prompt text makes an output id: its bytes' top one would be 0xFF.
+  for (const auto id : token_ids("Tell me \xc3\xa9 \xf0\x9f\x98\x80 story"))
+    EXPECT_LT(id, output_token_id(0));
+}
+
 // The encoder accepts exactly one media item, no text, max_tokens 1, no stream.
 TEST(SimTokenizer, EncoderRules) {
   json item = {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,AAAA"}}}};

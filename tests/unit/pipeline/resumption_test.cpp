@@ -273,6 +273,94 @@ TEST(ResumedLeg, RewritesIntoTheFirstLegsStream) {
   EXPECT_TRUE(out.ends_with("data: [DONE]\n\n"));
 }
 
+// With token ids in the stream (return_token_ids), the continuation is a
+// completion of the prompt's ids and the answer's: for a completion its
+// prompt, for a chat a completion request of its own (with the fields the
+// two share, the limit less what was emitted, usage asked for).
+TEST(ContinuationBody, TokenIdsMakeTheContinuationTokenExact) {
+  StreamTranscript c(false);
+  c.observe(ev(
+      R"({"id":"cmpl-a","created":1,"model":"m","choices":[{"index":0,"text":" the","prompt_token_ids":[11,12],"token_ids":[90]}]})"));
+  c.observe(ev(
+      R"({"id":"cmpl-a","created":1,"model":"m","choices":[{"index":0,"text":" quick","token_ids":[91]}]})"));
+  ASSERT_TRUE(c.token_exact());
+  EXPECT_EQ(c.prompt_ids(), "11,12");
+  EXPECT_EQ(c.ids(), "90,91");
+  std::string why;
+  const json comp = json::parse(continuation(
+      R"({"model":"m","prompt":"hi","max_tokens":10,"stream":true,"return_token_ids":true})", false,
+      c, why));
+  EXPECT_EQ(comp["prompt"], json::parse("[11,12,90,91]"));
+  EXPECT_EQ(comp["max_tokens"], 8);
+
+  StreamTranscript t(true);
+  t.observe(ev(
+      R"({"id":"chatcmpl-a","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[5,6,7]})"));
+  t.observe(ev(
+      R"({"id":"chatcmpl-a","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" the"},"token_ids":[90]}]})"));
+  ASSERT_TRUE(t.token_exact());
+  const std::string chat_body =
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":5,"temperature":0,"tools":null,"stream":true,"return_token_ids":true,"chat_template_kwargs":{"x":1}})";
+  auto index = index_json_object(chat_body);
+  ASSERT_TRUE(index);
+  bool completion_leg = false;
+  const auto leg = continuation_body(chat_body, *index, true, t, why, &completion_leg);
+  ASSERT_TRUE(leg) << why;
+  EXPECT_TRUE(completion_leg);
+  EXPECT_EQ(json::parse(*leg),
+            json::parse(R"({"model":"m","temperature":0,"return_token_ids":true,"stream":true,
+                            "stream_options":{"include_usage":true},"prompt":[5,6,7,90],
+                            "max_tokens":4})"));
+  // Without a limit (a completion's default is not a chat's), or with chat
+  // logprobs, a chat stream goes on from its text.
+  for (
+      const std::string body :
+      {R"({"messages":[{"role":"user","content":"hi"}],"stream":true})",
+       R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"logprobs":true,"stream":true})"}) {
+    auto i = index_json_object(body);
+    const auto text_leg = continuation_body(body, *i, true, t, why, &completion_leg);
+    ASSERT_TRUE(text_leg) << why;
+    EXPECT_FALSE(completion_leg) << body;
+    EXPECT_NE(text_leg->find("continue_final_message"), std::string::npos) << *text_leg;
+  }
+  // A token that came without its id, or an id that is not one, and the
+  // ids no longer say the answer: text again.
+  StreamTranscript gap(false);
+  gap.observe(
+      ev(R"({"choices":[{"index":0,"text":" a","prompt_token_ids":[1],"token_ids":[90]}]})"));
+  gap.observe(ev(R"({"choices":[{"index":0,"text":" b"}]})"));
+  EXPECT_FALSE(gap.token_exact());
+  StreamTranscript bad(false);
+  bad.observe(
+      ev(R"({"choices":[{"index":0,"text":" a","prompt_token_ids":[1],"token_ids":[-3]}]})"));
+  EXPECT_FALSE(bad.token_exact());
+  EXPECT_TRUE(bad.resumable());
+}
+
+// A completion leg continuing a chat stream: its events in chat chunks'
+// form, without its prompt's ids (the client had the first leg's).
+TEST(ResumedLeg, GivesACompletionLegTheChatForm) {
+  StreamTranscript t(true);
+  t.observe(kRole + chat_token("chatcmpl-a", 7, " the"));
+  ResumedLeg leg(t, 12, true, true);
+  const std::string out = leg.rewrite(
+      ev(R"({"id":"cmpl-x-r1","object":"text_completion","created":9,"model":"m","choices":[{"index":0,"text":" quick","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":[1,2],"token_ids":[91]}],"usage":null})") +
+      ev(R"({"id":"cmpl-x-r1","object":"text_completion","created":9,"model":"m","choices":[{"index":0,"text":" brown","logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":[92]}],"usage":null})") +
+      "data: [DONE]\n\n");
+  EXPECT_EQ(out.find("prompt_token_ids"), std::string::npos) << out;
+  EXPECT_EQ(out.find("text_completion"), std::string::npos) << out;
+  EXPECT_EQ(out.find("\"usage\""), std::string::npos) << out;
+  StreamTranscript seen(true);
+  seen.observe(out);
+  EXPECT_EQ(seen.text(), " quick brown");
+  EXPECT_TRUE(seen.finished());
+  EXPECT_NE(
+      out.find(
+          R"("delta":{"content":" quick"},"logprobs":null,"finish_reason":null,"token_ids":[91])"),
+      std::string::npos)
+      << out;
+}
+
 // Usage the gateway asked for is not the client's: dropped.
 TEST(ResumedLeg, DropsUsageTheClientDidNotAskFor) {
   StreamTranscript t(false);
