@@ -276,6 +276,10 @@ struct Config {
   // another decode at most this many times (docs/resumption.md); 0: the
   // client gets the in-band error event.
   unsigned decode_migrations = 1;
+  // Resumable streams ask their engines for token ids (vLLM's
+  // return_token_ids), kept from clients that did not ask, so a resumed
+  // stream goes on token-exact (docs/resumption.md).
+  bool resume_token_ids = false;
 
   // Tracing (docs/tracing.md). Spans go to otlp_endpoint over OTLP/HTTP
   // (empty: no spans, and engines get the client's traceparent as sent).

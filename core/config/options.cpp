@@ -402,6 +402,11 @@ constexpr std::array kOptions = {
            "mid-answer (reset, error event, silence past --first-byte-timeout), 0 to 8; 0 "
            "ends such a stream with an error event (default: 1).",
            uint_field<&Config::decode_migrations, 8>},
+    Option{"resume-token-ids", "", 0, false, false, kGeneral, "true|false",
+           "Resumable streams ask the engines for token ids (vLLM 0.10.2's return_token_ids; "
+           "older engines ignore it), cut from what clients that did not ask are sent, so a "
+           "stream resumed on another decode goes on token-exact (default: false).",
+           switch_field<&Config::resume_token_ids>},
     Option{"retry-budget", "", 0, false, false, kGeneral, "FRACTION",
            "Retries in flight allowed, as a fraction of requests in flight (default: 0.2).",
            fraction_field<&Config::retry_budget>},

@@ -179,6 +179,27 @@ bool ask_decode_for_usage(RequestContext& rc) {
   return use_edited_body(rc, editor.render(), "asking decode for usage");
 }
 
+// Whether a stream may be resumed if its decode breaks off: streamed chat
+// and completions (a Responses stream's events are the engine's own
+// state machine), with --decode-migrations above 0.
+bool resumes(const Config& cfg, GenerationApi api, bool stream) {
+  return stream && cfg.decode_migrations > 0 && api != GenerationApi::responses;
+}
+
+// --resume-token-ids: a resumable stream asks its engines for token ids
+// (return_token_ids), so a resumed leg can go on token-exact; the relay
+// cuts them from the client's stream unless the client asked for them.
+bool ask_for_token_ids(RequestContext& rc, bool& strip) {
+  strip = false;
+  if (!rc.w.cfg.resume_token_ids || !resumes(rc.w.cfg, rc.api, rc.facts.stream) ||
+      bool_member(rc.body, rc.index, "return_token_ids").value_or(false))
+    return true;
+  JsonBodyEditor editor(rc.body, rc.index);
+  editor.set("return_token_ids", "true");
+  strip = true;
+  return use_edited_body(rc, editor.render(), "asking for token ids");
+}
+
 // What routing decided, for the access log.
 // (A routed request's view has moved to the relay: its id is passed.)
 void note_routing(RequestContext& rc, const std::string& request_id) {
@@ -278,13 +299,6 @@ net::awaitable<std::unique_ptr<DecodeRelay>> route_phases(RequestContext& rc) {
   co_return relay;
 }
 
-// Whether a stream may be resumed if its decode breaks off: streamed chat
-// and completions (a Responses stream's events are the engine's own
-// state machine), with --decode-migrations above 0.
-bool resumes(const Config& cfg, GenerationApi api, bool stream) {
-  return stream && cfg.decode_migrations > 0 && api != GenerationApi::responses;
-}
-
 // A resumed leg for the stream `rs`, whose decode `broken` broke off: the
 // continuation of the client's request (core/pipeline/resumption.hpp),
 // routed as a request of its own (prefill again, the policies' picks with
@@ -355,11 +369,12 @@ net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(ClientRequest& c, Reques
 // it ends or may not be resumed again (--decode-migrations, the budget,
 // a policy, a request that cannot be continued): then the error event.
 net::awaitable<bool> relay_resumable(ClientRequest& c, RequestTrace& trace, GenerationApi api,
-                                     const ClientKey* key, bool client_usage,
+                                     const ClientKey* key, bool client_usage, bool strip_ids,
                                      std::unique_ptr<DecodeRelay>& relay) {
   WorkerContext& w = c.w;
   StreamResume rs(api == GenerationApi::chat);
   rs.client_usage = client_usage;
+  rs.strip_ids = strip_ids;
   const ResumableListing listed(w, rs);
   const std::string request_id = relay->view->request_id;
   // The original prompt's length (a resumed leg's prompt holds the answer).
@@ -439,6 +454,8 @@ net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
   if (api == GenerationApi::responses)
     rc->reuse = false;
   on = on && ask_decode_for_usage(*rc);
+  bool strip_ids = false;
+  on = on && ask_for_token_ids(*rc, strip_ids);
   std::unique_ptr<DecodeRelay> relay;
   if (on)
     relay = co_await route_phases(*rc);
@@ -459,7 +476,7 @@ net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
   // (Not a conditional expression: GCC 12 runs both co_awaits of one.)
   bool keep = false;
   if (resumable)
-    keep = co_await relay_resumable(c, trace, api, key, client_usage, relay);
+    keep = co_await relay_resumable(c, trace, api, key, client_usage, strip_ids, relay);
   else
     keep = co_await relay_answer(c, *relay);
   trace.finish(c.scope.client_gone() ? 0 : c.outcome.status, c.outcome.stage);

@@ -165,7 +165,7 @@ bool pass_resume(StreamResume* rs, std::string& bytes, bool cut = true) {
     return true;
   if (rs->leg)
     bytes = rs->leg->rewrite(bytes);
-  const std::size_t keep = rs->transcript.observe(bytes);
+  const std::size_t keep = rs->transcript.observe(bytes, rs->strip_ids);
   if (keep == bytes.size() || (!cut && keep == 0))
     return true;
   bytes.resize(keep);

@@ -142,6 +142,9 @@ struct StreamResume {
   bool client_usage = false;  // the client asked for a usage event
   // The current leg continues a chat stream as a completion (token-exact).
   bool completion_leg = false;
+  // The gateway asked the engines for token ids (--resume-token-ids): they
+  // are cut from what the client is sent.
+  bool strip_ids = false;
   // The leg relaying now (null between legs), for migrate_streams().
   DecodeRelay* current = nullptr;
   // Its place in its worker's resumable_streams, while listed.

@@ -97,6 +97,44 @@ void StreamTranscript::refuse(std::string why) {
   std::string().swap(text_);
 }
 
+std::size_t StreamTranscript::observe(std::string& events, bool strip_ids) {
+  if (!strip_ids)
+    return observe(std::string_view(events));
+  Cuts cuts;
+  std::size_t keep = events.size();
+  std::size_t pos = 0;
+  SplitEvent ev;
+  while (next_event(events, pos, ev)) {
+    if (!ev.has_data)
+      continue;
+    // Only an event whose data is one line (as engines send) is cut: its
+    // data lies in `events` as it is.
+    const bool in_place =
+        ev.data.data() >= events.data() && ev.data.data() < events.data() + events.size();
+    cuts.base = in_place ? static_cast<std::size_t>(ev.data.data() - events.data()) : 0;
+    if (!on_data(ev.data, in_place ? &cuts : nullptr)) {
+      error_event_ = true;
+      keep = ev.begin;
+      break;
+    }
+  }
+  if (cuts.ranges.empty())
+    return keep;
+  std::string out;
+  out.reserve(events.size());
+  std::size_t at = 0;
+  for (const auto& [begin, end] : cuts.ranges) {
+    if (begin > at)
+      out.append(events, at, begin - at);
+    at = std::max(at, end);
+  }
+  out.append(events, at, keep - at);
+  const std::size_t kept = out.size();
+  out.append(events, keep, std::string::npos);
+  events = std::move(out);
+  return kept;
+}
+
 std::size_t StreamTranscript::observe(std::string_view events) {
   std::size_t pos = 0;
   SplitEvent ev;
@@ -134,18 +172,36 @@ class EventReader {
     ws();
     if (!eat('{'))
       return false;
+    const std::size_t open = p_;
     ws();
     if (eat('}'))
       return true;
-    return member_list(on);
+    return member_list(on, true, open);
   }
   // The rest of an object after a member's value (at the cursor's end).
   template <class F>
   bool after_member(F&& on) {
+    const std::size_t value_end = p_;
     ws();
     if (eat(','))
-      return member_list(on);
+      return member_list(on, false, value_end);
     return eat('}');
+  }
+
+  // The bytes that remove the member whose value was just read with
+  // value() (called right after it, before any other read): its key and
+  // value with the comma that joins it to the member before it, or (the
+  // first member) to the one after it.
+  std::pair<std::size_t, std::size_t> member_cut() {
+    cut_taken_at_ = cut_key_at_;
+    if (!cut_first_)
+      return {cut_prev_end_, p_};
+    std::size_t end = p_;
+    while (end < t_.size() && is_json_ws(t_[end]))
+      ++end;
+    if (end < t_.size() && t_[end] == ',')
+      return {cut_key_at_, end + 1};
+    return {cut_key_at_, p_};
   }
 
   // Calls on() for each element of the array at the cursor.
@@ -218,10 +274,13 @@ class EventReader {
   void seek(std::size_t pos) { p_ = pos; }
 
  private:
+  // `first`: the object's first member comes; `prev_end`: where the value
+  // before it (or the '{') ends.
   template <class F>
-  bool member_list(F&& on) {
+  bool member_list(F&& on, bool first, std::size_t prev_end) {
     for (;;) {
       ws();
+      const std::size_t key_at = p_;
       const auto raw = string_literal();
       if (!raw)
         return false;
@@ -237,11 +296,23 @@ class EventReader {
         key = key_;
       }
       ws();
+      cut_first_ = first;
+      cut_prev_end_ = prev_end;
+      cut_key_at_ = key_at;
       if (!on(key))
         return false;
+      const std::size_t value_end = p_;
+      // A first member cut with the comma after it leaves the next one
+      // first.
+      const bool cut_as_first = first && cut_taken_at_ == key_at;
       ws();
-      if (eat(','))
+      if (eat(',')) {
+        if (!cut_as_first) {
+          first = false;
+          prev_end = value_end;
+        }
         continue;
+      }
       return eat('}');
     }
   }
@@ -281,6 +352,11 @@ class EventReader {
   std::string_view t_;
   std::size_t p_ = 0;
   std::string key_;
+  // The member being read (member_cut()).
+  bool cut_first_ = false;
+  std::size_t cut_prev_end_ = 0;
+  std::size_t cut_key_at_ = 0;
+  std::size_t cut_taken_at_ = static_cast<std::size_t>(-1);
 };
 
 }  // namespace detail
@@ -314,6 +390,9 @@ struct StreamTranscript::EventFacts {
   std::optional<std::string_view> prompt_ids;
   std::optional<std::string_view> token_ids;
   bool text_without_ids = false;
+  // Id members to cut (when stripping), in the event's bytes.
+  std::vector<std::pair<std::size_t, std::size_t>> cuts;
+  bool cutting = false;
 };
 
 namespace {
@@ -413,16 +492,18 @@ void StreamTranscript::learn_shape(std::string_view data, std::size_t choices_at
   head_ = static_cast<std::uint16_t>(at);
 }
 
-bool StreamTranscript::on_data(std::string_view data) {
+bool StreamTranscript::on_data(std::string_view data, Cuts* cuts) {
   if (data == "[DONE]") {
     done_ = true;
     finished_ = true;
     return true;
   }
   // The same shape as the stream's token events: only the text is new.
+  // (Never one with ids: a token event's shape holds none.)
   if (token_event(data))
     return true;
   EventFacts facts;
+  facts.cutting = cuts != nullptr;
   facts.text_before = text_.size();
   std::optional<std::string_view> error, id, created, model;
   std::size_t choices_at = 0;
@@ -445,6 +526,8 @@ bool StreamTranscript::on_data(std::string_view data) {
     const auto v = r.value();
     if (!v)
       return false;
+    if (facts.cutting && (key == "prompt_token_ids" || key == "token_ids"))
+      facts.cuts.push_back(r.member_cut());
     if (key == "error")
       error = non_null(v);
     else if (chat_ && key == "prompt_token_ids")
@@ -487,6 +570,13 @@ bool StreamTranscript::on_data(std::string_view data) {
   }
   learn_shape(data, choices_at, facts);
   take_ids(facts);
+  if (cuts != nullptr) {
+    // In the order of the bytes (a choice's members come before the
+    // event's members that follow the choices).
+    std::sort(facts.cuts.begin(), facts.cuts.end());
+    for (const auto& [begin, end] : facts.cuts)
+      cuts->ranges.emplace_back(cuts->base + begin, cuts->base + end);
+  }
   tokens_ += facts.tokens;
   finished_ = finished_ || facts.finished;
   if (!facts.why_not.empty())
@@ -534,6 +624,8 @@ bool StreamTranscript::on_choice(detail::EventReader& r, EventFacts& facts) {
     const auto v = r.value();
     if (!v)
       return false;
+    if (facts.cutting && (key == "prompt_token_ids" || key == "token_ids"))
+      facts.cuts.push_back(r.member_cut());
     if (key == "index")
       index = non_null(v);
     else if (key == "finish_reason")
@@ -645,6 +737,8 @@ std::optional<std::string> chat_as_completion(std::string_view body, const JsonO
   if (out["prompt"].is_discarded())
     return std::nullopt;
   out["max_tokens"] = left;
+  // The next leg's ids too, should it break off in turn.
+  out["return_token_ids"] = true;
   // The legs' usage is summed: this one must report its own.
   if (!out["stream_options"].is_object())
     out["stream_options"] = ojson::object();
@@ -727,8 +821,10 @@ std::optional<std::string> continuation_body(std::string_view body, const JsonOb
     editor.set("continue_final_message", "true");
     editor.set("add_generation_prompt", "false");
   } else if (!ids.empty()) {
-    // Whatever form the client's prompt had, the engine's ids say it.
+    // Whatever form the client's prompt had, the engine's ids say it; the
+    // next leg's ids too, should it break off in turn.
     editor.set("prompt", "[" + ids + "]");
+    editor.set("return_token_ids", "true");
   } else {
     const auto prompt = present(body, index, "prompt");
     if (!prompt)

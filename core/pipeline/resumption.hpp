@@ -17,6 +17,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/base/json_body.hpp"
 #include "core/observability/metrics.hpp"
@@ -44,6 +46,11 @@ class StreamTranscript {
   // many of their bytes may go: all of them, or those before an engine's
   // error event (error_event() then says so; the rest is not the client's).
   std::size_t observe(std::string_view events);
+  // The same, and (`strip_ids`) the token ids the gateway asked an engine
+  // for (--resume-token-ids) are cut from `events` (every prompt_token_ids
+  // and token_ids member, at the top and in choices); the size returned
+  // counts in the cut bytes.
+  std::size_t observe(std::string& events, bool strip_ids);
 
   // An error event came in the stream (vLLM's mid-stream failure).
   bool error_event() const { return error_event_; }
@@ -78,8 +85,14 @@ class StreamTranscript {
 
  private:
   struct EventFacts;
+  // Where bytes are to be cut from the events observed (stripping ids):
+  // ranges, and where the event being read starts in them.
+  struct Cuts {
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;
+    std::size_t base = 0;
+  };
   // One event's data; false when it is an error event.
-  bool on_data(std::string_view data);
+  bool on_data(std::string_view data, Cuts* cuts = nullptr);
   // One element of its choices at the reader's cursor; false when the
   // event is not JSON.
   bool on_choice(detail::EventReader& r, EventFacts& facts);

@@ -294,6 +294,66 @@ TEST(Resumption, TokenIdsResumeTokenExact) {
   EXPECT_EQ(migrations(gw.port(), "reset", "resumed"), 2);
 }
 
+// --resume-token-ids: the gateway asks for the ids itself, so streams of
+// clients that did not ask resume token-exact too, and those clients'
+// streams carry no ids: byte for byte what they get without the flag,
+// apart from the envelope.
+TEST(Resumption, AskedTokenIdsAreKeptFromTheClient) {
+  Sim p("prefill");
+  Sim dying("decode", {"--die-after-chunks", "4", "--itl-ms", "2"});
+  Sim healthy("decode", {"--itl-ms", "2"});
+  Gateway gw({"--prefill", p.hostport(), "--decode", dying.hostport(), healthy.hostport(),
+              "--resume-token-ids", "true"});
+  const auto responses = until_one_breaks(gw, dying, "/v1/chat/completions", chat_body(10, false));
+  ASSERT_FALSE(dying.requests().empty());
+  for (const auto& r : responses) {
+    const Read got = read_stream(r, true);
+    EXPECT_EQ(got.problems, "") << r.body;
+    EXPECT_EQ(got.text, sim_answer(10)) << r.body;
+    EXPECT_EQ(r.body.find("token_ids"), std::string::npos) << r.body;
+  }
+  // The engines were asked; the resumed leg was a completion of ids.
+  const Json first = dying.requests()[0];
+  EXPECT_EQ(Json::parse(first.value("body", ""))["return_token_ids"], true) << first.dump();
+  bool token_leg = false;
+  for (const auto& leg : healthy.requests()) {
+    if (!leg.value("request_id", "").ends_with("-r1"))
+      continue;
+    EXPECT_EQ(leg["path"], "/v1/completions") << leg.dump();
+    const Json sent = Json::parse(leg.value("body", ""));
+    EXPECT_TRUE(sent["prompt"].is_array()) << sent.dump();
+    EXPECT_EQ(sent["return_token_ids"], true) << sent.dump();
+    token_leg = true;
+  }
+  EXPECT_TRUE(token_leg);
+  // An uninterrupted stream with the flag is the one without it, but for
+  // its envelope (id, created).
+  Sim single("both");
+  Gateway with({"--decode", single.hostport(), "--prefill-servers-urls", "disable",
+                "--resume-token-ids", "true"});
+  Gateway without({"--decode", single.hostport(), "--prefill-servers-urls", "disable"});
+  auto events = [](const Response& r) {
+    std::vector<Json> out;
+    for (const auto& e : sse_data(r.body)) {
+      Json j = Json::parse(e, nullptr, false);
+      if (j.is_object()) {
+        j.erase("id");
+        j.erase("created");
+      } else {
+        j = e;  // [DONE]
+      }
+      out.push_back(j);
+    }
+    return out;
+  };
+  for (const bool chat : {true, false}) {
+    const std::string target = chat ? "/v1/chat/completions" : "/v1/completions";
+    const Json body = chat ? chat_body(5, true) : completion_body(5, true);
+    EXPECT_EQ(events(post_json(with.port(), target, body)),
+              events(post_json(without.port(), target, body)));
+  }
+}
+
 // vLLM's mid-stream error event (here on every leg, after 3 events: the
 // fault header reaches every decode) is kept from the client and the
 // stream resumed, leg after leg, until the answer is whole.

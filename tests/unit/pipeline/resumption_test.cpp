@@ -337,6 +337,39 @@ TEST(ContinuationBody, TokenIdsMakeTheContinuationTokenExact) {
   EXPECT_TRUE(bad.resumable());
 }
 
+// Ids the gateway asked for are cut from what the client is sent, from
+// any place in an event (first, last, between members, at both levels),
+// the transcript keeping them; what remains is the event without them.
+TEST(StreamTranscript, StripsTheIdsItAskedFor) {
+  StreamTranscript t(true);
+  std::string events =
+      ev(R"({"prompt_token_ids":[5,6],"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})") +
+      ev(R"({"id":"c","choices":[{"token_ids":[90],"index":0,"delta":{"content":" the"}}],"prompt_token_ids":null})") +
+      ev(R"({"id":"c","choices":[{"index":0,"delta":{"content":" quick"}, "token_ids" : [91] ,"finish_reason":null}]})") +
+      ev(R"({"prompt_token_ids":[],"token_ids":[],"choices":[{"token_ids":[92],"prompt_token_ids":[1],"index":0,"delta":{"content":" brown"}}]})") +
+      "data: [DONE]\n\n";
+  const std::size_t kept = t.observe(events, true);
+  EXPECT_EQ(kept, events.size());
+  EXPECT_EQ(
+      events,
+      ev(R"({"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})") +
+          ev(R"({"id":"c","choices":[{"index":0,"delta":{"content":" the"}}]})") +
+          ev(R"({"id":"c","choices":[{"index":0,"delta":{"content":" quick"} ,"finish_reason":null}]})") +
+          ev(R"({"choices":[{"index":0,"delta":{"content":" brown"}}]})") + "data: [DONE]\n\n");
+  EXPECT_EQ(t.text(), " the quick brown");
+  EXPECT_TRUE(t.token_exact());
+  EXPECT_EQ(t.prompt_ids(), "5,6");
+  EXPECT_EQ(t.ids(), "90,91,92");
+  // Before an error event: what precedes it, cut; the rest is not the
+  // client's.
+  StreamTranscript e(false);
+  std::string with_error = ev(R"({"choices":[{"index":0,"text":" a","token_ids":[90]}]})") +
+                           ev(R"({"error":{"message":"boom"}})");
+  const std::size_t before_error = e.observe(with_error, true);
+  EXPECT_TRUE(e.error_event());
+  EXPECT_EQ(with_error.substr(0, before_error), ev(R"({"choices":[{"index":0,"text":" a"}]})"));
+}
+
 // A completion leg continuing a chat stream: its events in chat chunks'
 // form, without its prompt's ids (the client had the first leg's).
 TEST(ResumedLeg, GivesACompletionLegTheChatForm) {
