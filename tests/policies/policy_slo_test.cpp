@@ -116,7 +116,7 @@ TEST(PolicySlo, WalkthroughPolicyAsShipped) {
   EXPECT_EQ(gold.requests().size(), 4u);
   // The access log names the tenant, the path and the refusal.
   for (const char* line :
-       {"status=429 stage=policy", "reject=request:rejected tenant=initech path=-",
+       {"status=429 stage=policy", "reject=request:limited tenant=initech path=-",
         "reject=- tenant=acme path=one_hop", "reject=- tenant=acme path=pd"}) {
     EXPECT_TRUE(eventually([&] { return read_text(log).find(line) != std::string::npos; }))
         << line << "\n"
