@@ -150,8 +150,9 @@ Tally alternate(std::uint16_t a, std::uint16_t b, const std::string& tenant, int
 // Two replicas sharing Redis: a declared limit of 3 in 2 s lets exactly 3
 // of alternating requests through; explain shows the full window, read
 // from Redis, without counting; once the window passed, requests pass
-// again. Redis killed: both replicas still serve, each judging alone (3
-// each), no request failing beyond the limit's 429s, the fallback counted.
+// again. Redis frozen: a request waits no more than --redis-timeout.
+// Redis killed: both replicas still serve, each judging alone (3 each),
+// no request failing beyond the limit's 429s, the fallback counted.
 TEST(PolicyRateLimit, ExactAcrossReplicasAndPerReplicaWithoutRedis) {
   RedisServer redis;
   Sim d("both", {"--itl-ms", "0"});
@@ -201,6 +202,17 @@ TEST(PolicyRateLimit, ExactAcrossReplicasAndPerReplicaWithoutRedis) {
   EXPECT_EQ(t.ok, 3);
   EXPECT_EQ(t.limited, 1);
 
+  // Redis frozen (accepts, never answers): a request waits at most
+  // --redis-timeout for it, then this replica judges.
+  redis.freeze();
+  for (std::uint16_t port : {gw1.port(), gw2.port()}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto r = post_json(port, "/v1/chat/completions", user_chat("x"), {{"x-tenant", "frozen"}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  }
+  redis.thaw();
+
   // Redis gone: each replica judges alone, 3 each; nothing else fails.
   redis.kill();
   t = alternate(gw1.port(), gw2.port(), "beta", 8);
@@ -209,7 +221,7 @@ TEST(PolicyRateLimit, ExactAcrossReplicasAndPerReplicaWithoutRedis) {
   EXPECT_EQ(t.other, 0);
   EXPECT_EQ(t.bad_retry_after, 0);
   for (std::uint16_t port : {gw1.port(), gw2.port()}) {
-    EXPECT_GE(metric(port, "pdgate_policy_rate_limit_fallbacks_total{to=\"replica\"}"), 4);
+    EXPECT_GE(metric(port, "pdgate_policy_rate_limit_fallbacks_total{to=\"replica\"}"), 5);
     EXPECT_EQ(
         metric(port,
                "pdgate_policy_rate_limit_checks_total{store=\"replica\",outcome=\"limited\"}"),
