@@ -15,7 +15,9 @@ namespace {
 
 // KEYS: one sorted set per limit, the times (ms) of the events in its
 // window. ARGV[1]: '1' to count, '0' to judge only (explain); ARGV[2]:
-// this event's member (unique per limiter and request); then each limit's
+// this event's name (unique per limiter and request; its member in the
+// i-th set is NAME:i, so two limits on one key count twice, as the
+// replica's store does); then each limit's
 // limit and window in ms.
 // Returns {1 if every limit fits else 0, then per limit: the events in
 // its window (this one included when counted), and 0 when it fits or
@@ -45,7 +47,7 @@ for i, key in ipairs(KEYS) do
 end
 if count and out[1] == 1 then
   for i, key in ipairs(KEYS) do
-    redis.call('ZADD', key, now, ARGV[2])
+    redis.call('ZADD', key, now, ARGV[2] .. ':' .. i)
     redis.call('PEXPIRE', key, tonumber(ARGV[2 + 2 * i]))
     out[2 * i] = out[2 * i] + 1
   end
