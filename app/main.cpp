@@ -41,6 +41,7 @@
 #include "plugins/redis_connection.hpp"
 #include "plugins/redis_kv_index.hpp"
 #include "plugins/redis_load_sync.hpp"
+#include "plugins/redis_rate_limits.hpp"
 #include "plugins/shared_registry.hpp"
 #include "plugins/sim_tokenizer.hpp"
 #include "plugins/zmq_kv_events.hpp"
@@ -422,6 +423,32 @@ int main(int argc, char** argv) {
         keys = std::move(*made);
       }
       gateway.set_client_keys(std::move(keys), control.get_executor());
+    }
+    // The limits policies declare (req:rate_limit): with --redis judged on
+    // Redis for every replica, this replica's store standing in when Redis
+    // does not answer; without, this replica's store alone.
+    {
+      pdgate::LocalRateCheck local = [engine](std::span<const pdgate::RateLimitDecl> limits,
+                                              bool count) {
+        return pdgate::policy::check_rate_limits(engine->kv(), limits, count);
+      };
+      std::unique_ptr<pdgate::RateLimits> limits;
+      if (cfg.redis_url.empty()) {
+        limits = pdgate::make_local_rate_limits(std::move(local));
+      } else {
+        pdgate::RedisRateLimitsOptions o;
+        o.redis_url = cfg.redis_url;
+        o.key_prefix = cfg.redis_key_prefix;
+        o.timeout = cfg.redis_timeout;
+        o.redis = redis->context("rate_limits");
+        auto made = pdgate::make_redis_rate_limits(std::move(o), std::move(local));
+        if (!made) {
+          std::fprintf(stderr, "pdgate: %s\n", made.error().c_str());
+          return 2;
+        }
+        limits = std::move(*made);
+      }
+      gateway.set_rate_limits(std::move(limits));
     }
     // Shared with the /metrics hook; runs on the control loop.
     std::shared_ptr<pdgate::DnsDiscovery> discovery;

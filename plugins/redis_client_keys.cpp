@@ -1,7 +1,5 @@
 #include "plugins/redis_client_keys.hpp"
 
-#include <openssl/sha.h>
-
 #include <atomic>
 #include <cstdio>
 #include <random>
@@ -16,6 +14,7 @@
 #include "core/base/warn_limiter.hpp"
 #include "plugins/redis_connection.hpp"
 #include "plugins/redis_key_hash.hpp"
+#include "plugins/redis_script.hpp"
 
 namespace pdgate {
 
@@ -131,48 +130,6 @@ end
 return 1
 )lua";
 
-std::string sha1_hex(std::string_view text) {
-  unsigned char d[SHA_DIGEST_LENGTH];
-  SHA1(reinterpret_cast<const unsigned char*>(text.data()), text.size(), d);
-  std::string out;
-  char buf[3];
-  for (unsigned char c : d) {
-    std::snprintf(buf, sizeof buf, "%02x", c);
-    out += buf;
-  }
-  return out;
-}
-
-bool is_noscript(const RedisReply& r) {
-  return r.type == RedisReply::Type::error && r.text.rfind("NOSCRIPT", 0) == 0;
-}
-
-struct Script {
-  explicit Script(const char* t) : text(t), sha(sha1_hex(t)) {}
-  std::string text;
-  std::string sha;
-};
-
-// EVALSHA, and EVAL once when the server does not have the script yet (a
-// restarted or failed-over Redis): Redis caches it from then on.
-net::awaitable<RedisReply> run_script(RedisConnection& conn, const Script& s,
-                                      const std::vector<std::string>& keys,
-                                      const std::vector<std::string>& args) {
-  const std::string nkeys = std::to_string(keys.size());
-  std::vector<std::string_view> argv{std::string_view("EVALSHA"), s.sha, nkeys};
-  for (const auto& k : keys)
-    argv.push_back(k);
-  for (const auto& a : args)
-    argv.push_back(a);
-  RedisReply r = co_await conn.command(argv);
-  if (is_noscript(r)) {
-    argv[0] = "EVAL";
-    argv[1] = s.text;
-    r = co_await conn.command(argv);
-  }
-  co_return r;
-}
-
 std::string number(double d) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.6g", d);
@@ -181,7 +138,7 @@ std::string number(double d) {
 
 class RedisClientKeys;
 
-net::awaitable<void> send_release(std::shared_ptr<RedisConnection> conn, const Script& script,
+net::awaitable<void> send_release(std::shared_ptr<RedisConnection> conn, const RedisScript& script,
                                   std::vector<std::string> keys, std::vector<std::string> args) {
   co_await run_script(*conn, script, keys, args);
 }
@@ -241,8 +198,8 @@ class RedisClientKeys final : public ClientKeys {
   const RedisClientKeysOptions& options() const { return options_; }
   const RedisConnectionSettings& settings() const { return settings_; }
   RedisConnectionsShared& connections() { return connections_; }
-  const Script& admit_script() const { return admit_; }
-  const Script& release_script() const { return release_; }
+  const RedisScript& admit_script() const { return admit_; }
+  const RedisScript& release_script() const { return release_; }
   const std::string& nonce() const { return nonce_; }
 
  private:
@@ -296,8 +253,8 @@ class RedisClientKeys final : public ClientKeys {
   RedisClientKeysOptions options_;
   RedisConnectionSettings settings_;
   RedisConnectionsShared connections_;
-  Script admit_;
-  Script release_;
+  RedisScript admit_;
+  RedisScript release_;
   std::string nonce_;
   std::shared_ptr<RedisConnection> refresh_conn_;
 };
@@ -373,15 +330,11 @@ std::string client_limit_key(std::string_view prefix, std::string_view name,
 
 Result<std::unique_ptr<ClientKeys>> make_redis_client_keys(KeyTable file_keys,
                                                            RedisClientKeysOptions options) {
-  auto endpoint = parse_redis_url(options.redis_url);
-  if (!endpoint)
-    return fail(endpoint.error());
-  RedisConnectionSettings settings;
-  settings.endpoint = std::move(*endpoint);
-  settings.context = options.redis;
-  settings.command_timeout = options.timeout;
+  auto settings = script_connection_settings(options.redis_url, options.redis, options.timeout);
+  if (!settings)
+    return fail(settings.error());
   return std::unique_ptr<ClientKeys>(
-      std::make_unique<RedisClientKeys>(std::move(file_keys), std::move(options), settings));
+      std::make_unique<RedisClientKeys>(std::move(file_keys), std::move(options), *settings));
 }
 
 }  // namespace pdgate

@@ -256,6 +256,38 @@ bool interpret_put_reply(const RedisReply& reply) {
   return reply.type == RedisReply::Type::status && reply.text == "OK";
 }
 
+std::optional<std::vector<RateLimitAnswer>> interpret_rate_limit_reply(
+    const RedisReply& reply, const std::vector<RateLimitDecl>& limits) {
+  const auto& e = reply.elements;
+  if (reply.type != RedisReply::Type::array || e.size() != 1 + 2 * limits.size())
+    return std::nullopt;
+  for (const RedisReply& x : e) {
+    if (x.type != RedisReply::Type::integer)
+      return std::nullopt;
+  }
+  if (e[0].integer != 0 && e[0].integer != 1)
+    return std::nullopt;
+  std::vector<RateLimitAnswer> out(limits.size());
+  bool all = true;
+  for (std::size_t i = 0; i < limits.size(); ++i) {
+    const long long count = e[1 + 2 * i].integer, wait = e[2 + 2 * i].integer;
+    const RateLimitDecl& l = limits[i];
+    // A refused limit is full; one that fits had room (and, counted, one
+    // more); more than the limit may stand in a window when the limit was
+    // lowered, never more than the largest limit allowed.
+    if (count < 0 || count > kMaxRateLimitEvents + 1 || wait < 0 || wait > l.window_ms)
+      return std::nullopt;
+    const bool fits = wait == 0;
+    if (fits ? count > l.limit : count < l.limit)
+      return std::nullopt;
+    out[i] = {fits, count, wait};
+    all = all && fits;
+  }
+  if (all != (e[0].integer == 1))
+    return std::nullopt;
+  return out;
+}
+
 bool is_unknown_command_error(const RedisReply& reply) {
   return reply.type == RedisReply::Type::error && reply.text.rfind("ERR unknown command", 0) == 0;
 }

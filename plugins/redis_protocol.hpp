@@ -15,6 +15,7 @@
 #include "core/base/result.hpp"
 #include "core/base/warn_limiter.hpp"
 #include "core/routing/conversation_store.hpp"
+#include "core/routing/request_hook.hpp"
 
 struct redisReply;  // hiredis
 struct redisReader;
@@ -118,6 +119,16 @@ bool interpret_put_reply(const RedisReply& reply);
 // True when the server does not know GETDEL (Redis < 6.2): the store then
 // falls back to an atomic GET+DEL script.
 bool is_unknown_command_error(const RedisReply& reply);
+
+// The policy rate-limit script's reply (plugins/redis_rate_limits.cpp)
+// for `limits`: an array of 1 + 2 * limits.size() integers, whether all
+// fit (1) or not (0), then for each limit its count (0..limit, 1 more
+// when counted) and its wait in ms (0 when it fits, else 1..its window).
+// The per-limit answers, or nothing when the reply is anything else (an
+// error, another shape, numbers out of range, a verdict that contradicts
+// its parts): the caller then judges on this replica.
+std::optional<std::vector<RateLimitAnswer>> interpret_rate_limit_reply(
+    const RedisReply& reply, const std::vector<RateLimitDecl>& limits);
 
 // Redis Sentinel (redis+sentinel:// endpoints). The connection asks the
 // sentinels with plain RESP over a socket of its own; these are the pure

@@ -343,6 +343,35 @@ int l_req_set_path(lua_State* L) {
   return 0;
 }
 
+// req:rate_limit(key, limit, window_s [, message]): the request counts
+// as one event under `key`, refused with 429 (and `message`) when `limit`
+// events already fell in the last `window_s` seconds. Only declared here:
+// the pipeline checks every declared limit after the hook, with --redis
+// on Redis for every replica (a hook never waits for I/O).
+int l_req_rate_limit(lua_State* L) {
+  Impl& I = in_hook(L, "rate_limit");
+  std::size_t n = 0;
+  const char* key = luaL_checklstring(L, 2, &n);
+  if (n == 0 || n > kMaxRateLimitKeyBytes)
+    return luaL_argerror(L, 2, "key must be 1..200 bytes");
+  std::int64_t limit = 0;
+  check_int(L, 3, 1, static_cast<lua_Number>(kMaxRateLimitEvents), limit);
+  const lua_Number window_s = luaL_checknumber(L, 4);
+  const lua_Number window_ms = std::ceil(window_s * 1000);
+  if (!(window_ms >= 1 && window_ms <= static_cast<lua_Number>(kMaxRateLimitWindowMs)))
+    return luaL_argerror(L, 4, "window must be 0.001..31536000 seconds");
+  std::size_t mn = 0;
+  const char* message = luaL_optlstring(L, 5, "", &mn);
+  auto& limits = I.cur_decision->rate_limits;
+  if (limits.size() >= kMaxRateLimitsPerRequest)
+    return luaL_error(L, "req:rate_limit: at most %d limits per request",
+                      int(kMaxRateLimitsPerRequest));
+  // As a refusal's message is: at most 1024 bytes kept.
+  limits.push_back({std::string(key, n), limit, static_cast<std::int64_t>(window_ms),
+                    std::string(message, std::min<std::size_t>(mn, 1024))});
+  return 0;
+}
+
 // __index of req: fields computed when first read (then kept in the
 // table for the rest of the call), and the methods.
 int req_index(lua_State* L) {
@@ -358,6 +387,7 @@ int req_index(lua_State* L) {
                                       {"cap_max_tokens", l_req_cap_max_tokens},
                                       {"set_priority", l_req_set_priority},
                                       {"set_path", l_req_set_path},
+                                      {"rate_limit", l_req_rate_limit},
                                       {"body_field", l_req_body_field}};
   for (const auto& m : kMethods) {
     if (k == m.name) {

@@ -1,6 +1,7 @@
 #include "policies/shared_state.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 namespace pdgate::policy {
 
@@ -124,6 +125,12 @@ Result<KvStore::RateAnswer> KvStore::rate_peek(std::string_view key, std::int64_
   if (auto err = rate_args_error(limit, window_ms))
     return fail(*err);
   std::lock_guard lock(mu_);
+  return rate_peek_locked(key, limit, window_ms, now_ms);
+}
+
+Result<KvStore::RateAnswer> KvStore::rate_peek_locked(std::string_view key, std::int64_t limit,
+                                                      std::int64_t window_ms,
+                                                      std::int64_t now_ms) const {
   auto it = map_.find(std::string(key));
   if (it == map_.end() || expired(it->second, now_ms))
     return assess(Entry{}, 0, limit, window_ms, now_ms);
@@ -149,6 +156,45 @@ Result<KvStore::RateAnswer> KvStore::rate(std::string_view key, std::int64_t lim
   if (auto err = rate_args_error(limit, window_ms))
     return fail(*err);
   std::lock_guard lock(mu_);
+  return rate_locked(key, limit, window_ms, now_ms);
+}
+
+Result<std::vector<KvStore::RateAnswer>> KvStore::rate_all(std::span<const RateQuery> queries,
+                                                           std::int64_t now_ms, bool count) {
+  for (const RateQuery& q : queries) {
+    if (auto err = rate_args_error(q.limit, q.window_ms))
+      return fail(*err);
+  }
+  std::vector<RateAnswer> out;
+  out.reserve(queries.size());
+  std::lock_guard lock(mu_);
+  // All of them judged before any is counted: a request one limit refuses
+  // takes no room under the others.
+  bool all = true;
+  for (const RateQuery& q : queries) {
+    auto a = rate_peek_locked(q.key, q.limit, q.window_ms, now_ms);
+    if (!a)
+      return fail(a.error());
+    all = all && a->allowed;
+    out.push_back(*a);
+  }
+  if (!count || !all) {
+    // Nothing counted: the counts are the window's as it is.
+    for (RateAnswer& a : out)
+      a.count -= a.allowed ? 1 : 0;
+    return out;
+  }
+  for (std::size_t i = 0; i < queries.size(); ++i) {
+    auto a = rate_locked(queries[i].key, queries[i].limit, queries[i].window_ms, now_ms);
+    if (!a)
+      return fail(a.error());
+    out[i] = *a;
+  }
+  return out;
+}
+
+Result<KvStore::RateAnswer> KvStore::rate_locked(std::string_view key, std::int64_t limit,
+                                                 std::int64_t window_ms, std::int64_t now_ms) {
   std::string k(key);
   auto it = map_.find(k);
   if (it != map_.end() && it->second.times.empty() &&
@@ -225,6 +271,26 @@ void KvStore::erase(std::string_view key) {
 std::size_t KvStore::bytes() const {
   std::lock_guard lock(mu_);
   return bytes_;
+}
+
+Result<std::vector<RateLimitAnswer>> check_rate_limits(KvStore& kv,
+                                                       std::span<const RateLimitDecl> limits,
+                                                       bool count) {
+  std::vector<KvStore::RateQuery> queries;
+  queries.reserve(limits.size());
+  for (const RateLimitDecl& l : limits)
+    queries.push_back({l.key, l.limit, l.window_ms});
+  const std::int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::steady_clock::now().time_since_epoch())
+                                  .count();
+  auto answers = kv.rate_all(queries, now_ms, count);
+  if (!answers)
+    return fail(answers.error());
+  std::vector<RateLimitAnswer> out;
+  out.reserve(answers->size());
+  for (const KvStore::RateAnswer& a : *answers)
+    out.push_back({a.allowed, a.count, a.retry_after_ms});
+  return out;
 }
 
 }  // namespace pdgate::policy

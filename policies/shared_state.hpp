@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "core/base/result.hpp"
+#include "core/routing/request_hook.hpp"
 
 namespace pdgate::policy {
 
@@ -53,6 +55,18 @@ class KvStore {
   // What rate() would answer now, counting nothing (explain's dry picks).
   Result<RateAnswer> rate_peek(std::string_view key, std::int64_t limit, std::int64_t window_ms,
                                std::int64_t now_ms) const;
+  // Several limits judged together under one lock (a request's declared
+  // limits, core/pipeline/rate_limit_phase.hpp): with `count`, one event
+  // is counted under every key only when every limit lets it in. Without
+  // (explain's dry check), or when one refuses, nothing is counted and
+  // each answer's count is its window's as it stands.
+  struct RateQuery {
+    std::string_view key;
+    std::int64_t limit = 0;
+    std::int64_t window_ms = 0;
+  };
+  Result<std::vector<RateAnswer>> rate_all(std::span<const RateQuery> queries, std::int64_t now_ms,
+                                           bool count);
   // What incr() would return now, changing nothing.
   Result<double> incr_peek(std::string_view key, double delta, std::int64_t now_ms) const;
 
@@ -84,6 +98,10 @@ class KvStore {
   static std::size_t window_start(const Entry& e, std::int64_t window_ms, std::int64_t now_ms);
   static RateAnswer assess(const Entry& e, std::size_t first, std::int64_t limit,
                            std::int64_t window_ms, std::int64_t now_ms);
+  Result<RateAnswer> rate_locked(std::string_view key, std::int64_t limit, std::int64_t window_ms,
+                                 std::int64_t now_ms);
+  Result<RateAnswer> rate_peek_locked(std::string_view key, std::int64_t limit,
+                                      std::int64_t window_ms, std::int64_t now_ms) const;
   void erase_locked(std::unordered_map<std::string, Entry>::iterator it);
   // Room for `add` more bytes, expired entries dropped first if needed.
   bool make_room_locked(std::size_t add, std::int64_t now_ms);
@@ -93,5 +111,13 @@ class KvStore {
   std::size_t bytes_ = 0;
   const std::size_t max_bytes_;
 };
+
+// The request hook's declared limits (req:rate_limit) judged by `kv` at
+// this moment, and with `count` counted (KvStore::rate_all): what a
+// replica answers without Redis, or when Redis does not
+// (core/pipeline/rate_limit_phase.hpp).
+Result<std::vector<RateLimitAnswer>> check_rate_limits(KvStore& kv,
+                                                       std::span<const RateLimitDecl> limits,
+                                                       bool count);
 
 }  // namespace pdgate::policy

@@ -423,7 +423,7 @@ net::awaitable<AdminApi::Response> AdminApi::handle(Request& req) {
   if (path == "/admin/policy/explain" && method == http::verb::post) {
     if (!hooks_.policy_explain)
       co_return error(req, 404, "no policy engine");
-    auto [status, text] = hooks_.policy_explain(req.body());
+    auto [status, text] = co_await hooks_.policy_explain(req.body());
     if (status != 200)
       co_return error(req, status, "policy explain: " + text);
     co_return json_response(req, 200, json::parse(text));

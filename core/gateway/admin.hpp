@@ -50,8 +50,10 @@ class AdminApi : public std::enable_shared_from_this<AdminApi> {
     std::function<std::string()> policy_status;
     // POST /admin/policy/explain: the status (200, 400) and JSON text of
     // what the policies would do with the request the body describes
-    // (core/pipeline/policy_explain.hpp). Null: no policies.
-    std::function<std::pair<unsigned, std::string>(std::string_view document)> policy_explain;
+    // (core/pipeline/policy_explain.hpp), awaited on the admin loop (a
+    // declared rate limit is read from Redis). Null: no policies.
+    std::function<boost::asio::awaitable<std::pair<unsigned, std::string>>(std::string document)>
+        policy_explain;
     // A drain's deadline passed (POST .../drain?deadline=): the streams
     // still relaying from the instance are resumed elsewhere. Null: none.
     std::function<void(std::uint64_t instance_id)> migrate_streams;

@@ -263,6 +263,8 @@ std::string Gateway::metrics_text(bool addresses) const {
            spans.dropped_queue_full);
   m.sample("pdgate_trace_spans_dropped_total", {{"reason", "export_failed"}},
            spans.dropped_export_failed);
+  if (rate_limits_)
+    rate_limits_->write_metrics(m);
   if (client_keys_) {
     const auto& c = client_keys_->counters();
     m.counter("pdgate_client_key_requests_total",

@@ -190,6 +190,13 @@ void Gateway::set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_exec
   client_keys_->start(std::move(control));
 }
 
+void Gateway::set_rate_limits(std::unique_ptr<RateLimits> limits) {
+  rate_limits_ = std::move(limits);
+  for (auto& w : workers_)
+    w->ctx.rate_limiter = rate_limits_->make_limiter(w->ioc.get_executor());
+  admin_rate_limiter_ = rate_limits_->make_limiter(admin_ioc_.get_executor());
+}
+
 Gateway::~Gateway() {
   admin_ioc_.stop();
   if (admin_thread_.joinable())
@@ -325,16 +332,22 @@ Result<std::function<void()>> Gateway::prepare_tls_reload() const {
   });
 }
 
-std::function<std::pair<unsigned, std::string>(std::string_view)> Gateway::explain_hook() {
+std::function<net::awaitable<std::pair<unsigned, std::string>>(std::string)>
+Gateway::explain_hook() {
   if (!make_dry_picker_)
     return {};
-  return [this](std::string_view document) -> std::pair<unsigned, std::string> {
-    const auto set = registry_.snapshot();
-    auto picker = make_dry_picker_(*set);
-    if (!picker)
-      return {503, "cannot load the policies to explain with: " + picker.error()};
-    return explain_request(document, **picker, {cfg_, *connector_, *set, client_keys_.get()});
-  };
+  return [this](std::string document) { return explain(std::move(document)); };
+}
+
+net::awaitable<std::pair<unsigned, std::string>> Gateway::explain(std::string document) {
+  // Held for the whole call: the dry check of declared limits waits.
+  const auto set = registry_.snapshot();
+  auto picker = make_dry_picker_(*set);
+  if (!picker)
+    co_return std::pair<unsigned, std::string>{
+        503, "cannot load the policies to explain with: " + picker.error()};
+  co_return co_await explain_request(
+      document, **picker, {cfg_, *connector_, *set, client_keys_.get(), admin_rate_limiter_.get()});
 }
 
 void Gateway::set_policy_hooks(std::function<Result<bool>()> reload,

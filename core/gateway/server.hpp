@@ -102,6 +102,10 @@ class Gateway {
   // API keys and limits (--api-keys); their background work (keys
   // refreshed from Redis) runs on `control`. Set before start().
   void set_client_keys(std::unique_ptr<ClientKeys> keys, net::any_io_executor control);
+  // The limits policies declare (req:rate_limit): each worker's limiter,
+  // and the admin loop's for explain's dry checks. Set before start();
+  // without, declared limits are not checked.
+  void set_rate_limits(std::unique_ptr<RateLimits> limits);
   // Reopens the access log file at its path (SIGUSR1).
   void reopen_logs();
   // The client keys set_client_keys() installed, or nullptr.
@@ -165,13 +169,19 @@ class Gateway {
   std::function<std::string()> policy_status_;
   DryPickerFactory make_dry_picker_;
   // The admin API's POST /admin/policy/explain; null without policies.
-  std::function<std::pair<unsigned, std::string>(std::string_view)> explain_hook();
+  std::function<net::awaitable<std::pair<unsigned, std::string>>(std::string)> explain_hook();
+  net::awaitable<std::pair<unsigned, std::string>> explain(std::string document);
   std::shared_ptr<SpanSink> span_sink_;
   std::function<void()> trim_allocator_;
   std::shared_ptr<AdminApi> admin_;
+  // Before admin_ioc_ and workers_: the limiters' Redis connections, whose
+  // handlers those loops may hold until they are destroyed, refer to it.
+  std::unique_ptr<RateLimits> rate_limits_;
   // The admin listener and the health checks run on their own thread, so
   // neither competes with client traffic on a worker's loop.
   net::io_context admin_ioc_{1};
+  // Explain's dry checks of declared limits, on the admin loop.
+  std::unique_ptr<RateLimiter> admin_rate_limiter_;
   std::optional<tcp::acceptor> admin_acceptor_;
   std::uint16_t admin_port_ = 0;
   std::thread admin_thread_;

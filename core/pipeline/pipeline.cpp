@@ -20,6 +20,7 @@
 #include "core/pipeline/forwarded_headers.hpp"
 #include "core/pipeline/parallel_legs.hpp"
 #include "core/pipeline/prefill_phase.hpp"
+#include "core/pipeline/rate_limit_phase.hpp"
 #include "core/pipeline/relay.hpp"
 #include "core/pipeline/request_context.hpp"
 #include "core/pipeline/request_hook_phase.hpp"
@@ -449,6 +450,11 @@ net::awaitable<bool> serve_completion(ClientRequest& c, GenerationApi api) {
     admitted = on;
   }
   on = on && request_hook_phase(*rc);
+  // The limits the hook declared, checked and counted now (a resumed leg
+  // below is the same client request: its hook's limits are not counted
+  // again).
+  if (on && !rc->rate_limits.empty())
+    on = co_await rate_limit_phase(*rc);
   // Multi-turn reuse checks a turn's exact prompt or messages; a Responses
   // turn continues by previous_response_id, which the engines resolve.
   if (api == GenerationApi::responses)

@@ -141,31 +141,62 @@ std::pair<unsigned, std::string> bad(std::string message) {
   return {400, std::move(message)};
 }
 
+std::pair<unsigned, std::string> dumped(const json& out) {
+  return {200, out.dump(-1, ' ', false, json::error_handler_t::replace)};
+}
+
+// The hook's declared limits and how each stands (`v` null: not checked):
+// where they were read (cluster: Redis; replica: this replica's store,
+// `fallback` saying why Redis was not).
+json limits_json(const std::vector<RateLimitDecl>& limits, const RateLimitVerdict* v) {
+  json list = json::array();
+  for (std::size_t i = 0; i < limits.size(); ++i) {
+    const RateLimitDecl& l = limits[i];
+    json j = {{"key", l.key},
+              {"limit", l.limit},
+              {"window_seconds", static_cast<double>(l.window_ms) / 1000.0}};
+    if (v != nullptr && i < v->answers.size()) {
+      const RateLimitAnswer& a = v->answers[i];
+      j["allowed"] = a.allowed;
+      j["count"] = a.count;
+      j["retry_after_seconds"] = static_cast<double>(a.retry_after_ms) / 1000.0;
+      j["store"] = v->cluster ? "cluster" : "replica";
+      if (!v->fallback.empty())
+        j["fallback"] = v->fallback;
+    } else {
+      j["allowed"] = nullptr;  // not checked (no store answered)
+    }
+    list.push_back(std::move(j));
+  }
+  return list;
+}
+
 }  // namespace
 
-std::pair<unsigned, std::string> explain_request(std::string_view document, InstancePicker& dry,
-                                                 const ExplainEnv& env) {
+net::awaitable<std::pair<unsigned, std::string>> explain_request(std::string_view document,
+                                                                 InstancePicker& dry,
+                                                                 ExplainEnv env) {
   // Checked by the gateway's own validator first: it bounds the nesting
   // that the parser below would follow.
   if (auto ok = validate_json(document); !ok)
-    return bad("not valid JSON: " + ok.error());
+    co_return bad("not valid JSON: " + ok.error());
   const json doc = json::parse(document, nullptr, false);
   if (!doc.is_object())
-    return bad("the document must be an object: {\"headers\": {...}, \"body\": {...}}");
+    co_return bad("the document must be an object: {\"headers\": {...}, \"body\": {...}}");
   const auto path_it = doc.find("path");
   if (path_it != doc.end() && !path_it->is_string())
-    return bad("path must be a string");
+    co_return bad("path must be a string");
   const std::string path =
       path_it != doc.end() ? path_it->get<std::string>() : "/v1/chat/completions";
   const auto api = api_of(path);
   if (!api)
-    return bad("path must be /v1/chat/completions, /v1/completions or /v1/responses");
+    co_return bad("path must be /v1/chat/completions, /v1/completions or /v1/responses");
   http::request<http::string_body> req{http::verb::post, path, 11};
   if (auto why = set_headers(req, doc.contains("headers") ? doc["headers"] : json(nullptr)))
-    return bad(*why);
+    co_return bad(*why);
   const auto body_it = doc.find("body");
   if (body_it == doc.end() || !(body_it->is_object() || body_it->is_string()))
-    return bad("body must be the request's JSON object (or its text)");
+    co_return bad("body must be the request's JSON object (or its text)");
   req.body() = body_it->is_string() ? body_it->get<std::string>() : body_it->dump();
   const std::string_view body = req.body();
 
@@ -182,16 +213,16 @@ std::pair<unsigned, std::string> explain_request(std::string_view document, Inst
       out["answer"] = answer_json(
           client_error(ErrorKind::unauthenticated,
                        presented.empty() ? "no API key given" : "incorrect API key provided"));
-      return {200, out.dump(-1, ' ', false, json::error_handler_t::replace)};
+      co_return dumped(out);
     }
     out["key"] = {{"name", key->name}, {"labels", key->labels}};
   }
   auto index = index_json_object(body);
   if (!index)
-    return bad("body: request body is not valid JSON: " + index.error());
+    co_return bad("body: request body is not valid JSON: " + index.error());
   auto facts = read_facts(body, *index, *api);
   if (!facts)
-    return bad("body: " + facts.error());
+    co_return bad("body: " + facts.error());
 
   const std::string request_id = [&] {
     const auto it = req.find("x-request-id");
@@ -242,11 +273,25 @@ std::pair<unsigned, std::string> explain_request(std::string_view document, Inst
     hook["max_tokens_cap"] = d.max_tokens_cap ? json(*d.max_tokens_cap) : json(nullptr);
     hook["priority"] = d.priority ? json(*d.priority) : json(nullptr);
   }
-  out["hook"] = std::move(hook);
   if (auto refused = hook_refusal(d)) {
+    out["hook"] = std::move(hook);
     out["answer"] = answer_json(*refused);
-    return {200, out.dump(-1, ' ', false, json::error_handler_t::replace)};
+    co_return dumped(out);
   }
+  // The limits it declared, as the rate-limit phase would find them now;
+  // nothing is counted.
+  if (!d.rate_limits.empty()) {
+    std::optional<RateLimitVerdict> v;
+    if (env.rate_limiter != nullptr)
+      v = co_await env.rate_limiter->check(d.rate_limits, false);
+    hook["rate_limits"] = limits_json(d.rate_limits, v ? &*v : nullptr);
+    if (v && !v->allowed()) {
+      out["hook"] = std::move(hook);
+      out["answer"] = answer_json(rate_limit_refusal(d.rate_limits, *v));
+      co_return dumped(out);
+    }
+  }
+  out["hook"] = std::move(hook);
 
   // The stages, in the pipeline's order (pipeline.cpp's serve_completion).
   const bool one_hop = one_hop_for(env.cfg, env.connector, d.path);
@@ -271,7 +316,7 @@ std::pair<unsigned, std::string> explain_request(std::string_view document, Inst
   }
   out["stages"] = std::move(stages);
   out["answer"] = answer ? std::move(*answer) : json{{"routed", true}};
-  return {200, out.dump(-1, ' ', false, json::error_handler_t::replace)};
+  co_return dumped(out);
 }
 
 }  // namespace pdgate

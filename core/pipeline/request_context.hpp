@@ -86,6 +86,9 @@ struct RequestContext {
   // then points here).
   std::string hooked_body;
   RequestFacts facts;
+  // The limits the request hook declared (req:rate_limit), checked by the
+  // rate-limit phase.
+  std::vector<RateLimitDecl> rate_limits;
   std::shared_ptr<const InstanceSet> set;
   // --tokenizer vllm: the prompt's token ids from an engine (the tokenize
   // phase); the pick context points here.

@@ -74,6 +74,7 @@ bool request_hook_phase(RequestContext& rc) {
     if (auto refused = hook_refusal(d))
       return rc.fail(std::move(*refused));
     apply_header_edits(rc.fwd, d.headers);
+    rc.rate_limits = std::move(d.rate_limits);
     if (auto edited = hooked_body(rc.body, rc.index, rc.api, d)) {
       if (!use_edited_body(rc, std::move(*edited), "the request hook's body edit"))
         return false;

@@ -17,6 +17,7 @@
 #include "core/observability/trace_context.hpp"
 #include "core/pipeline/call_slots.hpp"
 #include "core/pipeline/client_keys.hpp"
+#include "core/pipeline/rate_limit_phase.hpp"
 #include "core/routing/conversation_store.hpp"
 #include "core/routing/kv_connector.hpp"
 #include "core/upstream/instance.hpp"
@@ -78,6 +79,10 @@ struct WorkerContext {
   // API keys and their limits (--api-keys); null: no key is asked for.
   ClientKeys* client_keys = nullptr;
   std::unique_ptr<ClientLimiter> client_limiter;
+  // The request hook's declared limits (core/pipeline/rate_limit_phase.hpp):
+  // this worker's handle; null: declared limits are not checked (tests
+  // that build a bare WorkerContext).
+  std::unique_ptr<RateLimiter> rate_limiter;
   // This gateway's Via identity (null: no Via is sent).
   const LoopGuard* loop_guard = nullptr;
   // Where finished spans go (null: tracing off), and this worker's ids.

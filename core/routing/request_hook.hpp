@@ -53,6 +53,35 @@ struct HeaderEdit {
   std::optional<std::string> value;
 };
 
+// A limit the request hook declared (req:rate_limit, docs/policies.md):
+// the request counts as one event under `key`, and is refused (429 with
+// Retry-After) when `limit` events already fell in the last `window_ms`.
+// The hook only declares it; the pipeline checks and counts every limit
+// of the request together after the hook (core/pipeline/rate_limit_phase.hpp),
+// with --redis on Redis's clock for every replica, without on this
+// replica's shared store. A hook never waits for I/O.
+struct RateLimitDecl {
+  std::string key;
+  std::int64_t limit = 0;
+  std::int64_t window_ms = 0;
+  std::string message;  // the 429's message; empty: the gateway's
+};
+// How one declared limit stands: whether one more event fits, the events
+// in the window (this one included when it fits and is counted), and,
+// when it does not fit, the milliseconds until the oldest event that must
+// leave the window does.
+struct RateLimitAnswer {
+  bool allowed = false;
+  std::int64_t count = 0;
+  std::int64_t retry_after_ms = 0;
+};
+// Bounds on declared limits: a few per request, a key short enough to
+// name a Redis key, a limit and window as pdgate.rate takes them.
+inline constexpr std::size_t kMaxRateLimitsPerRequest = 4;
+inline constexpr std::size_t kMaxRateLimitKeyBytes = 200;
+inline constexpr std::int64_t kMaxRateLimitEvents = 100000;
+inline constexpr std::int64_t kMaxRateLimitWindowMs = 31536000000;
+
 struct RequestDecision {
   // Non-zero: the request is answered with this status (400..599) and
   // message and goes no further, with these response headers (checked by
@@ -65,6 +94,9 @@ struct RequestDecision {
   std::optional<std::int64_t> max_tokens_cap;
   std::optional<std::int64_t> priority;
   RoutePath path = RoutePath::configured;
+  // Limits to check and count once the hook has run (at most
+  // kMaxRateLimitsPerRequest).
+  std::vector<RateLimitDecl> rate_limits;
   // The hook failed (error, budget, a bad answer) and its policy is
   // fail-closed: 503. `error` says why (operators only).
   bool failed_closed = false;

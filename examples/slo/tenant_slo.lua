@@ -19,13 +19,10 @@ return {
 
   on_request = function(req)
     local tenant = req.key and req.key.name or "anonymous"
-    -- Step 2: at most LIMIT requests per tenant in WINDOW seconds.
-    local ok, retry_after = pdgate.rate("slo:" .. tenant, LIMIT, WINDOW)
-    if not ok then
-      pdgate.count("limited")
-      return 429, "tenant " .. tenant .. " is over " .. LIMIT .. " requests in " .. WINDOW .. " s",
-             { ["Retry-After"] = retry_after }
-    end
+    -- Step 2: at most LIMIT requests per tenant in WINDOW seconds, across
+    -- every replica sharing --redis; past it, 429 with Retry-After.
+    req:rate_limit("slo:" .. tenant, LIMIT, WINDOW,
+                   "tenant " .. tenant .. " is over " .. LIMIT .. " requests in " .. WINDOW .. " s")
     -- Step 3: the tier, worked out once for every pick of the request.
     req.vars.tier = tier_of(req.key)
     -- Step 4: short prompts skip the prefill stage.

@@ -1,10 +1,10 @@
 // The Redis reply path as pdgate runs it: bytes from the server go through
 // hiredis's reply reader, are taken and copied out (plugins/redis_protocol.cpp
-// next_reply, copy_reply), judged (interpret_take_reply, interpret_put_reply, and the
-// Sentinel answers: master address, ROLE, +switch-master), and a
-// taken value is decoded as a stored turn (core/routing/turn_history.cpp). The
-// first byte picks how the bytes are split across reads: split or whole,
-// the replies and the protocol error must be the same.
+// next_reply, copy_reply), judged (interpret_take_reply, interpret_put_reply, the
+// policies' rate-limit verdict, and the Sentinel answers: master address, ROLE, +switch-master),
+// and a taken value is decoded as a stored turn (core/routing/turn_history.cpp). The first byte
+// picks how the bytes are split across reads: split or whole, the replies and the protocol error
+// must be the same.
 #include <hiredis/hiredis.h>
 
 #include <hiredis/read.h>
@@ -106,6 +106,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
     (void)pdgate::interpret_put_reply(reply);
+    // The policies' rate-limit verdict (plugins/redis_rate_limits.cpp): a
+    // reply read as one has an answer per limit, each within its limit
+    // and window, refused exactly when it has a wait.
+    static const std::vector<pdgate::RateLimitDecl> kLimits = {{"a", 1, 1, ""},
+                                                               {"b", 100000, 31536000000, ""}};
+    for (std::size_t n = 0; n <= kLimits.size(); ++n) {
+      const std::vector<pdgate::RateLimitDecl> limits(kLimits.begin(), kLimits.begin() + n);
+      if (auto v = pdgate::interpret_rate_limit_reply(reply, limits)) {
+        check(v->size() == n, "an answer per limit");
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto& a = (*v)[i];
+          check(a.allowed == (a.retry_after_ms == 0), "refused exactly when it waits");
+          check(a.retry_after_ms >= 0 && a.retry_after_ms <= limits[i].window_ms,
+                "a wait within the window");
+          check(a.count >= 0 && a.count <= pdgate::kMaxRateLimitEvents + 1, "a count in range");
+          check(!a.allowed || a.count <= limits[i].limit, "room within the limit");
+        }
+      }
+    }
     (void)pdgate::is_unknown_command_error(reply);
     // What a sentinel answers (redis+sentinel:// endpoints): a master's
     // address is never empty, and a +switch-master message's target never

@@ -382,5 +382,51 @@ TEST(Sentinel, SwitchMasterMessage) {
   EXPECT_FALSE(switch_master_target("mymaster a 1 b 2 c", "mymaster"));
 }
 
+RedisReply integers(std::vector<long long> v) {
+  std::vector<RedisReply> items;
+  for (long long n : v) {
+    RedisReply r;
+    r.type = RedisReply::Type::integer;
+    r.integer = n;
+    items.push_back(std::move(r));
+  }
+  return test::array_of(std::move(items));
+}
+
+// The policies' rate-limit script's reply is read only when it is the
+// verdict the script gives: one integer per field, in range, and the
+// overall answer agreeing with each limit's; anything else (Redis
+// answers are not trusted) is no verdict, and the replica judges alone.
+TEST(RateLimitReply, OnlyAConsistentVerdictIsRead) {
+  const std::vector<RateLimitDecl> limits = {{"a", 3, 1000, ""}, {"b", 5, 60000, ""}};
+  auto ok = interpret_rate_limit_reply(integers({1, 2, 0, 5, 0}), limits);
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_TRUE((*ok)[0].allowed && (*ok)[1].allowed);
+  EXPECT_EQ((*ok)[1].count, 5);
+  auto refused = interpret_rate_limit_reply(integers({0, 3, 250, 1, 0}), limits);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_FALSE((*refused)[0].allowed);
+  EXPECT_EQ((*refused)[0].retry_after_ms, 250);
+  EXPECT_TRUE((*refused)[1].allowed);
+
+  for (const auto& bad : {
+           integers({1, 2, 0}),             // too short
+           integers({1, 2, 0, 5, 0, 0}),    // too long
+           integers({2, 2, 0, 5, 0}),       // verdict not 0/1
+           integers({1, 3, 250, 1, 0}),     // says all fit, one does not
+           integers({0, 2, 0, 1, 0}),       // says refused, all fit
+           integers({0, 2, 250, 1, 0}),     // a wait on a limit with room
+           integers({1, 4, 0, 1, 0}),       // counted past the limit
+           integers({0, 3, 1001, 1, 0}),    // a wait past the window
+           integers({1, -1, 0, 1, 0}),      // a negative count
+           integers({0, 200000, 5, 1, 0}),  // past any limit
+           test::array_of({test::string_reply("1"), test::string_reply("2")}),
+           test::reply(RedisReply::Type::error, "ERR script"),
+           test::reply(RedisReply::Type::none, "timed out"),
+       }) {
+    EXPECT_FALSE(interpret_rate_limit_reply(bad, limits).has_value());
+  }
+}
+
 }  // namespace
 }  // namespace pdgate

@@ -524,6 +524,38 @@ TEST(SharedState, SlidingWindow) {
   EXPECT_FALSE(kv.incr("r", 1, 1050).ok());     // a rate log, not a number
 }
 
+// A request's declared limits (req:rate_limit) judged together: counted
+// under every key only when all fit; a dry check (explain) or a refusal
+// counts nothing, and the counts say the window as it stands.
+TEST(KvStoreRateAll, CountsUnderEveryKeyOnlyWhenAllFit) {
+  KvStore kv;
+  const KvStore::RateQuery both[] = {{"tenant", 3, 1000}, {"global", 2, 1000}};
+  auto a = *kv.rate_all(both, 0, true);
+  EXPECT_TRUE(a[0].allowed && a[1].allowed);
+  EXPECT_EQ(a[0].count, 1);
+  EXPECT_EQ(a[1].count, 1);
+  auto dry = *kv.rate_all(both, 10, false);
+  EXPECT_TRUE(dry[0].allowed && dry[1].allowed);
+  EXPECT_EQ(dry[0].count, 1);  // as it stands: the dry check counted nothing
+  EXPECT_TRUE(kv.rate_all(both, 100, true)->at(1).allowed);
+  // "global" is full: refused, and "tenant" does not count this one.
+  auto refused = *kv.rate_all(both, 200, true);
+  EXPECT_TRUE(refused[0].allowed);
+  EXPECT_FALSE(refused[1].allowed);
+  EXPECT_EQ(refused[1].retry_after_ms, 800);  // the event at 0 leaves at 1000
+  EXPECT_EQ(refused[0].count, 2);
+  EXPECT_EQ(kv.rate_peek("tenant", 3, 1000, 200)->count, 3);  // 2 in, this one would be the 3rd
+  // Once the first events left, both count again.
+  auto later = *kv.rate_all(both, 1000, true);
+  EXPECT_TRUE(later[0].allowed && later[1].allowed);
+  const KvStore::RateQuery bad[] = {{"tenant", 0, 1000}};
+  EXPECT_FALSE(kv.rate_all(bad, 0, true).ok());
+  EXPECT_TRUE(kv.set("n", 1.0, 0, 0).ok());
+  const KvStore::RateQuery value[] = {{"tenant", 3, 1000}, {"n", 3, 1000}};
+  EXPECT_FALSE(kv.rate_all(value, 1000, true).ok());           // a value, not a rate log
+  EXPECT_EQ(kv.rate_peek("tenant", 3, 1000, 1000)->count, 3);  // nothing counted
+}
+
 // The admin listing: by prefix, in key order, the first `max`, live only.
 TEST(SharedState, Listing) {
   KvStore kv;

@@ -8,6 +8,7 @@
 
 #include "tests/integration/admin_gateway.hpp"
 #include "tests/integration/harness.hpp"
+#include "tests/plugins/redis_server.hpp"
 #include "tests/policies/policy_gateway_util.hpp"
 
 namespace pdgate::test {
@@ -108,6 +109,124 @@ TEST(PolicyRate, KvIncrWithTtlIsAFixedWindow) {
   EXPECT_TRUE(eventually(
       [&] { return post_json(gw.port(), "/v1/chat/completions", user_chat("x"), h).status == 200; },
       std::chrono::seconds(3)));
+}
+
+// 3 requests per tenant (x-tenant) in 2 s, declared for the gateway to
+// check after the hook (with --redis: for every replica).
+constexpr const char* kDeclared = R"lua(
+return {
+  on_request = function(req)
+    local tenant = req.headers["x-tenant"] or "anonymous"
+    req:rate_limit("t:" .. tenant, 3, 2)
+  end,
+  pick = function(ctx, instances) return pdgate.least_loaded() end,
+}
+)lua";
+
+// Sends `n` requests of `tenant`, alternating between `a` and `b`, and
+// counts the answers: 200, 429 with a Retry-After of 1..2 s, other.
+struct Tally {
+  int ok = 0, limited = 0, other = 0, bad_retry_after = 0;
+};
+Tally alternate(std::uint16_t a, std::uint16_t b, const std::string& tenant, int n) {
+  Tally t;
+  for (int i = 0; i < n; ++i) {
+    auto r = post_json(i % 2 == 0 ? a : b, "/v1/chat/completions", user_chat("x"),
+                       {{"x-tenant", tenant}});
+    if (r.status == 200) {
+      ++t.ok;
+    } else if (r.status == 429) {
+      ++t.limited;
+      const std::string ra = r.header("retry-after");
+      if (ra.empty() || std::stoi(ra) < 1 || std::stoi(ra) > 2)
+        ++t.bad_retry_after;
+    } else {
+      ++t.other;
+    }
+  }
+  return t;
+}
+
+// Two replicas sharing Redis: a declared limit of 3 in 2 s lets exactly 3
+// of alternating requests through; explain shows the full window, read
+// from Redis, without counting; once the window passed, requests pass
+// again. Redis frozen: a request waits no more than --redis-timeout.
+// Redis killed: both replicas still serve, each judging alone (3 each),
+// no request failing beyond the limit's 429s, the fallback counted.
+TEST(PolicyRateLimit, ExactAcrossReplicasAndPerReplicaWithoutRedis) {
+  RedisServer redis;
+  Sim d("both", {"--itl-ms", "0"});
+  Script policy(kDeclared, "declared.lua");
+  const std::vector<std::string> args = {"--model",        "sim-model",  "--workers", "2",
+                                         "--kv-connector", "none",       "--policy",  policy.path(),
+                                         "--decode",       d.hostport(), "--redis",   redis.url()};
+  AdminGateway gw1(args);
+  Gateway gw2(args);
+  for (std::uint16_t port : {gw1.port(), gw2.port()}) {
+    ASSERT_TRUE(eventually([&] {
+      return metric(port, "pdgate_redis_connected{role=\"rate_limits\"}") == 3;
+    })) << get(port, "/metrics").body;
+  }
+  Tally t = alternate(gw1.port(), gw2.port(), "acme", 6);
+  EXPECT_EQ(t.ok, 3);
+  EXPECT_EQ(t.limited, 3);
+  EXPECT_EQ(t.other, 0);
+  EXPECT_EQ(t.bad_retry_after, 0);
+  EXPECT_EQ(d.requests().size(), 3u);
+
+  // Explain reads the window from Redis and counts nothing.
+  const Json doc = {{"headers", {{"x-tenant", "acme"}}}, {"body", user_chat("x")}};
+  for (int i = 0; i < 2; ++i) {
+    auto r = gw1.call("POST", "/admin/policy/explain", doc);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Json e = r.json();
+    ASSERT_EQ(e["hook"]["rate_limits"].size(), 1u) << e;
+    const Json& l = e["hook"]["rate_limits"][0];
+    EXPECT_EQ(l["key"], "t:acme");
+    EXPECT_EQ(l["limit"], 3);
+    EXPECT_EQ(l["allowed"], false) << l;
+    EXPECT_EQ(l["count"], 3) << l;
+    EXPECT_EQ(l["store"], "cluster") << l;
+    EXPECT_EQ(e["answer"]["status"], 429) << e;
+    EXPECT_EQ(e["answer"]["reject"], "request:limited") << e;
+  }
+  auto fresh = gw1.call("POST", "/admin/policy/explain",
+                        Json{{"headers", {{"x-tenant", "fresh"}}}, {"body", user_chat("x")}});
+  EXPECT_EQ(fresh.json()["hook"]["rate_limits"][0]["allowed"], true) << fresh.body;
+  EXPECT_EQ(fresh.json()["hook"]["rate_limits"][0]["count"], 0) << fresh.body;
+  EXPECT_EQ(fresh.json()["answer"]["routed"], true) << fresh.body;
+
+  // After the window, the tenant's requests pass again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  t = alternate(gw2.port(), gw1.port(), "acme", 4);
+  EXPECT_EQ(t.ok, 3);
+  EXPECT_EQ(t.limited, 1);
+
+  // Redis frozen (accepts, never answers): a request waits at most
+  // --redis-timeout for it, then this replica judges.
+  redis.freeze();
+  for (std::uint16_t port : {gw1.port(), gw2.port()}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto r = post_json(port, "/v1/chat/completions", user_chat("x"), {{"x-tenant", "frozen"}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  }
+  redis.thaw();
+
+  // Redis gone: each replica judges alone, 3 each; nothing else fails.
+  redis.kill();
+  t = alternate(gw1.port(), gw2.port(), "beta", 8);
+  EXPECT_EQ(t.ok, 6);
+  EXPECT_EQ(t.limited, 2);
+  EXPECT_EQ(t.other, 0);
+  EXPECT_EQ(t.bad_retry_after, 0);
+  for (std::uint16_t port : {gw1.port(), gw2.port()}) {
+    EXPECT_GE(metric(port, "pdgate_policy_rate_limit_fallbacks_total{to=\"replica\"}"), 5);
+    EXPECT_EQ(
+        metric(port,
+               "pdgate_policy_rate_limit_checks_total{store=\"replica\",outcome=\"limited\"}"),
+        1);
+  }
 }
 
 // /admin/config shows each stage's policy with its version (a hash of

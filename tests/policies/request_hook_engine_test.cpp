@@ -139,6 +139,54 @@ TEST(RequestHook, BadArgumentsRaise) {
   EXPECT_NE(e.error().find("fail_closed must be true or false"), std::string::npos);
 }
 
+// req:rate_limit only declares: the decision carries each limit (window
+// in ms, the message kept); nothing is counted in the shared store. Out of
+// bounds (an empty or 201-byte key, a limit of 0 or 100001, a window of 0,
+// a fifth limit) raises, and a failed hook declares nothing.
+TEST(RequestHook, RateLimitsAreDeclaredAndBounded) {
+  TempScript ok(R"lua(return {
+    on_request = function(req)
+      req:rate_limit("t:acme", 5, 10, "over 5 in 10 s")
+      req:rate_limit("global", 100000, 0.5)
+    end,
+    pick = function(ctx, instances) return 1 end })lua");
+  auto e = engine_for(ok.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  HookRequest r(R"({})");
+  RequestDecision d;
+  ASSERT_TRUE(p->on_request(r.in, d));
+  ASSERT_EQ(d.rate_limits.size(), 2u);
+  EXPECT_EQ(d.rate_limits[0].key, "t:acme");
+  EXPECT_EQ(d.rate_limits[0].limit, 5);
+  EXPECT_EQ(d.rate_limits[0].window_ms, 10000);
+  EXPECT_EQ(d.rate_limits[0].message, "over 5 in 10 s");
+  EXPECT_EQ(d.rate_limits[1].window_ms, 500);
+  EXPECT_TRUE(d.rate_limits[1].message.empty());
+  std::size_t matched = 0;
+  (void)e->kv().list("", 10, 0, matched);
+  EXPECT_EQ(matched, 0u);  // declared, not counted
+
+  for (const char* call :
+       {R"(req:rate_limit("", 1, 1))", R"(req:rate_limit(string.rep("k", 201), 1, 1))",
+        R"(req:rate_limit("k", 0, 1))", R"(req:rate_limit("k", 100001, 1))",
+        R"(req:rate_limit("k", 1.5, 1))", R"(req:rate_limit("k", 1, 0))",
+        R"(for i = 1, 5 do req:rate_limit("k" .. i, 1, 1) end)"}) {
+    TempScript s(std::string("return { on_request = function(req) if req.body.go then ") + call +
+                 " end end, pick = function(ctx, instances) return 1 end }");
+    auto bad = engine_for(s.path());
+    ASSERT_TRUE(bad);
+    auto bp = bad->make_picker(0);
+    HookRequest go(R"({"go":true})");
+    RequestDecision bd;
+    ASSERT_TRUE(bp->on_request(go.in, bd));
+    EXPECT_TRUE(bd.rate_limits.empty()) << call;
+    EXPECT_EQ(bad->policy_metrics().for_policy("policy").calls(kRequestHook, CallOutcome::error),
+              1u)
+        << call;
+  }
+}
+
 // The req handle is dead once the hook returned: a script that kept it
 // gets an error, not another request's data.
 TEST(RequestHook, HandleDiesWithTheCall) {
