@@ -97,11 +97,7 @@ void StreamTranscript::refuse(std::string why) {
   std::string().swap(text_);
 }
 
-std::size_t StreamTranscript::observe(std::string& events, bool strip_ids) {
-  if (!strip_ids)
-    return observe(std::string_view(events));
-  Cuts cuts;
-  std::size_t keep = events.size();
+std::size_t StreamTranscript::read_events(std::string_view events, Cuts* cuts) {
   std::size_t pos = 0;
   SplitEvent ev;
   while (next_event(events, pos, ev)) {
@@ -109,15 +105,29 @@ std::size_t StreamTranscript::observe(std::string& events, bool strip_ids) {
       continue;
     // Only an event whose data is one line (as engines send) is cut: its
     // data lies in `events` as it is.
-    const bool in_place =
-        ev.data.data() >= events.data() && ev.data.data() < events.data() + events.size();
-    cuts.base = in_place ? static_cast<std::size_t>(ev.data.data() - events.data()) : 0;
-    if (!on_data(ev.data, in_place ? &cuts : nullptr)) {
+    Cuts* event_cuts = nullptr;
+    if (cuts != nullptr && ev.data.data() >= events.data() &&
+        ev.data.data() < events.data() + events.size()) {
+      cuts->base = static_cast<std::size_t>(ev.data.data() - events.data());
+      event_cuts = cuts;
+    }
+    if (!on_data(ev.data, event_cuts)) {
       error_event_ = true;
-      keep = ev.begin;
-      break;
+      return ev.begin;
     }
   }
+  return events.size();
+}
+
+std::size_t StreamTranscript::observe(std::string_view events) {
+  return read_events(events, nullptr);
+}
+
+std::size_t StreamTranscript::observe(std::string& events, bool strip_ids) {
+  if (!strip_ids)
+    return read_events(events, nullptr);
+  Cuts cuts;
+  const std::size_t keep = read_events(events, &cuts);
   if (cuts.ranges.empty())
     return keep;
   std::string out;
@@ -133,20 +143,6 @@ std::size_t StreamTranscript::observe(std::string& events, bool strip_ids) {
   out.append(events, keep, std::string::npos);
   events = std::move(out);
   return kept;
-}
-
-std::size_t StreamTranscript::observe(std::string_view events) {
-  std::size_t pos = 0;
-  SplitEvent ev;
-  while (next_event(events, pos, ev)) {
-    if (!ev.has_data)
-      continue;
-    if (!on_data(ev.data)) {
-      error_event_ = true;
-      return ev.begin;
-    }
-  }
-  return events.size();
 }
 
 namespace detail {

@@ -91,6 +91,10 @@ class StreamTranscript {
     std::vector<std::pair<std::size_t, std::size_t>> ranges;
     std::size_t base = 0;
   };
+  // Reads the complete events of `events` (noting the ids to cut in
+  // `cuts` when given); returns how many bytes precede an error event, or
+  // all of them.
+  std::size_t read_events(std::string_view events, Cuts* cuts);
   // One event's data; false when it is an error event.
   bool on_data(std::string_view data, Cuts* cuts = nullptr);
   // One element of its choices at the reader's cursor; false when the
