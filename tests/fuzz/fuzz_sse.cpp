@@ -97,6 +97,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     pdgate::StreamTranscript t(chat);
     const std::size_t kept = t.observe(raw);
     check(kept <= raw.size(), "the transcript kept more than it was given");
+    // The same events with the ids cut (--resume-token-ids): only bytes
+    // removed, what follows the kept part untouched, the same text read.
+    {
+      pdgate::StreamTranscript cut(chat);
+      std::string stripped = raw;
+      const std::size_t cut_kept = cut.observe(stripped, true);
+      check(cut_kept <= stripped.size() && stripped.size() <= raw.size(),
+            "cutting ids added bytes");
+      check(stripped.substr(cut_kept) == raw.substr(kept), "cutting ids changed what follows");
+      check(cut.text() == t.text(), "cutting ids changed the text read");
+    }
     check(t.text().size() <= pdgate::kMaxResumableText, "the transcript outgrew its bound");
     pdgate::ResumedLeg leg(t, std::nullopt, chat);
     pdgate::StreamTranscript after(chat);
