@@ -135,6 +135,38 @@ TEST(LoadModel, PredictsQueuedTokensAtTheLearntCost) {
   note_prefill_time(*b, 0, 5);  // nothing waited for: nothing learnt
 }
 
+// A replica sees the queue ahead of a prefill only as well as the other
+// replicas' reports let it: a short prompt sent to an engine that other
+// replicas had just given a burst (picks of the same millisecond) waits
+// for work nobody counted. Four replicas alternating on the Mooncake trace
+// learnt costs of 0.07-0.96 ms per token for engines that cost 0.017, so
+// that each replica priced one or two engines as 5-50x slower and sent
+// the prefixes cached there elsewhere (bench/README.md, "Learnt costs").
+TEST(LoadModel, APrefillThatWaitedBehindUnseenWorkDoesNotMakeItsEngineLookSlow) {
+  auto e = instance(1, "10.0.0.1");
+  // 14,000-token prompts at 0.012 ms per token.
+  for (int i = 0; i < 50; ++i)
+    note_prefill_time(*e, 14'000 - kBaseTokens, 168);
+  EXPECT_NEAR(e->prefill_ms_per_token.load(), 0.012, 1e-9);
+  // A 700-token prompt that waited 500 ms behind a burst it could not see.
+  note_prefill_time(*e, 700, 500);
+  EXPECT_LT(e->prefill_ms_per_token.load(), 0.012 * 1.1);
+  // Still priced with its peers.
+  auto peer = instance(2, "10.0.0.2");
+  peer->prefill_ms_per_token = 0.012;
+  EXPECT_NEAR(ms_per_token(*e, fleet_ms_per_token({e, peer})),
+              fleet_ms_per_token({e, peer}), 1e-12);
+  // A stall of 30 s on a whole prompt is bounded too.
+  note_prefill_time(*e, 14'000, 30'000);
+  EXPECT_LT(e->prefill_ms_per_token.load(), 0.012 * 1.5);
+  // An engine that really became 10x slower is followed within a few
+  // dozen prefills.
+  for (int i = 0; i < 40; ++i)
+    note_prefill_time(*e, 14'000 - kBaseTokens, 1680);
+  EXPECT_GT(e->prefill_ms_per_token.load(), 0.12 * 0.9);
+  EXPECT_LT(e->prefill_ms_per_token.load(), 0.12 * 1.01);
+}
+
 TEST(LoadModel, RoutingLoadCountsFreshEngineLoadBeyondTheReplicas) {
   auto a = instance(1, "10.0.0.1");
   a->in_flight = 2;
