@@ -1,5 +1,7 @@
 #include "core/pipeline/prefill_phase.hpp"
 
+#include <cmath>
+
 #include "core/pipeline/prompt_logprobs.hpp"
 
 #include <spdlog/spdlog.h>
@@ -51,6 +53,22 @@ std::string responses_prefill_body(const std::string& completion_shaped) {
   e.set("store", "false");
   e.remove("background");
   return e.render();
+}
+
+// The prompt tokens the engine computed for this prefill, in the units
+// every prediction uses (`prompt`: the pick's count of the prompt): the
+// share the engine's usage says it did not find cached, when it gave one
+// that makes sense, else what the pick expected to be uncached. The
+// engine knows what its cache really held: a prefix the index still lists
+// but the engine has evicted is computed again, and that time is not the
+// engine being slow.
+std::int64_t computed_tokens(const PrefillAnswer& r, std::int64_t prompt, std::int64_t expected) {
+  if (!r.cached_tokens || !r.prompt_tokens || *r.prompt_tokens == 0 ||
+      *r.cached_tokens > *r.prompt_tokens)
+    return expected;
+  const double computed = static_cast<double>(*r.prompt_tokens - *r.cached_tokens) /
+                          static_cast<double>(*r.prompt_tokens);
+  return static_cast<std::int64_t>(std::llround(computed * static_cast<double>(prompt)));
 }
 
 }  // namespace
@@ -146,10 +164,11 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   r.instance->latency.prefill.observe(elapsed);
   guard.prompt_done();
-  note_prefill_time(*r.instance, ahead_tokens + own_tokens, elapsed * 1000);
   r.cached_tokens = prompt_cached_tokens(answer);
   if (const auto usage = last_usage(answer))
     r.prompt_tokens = usage->prompt_tokens;
+  note_prefill_time(*r.instance, ahead_tokens + computed_tokens(r, prompt_tokens(ctx), own_tokens),
+                    elapsed * 1000);
   // Whole answers only: a stream's prompt_logprobs are not merged.
   if (!rc.facts.stream) {
     if (auto asked = raw_member(rc.body, rc.index, "prompt_logprobs"); asked && *asked != "null")

@@ -100,6 +100,12 @@ struct Instance {
   // Milliseconds one queued prompt token costs on this engine, learnt from
   // completed prefills (core/upstream/load_model.hpp); 0 until learnt.
   mutable std::atomic<double> prefill_ms_per_token{0.0};
+  // What it is learnt from: decayed sums of completed prefills' times and
+  // of the tokens they waited for, under their own lock (taken once per
+  // completed prefill, never by a pick, which reads the atomic above).
+  mutable std::mutex prefill_cost_mu;
+  mutable double prefill_cost_ms = 0;      // guarded by prefill_cost_mu
+  mutable double prefill_cost_tokens = 0;  // guarded by prefill_cost_mu
 
   std::int64_t cluster_in_flight() const {
     return in_flight.load(std::memory_order_relaxed) +

@@ -4,13 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 namespace pdgate {
 
 namespace {
 
-// Weight of a new sample in the per-engine mean: a few dozen prefills
-// make an estimate, and an engine that slows down is noticed within them.
+// How much of the learnt sums each new sample replaces: a few dozen
+// prefills make an estimate, and an engine that slows down is noticed
+// within them.
 constexpr double kAlpha = 0.1;
 // Samples are clamped so that one absurd timing (a stalled connection, a
 // clock step) cannot make an engine look free or unusable for long.
@@ -19,6 +21,9 @@ constexpr double kMaxMsPerToken = 100.0;
 // Engines whose learnt costs are within this factor of the fleet's mean
 // are priced alike.
 constexpr double kSameSpeed = 1.5;
+// Once an engine's cost is learnt, a sample counts as at most this many
+// times it (or at least its inverse).
+constexpr double kSampleSpread = 4.0;
 
 }  // namespace
 
@@ -126,12 +131,32 @@ std::size_t home_among(std::span<const double> costs, std::span<const std::uint6
 void note_prefill_time(const Instance& inst, std::int64_t waited_tokens, double elapsed_ms) {
   if (waited_tokens <= 0 || !(elapsed_ms >= 0))
     return;
-  const double sample = std::clamp(elapsed_ms / static_cast<double>(waited_tokens + kBaseTokens),
-                                   kMinMsPerToken, kMaxMsPerToken);
-  const double old = inst.prefill_ms_per_token.load(std::memory_order_relaxed);
-  // Lossy under races between workers (a sample may be overwritten), which
-  // an estimate can afford; never torn.
-  inst.prefill_ms_per_token.store(old > 0 ? old + kAlpha * (sample - old) : sample,
+  const double tokens = static_cast<double>(waited_tokens + kBaseTokens);
+  std::lock_guard lock(inst.prefill_cost_mu);
+  const double learnt =
+      inst.prefill_cost_tokens > 0 ? inst.prefill_cost_ms / inst.prefill_cost_tokens : 0.0;
+  // A sample is bounded absolutely, and, once something is learnt, to
+  // within kSampleSpread of it: a real change of speed is still followed
+  // (by up to a third per sample), one absurd timing is not believed.
+  double lo = kMinMsPerToken, hi = kMaxMsPerToken;
+  if (learnt > 0) {
+    lo = std::max(lo, learnt / kSampleSpread);
+    hi = std::min(hi, learnt * kSampleSpread);
+  }
+  const double ms = std::clamp(elapsed_ms, tokens * lo, tokens * hi);
+  // The ratio of decayed sums, not a mean of ratios: a prefill's time is
+  // its wait for what queued ahead plus its own compute, and what queued
+  // ahead is known only as well as this replica saw it. A short prompt
+  // that waited behind work nobody had reported yet (other replicas'
+  // picks of the same millisecond, a prefix the engine had evicted) gives
+  // a per-token ratio tens of times the engine's; averaged as a ratio, one
+  // such sample made an engine look 5-50x slower for dozens of prefills,
+  // priced it on its own, and sent its cached prefixes elsewhere
+  // (bench/README.md, "Learnt costs"). Weighed by its tokens, it moves the
+  // estimate by what it is worth.
+  inst.prefill_cost_ms = inst.prefill_cost_ms * (1 - kAlpha) + ms;
+  inst.prefill_cost_tokens = inst.prefill_cost_tokens * (1 - kAlpha) + tokens;
+  inst.prefill_ms_per_token.store(inst.prefill_cost_ms / inst.prefill_cost_tokens,
                                   std::memory_order_relaxed);
 }
 

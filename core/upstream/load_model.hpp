@@ -12,11 +12,11 @@
 //   (queued tokens + kBaseTokens x requests ahead + own uncached tokens
 //    + kBaseTokens) x ms per token
 //
-// with the engine's ms per token learnt from its completed prefills
-// (elapsed time / tokens waited for), and, for an engine not yet learnt,
-// the mean of those that are. Decode pressure is the count of requests
-// running there (every replica's plus what the engine reports beyond
-// them) and the engine's KV-cache use.
+// with the engine's ms per token learnt from its completed prefills (the
+// ratio of their decayed total time to the tokens they waited for), and,
+// for an engine not yet learnt, the mean of those that are. Decode
+// pressure is the count of requests running there (every replica's plus
+// what the engine reports beyond them) and the engine's KV-cache use.
 #pragma once
 
 #include <cstdint>
@@ -81,7 +81,7 @@ std::size_t home_among(std::span<const double> costs, std::span<const std::uint6
                        std::uint64_t prompt_key, double slack);
 
 // Learns from one completed prefill: `waited_tokens` (queued ahead when
-// it was sent, plus its own) took `elapsed_ms`.
+// it was sent, plus what it computed itself) took `elapsed_ms`.
 void note_prefill_time(const Instance& inst, std::int64_t waited_tokens, double elapsed_ms);
 
 }  // namespace pdgate

@@ -154,8 +154,8 @@ TEST(LoadModel, APrefillThatWaitedBehindUnseenWorkDoesNotMakeItsEngineLookSlow) 
   // Still priced with its peers.
   auto peer = instance(2, "10.0.0.2");
   peer->prefill_ms_per_token = 0.012;
-  EXPECT_NEAR(ms_per_token(*e, fleet_ms_per_token({e, peer})),
-              fleet_ms_per_token({e, peer}), 1e-12);
+  EXPECT_NEAR(ms_per_token(*e, fleet_ms_per_token({e, peer})), fleet_ms_per_token({e, peer}),
+              1e-12);
   // A stall of 30 s on a whole prompt is bounded too.
   note_prefill_time(*e, 14'000, 30'000);
   EXPECT_LT(e->prefill_ms_per_token.load(), 0.012 * 1.5);
