@@ -1,9 +1,12 @@
 #include "plugins/redis_load_sync.hpp"
 
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -75,6 +78,7 @@ Result<bool> RedisLoadSync::start() {
   publisher_->start();
   subscriber_->start();
   net::co_spawn(ioc_, report_loop(), net::detached);
+  net::co_spawn(ioc_, wake_loop(), net::detached);
   thread_ = std::thread([this] { ioc_.run(); });
   return true;
 }
@@ -115,25 +119,68 @@ void RedisLoadSync::on_message(std::string_view payload) {
   stats_.replicas.store(cluster_.replicas(), std::memory_order_relaxed);
 }
 
+net::awaitable<void> RedisLoadSync::wake_loop() {
+  const LoadChangeSignal& signal = registry_.load_signal();
+  // A descriptor of its own: the registry keeps the signal's.
+  const int fd = signal.fd() < 0 ? -1 : ::dup(signal.fd());
+  if (fd < 0)
+    co_return;  // no wake-ups: the report loop polls every interval
+  net::posix::stream_descriptor wakes(co_await net::this_coro::executor, fd);
+  for (;;) {
+    auto [ec] = co_await wakes.async_wait(net::posix::stream_descriptor::wait_read,
+                                          net::as_tuple(net::use_awaitable));
+    if (ec)
+      co_return;
+    signal.take();
+    timer_.cancel();  // whatever the report loop waits for, it looks again
+  }
+}
+
 net::awaitable<void> RedisLoadSync::report_loop() {
-  net::steady_timer timer(co_await net::this_coro::executor);
+  using std::chrono::steady_clock;
+  const LoadChangeSignal& signal = registry_.load_signal();
+  const auto wait = [this](steady_clock::duration d) {
+    timer_.expires_after(d);
+    return timer_.async_wait(net::as_tuple(net::use_awaitable));
+  };
   std::vector<LoadEntry> last;
   std::uint64_t seq = 0;
-  std::int64_t last_sent_ms = 0;
+  steady_clock::time_point last_sent{};
   for (;;) {
-    timer.expires_after(settings_.interval);
-    co_await timer.async_wait(net::as_tuple(net::use_awaitable));
     cluster_.use_instances(registry_.snapshot());
-    const std::int64_t now = steady_now_ms();
-    if (const auto gone = cluster_.expire(now); gone != 0) {
+    const std::int64_t now_ms = steady_now_ms();
+    if (const auto gone = cluster_.expire(now_ms); gone != 0) {
       stats_.expired.fetch_add(gone, std::memory_order_relaxed);
       stats_.replicas.store(cluster_.replicas(), std::memory_order_relaxed);
     }
+    const auto now = steady_clock::now();
+    const auto since_sent = now - last_sent;
     LoadReport r = cluster_.local_report(origin_, seq + 1, wall_now_ms());
-    if (r.entries == last && now - last_sent_ms < settings_.heartbeat.count())
+    if (r.entries == last && since_sent < settings_.heartbeat) {
+      // Nothing new: sleep until a request changes the load (or, without
+      // wake-ups, the next poll), at most until the heartbeat is due.
+      // Armed before looking once more, so that a change between the
+      // report above and the arming is seen now, and one after it wakes.
+      signal.arm();
+      if (cluster_.local_report(origin_, seq + 1, 0).entries == last) {
+        const auto until_heartbeat = settings_.heartbeat - since_sent;
+        co_await wait(signal.fd() < 0
+                          ? std::min<steady_clock::duration>(settings_.interval, until_heartbeat)
+                          : until_heartbeat);
+        continue;
+      }
+    }
+    // At most one report per interval: a burst of picks is told in the
+    // next one, whole.
+    if (since_sent < settings_.interval) {
+      co_await wait(settings_.interval - since_sent);
       continue;
-    if (!publisher_->ready())
-      continue;  // Redis is away: the others forget us; nothing queues up
+    }
+    if (!publisher_->ready()) {
+      // Redis is away: the others forget us; nothing queues up.
+      co_await wait(settings_.interval);
+      continue;
+    }
     const std::string payload = load_wire::encode(r);
     // (Built first: GCC 12 rejects a braced list of a literal in co_await.)
     std::vector<std::string_view> args{kPublish, settings_.channel, payload};
@@ -141,8 +188,10 @@ net::awaitable<void> RedisLoadSync::report_loop() {
     if (reply.type == RedisReply::Type::integer) {
       ++seq;
       last = std::move(r.entries);
-      last_sent_ms = now;
+      last_sent = now;
       stats_.published.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      co_await wait(settings_.interval);
     }
   }
 }

@@ -10,9 +10,11 @@
 // records a starting replica needs. PUBLISH costs Redis no memory and
 // reaches subscribers as soon as it is written.
 //
-// Every `interval` (5 ms by default) the thread compares this replica's
-// figures with the last report and publishes when they changed, and at
-// least every `heartbeat` anyway; it applies other replicas' reports as
+// The thread publishes this replica's figures as soon as a request changes
+// them (the registry's LoadChangeSignal wakes it: a pick reaches the other
+// replicas within a Redis round trip), at most once per `interval` (1 ms
+// by default: a burst of picks goes out in the next report, whole), and
+// at least every `heartbeat` anyway; it applies other replicas' reports as
 // they arrive, and forgets a replica not heard from for `expiry` (its
 // process died, or it or this replica cannot reach Redis): no phantom
 // load. Redis down: each replica routes on its own view once the others'
@@ -28,6 +30,7 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "core/base/result.hpp"
 #include "core/observability/prometheus.hpp"
@@ -44,7 +47,7 @@ struct RedisLoadSyncSettings {
   std::string redis_url;
   RedisClientContext redis;  // rediss://'s TLS, the connections' counters
   std::string channel = "pdgate:load";
-  std::chrono::milliseconds interval{5};
+  std::chrono::milliseconds interval{1};
   std::chrono::milliseconds heartbeat{250};
   std::chrono::milliseconds expiry{1000};
   std::chrono::milliseconds command_timeout{200};
@@ -83,6 +86,8 @@ class RedisLoadSync {
 
  private:
   boost::asio::awaitable<void> report_loop();
+  // Turns the registry's load-change signal into a wake-up of report_loop.
+  boost::asio::awaitable<void> wake_loop();
   void on_message(std::string_view payload);
 
   const Registry& registry_;
@@ -95,6 +100,8 @@ class RedisLoadSync {
   boost::asio::io_context ioc_{1};
   std::shared_ptr<RedisConnection> publisher_;
   std::shared_ptr<RedisConnection> subscriber_;
+  // What report_loop waits on; wake_loop cancels it.
+  boost::asio::steady_timer timer_{ioc_};
   std::thread thread_;
 };
 

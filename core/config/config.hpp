@@ -212,7 +212,7 @@ struct Config {
   bool shared_kv_index = true;
   // With --redis: replicas share their load (plugins/redis_load_sync.hpp);
   // 0 = off.
-  std::chrono::milliseconds load_sync_interval{5};
+  std::chrono::milliseconds load_sync_interval{1};
   std::chrono::milliseconds load_sync_expiry{1000};
   std::chrono::seconds conversation_ttl{450};
   // The exact KV-block index fed by engines' events (docs/kv-events.md):

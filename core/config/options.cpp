@@ -305,9 +305,10 @@ constexpr std::array kOptions = {
            "routing (default: on).",
            switch_field<&Config::shared_kv_index>, kRestart},
     Option{"load-sync-interval", "", 0, false, false, kGeneral, "DURATION|off",
-           "With --redis, how often each replica shares its load on every engine (requests "
-           "in flight, prompt tokens queued) when it changed, so all replicas route on the "
-           "whole cluster's load; off shares none (default: 5ms).",
+           "With --redis, each replica shares its load on every engine (requests in "
+           "flight, prompt tokens queued) as soon as a request changes it, at most once "
+           "per this interval, so all replicas route on the whole cluster's load; off "
+           "shares none (default: 1ms).",
            interval_field<&Config::load_sync_interval>, kRestart},
     Option{"load-sync-expiry", "", 0, false, false, kGeneral, "DURATION",
            "How long a replica's shared load counts without a new report: a replica that "

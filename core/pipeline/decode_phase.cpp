@@ -33,7 +33,7 @@ net::awaitable<Routed> attempt_decode(RequestContext& rc, const InstancePtr& dec
   // same way once its first token is in.
   const std::int64_t ahead_tokens =
       rc.decode_queued_tokens > 0 ? decode->cluster_queued_tokens() : 0;
-  r->guard = InFlightGuard(decode, rc.decode_queued_tokens);
+  r->guard = InFlightGuard(decode, rc.decode_queued_tokens, &w.registry.load_signal());
   r->report.emplace(w.picker, decode, rc.pick());
   r->decode = decode;
   r->span =

@@ -42,7 +42,7 @@ net::awaitable<void> encode_one(WorkerContext& w, InstancePtr inst, PickContext 
                                 http::request<http::string_body> up, StageSpan span, FanOut& fan) {
   std::optional<GatewayError> error;
   {
-    InFlightGuard guard(inst);
+    InFlightGuard guard(inst, 0, &w.registry.load_signal());
     StageReport report(w.picker, inst, ctx);
     auto [err, ex] =
         co_await UpstreamExchange::start(w.pools.for_instance(inst), up, fan.scope, w.timeouts());

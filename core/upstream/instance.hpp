@@ -26,6 +26,8 @@
 #include "core/net/errors.hpp"
 #include "core/observability/metrics.hpp"
 #include "core/upstream/instance_ids.hpp"
+#include "core/upstream/load_signal.hpp"
+#include "core/upstream/pick_lock.hpp"
 
 namespace pdgate {
 
@@ -193,23 +195,29 @@ using InstancePtr = std::shared_ptr<Instance>;
 
 // Counts a request against an instance for exactly as long as it lives,
 // and the prompt tokens it waits to have computed there until
-// prompt_done() (or its end).
+// prompt_done() (or its end). Each change rings `signal` (when given), so
+// that the replica's load report goes out at once.
 class InFlightGuard {
  public:
   InFlightGuard() = default;
-  explicit InFlightGuard(InstancePtr inst, std::int64_t queued_tokens = 0)
-      : inst_(std::move(inst)), queued_(std::max<std::int64_t>(queued_tokens, 0)) {
+  explicit InFlightGuard(InstancePtr inst, std::int64_t queued_tokens = 0,
+                         const LoadChangeSignal* signal = nullptr)
+      : inst_(std::move(inst)), queued_(std::max<std::int64_t>(queued_tokens, 0)), signal_(signal) {
     inst_->in_flight.fetch_add(1, std::memory_order_relaxed);
     inst_->requests_total.fetch_add(1, std::memory_order_relaxed);
     if (queued_ != 0)
       inst_->queued_tokens.fetch_add(queued_, std::memory_order_relaxed);
+    ring();
   }
   InFlightGuard(InFlightGuard&& o) noexcept
-      : inst_(std::move(o.inst_)), queued_(std::exchange(o.queued_, 0)) {}
+      : inst_(std::move(o.inst_)),
+        queued_(std::exchange(o.queued_, 0)),
+        signal_(std::exchange(o.signal_, nullptr)) {}
   InFlightGuard& operator=(InFlightGuard&& o) noexcept {
     release();
     inst_ = std::move(o.inst_);
     queued_ = std::exchange(o.queued_, 0);
+    signal_ = std::exchange(o.signal_, nullptr);
     return *this;
   }
   InFlightGuard(const InFlightGuard&) = delete;
@@ -219,20 +227,29 @@ class InFlightGuard {
   // The engine has computed the prompt (its first token came): the
   // request stays in flight, its tokens no longer queue.
   void prompt_done() {
-    if (inst_ && queued_ != 0)
+    if (inst_ && queued_ != 0) {
       inst_->queued_tokens.fetch_sub(queued_, std::memory_order_relaxed);
+      ring();
+    }
     queued_ = 0;
   }
 
  private:
   void release() {
     prompt_done();
-    if (inst_)
+    if (inst_) {
       inst_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+      ring();
+    }
     inst_.reset();
+  }
+  void ring() const noexcept {
+    if (signal_ != nullptr)
+      signal_->notify();
   }
   InstancePtr inst_;
   std::int64_t queued_ = 0;
+  const LoadChangeSignal* signal_ = nullptr;
 };
 
 // An immutable view of the instance set; a new one replaces it whole when
@@ -385,6 +402,13 @@ class Registry {
   }
   std::string last_shared_document_error() const;
 
+  // Rung by every request that changes an instance's load (InFlightGuard),
+  // heard by the thread that shares it with the other replicas.
+  const LoadChangeSignal& load_signal() const { return load_signal_; }
+  // Taken by every worker around a prefill pick and the reservation that
+  // follows it (core/upstream/pick_lock.hpp).
+  const PickLock& pick_lock() const { return pick_lock_; }
+
  private:
   InstancePtr conflict_locked(Role role, const std::string& url) const;
   // `inst` and the other ranks of its engine (same URL and role).
@@ -412,6 +436,8 @@ class Registry {
   std::atomic<std::uint64_t> shared_document_errors_{0};
   mutable std::mutex document_error_mu_;
   std::string last_document_error_;
+  LoadChangeSignal load_signal_;
+  PickLock pick_lock_;
 };
 
 struct ClientKey;  // core/pipeline/client_keys.hpp

@@ -103,6 +103,36 @@ TEST(LoadSync, LoadOnOneReplicaSteersAnother) {
   EXPECT_EQ(served(*busy), 1u);
 }
 
+// Reports go out when a request changes the load, not on a clock: each request B sends is
+// told at once (sent, prefill done, ended), while a replica whose load does not change sends
+// only its heartbeat (4 a second), however short --load-sync-interval is.
+TEST(LoadSync, ReportsFollowChangesAndIdleReplicasOnlyBeat) {
+  Cluster c;
+  Gateway a(replica(c.redis, c.decode));
+  Gateway b(replica(c.redis, c.decode));
+  const auto published = [](Gateway& g) {
+    return metric_sample(g.port(), "pdgate_load_sync_reports_total", "kind=\"published\"");
+  };
+  std::this_thread::sleep_for(500ms);  // both subscribed, first reports out
+  const double a0 = published(a), b0 = published(b);
+  std::this_thread::sleep_for(2s);
+  const double a_idle = published(a) - a0, b_idle = published(b) - b0;
+  std::printf("idle for 2 s: A published %.0f reports, B %.0f\n", a_idle, b_idle);
+  EXPECT_LE(a_idle, 10);
+  EXPECT_LE(b_idle, 10);
+  // Ten requests one after another through B, each 1 token: every one changes B's load
+  // twice (sent, ended), and each change is reported once the interval (1 ms) has passed.
+  const double b1 = published(b);
+  for (int i = 0; i < 10; ++i)
+    ASSERT_EQ(
+        post_json(b.port(), "/v1/completions", completion("tell " + std::to_string(i), 1)).status,
+        200);
+  std::this_thread::sleep_for(50ms);
+  const double sent = published(b) - b1;
+  std::printf("10 requests through B: %.0f reports\n", sent);
+  EXPECT_GE(sent, 10);
+}
+
 // A replica killed with requests in flight (no chance to say goodbye) stops counting on the
 // others after --load-sync-expiry: no phantom load.
 TEST(LoadSync, KilledReplicasLoadDisappears) {
