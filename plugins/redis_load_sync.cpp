@@ -100,8 +100,10 @@ void RedisLoadSync::on_message(std::string_view payload) {
     stats_.rejected.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  // The instances are refreshed by the report loop, every interval: a
-  // message needs no registry lock of its own.
+  // The instances are refreshed by the report loop, on every change of
+  // this replica's load and at least every heartbeat: a message needs no
+  // registry lock of its own (an instance added meanwhile gets the sums
+  // at the next refresh).
   switch (cluster_.apply(*r, origin_, steady_now_ms())) {
     case ClusterLoad::Applied::applied:
       stats_.applied.fetch_add(1, std::memory_order_relaxed);
