@@ -162,15 +162,16 @@ net::awaitable<void> RedisLoadSync::report_loop() {
       // Nothing new: sleep until a request changes the load (or, without
       // wake-ups, the next poll), at most until the heartbeat is due.
       // Armed before looking once more, so that a change between the
-      // report above and the arming is seen now, and one after it wakes.
+      // report above and the arming is seen now (the loop makes a new
+      // report at once), and one after it wakes.
       signal.arm();
       if (cluster_.local_report(origin_, seq + 1, 0).entries == last) {
         const auto until_heartbeat = settings_.heartbeat - since_sent;
         co_await wait(signal.fd() < 0
                           ? std::min<steady_clock::duration>(settings_.interval, until_heartbeat)
                           : until_heartbeat);
-        continue;
       }
+      continue;
     }
     // At most one report per interval: a burst of picks is told in the
     // next one, whole.
