@@ -5,9 +5,10 @@
 // Why a wake-up and not a faster poll: replicas behind one load balancer
 // get bursts of requests within a millisecond of each other, and a pick
 // the others have not seen yet is one they pile onto (bench/README.md,
-// "Picks the others have not seen"). Polling at 5 ms left every pick of a
-// burst unseen; polling at a fraction of a millisecond would wake every
-// replica thousands of times a second while nothing changes.
+// "Picks that miss each other"). Polling at 5 ms left a pick unseen for
+// 2-7 ms; polling at a fraction of a millisecond would wake every replica
+// thousands of times a second while nothing changes. (Picks closer
+// together than a report's round trip still miss each other.)
 //
 // notify() is on the request path (a pick, a prefill done, a request
 // ended): one atomic exchange, and, only when the listener waits, one

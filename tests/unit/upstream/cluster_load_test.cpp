@@ -139,9 +139,9 @@ TEST(LoadModel, PredictsQueuedTokensAtTheLearntCost) {
 // replicas' reports let it: a short prompt sent to an engine that other
 // replicas had just given a burst (picks of the same millisecond) waits
 // for work nobody counted. Four replicas alternating on the Mooncake trace
-// learnt costs of 0.07-0.96 ms per token for engines that cost 0.017, so
+// learnt costs of 0.047-0.96 ms per token for engines that cost 0.013-0.017, so
 // that each replica priced one or two engines as 5-50x slower and sent
-// the prefixes cached there elsewhere (bench/README.md, "Learnt costs").
+// the prefixes cached there elsewhere (bench/README.md, "Picks that miss each other").
 TEST(LoadModel, APrefillThatWaitedBehindUnseenWorkDoesNotMakeItsEngineLookSlow) {
   auto e = instance(1, "10.0.0.1");
   // 14,000-token prompts at 0.012 ms per token.
