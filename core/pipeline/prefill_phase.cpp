@@ -95,23 +95,18 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   const auto started = std::chrono::steady_clock::now();
   // A pick made here and the reservation below are one step, so that a
   // pick on another worker counts this one (core/upstream/pick_lock.hpp);
-  // an instance the caller picked is reserved as it comes. Released
-  // before anything waits.
+  // an instance the caller picked is reserved as it comes. Released once
+  // the request is counted, or by co_return's leaving the scope: before
+  // anything waits either way.
   std::unique_lock<std::timed_mutex> picking;
   if (!picked)
     picking = w.registry.pick_lock().hold();
-  const auto picked_and_counted = [&picking] {
-    if (picking.owns_lock())
-      picking.unlock();
-  };
   r.instance = picked ? std::move(picked) : pick_prefill(rc);
   if (!r.instance) {
-    picked_and_counted();
     r.error = no_instance(Stage::prefill, w.picker);
     co_return r;
   }
   if (rc.connector.names_peers() && r.instance->spec.kv_peer.empty()) {
-    picked_and_counted();
     r.error = missing_kv_peer(Stage::prefill, *r.instance);
     co_return r;
   }
@@ -121,7 +116,8 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   const std::int64_t own_tokens = rc.uncached_after_pick();
   const std::int64_t ahead_tokens = r.instance->cluster_queued_tokens();
   InFlightGuard guard(r.instance, own_tokens, &w.registry.load_signal());
-  picked_and_counted();
+  if (picking.owns_lock())
+    picking.unlock();
   StageReport report(w.picker, r.instance, ctx);
   StageSpan span = rc.trace.stage("prefill", r.instance->spec.url,
                                   static_cast<unsigned>(rc.tried_prefill.size()));

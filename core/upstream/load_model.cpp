@@ -152,8 +152,8 @@ void note_prefill_time(const Instance& inst, std::int64_t waited_tokens, double 
   // a per-token ratio tens of times the engine's; averaged as a ratio, one
   // such sample made an engine look 5-50x slower for dozens of prefills,
   // priced it on its own, and sent its cached prefixes elsewhere
-  // (bench/README.md, "Picks that miss each other"). Weighed by its tokens, it moves the
-  // estimate by what it is worth.
+  // (bench/README.md, "Picks that miss each other"). Weighed by its
+  // tokens, it moves the estimate by what it is worth.
   inst.prefill_cost_ms = inst.prefill_cost_ms * (1 - kAlpha) + ms;
   inst.prefill_cost_tokens = inst.prefill_cost_tokens * (1 - kAlpha) + tokens;
   inst.prefill_ms_per_token.store(inst.prefill_cost_ms / inst.prefill_cost_tokens,

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-
 #include <thread>
 
 #include <netinet/in.h>
@@ -559,7 +558,8 @@ TEST(ConcurrentPicks, ABurstOnFourWorkersSpreadsLikeOnePicker) {
     std::vector<std::thread> clients;
     for (int i = 0; i < kPerBurst; ++i) {
       clients.emplace_back([&, i] {
-        // Different from the first byte: no prompt shares a prefix or a home.
+        // No two share their first prefix block (byte 0 names the burst, the
+        // rest the request): no prefix match and no shared home.
         std::string prompt(60'000, static_cast<char>('a' + i));
         prompt[0] = static_cast<char>('A' + b);
         Json body = {{"model", "sim-model"}, {"prompt", prompt}, {"max_tokens", 1}};
