@@ -39,7 +39,9 @@
 # policies see exact cached tokens. --collect-gateway-metrics (repeatable,
 # comma separated) reads each gateway's /metrics after the replay and
 # puts gateway_metrics {NAME: [value per gateway]} in the row (a series
-# name as exposed, its label sets summed; null where absent). Results: a
+# name as exposed, its label sets summed; NAME{label="value"} sums only
+# those with that label, e.g. pdgate_policy_custom_total{name="leave"};
+# null where absent). Results: a
 # markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
 # Not run by CI (minutes per run; see bench/README.md, "Routing quality").
 set -euo pipefail
@@ -177,7 +179,8 @@ PY
 }
 
 # gateway_metrics_json PORT...: {NAME: [value per gateway]} for the names of
-# --collect-gateway-metrics, each value the series' label sets summed, null
+# --collect-gateway-metrics, each value the series' label sets summed (those
+# holding label="value" for a NAME{label="value"}), null
 # where the gateway has no such series or its /metrics could not be read.
 gateway_metrics_json() {
   python3 - "${#gateway_metrics[@]}" "${gateway_metrics[@]}" "$@" <<'PY'
@@ -195,12 +198,17 @@ for port in ports:
         if not line or line.startswith("#"):
             continue
         series = line.split("{")[0].split(" ")[0]
-        if series in out:
+        labels = line[len(series):].rsplit(" ", 1)[0]
+        for name in names:
+            # NAME{label="value"}: only the label sets holding that label.
+            base, _, want = name.partition("{")
+            if series != base or (want and want.rstrip("}") not in labels):
+                continue
             try:
                 v = float(line.rsplit(" ", 1)[1])
             except (IndexError, ValueError):
                 continue
-            sums[series] = sums.get(series, 0.0) + v
+            sums[name] = sums.get(name, 0.0) + v
     for name in names:
         v = sums.get(name)
         out[name].append(v if v is not None and math.isfinite(v) else None)
