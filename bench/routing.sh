@@ -41,8 +41,9 @@
 # puts gateway_metrics {NAME: [value per gateway]} in the row (a series
 # name as exposed, its label sets summed; NAME{label="value"} sums only
 # those with that label, e.g. pdgate_policy_custom_total{name="leave"};
-# null where absent). Results: a
-# markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
+# null where absent). Each row also has prefill_engines: per prefill
+# engine, its prefix-cache queries and hits (tokens) and requests served.
+# Results: a markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
 # Not run by CI (minutes per run; see bench/README.md, "Routing quality").
 set -euo pipefail
 
@@ -178,6 +179,27 @@ print("%.0f" % total)
 PY
 }
 
+# engines_json PORT...: per prefill engine, in start order, its prompt
+# tokens looked up in its prefix cache, those found there and the requests
+# it served ({"queries", "hits", "requests"}): where a policy put the work.
+engines_json() {
+  python3 - "$@" <<'PY'
+import json, sys, urllib.request
+names = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits",
+         "vllm:request_success_total": "requests"}
+out = []
+for port in sys.argv[1:]:
+    text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10).read().decode()
+    e = {v: 0 for v in names.values()}
+    for line in text.splitlines():
+        key = names.get(line.split("{")[0].split(" ")[0])
+        if key:
+            e[key] += int(float(line.rsplit(" ", 1)[1]))
+    out.append(e)
+print(json.dumps(out))
+PY
+}
+
 # gateway_metrics_json PORT...: {NAME: [value per gateway]} for the names of
 # --collect-gateway-metrics, each value the series' label sets summed (those
 # holding label="value" for a NAME{label="value"}), null
@@ -281,11 +303,12 @@ for n in $replicas; do
       if ((${#gateway_metrics[@]})); then gmetrics=$(gateway_metrics_json "${gports[@]}"); fi
       hits=$(metric_sum 'vllm:prefix_cache_hits_total' "${pports[@]}")
       queries=$(metric_sum 'vllm:prefix_cache_queries_total' "${pports[@]}")
+      per_engine=$(engines_json "${pports[@]}")
       stop_all
       python3 - "$n" "$row_traffic" "$policy" "$hits" "$queries" "$replay" "$ceil" "$gmetrics" \
-        >> "$OUT/rows.jsonl" <<'PY'
+        "$per_engine" >> "$OUT/rows.jsonl" <<'PY'
 import json, sys
-n, traffic, policy, hits, queries, replay, ceil, gmetrics = sys.argv[1:]
+n, traffic, policy, hits, queries, replay, ceil, gmetrics, per_engine = sys.argv[1:]
 row = {"replicas": int(n), "traffic": traffic, "policy": policy, "hits": int(hits),
        "queries": int(queries),
        "hit_rate": round(int(hits) / int(queries), 4) if int(queries) else 0.0,
@@ -293,6 +316,7 @@ row = {"replicas": int(n), "traffic": traffic, "policy": policy, "hits": int(hit
 row.update(json.loads(replay))
 if json.loads(gmetrics) is not None:
     row["gateway_metrics"] = json.loads(gmetrics)
+row["prefill_engines"] = json.loads(per_engine)
 print(json.dumps(row))
 PY
       tail -1 "$OUT/rows.jsonl" >&2
