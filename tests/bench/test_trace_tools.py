@@ -222,6 +222,8 @@ class RoutingScript(unittest.TestCase):
                  "--policies", "prefix_affinity", "--engines", "1", "--kv-tokens", str(1 << 20),
                  "--prefill-us-per-token", "1", "--itl-ms", "1", "--max-tokens", "2",
                  "--collect-gateway-metrics", "pdgate_requests_total,pdgate_no_such_metric",
+                 "--collect-gateway-metrics", 'pdgate_requests_total{status="200"}',
+                 "--collect-gateway-metrics", 'pdgate_requests_total{status="503"}',
                  "--build", os.environ["PDGATE_BUILD_DIR"], "--out", out],
                 capture_output=True, text=True, timeout=240)
             self.assertEqual(p.returncode, 0, p.stderr)
@@ -238,6 +240,16 @@ class RoutingScript(unittest.TestCase):
             first, idle = rows[1]["gateway_metrics"]["pdgate_requests_total"]
             self.assertEqual(first, 20)
             self.assertIn(idle, (None, 0))
+            # A label selector sums only the label sets holding it: every request was a 200.
+            self.assertEqual(rows[0]["gateway_metrics"]['pdgate_requests_total{status="200"}'], [10, 10])
+            self.assertEqual(rows[0]["gateway_metrics"]['pdgate_requests_total{status="503"}'],
+                             [None, None])
+            # The one prefill engine served every request, and its counters are the row's.
+            for r in rows:
+                (engine,) = r["prefill_engines"]
+                self.assertEqual(engine["requests"], 20, r)
+                self.assertEqual(engine["hits"], r["hits"])
+                self.assertEqual(engine["queries"], r["queries"])
 
 
 if __name__ == "__main__":
