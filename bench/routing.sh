@@ -166,22 +166,10 @@ ceil=$(python3 "$ROOT/bench/trace_ceilings.py" "$trace" --limit "$limit" \
   --capacity-tokens $((kv_blocks * 16 * engines)))
 echo "trace $trace: $(python3 -c 'import sys; print(sum(1 for l in open(sys.argv[1]) if l.strip()))' "$trace") records, ceilings $ceil" >&2
 
-metric_sum() {  # metric_sum NAME PORT...: the series summed over the engines
-  python3 - "$@" <<'PY'
-import sys, urllib.request
-name, total = sys.argv[1], 0.0
-for port in sys.argv[2:]:
-    text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10).read().decode()
-    for line in text.splitlines():
-        if line.split("{")[0].split(" ")[0] == name:
-            total += float(line.rsplit(" ", 1)[1])
-print("%.0f" % total)
-PY
-}
-
 # engines_json PORT...: per prefill engine, in start order, its prompt
 # tokens looked up in its prefix cache, those found there and the requests
-# it served ({"queries", "hits", "requests"}): where a policy put the work.
+# it served ({"queries", "hits", "requests"}): where a policy put the work,
+# and, summed, the row's hit rate.
 engines_json() {
   python3 - "$@" <<'PY'
 import json, sys, urllib.request
@@ -210,6 +198,8 @@ import json, math, sys, urllib.request
 k = int(sys.argv[1])
 names, ports = sys.argv[2:2 + k], sys.argv[2 + k:]
 out = {name: [] for name in names}
+# NAME{label="value"}: only the label sets holding that label.
+wanted = {name: (name.partition("{")[0], name.partition("{")[2].rstrip("}")) for name in names}
 for port in ports:
     try:
         text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10).read().decode()
@@ -221,10 +211,8 @@ for port in ports:
             continue
         series = line.split("{")[0].split(" ")[0]
         labels = line[len(series):].rsplit(" ", 1)[0]
-        for name in names:
-            # NAME{label="value"}: only the label sets holding that label.
-            base, _, want = name.partition("{")
-            if series != base or (want and want.rstrip("}") not in labels):
+        for name, (base, want) in wanted.items():
+            if series != base or (want and "{" + want not in labels and "," + want not in labels):
                 continue
             try:
                 v = float(line.rsplit(" ", 1)[1])
@@ -301,22 +289,22 @@ for n in $replicas; do
         --limit "$limit" --max-tokens "$max_tokens")
       gmetrics=null
       if ((${#gateway_metrics[@]})); then gmetrics=$(gateway_metrics_json "${gports[@]}"); fi
-      hits=$(metric_sum 'vllm:prefix_cache_hits_total' "${pports[@]}")
-      queries=$(metric_sum 'vllm:prefix_cache_queries_total' "${pports[@]}")
       per_engine=$(engines_json "${pports[@]}")
       stop_all
-      python3 - "$n" "$row_traffic" "$policy" "$hits" "$queries" "$replay" "$ceil" "$gmetrics" \
-        "$per_engine" >> "$OUT/rows.jsonl" <<'PY'
+      python3 - "$n" "$row_traffic" "$policy" "$replay" "$ceil" "$gmetrics" "$per_engine" \
+        >> "$OUT/rows.jsonl" <<'PY'
 import json, sys
-n, traffic, policy, hits, queries, replay, ceil, gmetrics, per_engine = sys.argv[1:]
-row = {"replicas": int(n), "traffic": traffic, "policy": policy, "hits": int(hits),
-       "queries": int(queries),
-       "hit_rate": round(int(hits) / int(queries), 4) if int(queries) else 0.0,
+n, traffic, policy, replay, ceil, gmetrics, per_engine = sys.argv[1:]
+engines = json.loads(per_engine)
+hits, queries = sum(e["hits"] for e in engines), sum(e["queries"] for e in engines)
+row = {"replicas": int(n), "traffic": traffic, "policy": policy, "hits": hits,
+       "queries": queries,
+       "hit_rate": round(hits / queries, 4) if queries else 0.0,
        "ceilings": json.loads(ceil)}
 row.update(json.loads(replay))
 if json.loads(gmetrics) is not None:
     row["gateway_metrics"] = json.loads(gmetrics)
-row["prefill_engines"] = json.loads(per_engine)
+row["prefill_engines"] = engines
 print(json.dumps(row))
 PY
       tail -1 "$OUT/rows.jsonl" >&2
