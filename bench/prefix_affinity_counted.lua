@@ -1,15 +1,16 @@
 -- prefix_affinity (policies/prefix_affinity.lua) with each prefill pick's
 -- decision counted (pdgate.count, read from /metrics as
--- pdgate_policy_custom_total{name=...}): picks, nomatch (no match of at
--- least MIN_MATCH: the soonest cold start), stay / stay_blocks (the match
--- kept), leave / leave_blocks (the match left for the soonest cold start),
--- best_is_cold, and sums of the predictions the leave rule compares
--- (sum_best_ms, sum_cold_ms, sum_saved_ms) with q_0..q_10 / q_neg, a
--- histogram of (wait at the match - soonest cold start) / saved in halves.
--- Same decisions as the shipped policy; for bench/README.md, "Picks that
--- miss each other". routing.sh takes it as a policy name when run from
--- bench/ (cd bench && ./routing.sh --build ../build ... --policies
--- prefix_affinity_counted.lua).
+-- pdgate_policy_custom_total{name=...}): picks, recheck (pdgate.RECHECK
+-- answered; the second look is a pick, counted as rechecked too), nomatch
+-- (no match of at least MIN_MATCH: the soonest cold start), stay /
+-- stay_blocks (the match kept), leave / leave_blocks (the match left for
+-- the soonest cold start), best_is_cold, and sums of the predictions the
+-- leave rule compares (sum_best_ms, sum_cold_ms, sum_saved_ms) with
+-- q_0..q_10 / q_neg, a histogram of (wait at the match - soonest cold
+-- start) / saved in halves. Same decisions as the shipped policy; for
+-- bench/README.md, "Picks that miss each other". routing.sh takes it as a
+-- policy name when run from bench/ (cd bench && ./routing.sh --build
+-- ../build ... --policies prefix_affinity_counted.lua).
 local MIN_MATCH = 0.1
 local LEAVE_COST = 3
 local origin = math.floor(pdgate.now_ms() * 1000) % 65521
@@ -34,12 +35,25 @@ return {
         end
       end
     end
-    pdgate.count("picks")
+    -- The shipped policy's rechecks, counted apart (recheck): the second
+    -- look (ctx.rechecked, counted as rechecked too) is counted as a pick.
     if best == nil or best_blocks < MIN_MATCH * blocks then
+      if ctx.recheck_ms > 0 then
+        pdgate.count("recheck")
+        return pdgate.RECHECK
+      end
+      pdgate.count("picks")
+      if ctx.rechecked then pdgate.count("rechecked") end
       pdgate.count("nomatch")
       return cold
     end
     local _, saved = pdgate.predicted_ttft(best)
+    if best_ms - cold_ms > (LEAVE_COST - 1) * saved and ctx.recheck_ms > 0 then
+      pdgate.count("recheck")
+      return pdgate.RECHECK
+    end
+    pdgate.count("picks")
+    if ctx.rechecked then pdgate.count("rechecked") end
     pdgate.count("match_blocks", best_blocks)
     if best == cold then pdgate.count("best_is_cold") end
     pdgate.count("sum_best_ms", math.floor(best_ms))

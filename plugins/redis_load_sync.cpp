@@ -39,6 +39,10 @@ void write_load_sync_metrics(PrometheusText& m, const LoadSyncStats& s) {
     m.sample("pdgate_load_sync_reports_total", {{"kind", kind}}, n);
   m.gauge("pdgate_load_sync_replicas", "Other gateway replicas whose load is counted now.");
   m.sample("pdgate_load_sync_replicas", std::uint64_t{s.replicas.load()});
+  m.gauge("pdgate_load_sync_replicas_ahead",
+          "Replicas with load that come before this one in the order rechecked picks wait "
+          "in (pdgate.RECHECK waits this many --load-sync-recheck-slot).");
+  m.sample("pdgate_load_sync_replicas_ahead", std::uint64_t{s.ahead.load()});
   m.counter("pdgate_load_sync_expired_total",
             "Replicas forgotten because no load report came from them in time.");
   m.sample("pdgate_load_sync_expired_total", std::uint64_t{s.expired.load()});
@@ -92,6 +96,8 @@ void RedisLoadSync::stop() {
     ioc_.stop();
   });
   thread_.join();
+  stats_.ahead.store(0, std::memory_order_relaxed);
+  registry_.replica_order().set_ahead(0);  // no one to wait for any more
 }
 
 void RedisLoadSync::on_message(std::string_view payload) {
@@ -118,7 +124,14 @@ void RedisLoadSync::on_message(std::string_view payload) {
     case ClusterLoad::Applied::own:
       break;
   }
+  note_replicas();
+}
+
+void RedisLoadSync::note_replicas() {
   stats_.replicas.store(cluster_.replicas(), std::memory_order_relaxed);
+  const std::size_t ahead = cluster_.busy_before(origin_);
+  stats_.ahead.store(ahead, std::memory_order_relaxed);
+  registry_.replica_order().set_ahead(ahead);
 }
 
 net::awaitable<void> RedisLoadSync::wake_loop() {
@@ -153,7 +166,7 @@ net::awaitable<void> RedisLoadSync::report_loop() {
     const std::int64_t now_ms = steady_now_ms();
     if (const auto gone = cluster_.expire(now_ms); gone != 0) {
       stats_.expired.fetch_add(gone, std::memory_order_relaxed);
-      stats_.replicas.store(cluster_.replicas(), std::memory_order_relaxed);
+      note_replicas();
     }
     const auto now = steady_clock::now();
     const auto since_sent = now - last_sent;

@@ -61,6 +61,7 @@ struct LoadSyncStats {
   std::atomic<std::uint64_t> refused{0};   // valid, past a bound (replicas, engines)
   std::atomic<std::uint64_t> expired{0};   // replicas forgotten for silence
   std::atomic<std::uint64_t> replicas{0};  // other replicas counted now
+  std::atomic<std::uint64_t> ahead{0};     // of them, with load, before this one
   // Age of the last applied report when it arrived: its sender's wait for
   // the next interval + transit (system clocks of two machines).
   std::atomic<std::int64_t> lag_ms{0};
@@ -89,6 +90,9 @@ class RedisLoadSync {
   // Turns the registry's load-change signal into a wake-up of report_loop.
   boost::asio::awaitable<void> wake_loop();
   void on_message(std::string_view payload);
+  // After the replicas counted changed: the stats, and this replica's
+  // place among them (Registry::replica_order).
+  void note_replicas();
 
   const Registry& registry_;
   RedisLoadSyncSettings settings_;

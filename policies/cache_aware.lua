@@ -26,6 +26,11 @@
 -- Candidates without a match all compute the whole prompt: only the best
 -- of them (pdgate.least_cost, in C++) is weighed against the matches.
 --
+-- Behind one load balancer, a cold start or a smaller cache than the
+-- largest is rechecked (pdgate.RECHECK) once the replicas ahead of this
+-- one have picked: two replicas starting the same new prefix at once would
+-- start it on two engines.
+--
 -- Decode after a prefill (ctx.prefill set) pulls the KV from the prefill,
 -- so the prefix cache does not matter there: least loaded. One-hop decode
 -- (no prefill stage) is routed like a prefill.
@@ -58,18 +63,21 @@ return {
     if best == nil then return nil end
     local matches = pdgate.prefix_matches()
     local exact = pdgate.cached_tokens()
+    -- What the chosen candidate's cache saves, and the most any saves.
+    local best_saved, most_saved = 0, 0
     local function consider(i)
       local inst = instances[i]
       if not inst.healthy then return end
       -- An engine with an exact feed is judged by it alone.
       local cached = exact and exact[i]
       local ms, saved = pdgate.predicted_ttft(inst, cached)
+      if saved > most_saved then most_saved = saved end
       -- What the cache saves there counts LEAVE_COST - 1 times beyond this
       -- request's own wait: the cluster computes it again wherever else
       -- the request goes, and whatever queues behind it there waits too.
       local score = ms - (LEAVE_COST - 1) * saved
       if score < best_score then
-        best, best_score = inst, score
+        best, best_score, best_saved = inst, score, saved
       end
     end
     for i in pairs(matches) do consider(i) end
@@ -77,6 +85,13 @@ return {
       for i in pairs(exact) do
         if matches[i] == nil then consider(i) end
       end
+    end
+    -- A cold start, or a smaller cache than the largest, chosen while
+    -- another replica picks for the same prefix may miss its pick: wait
+    -- for the replicas ahead of this one and look again (ctx.recheck_ms is
+    -- 0 when there is nothing to wait for, and on that second look).
+    if (most_saved == 0 or best_saved < most_saved) and ctx.recheck_ms > 0 then
+      return pdgate.RECHECK
     end
     return best
   end,

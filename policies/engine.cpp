@@ -146,6 +146,7 @@ class LuaPicker final : public InstancePicker {
   InstancePtr pick(const std::vector<InstancePtr>& candidates, const PickContext& ctx) override {
     failed_closed_ = false;
     refusal_.reset();
+    recheck_ = false;
     last_cached_ = 0;
     if (candidates.empty())
       return nullptr;
@@ -155,8 +156,19 @@ class LuaPicker final : public InstancePicker {
       return fallback_.pick(candidates, ctx);
     auto& stats = engine_->stats();
     stats.picks.fetch_add(1, std::memory_order_relaxed);
-    const PickAnswer a = vm->pick(candidates, ctx, hashes_);
+    PickAnswer a = vm->pick(candidates, ctx, hashes_);
     PolicyCounters& counters = vm->counters(static_cast<int>(ctx.stage));
+    if (a.status == PickStatus::recheck) {
+      counters.call(static_cast<int>(ctx.stage), CallOutcome::recheck);
+      if (ctx.recheck_wait.count() > 0) {
+        recheck_ = true;  // the caller waits for the replicas ahead, then asks again
+        return nullptr;
+      }
+      // Nothing to wait for (or the caller cannot wait): asked again at once.
+      PickContext again = ctx;
+      again.rechecked = true;
+      a = vm->pick(candidates, again, hashes_);
+    }
     switch (a.status) {
       case PickStatus::chosen:
         counters.call(static_cast<int>(ctx.stage), CallOutcome::picked);
@@ -180,6 +192,7 @@ class LuaPicker final : public InstancePicker {
         refusal_ = a.refusal;
         failed_closed_ = true;
         return nullptr;
+      case PickStatus::recheck:  // only a first answer: a second one is invalid
       case PickStatus::error:
         stats.errors.fetch_add(1, std::memory_order_relaxed);
         counters.call(static_cast<int>(ctx.stage), CallOutcome::error);
@@ -219,6 +232,7 @@ class LuaPicker final : public InstancePicker {
 
   bool failed_closed() const override { return failed_closed_; }
   const PickRefusal* last_refusal() const override { return refusal_ ? &*refusal_ : nullptr; }
+  bool wants_recheck() const override { return recheck_; }
   std::int64_t last_pick_cached_tokens() const override { return last_cached_; }
   std::pair<std::string, std::string> policy_of(Stage stage) const override {
     return names_[static_cast<std::size_t>(stage)];
@@ -344,6 +358,7 @@ class LuaPicker final : public InstancePicker {
   std::shared_ptr<LuaVm> current_;
   std::unordered_map<std::string, std::shared_ptr<LuaVm>> pins_;
   PrefixHashCache hashes_;
+  bool recheck_ = false;
   bool failed_closed_ = false;
   // Why the last pick ended its request, when the policy refused it.
   std::optional<PickRefusal> refusal_;
@@ -371,7 +386,15 @@ class DryPicker final : public InstancePicker {
       explained_.outcome = "no candidates";
       return nullptr;
     }
-    const PickAnswer a = vm_->pick(candidates, ctx, hashes_);
+    PickAnswer a = vm_->pick(candidates, ctx, hashes_);
+    if (a.status == PickStatus::recheck) {
+      // A live pick would wait for the replicas ahead first; explained, the
+      // second answer is what it would then choose (on today's load).
+      PickContext again = ctx;
+      again.rechecked = true;
+      a = vm_->pick(candidates, again, hashes_);
+      explained_.rechecked = true;
+    }
     explained_.outcome = to_string(a.status);
     explained_.error = a.error;
     explained_.log = vm_->take_log();

@@ -16,9 +16,11 @@
 -- the cache (prefix_affinity's guard: pdgate.predicted_ttft against
 -- pdgate.least_cost, on the prompt tokens every replica has queued on each
 -- engine, leaving counted at LEAVE_COST times what the cache saves); a
--- share under MIN_SHARE counts as none and the soonest start takes it. prefix_matches() is
--- always asked, so the approximate index keeps learning for engines whose
--- feed falls back.
+-- share under MIN_SHARE counts as none and the soonest start takes it.
+-- prefix_matches() is always asked, so the approximate index keeps
+-- learning for engines whose feed falls back. Behind one load balancer, a
+-- cold start or a cache left is rechecked (pdgate.RECHECK) once the
+-- replicas ahead of this one have picked, as in prefix_affinity.
 --
 -- Decode after a prefill pulls the KV from the prefill: least loaded.
 local MIN_SHARE = 0.1
@@ -73,10 +75,18 @@ return {
         end
       end
     end
-    if best == nil or best_share < MIN_SHARE then return cold end
-    -- prefix_affinity's rule: leaving costs LEAVE_COST times what the
-    -- cache saves.
-    if best_ms - cold_ms > (LEAVE_COST - 1) * best_saved then return cold end
+    -- prefix_affinity's rules: a cold start or a cache left is rechecked
+    -- once the replicas ahead have picked (ctx.recheck_ms: 0 when there is
+    -- nothing to wait for); leaving costs LEAVE_COST times what the cache
+    -- saves.
+    if best == nil or best_share < MIN_SHARE then
+      if ctx.recheck_ms > 0 then return pdgate.RECHECK end
+      return cold
+    end
+    if best_ms - cold_ms > (LEAVE_COST - 1) * best_saved then
+      if ctx.recheck_ms > 0 then return pdgate.RECHECK end
+      return cold
+    end
     return best
   end,
 }

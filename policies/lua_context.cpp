@@ -31,9 +31,9 @@ void set_string(lua_State* L, const char* k, std::string_view v) {
 // policies read one or two of them, and pushing all of them (interning a
 // fresh request id string every time) was half the cost of a pick.
 constexpr const char* kCtxFields[] = {
-    "stage",           "model",      "stream",  "is_chat",   "prompt_len",
-    "conversation_id", "request_id", "prefill", "headers",   "key",
-    "attempt",         "failed",     "vars",    "migrations"};
+    "stage",      "model",      "stream",    "is_chat",   "prompt_len", "conversation_id",
+    "request_id", "prefill",    "headers",   "key",       "attempt",    "failed",
+    "vars",       "migrations", "rechecked", "recheck_ms"};
 
 // ctx.failed: {id, url, role, kind, status, labels} of the stage's last
 // failed attempt, or nil before any failed.
@@ -121,6 +121,12 @@ void push_ctx_field(Impl& I, lua_State* L, const PickContext& ctx, int i) {
       return;
     case 13:
       lua_pushnumber(L, static_cast<double>(ctx.migrations));
+      return;
+    case 14:
+      lua_pushboolean(L, ctx.rechecked ? 1 : 0);
+      return;
+    case 15:
+      lua_pushnumber(L, static_cast<double>(ctx.recheck_wait.count()));
       return;
     default:
       lua_pushnil(L);

@@ -711,9 +711,16 @@ int l_require(lua_State* L) {
   return 1;
 }
 
+const void* recheck_token() {
+  static const char token = 0;
+  return &token;
+}
+
 void register_pdgate_lib(lua_State* L) {
   lua_newtable(L);
   luaL_register(L, nullptr, kPdgateLib);
+  lua_pushlightuserdata(L, const_cast<void*>(recheck_token()));
+  lua_setfield(L, -2, "RECHECK");
   lua_setglobal(L, "pdgate");
   lua_pushcfunction(L, l_require);
   lua_setglobal(L, "require");

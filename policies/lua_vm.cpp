@@ -55,6 +55,8 @@ const char* to_string(PickStatus s) {
       return "declined";
     case PickStatus::rejected:
       return "rejected";
+    case PickStatus::recheck:
+      return "recheck";
     case PickStatus::error:
       return "error";
     case PickStatus::invalid:
@@ -449,10 +451,17 @@ PickAnswer LuaVm::pick(const std::vector<InstancePtr>& candidates, const PickCon
       a.status = PickStatus::invalid;
       a.error = "pick returned a table that is not one of the instances";
     }
+  } else if (t == LUA_TLIGHTUSERDATA && lua_touserdata(L, -1) == detail::recheck_token()) {
+    if (ctx.rechecked) {
+      a.status = PickStatus::invalid;
+      a.error = "pick returned pdgate.RECHECK again (ctx.rechecked: this pick must answer)";
+    } else {
+      a.status = PickStatus::recheck;
+    }
   } else {
     a.status = PickStatus::invalid;
     a.error = std::string("pick returned a ") + lua_typename(L, t) +
-              " (expected an instance, its position, or nil)";
+              " (expected an instance, its position, nil, or pdgate.RECHECK)";
   }
   lua_settop(L, base);
   if (a.status == PickStatus::chosen && a.index < I.cur_cached.size())
@@ -693,7 +702,7 @@ Result<bool> LuaVm::self_check() {
     const PickAnswer a = pick(fake, ctx, hashes);
     const std::string& origin = impl_->stages[static_cast<int>(s)].origin;
     if (a.status != PickStatus::chosen && a.status != PickStatus::declined &&
-        a.status != PickStatus::rejected) {
+        a.status != PickStatus::rejected && a.status != PickStatus::recheck) {
       return fail("policy " + origin + " failed its self-check (" + to_string(s) +
                   " pick on 3 instances): " + to_string(a.status) + ": " + a.error);
     }

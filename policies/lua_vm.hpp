@@ -96,8 +96,10 @@ class PrefixHashCache {
   std::size_t next_ = 0;
 };
 
-// rejected: the script answered `nil, status, message [, headers]`.
-enum class PickStatus { chosen, declined, rejected, error, invalid, budget };
+// rejected: the script answered `nil, status, message [, headers]`;
+// recheck: it answered pdgate.RECHECK (ask again once the other replicas'
+// picks are in).
+enum class PickStatus { chosen, declined, rejected, recheck, error, invalid, budget };
 const char* to_string(PickStatus s);
 
 struct PickAnswer {

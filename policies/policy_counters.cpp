@@ -15,6 +15,8 @@ const char* to_string(CallOutcome o) {
       return "accepted";
     case CallOutcome::rejected:
       return "rejected";
+    case CallOutcome::recheck:
+      return "recheck";
     case CallOutcome::error:
       return "error";
     case CallOutcome::budget:

@@ -22,8 +22,9 @@ namespace pdgate::policy {
 // Where a hook ran: a pick of a stage (indexed by Stage), or the request
 // hook.
 constexpr int kRequestHook = 3;
-enum class CallOutcome { picked, declined, accepted, rejected, error, budget };
-constexpr int kCallOutcomes = 6;
+// recheck: a pick answered pdgate.RECHECK (it is then asked again).
+enum class CallOutcome { picked, declined, accepted, rejected, recheck, error, budget };
+constexpr int kCallOutcomes = 7;
 const char* to_string(CallOutcome o);
 
 class PolicyCounters {

@@ -14,10 +14,12 @@ constexpr const char* kWhere[] = {"encode", "prefill", "decode", "request"};
 void PolicyCounters::write(PrometheusText& m) const {
   for (int w = 0; w < 4; ++w) {
     const bool hook = w == kRequestHook;
-    for (const CallOutcome o : {CallOutcome::picked, CallOutcome::declined, CallOutcome::accepted,
-                                CallOutcome::rejected, CallOutcome::error, CallOutcome::budget}) {
+    for (const CallOutcome o :
+         {CallOutcome::picked, CallOutcome::declined, CallOutcome::accepted, CallOutcome::rejected,
+          CallOutcome::recheck, CallOutcome::error, CallOutcome::budget}) {
       // rejected: the hook, or a pick, refused with a status of its own.
-      const bool pick_only = o == CallOutcome::picked || o == CallOutcome::declined;
+      const bool pick_only =
+          o == CallOutcome::picked || o == CallOutcome::declined || o == CallOutcome::recheck;
       const bool hook_only = o == CallOutcome::accepted;
       if ((hook && pick_only) || (!hook && hook_only))
         continue;
@@ -32,7 +34,7 @@ void PolicyMetrics::write(PrometheusText& m) const {
   m.counter("pdgate_policy_calls_total",
             "Policy hook calls by policy, stage (encode, prefill, decode picks; request: "
             "on_request) and outcome (picked, declined: nil; accepted; rejected: refused with a "
-            "status; error, budget: failed).");
+            "status; recheck: pdgate.RECHECK, asked again; error, budget: failed).");
   for (const auto& [name, c] : by_name_)
     c->write(m);
   m.counter("pdgate_policy_custom_total", "Counters kept by policies with pdgate.count().");

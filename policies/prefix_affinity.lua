@@ -15,8 +15,12 @@
 -- cached part computed again, which delays whatever queues behind it
 -- there). So a hot prefix spreads to a second engine when its home's queue
 -- outgrows a few times the prefix, and comes back when the queue drains.
--- A match shorter than MIN_MATCH of the prompt's blocks counts as none. Whichever instance is
--- chosen is recorded as holding this prompt's blocks.
+-- A match shorter than MIN_MATCH of the prompt's blocks counts as none.
+-- Whichever instance is chosen is recorded as holding this prompt's
+-- blocks. Behind one load balancer, a cold start or a cache left is
+-- rechecked (pdgate.RECHECK) once the replicas ahead of this one have
+-- picked: two replicas starting the same new prefix at once would start
+-- it on two engines.
 --
 -- Decode after a prefill pulls the KV from the prefill: least loaded.
 local MIN_MATCH = 0.1
@@ -58,12 +62,22 @@ return {
         end
       end
     end
-    if best == nil or best_blocks < MIN_MATCH * blocks then return cold end
+    -- A cold start, or leaving a cache, made while another replica picks
+    -- for the same prefix may miss its pick: wait for the replicas ahead
+    -- of this one and look again (ctx.recheck_ms is 0 when there is
+    -- nothing to wait for, and on that second look).
+    if best == nil or best_blocks < MIN_MATCH * blocks then
+      if ctx.recheck_ms > 0 then return pdgate.RECHECK end
+      return cold
+    end
     -- The cache is left only when waiting for it costs more than leaving
     -- it: the wait beyond the soonest cold start against LEAVE_COST times
     -- what the cache saves, less the once this request pays in either case.
     local _, saved = pdgate.predicted_ttft(best)
-    if best_ms - cold_ms > (LEAVE_COST - 1) * saved then return cold end
+    if best_ms - cold_ms > (LEAVE_COST - 1) * saved then
+      if ctx.recheck_ms > 0 then return pdgate.RECHECK end
+      return cold
+    end
     return best
   end,
 }

@@ -214,6 +214,9 @@ struct Config {
   // 0 = off.
   std::chrono::milliseconds load_sync_interval{1};
   std::chrono::milliseconds load_sync_expiry{1000};
+  // A policy's pdgate.RECHECK waits this long per busy replica ahead of
+  // this one (core/upstream/replica_order.hpp); 0: it asks again at once.
+  std::chrono::milliseconds load_sync_recheck_slot{10};
   std::chrono::seconds conversation_ttl{450};
   // The exact KV-block index fed by engines' events (docs/kv-events.md):
   // blocks kept per instance and in all, how long a replay may take, and

@@ -314,6 +314,11 @@ constexpr std::array kOptions = {
            "How long a replica's shared load counts without a new report: a replica that "
            "died or lost Redis stops counting after this (default: 1s).",
            duration_field<&Config::load_sync_expiry>, kRestart},
+    Option{"load-sync-recheck-slot", "", 0, false, false, kGeneral, "DURATION|0",
+           "How long a policy's pdgate.RECHECK waits per replica with load ahead of this "
+           "one, for their picks to arrive before it asks again; 0 asks again at once "
+           "(default: 10ms, at most 50ms).",
+           interval_field<&Config::load_sync_recheck_slot>, kRestart},
     Option{"conversation-ttl", "", 0, false, false, kGeneral, "DURATION",
            "How long a conversation's decode blocks stay reusable (default: 450s).",
            duration_field<&Config::conversation_ttl>},

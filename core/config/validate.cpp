@@ -121,6 +121,10 @@ Result<Config> validate(Config c) {
         "(got " +
         config_detail::duration_text(c.load_sync_expiry) + ")");
   }
+  if (c.load_sync_recheck_slot > std::chrono::milliseconds(50)) {
+    errors.push_back("--load-sync-recheck-slot must be at most 50ms (got " +
+                     config_detail::duration_text(c.load_sync_recheck_slot) + ")");
+  }
   if (c.max_header_bytes < 1024) {
     errors.push_back("--max-header-size must be at least 1KiB (got " +
                      std::to_string(c.max_header_bytes) + " bytes)");

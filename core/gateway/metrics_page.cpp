@@ -69,6 +69,15 @@ std::string Gateway::metrics_text(bool addresses) const {
   m.sample("pdgate_access_log_dropped_total", access_log_ ? access_log_->dropped() : 0);
   m.counter("pdgate_retries_refused_total", "Retries not made because the retry budget was spent.");
   m.sample("pdgate_retries_refused_total", metrics_.retries_refused.load());
+  m.counter("pdgate_pick_rechecks_total",
+            "Prefill picks made again after waiting for the replicas ahead, because the policy "
+            "answered pdgate.RECHECK (answered at once when nothing is waited for: "
+            "pdgate_policy_calls_total{outcome=\"recheck\"} counts both).");
+  m.sample("pdgate_pick_rechecks_total", metrics_.pick_rechecks.load());
+  m.counter("pdgate_pick_recheck_wait_seconds_total",
+            "Time rechecked prefill picks waited for the replicas ahead of this one.");
+  m.sample("pdgate_pick_recheck_wait_seconds_total", {},
+           static_cast<double>(metrics_.pick_recheck_wait_us.load()) / 1e6);
   m.counter("pdgate_body_memory_refusals_total",
             "Request bodies refused with 503 because --body-memory-limit was reached.");
   m.sample("pdgate_body_memory_refusals_total", body_budget_.refusals());

@@ -106,6 +106,10 @@ struct GatewayMetrics {
   std::atomic<std::uint64_t> retries_prefill{0};
   std::atomic<std::uint64_t> retries_decode{0};
   std::atomic<std::uint64_t> retries_refused{0};  // over budget
+  // Prefill picks a policy asked to make again (pdgate.RECHECK) and the
+  // time they waited for the replicas ahead, in microseconds.
+  std::atomic<std::uint64_t> pick_rechecks{0};
+  std::atomic<std::uint64_t> pick_recheck_wait_us{0};
   std::atomic<std::int64_t> retries_in_flight{0};
   // Streams whose decode broke off mid-answer, by why (reset, error_event,
   // stall, drain) and what came of it (resumed on another decode, failed:

@@ -77,6 +77,8 @@ void explanation_fields(json& j, const PickExplanation* e) {
     j["error"] = e->error;
   if (e->fallback)
     j["fallback"] = "round_robin";
+  if (e->rechecked)
+    j["rechecked"] = true;  // pdgate.RECHECK first; the answer is the second pick's
   j["log"] = e->log;
 }
 

@@ -6,8 +6,11 @@
 #include "core/pipeline/prompt_logprobs.hpp"
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 
 #include "core/base/json_edit.hpp"
+#include "core/base/use_tuple.hpp"
 #include "core/observability/usage.hpp"
 #include "core/pipeline/engine_call.hpp"
 #include "core/pipeline/engine_errors.hpp"
@@ -74,15 +77,49 @@ std::int64_t computed_tokens(const PrefillAnswer& r, std::int64_t prompt, std::i
 
 }  // namespace
 
-InstancePtr pick_prefill(RequestContext& rc) {
+InstancePtr pick_prefill(RequestContext& rc, RecheckTerms terms) {
   PickContext ctx = rc.pick();
   ctx.stage = Stage::prefill;
+  ctx.recheck_wait = terms.wait;
+  ctx.rechecked = terms.second;
   const auto candidates = untried(rc.set->prefill, rc.tried_prefill);
   InstancePtr picked = rc.w.picker.pick(candidates, ctx);
   spdlog::debug("request {}: prefill on {} ({} candidate(s))", rc.request_id(),
                 picked ? picked->spec.url : std::string("none"), candidates.size());
   return picked;
 }
+
+namespace {
+
+// The policy asked to pick again once the replicas ahead of this one have
+// picked and their picks have reached it (pdgate.RECHECK, with a `wait`
+// that is not 0: the replica first in the order, or one alone, is asked
+// again at once by the picker). The pick lock is let go for the wait (this
+// worker's other requests and the other workers pick meanwhile) and taken
+// again for the second pick. The wait is bounded:
+// ReplicaOrder::kMaxSlots slots of at most 50 ms.
+net::awaitable<InstancePtr> recheck_prefill(RequestContext& rc,
+                                            std::unique_lock<std::timed_mutex>& picking,
+                                            std::chrono::milliseconds wait) {
+  WorkerContext& w = rc.w;
+  if (picking.owns_lock())
+    picking.unlock();
+  const auto from = std::chrono::steady_clock::now();
+  net::steady_timer timer(co_await net::this_coro::executor, wait);
+  auto [ec] = co_await timer.async_wait(use_tuple);
+  (void)ec;  // only the time matters
+  picking = w.registry.pick_lock().hold();
+  if (w.metrics != nullptr) {
+    const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - from);
+    w.metrics->pick_rechecks.fetch_add(1, std::memory_order_relaxed);
+    w.metrics->pick_recheck_wait_us.fetch_add(static_cast<std::uint64_t>(waited.count()),
+                                              std::memory_order_relaxed);
+  }
+  co_return pick_prefill(rc, RecheckTerms{std::chrono::milliseconds(0), true});
+}
+
+}  // namespace
 
 // One prefill on `picked` (or an instance the picker chooses among those
 // not tried yet), its connections in `scope`.
@@ -99,9 +136,14 @@ net::awaitable<PrefillAnswer> run_prefill(RequestContext& rc, std::string_view p
   // the request is counted, or by co_return's leaving the scope: before
   // anything waits either way.
   std::unique_lock<std::timed_mutex> picking;
-  if (!picked)
+  if (!picked) {
     picking = w.registry.pick_lock().hold();
-  r.instance = picked ? std::move(picked) : pick_prefill(rc);
+    const auto wait = w.registry.replica_order().recheck_wait(w.cfg.load_sync_recheck_slot);
+    picked = pick_prefill(rc, RecheckTerms{wait, false});
+    if (!picked && w.picker.wants_recheck())
+      picked = co_await recheck_prefill(rc, picking, wait);
+  }
+  r.instance = std::move(picked);
   if (!r.instance) {
     r.error = no_instance(Stage::prefill, w.picker);
     co_return r;

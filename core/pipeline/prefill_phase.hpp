@@ -3,6 +3,7 @@
 // let a decode pull it; the other connectors move the cache out of band.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,8 +32,18 @@ struct PrefillAnswer {
   std::optional<std::string> prompt_logprobs;
 };
 
-// The picker's prefill among those not tried yet (null: none).
-InstancePtr pick_prefill(RequestContext& rc);
+// What a prefill pick tells a policy about pdgate.RECHECK (PickContext):
+// how long the caller would wait before asking again (0: the picker asks
+// again at once), or that this is the second pick.
+struct RecheckTerms {
+  std::chrono::milliseconds wait{0};
+  bool second = false;
+};
+
+// The picker's prefill among those not tried yet (null: none, or, when
+// `terms.wait` is not 0, picker.wants_recheck() may say to wait and pick
+// again).
+InstancePtr pick_prefill(RequestContext& rc, RecheckTerms terms = {});
 
 // One prefill leg on `picked` (null: one the picker chooses), asking it
 // for `params`, its connections in `scope` (rc.scope, or a child scope a

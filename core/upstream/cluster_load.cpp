@@ -123,6 +123,15 @@ void ClusterLoad::write_changed() {
   changed_.clear();
 }
 
+std::size_t ClusterLoad::busy_before(std::uint64_t own_origin) const {
+  std::size_t n = 0;
+  for (const auto& [origin, rep] : replicas_) {
+    if (origin < own_origin && !rep.entries.empty())
+      ++n;
+  }
+  return n;
+}
+
 LoadEntry ClusterLoad::total(InstanceKey key) const {
   auto it = totals_.find(key);
   return it == totals_.end() ? LoadEntry{key, 0, 0} : it->second;

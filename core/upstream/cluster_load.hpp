@@ -77,6 +77,10 @@ class ClusterLoad {
   LoadReport local_report(std::uint64_t origin, std::uint64_t seq, std::int64_t wall_ms) const;
 
   std::size_t replicas() const { return replicas_.size(); }
+  // The replicas tracked with load on some engine whose origin comes
+  // before `own_origin`: this replica's place in the order rechecks wait
+  // in (core/upstream/replica_order.hpp).
+  std::size_t busy_before(std::uint64_t own_origin) const;
   // The other replicas' sum for one engine (tests, admin).
   LoadEntry total(InstanceKey key) const;
 

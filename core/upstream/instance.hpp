@@ -28,6 +28,7 @@
 #include "core/upstream/instance_ids.hpp"
 #include "core/upstream/load_signal.hpp"
 #include "core/upstream/pick_lock.hpp"
+#include "core/upstream/replica_order.hpp"
 
 namespace pdgate {
 
@@ -408,6 +409,9 @@ class Registry {
   // Taken by every worker around a prefill pick and the reservation that
   // follows it (core/upstream/pick_lock.hpp).
   const PickLock& pick_lock() const { return pick_lock_; }
+  // Where this replica stands among those sharing load, kept by the
+  // thread that shares it: how long a recheck waits here.
+  const ReplicaOrder& replica_order() const { return replica_order_; }
 
  private:
   InstancePtr conflict_locked(Role role, const std::string& url) const;
@@ -438,6 +442,7 @@ class Registry {
   std::string last_document_error_;
   LoadChangeSignal load_signal_;
   PickLock pick_lock_;
+  ReplicaOrder replica_order_;
 };
 
 struct ClientKey;  // core/pipeline/client_keys.hpp
@@ -499,6 +504,13 @@ struct PickContext {
   // A number no other request of this worker has (0: none): what keys a
   // policy's state for this request (ctx.vars) from its hook to its picks.
   std::uint64_t serial = 0;
+  // A policy's pdgate.RECHECK (docs/policies.md, "Waiting for the other
+  // replicas' picks"): how long the caller would wait for the replicas
+  // ahead of this one before asking again (ctx.recheck_ms; 0: it would ask
+  // again at once, or cannot wait), and whether this is that second pick
+  // (ctx.rechecked), which must answer.
+  std::chrono::milliseconds recheck_wait{0};
+  bool rechecked = false;
 };
 
 // How a routed request ended, for policies that learn.
@@ -555,6 +567,9 @@ struct PickExplanation {
   std::vector<std::int64_t> cached_tokens;
   std::int64_t prompt_blocks = 0;
   std::vector<std::string> log;  // pdgate.log lines of the call (not logged)
+  // The pick answered pdgate.RECHECK and was asked again (ctx.rechecked):
+  // what it chose is the second answer.
+  bool rechecked = false;
 };
 
 // Chooses an instance for one stage of one request. Each worker thread has
@@ -581,6 +596,10 @@ class InstancePicker {
   // it, or a fail-closed policy declined or failed); null when it does
   // not (no usable instance).
   virtual const PickRefusal* last_refusal() const { return nullptr; }
+  // Whether the last pick's null answer asks the caller to wait
+  // ctx.recheck_wait and pick again (the policy's pdgate.RECHECK; only when
+  // that wait is not 0, else the picker asked again itself).
+  virtual bool wants_recheck() const { return false; }
   // Prompt tokens the last pick's instance was believed to hold cached,
   // as the policy's lookups saw them (0 when it looked up nothing): the
   // rest is the work the request queues there (InFlightGuard).

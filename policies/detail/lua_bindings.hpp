@@ -16,6 +16,9 @@ namespace pdgate::policy::detail {
 // lua_pdgate_lib.cpp: registers the global `pdgate` table, which every
 // script's environment then shares (push_sandbox_env).
 void register_pdgate_lib(lua_State* L);
+// pdgate.RECHECK, a light userdata only the library hands out: a pick that
+// returns it asks to be asked again (PickStatus::recheck).
+const void* recheck_token();
 
 // lua_request_api.cpp: creates the metatables of `req` and `req.body`
 // (I.req_meta_ref, I.body_meta_ref).

@@ -188,6 +188,59 @@ TEST(PolicyPick, ContextFields) {
   EXPECT_EQ(e->stats().fallbacks(), 0u);
 }
 
+// pdgate.RECHECK (docs/policies.md, "Waiting for the other replicas' picks"): with a wait to
+// make (ctx.recheck_ms) the picker answers null and asks its caller to pick again; with none
+// it asks the policy again at once; the second look (ctx.rechecked) must answer, and a second
+// RECHECK is a bad answer (round-robin, or refused when fail-closed).
+TEST(PolicyPick, RecheckAsksTheCallerOnlyWhenThereIsAWait) {
+  TempScript s(R"lua(
+    return { pick = function(ctx, instances)
+      if ctx.recheck_ms > 0 then
+        assert(ctx.recheck_ms == 30 and not ctx.rechecked, "recheck_ms " .. ctx.recheck_ms)
+        return pdgate.RECHECK
+      end
+      if ctx.model == "stubborn" then return pdgate.RECHECK end
+      if ctx.rechecked then return instances[2] end
+      return instances[1]
+    end }
+  )lua");
+  auto e = engine_for(s.path());
+  ASSERT_TRUE(e);
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(3, Role::prefill);
+  PickContext ctx = decode_ctx();
+  ctx.stage = Stage::prefill;
+  const auto calls = [&](CallOutcome o) {
+    return e->policy_metrics().for_policy("policy").calls(static_cast<int>(Stage::prefill), o);
+  };
+  // Nothing to wait for: answered at once, no recheck.
+  EXPECT_EQ(p->pick(inst, ctx), inst[0]);
+  EXPECT_FALSE(p->wants_recheck());
+  // A wait to make: the caller is asked to make it.
+  ctx.recheck_wait = std::chrono::milliseconds(30);
+  EXPECT_EQ(p->pick(inst, ctx), nullptr);
+  EXPECT_TRUE(p->wants_recheck());
+  EXPECT_EQ(p->last_refusal(), nullptr);
+  EXPECT_FALSE(p->failed_closed());
+  EXPECT_EQ(calls(CallOutcome::recheck), 1u);
+  // The second look.
+  ctx.recheck_wait = std::chrono::milliseconds(0);
+  ctx.rechecked = true;
+  EXPECT_EQ(p->pick(inst, ctx), inst[1]);
+  EXPECT_FALSE(p->wants_recheck());
+  EXPECT_EQ(calls(CallOutcome::picked), 2u);
+  // RECHECK where the caller cannot wait: asked again at once (ctx.rechecked), and RECHECK
+  // again is invalid: round-robin picks.
+  ctx.rechecked = false;
+  ctx.model = "stubborn";
+  EXPECT_NE(p->pick(inst, ctx), nullptr);
+  EXPECT_FALSE(p->wants_recheck());
+  EXPECT_EQ(calls(CallOutcome::recheck), 2u);
+  EXPECT_EQ(calls(CallOutcome::error), 1u);
+  EXPECT_EQ(e->stats().invalid.load(), 1u);
+  EXPECT_EQ(e->stats().fallbacks(), 1u);
+}
+
 // Headers given as a source (what the gateway passes) are produced only
 // when a script reads ctx.headers, once per pick, and reach it like the
 // eager list.

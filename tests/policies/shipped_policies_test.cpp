@@ -388,6 +388,51 @@ bool stays_home_under_load(const char* policy, std::size_t instances, int warm, 
 constexpr const char* kCachePolicies[] = {"prefix_affinity", "kv_aware", "cache_aware",
                                           "conditional_pd"};
 
+// Behind other busy replicas (ctx.recheck_ms > 0) the shipped cache-aware policies recheck a
+// cold start and a cache left, and nothing else: a pick that stays with its cache answers at
+// once. The second look (ctx.rechecked) answers as a pick without the offer would.
+TEST(CacheAware, RecheckColdStartsAndCachesLeftOnly) {
+  for (const char* policy : {"prefix_affinity", "kv_aware", "cache_aware"}) {
+    auto e = engine_for(policy);
+    auto p = e->make_picker(0);
+    auto inst = fake_instances(2, Role::prefill);
+    const std::string prompt = prompt_of('r', 40, "", 40);
+    const auto offered = [&](const std::string& id) {
+      PickContext c = prefill_ctx(prompt, id);
+      c.recheck_wait = std::chrono::milliseconds(10);
+      return c;
+    };
+    const auto second = [&](const std::string& id) {
+      PickContext c = prefill_ctx(prompt, id);
+      c.rechecked = true;
+      return c;
+    };
+    // A cold start: rechecked; the second look starts it.
+    PickContext c1 = offered("r1");
+    EXPECT_EQ(p->pick(inst, c1), nullptr) << policy;
+    EXPECT_TRUE(p->wants_recheck()) << policy;
+    PickContext c2 = second("r1");
+    auto home = p->pick(inst, c2);
+    ASSERT_NE(home, nullptr) << policy;
+    EXPECT_FALSE(p->wants_recheck()) << policy;
+    // Staying with the cache: answered at once.
+    PickContext c3 = offered("r2");
+    EXPECT_EQ(p->pick(inst, c3), home) << policy;
+    EXPECT_FALSE(p->wants_recheck()) << policy;
+    // Leaving it (its queue outweighs the cache): rechecked, then left.
+    home->in_flight = 4;
+    home->queued_tokens = 4 * 2560;
+    PickContext c4 = offered("r3");
+    EXPECT_EQ(p->pick(inst, c4), nullptr) << policy;
+    EXPECT_TRUE(p->wants_recheck()) << policy;
+    PickContext c5 = second("r3");
+    auto away = p->pick(inst, c5);
+    EXPECT_NE(away, nullptr) << policy;
+    EXPECT_NE(away, home) << policy;
+    EXPECT_EQ(e->stats().fallbacks(), 0u) << policy;
+  }
+}
+
 // Every cache-aware policy leaves the instance caching the prompt when the cold work queued
 // there (4 prompts of its size) costs more than leaving the cache (three times what it
 // saves), and stays while it costs less (2 prompts of its size).

@@ -284,6 +284,23 @@ TEST(ConfigSyntax, LimitsAndTimeouts) {
   EXPECT_EQ(c.log_level, "warn");
 }
 
+// How long a policy's pdgate.RECHECK waits per replica ahead: 10ms by default, 0 asks again
+// at once, and more than 50ms is refused (8 slots of it would hold a request 400ms).
+TEST(ConfigSyntax, LoadSyncRecheckSlot) {
+  using std::chrono::milliseconds;
+  auto r = parse({"--prefill", "p:1", "--decode", "d:2"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.load_sync_recheck_slot, milliseconds(10));
+  r = parse({"--prefill", "p:1", "--decode", "d:2", "--load-sync-recheck-slot", "0"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.load_sync_recheck_slot, milliseconds(0));
+  r = parse({"--prefill", "p:1", "--decode", "d:2", "--load-sync-recheck-slot", "25ms"});
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->config.load_sync_recheck_slot, milliseconds(25));
+  expect_error(parse({"--prefill", "p:1", "--decode", "d:2", "--load-sync-recheck-slot", "60ms"}),
+               {"--load-sync-recheck-slot must be at most 50ms", "60ms"});
+}
+
 // Without flags beyond the engines, every field keeps its documented default.
 TEST(ConfigSyntax, Defaults) {
   const auto r = parse({"--prefill", "p:1", "--decode", "d:2"});

@@ -10,6 +10,7 @@
 
 #include "core/routing/kv_location_index.hpp"
 #include "core/upstream/load_model.hpp"
+#include "core/upstream/replica_order.hpp"
 
 namespace pdgate {
 namespace {
@@ -104,6 +105,40 @@ TEST(ClusterLoad, LocalReportMergesOneEngineInTwoRoles) {
   EXPECT_EQ(r.entries[0].in_flight, 3);
   EXPECT_EQ(r.entries[0].queued_tokens, 300);
   EXPECT_EQ(r.seq, 9u);
+}
+
+// The order rechecked picks wait in (core/upstream/replica_order.hpp): the replicas with load
+// whose origin comes first; idle ones, forgotten ones and this one do not count.
+TEST(ClusterLoad, BusyBeforeCountsLoadedReplicasWithSmallerOrigins) {
+  auto a = instance(1, "10.0.0.1");
+  ClusterLoad c(ClusterLoadLimits{.expiry_ms = 100});
+  c.use_instances(set_of({a}));
+  const InstanceKey ka = load_key(*a);
+  EXPECT_EQ(c.busy_before(50), 0u);
+  c.apply(report(10, 1, {{ka, 1, 0}}), 50, 0);
+  c.apply(report(20, 1, {}), 50, 0);  // alive, idle: picks nothing to wait for
+  c.apply(report(30, 1, {{ka, 0, 400}}), 50, 0);
+  c.apply(report(70, 1, {{ka, 2, 0}}), 50, 0);  // after this one
+  EXPECT_EQ(c.busy_before(50), 2u);
+  EXPECT_EQ(c.busy_before(5), 0u);
+  EXPECT_EQ(c.busy_before(100), 3u);
+  c.apply(report(10, 2, {}), 50, 50);  // its requests ended
+  EXPECT_EQ(c.busy_before(50), 1u);
+  c.expire(120);  // 20, 30 and 70 were last heard at 0: forgotten; 10 (idle now) stays
+  EXPECT_EQ(c.busy_before(50), 0u);
+  EXPECT_EQ(c.replicas(), 1u);
+}
+
+// How long a recheck waits: a slot per replica ahead, bounded.
+TEST(ReplicaOrder, WaitsASlotPerReplicaAheadUpToTheBound) {
+  ReplicaOrder order;
+  using std::chrono::milliseconds;
+  EXPECT_EQ(order.recheck_wait(milliseconds(10)), milliseconds(0));
+  order.set_ahead(3);
+  EXPECT_EQ(order.recheck_wait(milliseconds(10)), milliseconds(30));
+  EXPECT_EQ(order.recheck_wait(milliseconds(0)), milliseconds(0));
+  order.set_ahead(1000);
+  EXPECT_EQ(order.recheck_wait(milliseconds(10)), milliseconds(10 * ReplicaOrder::kMaxSlots));
 }
 
 TEST(LoadModel, PredictsQueuedTokensAtTheLearntCost) {
