@@ -505,6 +505,11 @@ int run_server(const SimOptions& opts) {
   log->set_level(spdlog::level::from_str(opts.log_level));
   log->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
 
+  // Both outlive the io_context: the requests SIGTERM cuts off are
+  // coroutines still queued in it, destroyed with it, and they hold
+  // references into the server's engine cores and the TLS context.
+  net::ssl::context tls(net::ssl::context::tls_server);
+  std::optional<Server> server;
   net::io_context io(1);
   boost::system::error_code ec;
   const auto addr = net::ip::make_address(opts.host, ec);
@@ -552,8 +557,7 @@ int run_server(const SimOptions& opts) {
     }
   }
 
-  Server server(opts, log, port, std::move(events));
-  net::ssl::context tls(net::ssl::context::tls_server);
+  server.emplace(opts, log, port, std::move(events));
   if (!opts.tls_cert.empty() || !opts.tls_key.empty()) {
     tls.use_certificate_chain_file(opts.tls_cert, ec);
     if (!ec)
@@ -562,16 +566,16 @@ int run_server(const SimOptions& opts) {
       std::fprintf(stderr, "pdgate-sim: --tls-cert/--tls-key: %s\n", ec.message().c_str());
       return 2;
     }
-    server.set_tls(&tls);
+    server->set_tls(&tls);
   }
   const std::string shown = addr.is_v6() ? "[" + opts.host + "]" : opts.host;
   std::printf("pdgate-sim listening on %s://%s:%u\n", opts.tls_cert.empty() ? "http" : "https",
               shown.c_str(), static_cast<unsigned>(port));
   std::fflush(stdout);
   log->info("role={} model={} engine_id={} advertise={}:{}", to_string(opts.role), opts.model,
-            server.engine_id(), opts.advertise_host, port);
+            server->engine_id(), opts.advertise_host, port);
 
-  net::co_spawn(io, server.listen(std::move(acceptor)), net::detached);
+  net::co_spawn(io, server->listen(std::move(acceptor)), net::detached);
   net::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&io](const boost::system::error_code&, int) { io.stop(); });
   io.run();
