@@ -136,6 +136,14 @@ std::string policy_version(std::string_view text) {
 
 namespace {
 
+// The second look of a pick that answered pdgate.RECHECK (ctx.rechecked).
+PickAnswer pick_again(LuaVm& vm, const std::vector<InstancePtr>& candidates, const PickContext& ctx,
+                      PrefixHashCache& hashes) {
+  PickContext again = ctx;
+  again.rechecked = true;
+  return vm.pick(candidates, again, hashes);
+}
+
 class LuaPicker final : public InstancePicker {
  public:
   LuaPicker(std::shared_ptr<PolicyEngine> engine, std::size_t worker)
@@ -165,9 +173,7 @@ class LuaPicker final : public InstancePicker {
         return nullptr;
       }
       // Nothing to wait for (or the caller cannot wait): asked again at once.
-      PickContext again = ctx;
-      again.rechecked = true;
-      a = vm->pick(candidates, again, hashes_);
+      a = pick_again(*vm, candidates, ctx, hashes_);
     }
     switch (a.status) {
       case PickStatus::chosen:
@@ -390,9 +396,7 @@ class DryPicker final : public InstancePicker {
     if (a.status == PickStatus::recheck) {
       // A live pick would wait for the replicas ahead first; explained, the
       // second answer is what it would then choose (on today's load).
-      PickContext again = ctx;
-      again.rechecked = true;
-      a = vm_->pick(candidates, again, hashes_);
+      a = pick_again(*vm_, candidates, ctx, hashes_);
       explained_.rechecked = true;
     }
     explained_.outcome = to_string(a.status);
