@@ -418,6 +418,40 @@ end }
   EXPECT_TRUE(healthy.requests().empty()) << healthy.requests().dump();
 }
 
+// The decode a stream is resumed on dies before the leg's first event (as
+// when a second decode is killed while streams move off the first): the
+// stream is resumed again, on a decode neither leg used, and ends whole;
+// the break is counted once, as resumed.
+TEST(Resumption, ALegThatFailsBeforeItsFirstEventIsTriedElsewhere) {
+  Sim p("prefill");
+  Sim dying("decode", {"--die-after-chunks", "3", "--itl-ms", "2"});
+  Sim dead_on_arrival("decode", {"--die-after-chunks", "0"});
+  Sim healthy("decode", {"--itl-ms", "2"});
+  // The first instance offered: the first leg goes to `dying`, the resumed
+  // one to `dead_on_arrival` (the broken decode is not offered), the next
+  // to whatever is left.
+  EditedFile policy("first_offered.lua", R"(
+return { pick = function(ctx, instances) return instances[1] end }
+)");
+  Gateway gw({"--prefill", p.hostport(), "--decode", dying.hostport(), dead_on_arrival.hostport(),
+              healthy.hostport(), "--policy-decode", policy.path(), "--decode-migrations", "2"});
+  for (const bool chat : {true, false}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    const auto r = chat ? post_json(gw.port(), "/v1/chat/completions", chat_body(8, true))
+                        : post_json(gw.port(), "/v1/completions", completion_body(8, true));
+    const Read got = read_stream(r, chat);
+    EXPECT_EQ(got.problems, "") << r.body;
+    EXPECT_EQ(got.text, sim_answer(8)) << r.body;
+    ASSERT_TRUE(got.usage) << r.body;
+    EXPECT_EQ((*got.usage)["completion_tokens"], 8) << r.body;
+  }
+  EXPECT_EQ(dying.requests().size(), 2u);
+  EXPECT_EQ(dead_on_arrival.requests().size(), 2u);
+  EXPECT_EQ(healthy.requests().size(), 2u);
+  EXPECT_EQ(migrations(gw.port(), "reset", "resumed"), 2);
+  EXPECT_EQ(migrations(gw.port(), "reset", "failed"), 0);
+}
+
 // A decode that goes silent mid-stream (its socket open) is given up after
 // --first-byte-timeout and the stream resumed elsewhere.
 TEST(Resumption, StalledDecodeIsResumedAfterTheTimeout) {
