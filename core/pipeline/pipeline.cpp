@@ -300,16 +300,26 @@ net::awaitable<std::unique_ptr<DecodeRelay>> route_phases(RequestContext& rc) {
   co_return relay;
 }
 
-// A resumed leg for the stream `rs`, whose decode `broken` broke off: the
-// continuation of the client's request (core/pipeline/resumption.hpp),
-// routed as a request of its own (prefill again, the policies' picks with
-// ctx.migrations set) to a decode not tried, under the id `<id>-r<n>`,
-// within the retry budget. Null, with `why` set, when there is none.
-net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(ClientRequest& c, RequestTrace& trace,
-                                                        GenerationApi api, const ClientKey* key,
-                                                        const std::string& request_id,
-                                                        StreamResume& rs, const DecodeRelay& broken,
-                                                        std::string& why, bool& attempted) {
+// Notes a decode the stream left in its access-log record.
+void append_migrated_from(RequestRecord& r, const std::string& url) {
+  if (!r.migrated_from.empty())
+    r.migrated_from += ',';
+  r.migrated_from += url;
+}
+
+// A resumed leg for the stream `rs`: the continuation of the client's
+// request (core/pipeline/resumption.hpp), routed as a request of its own
+// (prefill again, the policies' picks with ctx.migrations set) to a decode
+// not in `excluded` (the one that broke off, and any leg of this move that
+// failed), under the id `<id>-r<n>`, within the retry budget. Null, with
+// `why` set, when there is none; then `again` says whether the leg failed
+// at an engine before its first event (its decode added to `excluded`),
+// which another decode may not.
+net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(
+    ClientRequest& c, RequestTrace& trace, GenerationApi api, const ClientKey* key,
+    const std::string& request_id, StreamResume& rs, std::vector<const Instance*>& excluded,
+    std::string& why, bool& attempted, bool& again) {
+  again = false;
   const std::string_view original = c.req.body();
   auto index = index_json_object(original);
   if (!index) {
@@ -334,7 +344,7 @@ net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(ClientRequest& c, Reques
     co_return nullptr;
   }
   rc->pick().migrations = rs.migrations + 1;
-  rc->tried_decode.push_back(broken.decode.get());
+  rc->tried_decode = excluded;
   // No other decode: no prefill is spent on a leg that cannot be sent.
   if (!has_alternative(rc->set->decode, rc->tried_decode)) {
     why = "no other decode instance is in service";
@@ -361,6 +371,9 @@ net::awaitable<std::unique_ptr<DecodeRelay>> resume_leg(ClientRequest& c, Reques
   if (!relay) {
     const GatewayError& e = *rc->failure;
     why = e.detail.empty() ? e.message : e.detail;
+    again =
+        e.source == ErrorSource::engine && e.retriable && rc->tried_decode.size() > excluded.size();
+    excluded = rc->tried_decode;
   }
   co_return relay;
 }
@@ -389,6 +402,8 @@ net::awaitable<bool> relay_resumable(ClientRequest& c, RequestTrace& trace, Gene
     std::string why;
     bool attempted = false;
     std::unique_ptr<DecodeRelay> next;
+    // The decodes this move left or tried in vain, in order.
+    std::vector<const Instance*> excluded;
     if (rs.transcript.saw_done() || rs.transcript.finished()) {
       why = "the answer was complete";
     } else if (rs.migrations >= w.cfg.decode_migrations) {
@@ -397,7 +412,25 @@ net::awaitable<bool> relay_resumable(ClientRequest& c, RequestTrace& trace, Gene
       spdlog::info("request {}: decode {} broke off after {} tokens ({}: {}); resuming elsewhere",
                    request_id, relay->decode->spec.url, rs.transcript.tokens(), to_string(reason),
                    rs.broke->detail);
-      next = co_await resume_leg(c, trace, api, key, request_id, rs, *relay, why, attempted);
+      // A leg that fails before its first event (its decode died too, as
+      // when two are killed close together) is followed by another on a
+      // decode neither used, as long as moves are left: each leg counts
+      // as one of --decode-migrations and takes its own retry budget.
+      excluded = {relay->decode.get()};
+      for (;;) {
+        bool again = false;
+        next = co_await resume_leg(c, trace, api, key, request_id, rs, excluded, why, attempted,
+                                   again);
+        if (next || !again)
+          break;
+        ++rs.migrations;
+        if (rs.migrations >= w.cfg.decode_migrations)
+          break;
+        spdlog::info(
+            "request {}: resumed leg failed before its first event ({}); trying another "
+            "decode",
+            request_id, why);
+      }
     }
     if (!next) {
       count_migration(w, reason, attempted ? MigrationOutcome::failed : MigrationOutcome::refused);
@@ -409,9 +442,8 @@ net::awaitable<bool> relay_resumable(ClientRequest& c, RequestTrace& trace, Gene
     ++rs.migrations;
     if (RequestRecord* r = c.outcome.record.get()) {
       r->migrations = rs.migrations;
-      if (!r->migrated_from.empty())
-        r->migrated_from += ',';
-      r->migrated_from += relay->decode->spec.url;
+      for (const Instance* left : excluded)
+        append_migrated_from(*r, left->spec.url);
     }
     rs.broke.reset();
     rs.leg.emplace(rs.transcript, prompt_tokens, client_usage, rs.completion_leg);
