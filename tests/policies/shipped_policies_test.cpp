@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include "policies/local_kv_index.hpp"
 #include "policies/metrics.hpp"
@@ -255,7 +256,9 @@ TEST(SessionAffinity, NoKeyDeclines) {
   EXPECT_EQ(e->stats().declined.load(), 1u);
 }
 
-PickContext prompt_ctx(const std::string& prompt, const std::string& id) {
+// The context views its prompt and id: a literal id lives as long as the program, a std::string
+// given here must outlive the context.
+PickContext prompt_ctx(const std::string& prompt, std::string_view id) {
   PickContext c;
   c.stage = Stage::decode;
   c.prompt_raw = prompt;
@@ -263,7 +266,7 @@ PickContext prompt_ctx(const std::string& prompt, const std::string& id) {
   return c;
 }
 
-PickContext prefill_ctx(const std::string& prompt, const std::string& id) {
+PickContext prefill_ctx(const std::string& prompt, std::string_view id) {
   PickContext c = prompt_ctx(prompt, id);
   c.stage = Stage::prefill;
   return c;
@@ -397,12 +400,12 @@ TEST(CacheAware, RecheckColdStartsAndCachesLeftOnly) {
     auto p = e->make_picker(0);
     auto inst = fake_instances(2, Role::prefill);
     const std::string prompt = prompt_of('r', 40, "", 40);
-    const auto offered = [&](const std::string& id) {
+    const auto offered = [&](std::string_view id) {
       PickContext c = prefill_ctx(prompt, id);
       c.recheck_wait = std::chrono::milliseconds(10);
       return c;
     };
-    const auto second = [&](const std::string& id) {
+    const auto second = [&](std::string_view id) {
       PickContext c = prefill_ctx(prompt, id);
       c.rechecked = true;
       return c;
