@@ -60,9 +60,10 @@ struct Cluster {
 // Holds one slow request through `g` (40 tokens at 100 ms) and says which sim took it.
 class SlowRequest {
  public:
-  explicit SlowRequest(Gateway& g)
-      : t_([port = g.port()] {
-          post_json(port, "/v1/completions", completion("hold the line", 40));
+  // `tokens` at the decode's 100 ms each: 4 s by default.
+  explicit SlowRequest(Gateway& g, int tokens = 40)
+      : t_([port = g.port(), tokens] {
+          post_json(port, "/v1/completions", completion("hold the line", tokens));
         }) {}
   ~SlowRequest() { t_.join(); }
 
@@ -339,8 +340,10 @@ TEST(LoadSyncRecheck, TheReplicaBehindFollowsTheFirstOnesColdStart) {
   const std::vector<std::string> extra{"--load-sync-recheck-slot", "40ms"};
   Gateway a(pd_replica(c, policy.path(), extra));
   Gateway b(pd_replica(c, policy.path(), extra));
-  SlowRequest hold_a(a);
-  SlowRequest hold_b(b);
+  // Held for 8 s: the order holds only while both replicas are busy, and six pairs on a
+  // loaded machine (or under ASan) can outlast 4 s.
+  SlowRequest hold_a(a, 80);
+  SlowRequest hold_b(b, 80);
   Gateway* later = replica_behind(a, b);
   ASSERT_NE(later, nullptr);
   ASSERT_TRUE(eventually([&] { return c.d.requests().size() == 2; }, 5s));
@@ -353,6 +356,7 @@ TEST(LoadSyncRecheck, TheReplicaBehindFollowsTheFirstOnesColdStart) {
   std::string filler;
   for (int i = 0; i < 120; ++i)
     filler += " a long shared system prompt, word " + std::to_string(i);
+  const auto pairs_from = Clock::now();
   for (int k = 0; k < kPairs; ++k) {
     const std::string prompt = "pair " + std::to_string(k) + ":" + filler;
     std::atomic<int> ok{0};
@@ -364,6 +368,9 @@ TEST(LoadSyncRecheck, TheReplicaBehindFollowsTheFirstOnesColdStart) {
     tb.join();
     EXPECT_EQ(ok.load(), 2);
   }
+  // Said for a failure's sake: the pairs must end within the holds.
+  std::printf("the %d pairs took %.0f ms (the holds last 8 s)\n", kPairs,
+              std::chrono::duration<double, std::milli>(Clock::now() - pairs_from).count());
   const auto count_on = [&](Sim& p, int k) {
     const std::string mark = "pair " + std::to_string(k) + ":";
     int n = 0;
