@@ -15,7 +15,7 @@
 #                    [--prefill-us-per-token 70] [--itl-ms 5] [--max-tokens 16]
 #                    [--decode-policy least_load] [--gateway-arg ARG]... [--redis]
 #                    [--kv-events] [--tokenizer sim|vllm]
-#                    [--collect-gateway-metrics NAME[,NAME]]...
+#                    [--collect-gateway-metrics NAME[,NAME]]... [--repeat 1]
 #                    [--build build] [--out DIR]
 #
 # --trace replays a file as it is (e.g. a public Mooncake trace, if one is
@@ -43,6 +43,11 @@
 # those with that label, e.g. pdgate_policy_custom_total{name="leave"};
 # null where absent). Each row also has prefill_engines: per prefill
 # engine, its prefix-cache queries and hits (tokens) and requests served.
+# --repeat K runs the whole matrix K times over (each row tagged `repeat`)
+# and, for N > 1 replicas, prints alternating / through-one ratios paired
+# within each repeat and their median (bench/routing_ratios.py): a row's
+# absolute latencies drift between runs on a shared machine, a pair run
+# back to back much less.
 # Results: a markdown table on stdout, one JSON line per row in OUT/rows.jsonl.
 # Not run by CI (minutes per run; see bench/README.md, "Routing quality").
 set -euo pipefail
@@ -66,6 +71,7 @@ gateway_args=()
 redis=0
 kv_events=0
 tokenizer=sim
+repeat=1
 BUILD=build
 OUT=""
 while (($#)); do
@@ -92,9 +98,10 @@ while (($#)); do
     --redis) redis=1 ;;
     --kv-events) kv_events=1 ;;
     --tokenizer) tokenizer=$2; shift ;;
+    --repeat) repeat=$2; shift ;;
     --build) BUILD=$2; shift ;;
     --out) OUT=$2; shift ;;
-    -h | --help) sed -n '2,44p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,52p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "routing.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -114,6 +121,7 @@ traffic_for() {
   if ((n == 1)); then echo alternating; return; fi
   echo "${traffic:-alternating through-one}"
 }
+[[ $repeat =~ ^[1-9][0-9]*$ ]] || { echo "routing.sh: --repeat takes a count of 1 or more" >&2; exit 2; }
 # The sims count 16-token KV blocks.
 (( kv_tokens >= 16 )) || { echo "routing.sh: --kv-tokens must be at least 16" >&2; exit 2; }
 kv_blocks=$((kv_tokens / 16))
@@ -243,61 +251,62 @@ print(e.get("endpoint", ""), e.get("replay_endpoint", ""))')
   echo "http://127.0.0.1:$port=$ev,replay=$rp"
 }
 
-for n in $replicas; do
-  for row_traffic in $(traffic_for "$n"); do
-    for policy in $policies; do
-      pre=() dec=() pports=() ev_args=()
-      for k in $(seq "$engines"); do
-        start "p$k" "$BUILD/pdgate-sim" --role prefill --log-level warn --kv-blocks "$kv_blocks" \
-          --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
-          --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
-        port=$(< "$WORK/port")
-        pre+=("127.0.0.1:$port") pports+=("$port")
-        if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
-        start "d$k" "$BUILD/pdgate-sim" --role decode --log-level warn --kv-blocks "$kv_blocks" \
-          --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
-          --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
-        port=$(< "$WORK/port")
-        dec+=("127.0.0.1:$port")
-        if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
-      done
-      row_args=("${gateway_args[@]}" "${ev_args[@]}")
-      if ((kv_events)); then row_args+=(--tokenizer "$tokenizer"); fi
-      if ((redis)); then
-        sock=$(mktemp -u "$WORK/redis.XXXXXX.sock")
-        redis-server --port 0 --unixsocket "$sock" --save "" --appendonly no \
-          > "$WORK/redis.log" 2>&1 &
-        echo "$!" >> "$PIDS"
-        for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
-        [[ -S $sock ]] || { echo "routing.sh: redis-server did not start" >&2; exit 1; }
-        row_args+=(--redis "unix://$sock")
-      fi
-      # A policy written PREFILL/DECODE sets both for the row (a request hook
-      # lives in the decode policy: conditional_pd/conditional_pd).
-      row_decode=$decode_policy
-      [[ $policy != */* ]] || row_decode=${policy#*/}
-      urls=() gports=()
-      for r in $(seq "$n"); do
-        port=$(start "g$r" "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 1 --log-level warn \
-          --model sim-model --policy-prefill "${policy%%/*}" --policy-decode "$row_decode" \
-          "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
-        urls+=(--url "http://127.0.0.1:$port") gports+=("$port")
-      done
-      # through-one: all N replicas run, the trace goes to the first only.
-      [[ $row_traffic == alternating ]] || urls=("${urls[@]:0:2}")
-      replay=$(python3 "$ROOT/bench/trace_replay.py" --trace "$trace" "${urls[@]}" --speed "$speed" \
-        --limit "$limit" --max-tokens "$max_tokens")
-      gmetrics=null
-      if ((${#gateway_metrics[@]})); then gmetrics=$(gateway_metrics_json "${gports[@]}"); fi
-      per_engine=$(engines_json "${pports[@]}")
-      stop_all
-      python3 - "$n" "$row_traffic" "$policy" "$replay" "$ceil" "$gmetrics" "$per_engine" \
-        >> "$OUT/rows.jsonl" <<'PY'
+for rep in $(seq "$repeat"); do
+  for n in $replicas; do
+    for row_traffic in $(traffic_for "$n"); do
+      for policy in $policies; do
+        pre=() dec=() pports=() ev_args=()
+        for k in $(seq "$engines"); do
+          start "p$k" "$BUILD/pdgate-sim" --role prefill --log-level warn --kv-blocks "$kv_blocks" \
+            --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
+            --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
+          port=$(< "$WORK/port")
+          pre+=("127.0.0.1:$port") pports+=("$port")
+          if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
+          start "d$k" "$BUILD/pdgate-sim" --role decode --log-level warn --kv-blocks "$kv_blocks" \
+            --prefill-us-per-token "$us_per_token" --prefill-base-ms 2 --max-model-len 1048576 \
+            --max-num-seqs 64 --itl-ms "$itl_ms" "${sim_events[@]}" > "$WORK/port"
+          port=$(< "$WORK/port")
+          dec+=("127.0.0.1:$port")
+          if ((kv_events)); then ev_args+=(--kv-events "$(events_flag "$port")"); fi
+        done
+        row_args=("${gateway_args[@]}" "${ev_args[@]}")
+        if ((kv_events)); then row_args+=(--tokenizer "$tokenizer"); fi
+        if ((redis)); then
+          sock=$(mktemp -u "$WORK/redis.XXXXXX.sock")
+          redis-server --port 0 --unixsocket "$sock" --save "" --appendonly no \
+            > "$WORK/redis.log" 2>&1 &
+          echo "$!" >> "$PIDS"
+          for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+          [[ -S $sock ]] || { echo "routing.sh: redis-server did not start" >&2; exit 1; }
+          row_args+=(--redis "unix://$sock")
+        fi
+        # A policy written PREFILL/DECODE sets both for the row (a request hook
+        # lives in the decode policy: conditional_pd/conditional_pd).
+        row_decode=$decode_policy
+        [[ $policy != */* ]] || row_decode=${policy#*/}
+        urls=() gports=()
+        for r in $(seq "$n"); do
+          port=$(start "g$r" "$BUILD/pdgate" --host 127.0.0.1 --port 0 --workers 1 --log-level warn \
+            --model sim-model --policy-prefill "${policy%%/*}" --policy-decode "$row_decode" \
+            "${row_args[@]}" --prefill "${pre[@]}" --decode "${dec[@]}")
+          urls+=(--url "http://127.0.0.1:$port") gports+=("$port")
+        done
+        # through-one: all N replicas run, the trace goes to the first only.
+        [[ $row_traffic == alternating ]] || urls=("${urls[@]:0:2}")
+        replay=$(python3 "$ROOT/bench/trace_replay.py" --trace "$trace" "${urls[@]}" --speed "$speed" \
+          --limit "$limit" --max-tokens "$max_tokens")
+        gmetrics=null
+        if ((${#gateway_metrics[@]})); then gmetrics=$(gateway_metrics_json "${gports[@]}"); fi
+        per_engine=$(engines_json "${pports[@]}")
+        stop_all
+        python3 - "$n" "$row_traffic" "$policy" "$replay" "$ceil" "$gmetrics" "$per_engine" "$rep" \
+          >> "$OUT/rows.jsonl" <<'PY'
 import json, sys
-n, traffic, policy, replay, ceil, gmetrics, per_engine = sys.argv[1:]
+n, traffic, policy, replay, ceil, gmetrics, per_engine, rep = sys.argv[1:]
 engines = json.loads(per_engine)
 hits, queries = sum(e["hits"] for e in engines), sum(e["queries"] for e in engines)
-row = {"replicas": int(n), "traffic": traffic, "policy": policy, "hits": hits,
+row = {"replicas": int(n), "traffic": traffic, "policy": policy, "repeat": int(rep), "hits": hits,
        "queries": queries,
        "hit_rate": round(hits / queries, 4) if queries else 0.0,
        "ceilings": json.loads(ceil)}
@@ -307,7 +316,8 @@ if json.loads(gmetrics) is not None:
 row["prefill_engines"] = engines
 print(json.dumps(row))
 PY
-      tail -1 "$OUT/rows.jsonl" >&2
+        tail -1 "$OUT/rows.jsonl" >&2
+      done
     done
   done
 done
@@ -318,15 +328,20 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 if not rows:
     sys.exit(0)
 c = rows[0]["ceilings"]
-print("| replicas | traffic | prefill policy | hit rate | TTFT p50 | p90 | p99 | failures |")
-print("|---|---|---|---|---|---|---|---|")
+# With --repeat, a last column says which repeat a row is of.
+repeats = any(r.get("repeat", 1) > 1 for r in rows)
+print("| replicas | traffic | prefill policy | hit rate | TTFT p50 | p90 | p99 | failures |" +
+      (" repeat |" if repeats else ""))
+print("|---|---|---|---|---|---|---|---|" + ("---|" if repeats else ""))
 for r in rows:
     t = r["ttft_ms"]
     ms = lambda v: "-" if v is None else "%.0f ms" % v
     print("| %d | %s | %s | %.3f | %s | %s | %s | %d / %d |" % (
         r["replicas"], r.get("traffic", "alternating"), r["policy"], r["hit_rate"], ms(t["p50"]), ms(t["p90"]), ms(t["p99"]),
-        r["failures"], r["requests"]))
+        r["failures"], r["requests"]) + (" %d |" % r.get("repeat", 1) if repeats else ""))
 print()
 print("Ceilings from the trace: one infinite cache %.3f; one LRU cache of the engines' "
       "total capacity %.3f." % (c["infinite"], c["lru"]))
 PY
+echo
+python3 "$ROOT/bench/routing_ratios.py" "$OUT/rows.jsonl"

@@ -12,6 +12,7 @@ import unittest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+import routing_ratios  # noqa: E402
 import trace_ceilings  # noqa: E402
 import trace_gen  # noqa: E402
 import trace_replay  # noqa: E402
@@ -176,6 +177,48 @@ class Ceilings(unittest.TestCase):
         self.assertEqual(inf, 0)
 
 
+def row(n, traffic, policy, rep, hit, p50, p99):
+    return {"replicas": n, "traffic": traffic, "policy": policy, "repeat": rep, "hit_rate": hit,
+            "ttft_ms": {"p50": p50, "p90": None, "p99": p99}}
+
+
+class RoutingRatios(unittest.TestCase):
+    # Each repeat's alternating row is divided by the same repeat's through-one row, never by
+    # another repeat's; one-replica rows and a repeat missing its pair are left out.
+    def test_pairs_within_a_repeat(self):
+        rows = [row(1, "alternating", "pa", 1, 0.9, 10, 100),
+                row(4, "alternating", "round_robin", 1, 0.6, 200, 900),
+                row(4, "alternating", "pa", 1, 0.8, 30, 300),
+                row(4, "through-one", "pa", 1, 0.8, 20, 200),
+                row(4, "alternating", "round_robin", 2, 0.6, 120, 900),
+                row(4, "alternating", "pa", 2, 0.9, 40, 400),
+                row(4, "through-one", "pa", 2, 1.0, 40, 500),
+                row(4, "alternating", "pa", 3, 0.9, 40, 400)]
+        r = routing_ratios.ratios(rows)
+        self.assertEqual(list(r), [(4, "pa")])
+        d = r[(4, "pa")]
+        self.assertEqual(d["repeats"], [1, 2])
+        self.assertEqual(d["hit"], [1.0, 0.9])
+        self.assertEqual(d["p50"], [1.5, 1.0])
+        self.assertEqual(d["p99"], [1.5, 0.8])
+        self.assertEqual(d["rr_p50"], [200 / 30, 3.0])
+        self.assertEqual(routing_ratios.median(d["p50"]), 1.25)
+        self.assertEqual(routing_ratios.within(d["p99"], hi=1.15), 1)
+        self.assertEqual(routing_ratios.within(d["hit"], lo=0.95), 1)
+
+    # The table shows the median in bold with each repeat's ratio and how many met the bound;
+    # a missing figure is a dash, not an error.
+    def test_table(self):
+        rows = [row(4, "alternating", "pa", 1, 0.8, 30, None),
+                row(4, "through-one", "pa", 1, 0.8, 20, 200),
+                row(4, "alternating", "pa", 2, 0.8, 20, 220),
+                row(4, "through-one", "pa", 2, 0.8, 20, 200)]
+        t = routing_ratios.table(rows)
+        self.assertIn("| 4 | pa | 2 | **1.00x** (1.00x, 1.00x; 2 of 2 within) | "
+                      "**1.25x** (1.50x, 1.00x; 1 of 2 within) | "
+                      "**1.10x** (-, 1.10x; 1 of 2 within) | **-** (-, -) |", t)
+
+
 @unittest.skipUnless(os.environ.get("PDGATE_BUILD_DIR"), "needs PDGATE_BUILD_DIR (built pdgate, pdgate-sim)")
 class RoutingScript(unittest.TestCase):
     # bench/routing.sh over one engine with room for the whole trace, requests spaced so each
@@ -205,7 +248,7 @@ class RoutingScript(unittest.TestCase):
             self.assertGreater(inf, 0.3)
             self.assertAlmostEqual(row["hit_rate"], inf, places=3)
 
-    # Two replicas give an alternating and a through-one row from one run, each with the
+    # Two replicas give an alternating and a through-one row from one run (per repeat), each with the
     # gateways' metrics asked for: alternating splits the requests between the replicas,
     # through-one sends them all to the first; a metric no gateway has is null, not an error.
     def test_traffic_rows_and_gateway_metrics(self):
@@ -224,6 +267,7 @@ class RoutingScript(unittest.TestCase):
                  "--collect-gateway-metrics", "pdgate_requests_total,pdgate_no_such_metric",
                  "--collect-gateway-metrics", 'pdgate_requests_total{status="200"}',
                  "--collect-gateway-metrics", 'pdgate_requests_total{status="503"}',
+                 "--repeat", "2",
                  "--build", os.environ["PDGATE_BUILD_DIR"], "--out", out],
                 capture_output=True, text=True, timeout=240)
             self.assertEqual(p.returncode, 0, p.stderr)
@@ -231,7 +275,11 @@ class RoutingScript(unittest.TestCase):
             self.assertIn("| 2 | through-one | prefix_affinity |", p.stdout)
             with open(os.path.join(out, "rows.jsonl")) as f:
                 rows = [json.loads(l) for l in f if l.strip()]
-            self.assertEqual([r["traffic"] for r in rows], ["alternating", "through-one"])
+            # --repeat 2: the matrix twice, each row tagged, and the paired ratios after the table.
+            self.assertEqual([(r["traffic"], r["repeat"]) for r in rows],
+                             [("alternating", 1), ("through-one", 1), ("alternating", 2),
+                              ("through-one", 2)])
+            self.assertIn("| 2 | prefix_affinity | 2 | **", p.stdout)
             for r in rows:
                 self.assertEqual(r["failures"], 0, r)
                 self.assertEqual(r["requests"], 20)
