@@ -26,10 +26,12 @@
 -- Candidates without a match all compute the whole prompt: only the best
 -- of them (pdgate.least_cost, in C++) is weighed against the matches.
 --
--- Behind one load balancer, a cold start or a smaller cache than the
--- largest is rechecked (pdgate.RECHECK) once the replicas ahead of this
--- one have picked: two replicas starting the same new prefix at once would
--- start it on two engines.
+-- Behind one load balancer, a cold start, a smaller cache than the
+-- largest, or a choice caching less than MIN_SHARE of the prompt (a
+-- shared system prompt, say, before a new conversation) is rechecked
+-- (pdgate.RECHECK) once the replicas ahead of this one have picked: two
+-- replicas starting the same new prefix at once would start it on two
+-- engines.
 --
 -- Decode after a prefill (ctx.prefill set) pulls the KV from the prefill,
 -- so the prefix cache does not matter there: least loaded. One-hop decode
@@ -42,6 +44,13 @@
 -- the benchmark's traces (bench/README.md, "Routing quality"); 1 lost a
 -- fifth of the hits on a conversation trace and bought no latency.
 local LEAVE_COST = 3
+-- A choice caching less of the prompt than this starts most of it cold:
+-- rechecked like a cold start (prefix_affinity's MIN_MATCH, kv_aware's
+-- MIN_SHARE). Without it, four replicas alternating kept 0.93-0.97x the
+-- hits of all traffic through one on a conversation trace, where most
+-- prompts share a block or two with many others (bench/README.md,
+-- "Rechecked picks, measured in repeats").
+local MIN_SHARE = 0.1
 
 -- Where each stage's tie-breaking scan starts: per stage (or a request's
 -- prefill pick would always move the decode rotation by the same step),
@@ -61,15 +70,23 @@ return {
     end
     local best, best_score = pdgate.least_cost(turn)
     if best == nil then return nil end
-    local matches = pdgate.prefix_matches()
-    local exact = pdgate.cached_tokens()
+    local matches, blocks = pdgate.prefix_matches()
+    local exact, tokens = pdgate.cached_tokens()
     -- What the chosen candidate's cache saves, and the most any saves.
     local best_saved, most_saved = 0, 0
+    -- The share of the prompt the chosen candidate caches.
+    local best_share = 0
     local function consider(i)
       local inst = instances[i]
       if not inst.healthy then return end
       -- An engine with an exact feed is judged by it alone.
       local cached = exact and exact[i]
+      local share = 0
+      if cached ~= nil then
+        if tokens ~= nil and tokens > 0 then share = cached / tokens end
+      elseif blocks ~= nil and blocks > 0 then
+        share = (matches[i] or 0) / blocks
+      end
       local ms, saved = pdgate.predicted_ttft(inst, cached)
       if saved > most_saved then most_saved = saved end
       -- What the cache saves there counts LEAVE_COST - 1 times beyond this
@@ -77,7 +94,7 @@ return {
       -- the request goes, and whatever queues behind it there waits too.
       local score = ms - (LEAVE_COST - 1) * saved
       if score < best_score then
-        best, best_score, best_saved = inst, score, saved
+        best, best_score, best_saved, best_share = inst, score, saved, share
       end
     end
     for i in pairs(matches) do consider(i) end
@@ -86,11 +103,13 @@ return {
         if matches[i] == nil then consider(i) end
       end
     end
-    -- A cold start, or a smaller cache than the largest, chosen while
-    -- another replica picks for the same prefix may miss its pick: wait
-    -- for the replicas ahead of this one and look again (ctx.recheck_ms is
-    -- 0 when there is nothing to wait for, and on that second look).
-    if (most_saved == 0 or best_saved < most_saved) and ctx.recheck_ms > 0 then
+    -- A cold start (or nearly: less than MIN_SHARE cached), or a smaller
+    -- cache than the largest, chosen while another replica picks for the
+    -- same prefix may miss its pick: wait for the replicas ahead of this
+    -- one and look again (ctx.recheck_ms is 0 when there is nothing to
+    -- wait for, and on that second look).
+    local cold = most_saved == 0 or best_share < MIN_SHARE
+    if (cold or best_saved < most_saved) and ctx.recheck_ms > 0 then
       return pdgate.RECHECK
     end
     return best

@@ -436,6 +436,35 @@ TEST(CacheAware, RecheckColdStartsAndCachesLeftOnly) {
   }
 }
 
+// cache_aware rechecks a choice caching less than a tenth of the prompt as it does a cold
+// start: a new conversation sharing only its system prompt's first blocks with earlier ones
+// would otherwise start on two engines when it reaches two replicas at once. A prompt most of
+// which is cached is still answered at once.
+TEST(CacheAware, RechecksAChoiceCachingLittleOfThePrompt) {
+  auto e = engine_for("cache_aware");
+  auto p = e->make_picker(0);
+  auto inst = fake_instances(2, Role::prefill);
+  const std::string first = prompt_of('s', 2, "the first conversation ", 40);
+  const std::string next = prompt_of('s', 2, "another conversation ", 40);
+  auto home = p->pick(inst, prefill_ctx(first, "c1"));
+  ASSERT_NE(home, nullptr);
+  // 2 of 40 blocks cached on `home`, nothing elsewhere.
+  PickContext offered = prefill_ctx(next, "c2");
+  offered.recheck_wait = std::chrono::milliseconds(10);
+  EXPECT_EQ(p->pick(inst, offered), nullptr);
+  EXPECT_TRUE(p->wants_recheck());
+  PickContext second = prefill_ctx(next, "c2");
+  second.rechecked = true;
+  EXPECT_NE(p->pick(inst, second), nullptr);
+  EXPECT_FALSE(p->wants_recheck());
+  // The whole first prompt is cached on `home`: no wait.
+  PickContext again = prefill_ctx(first, "c3");
+  again.recheck_wait = std::chrono::milliseconds(10);
+  EXPECT_EQ(p->pick(inst, again), home);
+  EXPECT_FALSE(p->wants_recheck());
+  EXPECT_EQ(e->stats().fallbacks(), 0u);
+}
+
 // Every cache-aware policy leaves the instance caching the prompt when the cold work queued
 // there (4 prompts of its size) costs more than leaving the cache (three times what it
 // saves), and stays while it costs less (2 prompts of its size).
