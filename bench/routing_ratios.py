@@ -31,7 +31,7 @@ def paired(rows):
         key = (r["replicas"], r["policy"], r.get("repeat", 1))
         by.setdefault(key, {})[r.get("traffic", "alternating")] = r
     out = {}
-    for (n, policy, rep), rs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+    for (n, policy, rep), rs in sorted(by.items(), key=lambda kv: kv[0]):
         if "alternating" in rs and "through-one" in rs:
             out.setdefault((n, policy), []).append((rep, rs["alternating"], rs["through-one"]))
     return out

@@ -81,12 +81,6 @@ return {
       if not inst.healthy then return end
       -- An engine with an exact feed is judged by it alone.
       local cached = exact and exact[i]
-      local share = 0
-      if cached ~= nil then
-        if tokens ~= nil and tokens > 0 then share = cached / tokens end
-      elseif blocks ~= nil and blocks > 0 then
-        share = (matches[i] or 0) / blocks
-      end
       local ms, saved = pdgate.predicted_ttft(inst, cached)
       if saved > most_saved then most_saved = saved end
       -- What the cache saves there counts LEAVE_COST - 1 times beyond this
@@ -94,7 +88,13 @@ return {
       -- the request goes, and whatever queues behind it there waits too.
       local score = ms - (LEAVE_COST - 1) * saved
       if score < best_score then
-        best, best_score, best_saved, best_share = inst, score, saved, share
+        best, best_score, best_saved = inst, score, saved
+        -- The share of the prompt cached there, by the same lookup.
+        if cached ~= nil then
+          best_share = (tokens ~= nil and tokens > 0) and cached / tokens or 0
+        else
+          best_share = (blocks ~= nil and blocks > 0) and (matches[i] or 0) / blocks or 0
+        end
       end
     end
     for i in pairs(matches) do consider(i) end

@@ -57,10 +57,9 @@ struct Cluster {
   std::vector<Sim*> decode{&d1, &d2};
 };
 
-// Holds one slow request through `g` (40 tokens at 100 ms) and says which sim took it.
+// Holds one slow request through `g` (`tokens`, 40 by default, at 100 ms each).
 class SlowRequest {
  public:
-  // `tokens` at the decode's 100 ms each: 4 s by default.
   explicit SlowRequest(Gateway& g, int tokens = 40)
       : t_([port = g.port(), tokens] {
           post_json(port, "/v1/completions", completion("hold the line", tokens));
